@@ -1,0 +1,330 @@
+"""The job model: what a job asks for (JobSpec), where it is (JobState, RankState).
+
+Pure data and validation only; no I/O. Every front end (magic, CLI, REST, Python API)
+builds a JobSpec and hands it to the JobService; every backend reads one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A request that can never run as given (bad option, impossible resources).
+
+    Raised before anything is submitted; the message is meant for the user as-is.
+    """
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+    def __str__(self) -> str:  # so f-strings print "running", not "JobState.RUNNING"
+        return self.value
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class RankState(str, enum.Enum):
+    PENDING = "pending"  # not started yet (job queued, or pod not scheduled)
+    STARTING = "starting"  # process / pod created, user code not running yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # stopped by us (cancel, fail-fast, timeout)
+
+    @property
+    def final(self) -> bool:
+        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.CANCELLED)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FRAMEWORKS = ("pytorch", "tensorflow", "jax", "none")
+BACKENDS = ("local", "kubernetes")
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$")
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables the engine owns on every rank; a user --env must not silently fight them.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TF_CONFIG",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|[kKMGTPE]B?|B)?\s*$")
+_MEMORY_UNITS = {
+    None: 1,
+    "B": 1,
+    "k": 1000,
+    "K": 1000,
+    "kB": 1000,
+    "KB": 1000,
+    "Ki": 1024,
+    "M": 1000**2,
+    "MB": 1000**2,
+    "Mi": 1024**2,
+    "G": 1000**3,
+    "GB": 1000**3,
+    "Gi": 1024**3,
+    "T": 1000**4,
+    "TB": 1000**4,
+    "Ti": 1024**4,
+    "P": 1000**5,
+    "PB": 1000**5,
+    "Pi": 1024**5,
+    "E": 1000**6,
+    "EB": 1000**6,
+    "Ei": 1024**6,
+}
+
+
+def parse_memory(value: str | int | None) -> int | None:
+    """'4Gi', '512M', '2GB', '1073741824' -> bytes. Kubernetes quantity suffixes plus 'GB'."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise SpecError(f"memory must be a size like '4Gi' or '512M', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise SpecError(f"memory must be positive, got {value}")
+        return value
+    m = _MEMORY_RE.match(str(value))
+    if not m:
+        raise SpecError(
+            f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {value!r}"
+        )
+    number, unit = m.groups()
+    result = int(float(number) * _MEMORY_UNITS[unit])
+    if result <= 0:
+        raise SpecError(f"memory must be positive, got {value!r}")
+    return result
+
+
+def format_memory(num_bytes: int | None) -> str:
+    """Bytes -> the shortest exact Kubernetes quantity ('4Gi', '1500M', '123')."""
+    if num_bytes is None:
+        return ""
+    for unit in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        factor = _MEMORY_UNITS[unit]
+        if num_bytes % factor == 0:
+            return f"{num_bytes // factor}{unit}"
+    for unit in ("E", "P", "T", "G", "M", "k"):
+        factor = _MEMORY_UNITS[unit]
+        if num_bytes % factor == 0:
+            return f"{num_bytes // factor}{unit}"
+    return str(num_bytes)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """'90s', '30m', '1h30m', '2d', '45' (seconds) -> seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise SpecError(f"timeout must be a duration like '30m' or '1h30m', got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for m in _DURATION_PART.finditer(text):
+                if m.start() != pos:
+                    break
+                seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+                pos = m.end()
+            if pos != len(text) or not text:
+                raise SpecError(
+                    f"timeout must be a duration like '90s', '30m' or '1h30m', got {value!r}"
+                ) from None
+    if seconds <= 0:
+        raise SpecError(f"timeout must be positive, got {value!r}")
+    return seconds
+
+
+@dataclasses.dataclass
+class JobSpec:
+    """What the user asked for: the options of %%distributed, snake_case.
+
+    The code itself travels separately (see Payload) because it may be large and binary.
+    """
+
+    workers: int = 1
+    gpus_per_worker: int = 0
+    cpus: float = 1.0
+    memory: int | None = None  # bytes per worker
+    framework: str = "pytorch"
+    backend: str = "local"
+    image: str | None = None
+    name: str | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    timeout: float | None = None  # seconds
+    max_restarts: int = 0
+    queue: str | None = None
+    priority: int = 0
+
+    FIELDS = (
+        "workers",
+        "gpus_per_worker",
+        "cpus",
+        "memory",
+        "framework",
+        "backend",
+        "image",
+        "name",
+        "env",
+        "timeout",
+        "max_restarts",
+        "queue",
+        "priority",
+    )
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], *, default_backend: str = "local") -> "JobSpec":
+        """Build and validate a spec from user-facing options (magic, CLI, REST JSON).
+
+        Accepts strings where users type strings ('4Gi', '30m'); raises SpecError with a
+        message naming the option for anything wrong, including unknown options.
+        """
+        unknown = sorted(set(options) - set(cls.FIELDS))
+        if unknown:
+            raise SpecError(
+                f"unknown option(s): {', '.join(unknown)}; "
+                f"valid options are {', '.join(cls.FIELDS)}"
+            )
+        values = {k: v for k, v in options.items() if v is not None}
+        spec = cls(backend=default_backend)
+        if "workers" in values:
+            spec.workers = _as_int("workers", values["workers"], minimum=1)
+        if "gpus_per_worker" in values:
+            spec.gpus_per_worker = _as_int("gpus_per_worker", values["gpus_per_worker"], minimum=0)
+        if "cpus" in values:
+            spec.cpus = _as_float("cpus", values["cpus"], minimum_exclusive=0.0)
+        if "memory" in values:
+            spec.memory = parse_memory(values["memory"])
+        if "framework" in values:
+            fw = str(values["framework"]).lower()
+            if fw not in FRAMEWORKS:
+                raise SpecError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {values['framework']!r}")
+            spec.framework = fw
+        if "backend" in values:
+            be = str(values["backend"]).lower()
+            if be not in BACKENDS:
+                raise SpecError(f"backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}")
+            spec.backend = be
+        if "image" in values:
+            image = str(values["image"]).strip()
+            if not image or any(c.isspace() for c in image):
+                raise SpecError(f"image must be a container image reference, got {values['image']!r}")
+            spec.image = image
+        if "name" in values:
+            name = str(values["name"])
+            if not _NAME_RE.match(name):
+                raise SpecError(
+                    f"name must be 1-53 lowercase letters, digits or '-', starting and ending "
+                    f"with a letter or digit (it names Kubernetes objects), got {name!r}"
+                )
+            spec.name = name
+        if "env" in values:
+            spec.env = parse_env(values["env"])
+        if "timeout" in values:
+            spec.timeout = parse_duration(values["timeout"])
+        if "max_restarts" in values:
+            spec.max_restarts = _as_int("max_restarts", values["max_restarts"], minimum=0)
+        if "queue" in values:
+            queue = str(values["queue"]).strip()
+            if not queue:
+                raise SpecError("queue must not be empty")
+            spec.queue = queue
+        if "priority" in values:
+            spec.priority = _as_int("priority", values["priority"], minimum=None)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        """Trusted round trip of to_dict() (from our own store); no validation."""
+        return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
+
+
+def parse_env(value: Any) -> dict[str, str]:
+    """['A=1', 'B=2'] or {'A': '1'} -> {'A': '1', 'B': '2'} with names checked."""
+    items: list[tuple[str, Any]]
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = []
+        for entry in value:
+            if not isinstance(entry, str) or "=" not in entry:
+                raise SpecError(f"env entries must look like KEY=VALUE, got {entry!r}")
+            key, _, val = entry.partition("=")
+            items.append((key, val))
+    else:
+        raise SpecError(f"env must be an object of KEY: VALUE, got {type(value).__name__}")
+    env: dict[str, str] = {}
+    for key, val in items:
+        if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+            raise SpecError(f"env name {key!r} is not a valid environment variable name")
+        if key in RESERVED_ENV:
+            raise SpecError(f"env {key} is set by mlcluster on every rank and cannot be overridden")
+        if isinstance(val, (dict, list)):
+            raise SpecError(f"env {key} must be a string, got {type(val).__name__}")
+        env[key] = "" if val is None else str(val)
+    return env
+
+
+def _as_int(option: str, value: Any, *, minimum: int | None) -> int:
+    if isinstance(value, bool):
+        raise SpecError(f"{option} must be an integer, got {value!r}")
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None:
+        raise SpecError(f"{option} must be an integer, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise SpecError(f"{option} must be at least {minimum}, got {number}")
+    return number
+
+
+def _as_float(option: str, value: Any, *, minimum_exclusive: float) -> float:
+    if isinstance(value, bool):
+        raise SpecError(f"{option} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{option} must be a number, got {value!r}") from None
+    if not number > minimum_exclusive or number != number or number == float("inf"):
+        raise SpecError(f"{option} must be greater than {minimum_exclusive:g}, got {value!r}")
+    return number

@@ -1,0 +1,116 @@
+"""A job as stored: JobRecord (+ RankRecord), and its JSON form (the REST/event shape)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from .model import JobSpec, JobState, RankState
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds -> RFC 3339 UTC with milliseconds ('2026-11-22T01:02:03.123Z')."""
+    if ts is None:
+        return None
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+@dataclasses.dataclass
+class RankRecord:
+    rank: int
+    state: RankState = RankState.PENDING
+    exit_code: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "state": str(self.state),
+            "exit_code": self.exit_code,
+            "pid": self.pid,
+            "host": self.host,
+            "started": iso(self.started),
+            "finished": iso(self.finished),
+            "metrics": {
+                "cpu_percent": self.metrics.get("cpu_percent"),
+                "memory_bytes": self.metrics.get("memory_bytes"),
+                "gpu_util": self.metrics.get("gpu_util"),
+                "gpu_memory_bytes": self.metrics.get("gpu_memory_bytes"),
+            },
+            "progress": self.progress,
+        }
+
+
+@dataclasses.dataclass
+class JobRecord:
+    id: str
+    name: str
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    created: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    failed_rank: int | None = None
+    reason: str | None = None  # why it is where it is (e.g. "waiting for 4 CPU slots")
+    restarts: int = 0
+    cancel_requested: bool = False
+    owner: str | None = None
+    origin: dict[str, Any] = dataclasses.field(default_factory=dict)
+    has_result: bool = False
+    queue_position: int | None = None
+    ranks: list[RankRecord] = dataclasses.field(default_factory=list)
+    # Internal bookkeeping, never shown over REST.
+    supervisor: dict[str, Any] | None = None
+    heartbeat: float | None = None
+    allocation: dict[str, Any] | None = None
+    capacity: dict[str, Any] | None = None
+    backend_state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    updated: float = 0.0
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def final(self) -> bool:
+        return self.state.final
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": str(self.state),
+            "backend": spec.backend,
+            "workers": spec.workers,
+            "gpus_per_worker": spec.gpus_per_worker,
+            "cpus": spec.cpus,
+            "memory": spec.memory,
+            "framework": spec.framework,
+            "image": spec.image,
+            "queue": spec.queue,
+            "priority": spec.priority,
+            "timeout": spec.timeout,
+            "max_restarts": spec.max_restarts,
+            "env": dict(spec.env),
+            "created": iso(self.created),
+            "started": iso(self.started),
+            "finished": iso(self.finished),
+            "error": self.error,
+            "failed_rank": self.failed_rank,
+            "reason": self.reason,
+            "restarts": self.restarts,
+            "queue_position": self.queue_position,
+            "owner": self.owner,
+            "origin": dict(self.origin),
+            "has_result": self.has_result,
+            "ranks": [r.to_json() for r in self.ranks],
+        }

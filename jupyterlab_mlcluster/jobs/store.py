@@ -1,0 +1,685 @@
+"""The job store: SQLite (WAL) for job and rank state, plain files for everything big.
+
+Layout under the store root (default: <jupyter data dir>/mlcluster):
+
+    jobs.db                      jobs, ranks, metrics history, change feed (events)
+    jobs/<id>/payload.pkl        code + pushed variables (0600)
+    jobs/<id>/result.pkl         rank 0's pulled variables / last expression value
+    jobs/<id>/error-<rank>.json  a failed rank's exception and traceback
+    jobs/<id>/logs/rank-<r>.log  "<epoch> <o|e|s> <text>" lines, one file per rank
+
+Every process (kernel, CLI, server, supervisors) opens the same store; SQLite's locking
+is the only coordination. Each mutation appends to the `events` table in the same
+transaction, so readers can follow changes by sequence number instead of diffing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .model import JOB_ID_RE, JobSpec, JobState, RankState
+from .record import JobRecord, RankRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    spec TEXT NOT NULL,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    error TEXT,
+    failed_rank INTEGER,
+    reason TEXT,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    origin TEXT NOT NULL DEFAULT '{}',
+    has_result INTEGER NOT NULL DEFAULT 0,
+    supervisor TEXT,
+    heartbeat REAL,
+    allocation TEXT,
+    capacity TEXT,
+    backend_state TEXT NOT NULL DEFAULT '{}',
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_by_created ON jobs(created);
+CREATE TABLE IF NOT EXISTS ranks (
+    job_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    exit_code INTEGER,
+    pid INTEGER,
+    pgid INTEGER,
+    host TEXT,
+    started REAL,
+    finished REAL,
+    metrics TEXT NOT NULL DEFAULT '{}',
+    progress TEXT,
+    PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    job_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    cpu_percent REAL,
+    memory_bytes INTEGER,
+    gpu_util REAL,
+    gpu_memory_bytes INTEGER
+);
+CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job_id, rank, ts);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    job_id TEXT NOT NULL,
+    kind TEXT NOT NULL
+);
+"""
+
+# Keep this many change-feed rows; readers further behind resynchronise from a snapshot.
+EVENTS_KEPT = 20_000
+METRICS_KEPT_SECONDS = 3600.0
+
+_JSON_COLUMNS = ("origin", "supervisor", "allocation", "capacity", "backend_state")
+_JOB_COLUMNS = {
+    "name",
+    "state",
+    "started",
+    "finished",
+    "error",
+    "failed_rank",
+    "reason",
+    "restarts",
+    "cancel_requested",
+    "owner",
+    "origin",
+    "has_result",
+    "supervisor",
+    "heartbeat",
+    "allocation",
+    "capacity",
+    "backend_state",
+}
+_RANK_COLUMNS = {"state", "exit_code", "pid", "pgid", "host", "started", "finished", "metrics", "progress"}
+
+
+class UnknownJob(KeyError):
+    """No job with that id (or the id is not a valid job id at all)."""
+
+    def __str__(self) -> str:
+        return f"no job {self.args[0]!r}"
+
+
+def check_job_id(job_id: str) -> str:
+    """Refuse anything that is not a job id before it gets near a path or a query."""
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+        raise UnknownJob(job_id)
+    return job_id
+
+
+class JobStore:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.root / "jobs").mkdir(exist_ok=True, mode=0o700)
+        self.db_path = self.root / "jobs.db"
+        self._local = threading.local()
+        self._ensure_schema()
+
+    # -- connections -------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA busy_timeout = 30000")
+        return db
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        # One connection per thread: the server uses executor threads, sqlite3 objects
+        # must not be shared between threads mid-transaction.
+        db = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
+            db = self._connect()
+            self._local.db = db
+            self._local.pid = os.getpid()
+        return db
+
+    def _ensure_schema(self) -> None:
+        db = self._db
+        for _ in range(50):
+            try:
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = NORMAL")
+                db.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:  # another process creating it right now
+                if "locked" not in str(exc):
+                    raise
+                time.sleep(0.05)
+        raise RuntimeError(f"job store {self.db_path} stays locked")
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; BEGIN IMMEDIATE so read-modify-write cannot interleave."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- paths -------------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / check_job_id(job_id)
+
+    def payload_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "payload.pkl"
+
+    def result_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "result.pkl"
+
+    def error_path(self, job_id: str, rank: int) -> Path:
+        return self.job_dir(job_id) / f"error-{int(rank)}.json"
+
+    def log_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "logs"
+
+    def log_path(self, job_id: str, rank: int) -> Path:
+        return self.log_dir(job_id) / f"rank-{int(rank)}.log"
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def insert_job(self, record: JobRecord, payload: bytes | None = None) -> None:
+        job_dir = self.job_dir(record.id)
+        job_dir.mkdir(mode=0o700)
+        self.log_dir(record.id).mkdir(mode=0o700)
+        if payload is not None:
+            path = self.payload_path(record.id)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs (id, name, state, backend, priority, spec, created, owner,"
+                " origin, capacity, backend_state, reason, updated)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.id,
+                    record.name,
+                    str(record.state),
+                    record.spec.backend,
+                    record.spec.priority,
+                    json.dumps(record.spec.to_dict()),
+                    record.created or now,
+                    record.owner,
+                    json.dumps(record.origin),
+                    json.dumps(record.capacity) if record.capacity is not None else None,
+                    json.dumps(record.backend_state),
+                    record.reason,
+                    now,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO ranks (job_id, rank, state) VALUES (?, ?, ?)",
+                [(record.id, r, str(RankState.PENDING)) for r in range(record.spec.workers)],
+            )
+            self._event(db, record.id, "created")
+
+    def get_job(self, job_id: str) -> JobRecord:
+        check_job_id(job_id)
+        db = self._db
+        row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(job_id)
+        ranks = db.execute("SELECT * FROM ranks WHERE job_id = ? ORDER BY rank", (job_id,)).fetchall()
+        record = _job_from_row(row, ranks)
+        if record.state == JobState.QUEUED:
+            record.queue_position = self.queue_position(job_id, record.backend)
+        return record
+
+    def find_jobs(self, id_or_name: str) -> list[JobRecord]:
+        """A job by id, or else every job with that name, newest first."""
+        with contextlib.suppress(UnknownJob):
+            return [self.get_job(id_or_name)]
+        rows = self._db.execute(
+            "SELECT id FROM jobs WHERE name = ? ORDER BY created DESC", (id_or_name,)
+        ).fetchall()
+        return [self.get_job(r["id"]) for r in rows]
+
+    def list_jobs(
+        self,
+        *,
+        states: list[str] | None = None,
+        backend: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = True,
+    ) -> tuple[list[JobRecord], int]:
+        where, args = [], []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if backend:
+            where.append("backend = ?")
+            args.append(backend)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        db = self._db
+        total = db.execute(f"SELECT COUNT(*) FROM jobs {clause}", args).fetchone()[0]
+        order = "DESC" if newest_first else "ASC"
+        page = f"LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        rows = db.execute(f"SELECT * FROM jobs {clause} ORDER BY created {order}, id {page}", args).fetchall()
+        if not rows:
+            return [], total
+        ids = [r["id"] for r in rows]
+        rank_rows: dict[str, list[sqlite3.Row]] = {i: [] for i in ids}
+        for chunk_start in range(0, len(ids), 500):
+            chunk = ids[chunk_start : chunk_start + 500]
+            for rr in db.execute(
+                f"SELECT * FROM ranks WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY rank",
+                chunk,
+            ):
+                rank_rows[rr["job_id"]].append(rr)
+        records = [_job_from_row(r, rank_rows[r["id"]]) for r in rows]
+        queued = [r for r in records if r.state == JobState.QUEUED]
+        if queued:
+            order_ids = {b: self.queue(b) for b in {r.backend for r in queued}}
+            for r in queued:
+                with contextlib.suppress(ValueError):
+                    r.queue_position = order_ids[r.backend].index(r.id)
+        return records, total
+
+    def update_job(self, job_id: str, *, event: str = "job", **fields: Any) -> None:
+        unknown = set(fields) - _JOB_COLUMNS
+        if unknown:
+            raise ValueError(f"not job columns: {unknown}")
+        if not fields:
+            return
+        values = [_to_column(k, v) for k, v in fields.items()]
+        with self._tx() as db:
+            cur = db.execute(
+                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)}, updated = ? WHERE id = ?",
+                [*values, time.time(), job_id],
+            )
+            if cur.rowcount == 0:
+                raise UnknownJob(job_id)
+            self._event(db, job_id, event)
+
+    def transition(self, job_id: str, state: JobState, **fields: Any) -> bool:
+        """Move a job to `state` unless it is already final. Returns whether it moved.
+
+        Final states are sticky: a late writer (a dying supervisor, a reaper) can never
+        turn `cancelled` into `failed` or back into `running`.
+        """
+        values = {"state": str(state), **fields}
+        if state.final and "finished" not in values:
+            values["finished"] = time.time()
+        cols = [_to_column(k, v) for k, v in values.items()]
+        finals = [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)]
+        with self._tx() as db:
+            cur = db.execute(
+                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)}, updated = ?"
+                f" WHERE id = ? AND state NOT IN (?, ?, ?)",
+                [*cols, time.time(), job_id, *finals],
+            )
+            if cur.rowcount:
+                self._event(db, job_id, "job")
+            return bool(cur.rowcount)
+
+    def update_rank(self, job_id: str, rank: int, **fields: Any) -> None:
+        self.update_ranks(job_id, {rank: fields})
+
+    def update_ranks(self, job_id: str, changes: dict[int, dict[str, Any]], *, event: str = "ranks") -> None:
+        """Several ranks in one transaction (one change event)."""
+        if not changes:
+            return
+        with self._tx() as db:
+            for rank, fields in changes.items():
+                unknown = set(fields) - _RANK_COLUMNS
+                if unknown:
+                    raise ValueError(f"not rank columns: {unknown}")
+                if not fields:
+                    continue
+                db.execute(
+                    f"UPDATE ranks SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ? AND rank = ?",
+                    [*(_to_column(k, v) for k, v in fields.items()), job_id, rank],
+                )
+            self._event(db, job_id, event)
+
+    def record_metrics(self, job_id: str, samples: dict[int, dict[str, Any]], ts: float | None = None) -> None:
+        """Latest metrics onto the rank rows and into the history, one transaction."""
+        ts = ts or time.time()
+        with self._tx() as db:
+            for rank, m in samples.items():
+                db.execute(
+                    "UPDATE ranks SET metrics = ? WHERE job_id = ? AND rank = ?",
+                    (json.dumps(m), job_id, rank),
+                )
+                db.execute(
+                    "INSERT INTO metrics (job_id, rank, ts, cpu_percent, memory_bytes, gpu_util,"
+                    " gpu_memory_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        job_id,
+                        rank,
+                        ts,
+                        m.get("cpu_percent"),
+                        m.get("memory_bytes"),
+                        m.get("gpu_util"),
+                        m.get("gpu_memory_bytes"),
+                    ),
+                )
+            db.execute(
+                "DELETE FROM metrics WHERE job_id = ? AND ts < ?", (job_id, ts - METRICS_KEPT_SECONDS)
+            )
+            self._event(db, job_id, "metrics")
+
+    def metrics_history(self, job_id: str, since: float | None = None) -> dict[int, list[dict[str, Any]]]:
+        check_job_id(job_id)
+        rows = self._db.execute(
+            "SELECT * FROM metrics WHERE job_id = ? AND ts > ? ORDER BY rank, ts",
+            (job_id, since or 0.0),
+        ).fetchall()
+        series: dict[int, list[dict[str, Any]]] = {}
+        for r in rows:
+            series.setdefault(r["rank"], []).append(
+                {
+                    "ts": r["ts"],
+                    "cpu_percent": r["cpu_percent"],
+                    "memory_bytes": r["memory_bytes"],
+                    "gpu_util": r["gpu_util"],
+                    "gpu_memory_bytes": r["gpu_memory_bytes"],
+                }
+            )
+        return series
+
+    def request_cancel(self, job_id: str) -> JobRecord:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET cancel_requested = 1, updated = ? WHERE id = ?", (time.time(), job_id)
+            )
+            if cur.rowcount == 0:
+                raise UnknownJob(job_id)
+            self._event(db, job_id, "job")
+        return self.get_job(job_id)
+
+    def delete_job(self, job_id: str) -> None:
+        """Forget a job: rows and files. Callers make sure nothing of it still runs."""
+        check_job_id(job_id)
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            if cur.rowcount == 0:
+                raise UnknownJob(job_id)
+            db.execute("DELETE FROM ranks WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM metrics WHERE job_id = ?", (job_id,))
+            self._event(db, job_id, "deleted")
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    # -- gang admission ------------------------------------------------------------------
+
+    def queue(self, backend: str = "local") -> list[str]:
+        """Queued job ids of a backend in admission order: priority, then submission time."""
+        rows = self._db.execute(
+            "SELECT id FROM jobs WHERE backend = ? AND state = ? ORDER BY priority DESC, created, id",
+            (backend, str(JobState.QUEUED)),
+        ).fetchall()
+        return [r["id"] for r in rows]
+
+    def queue_position(self, job_id: str, backend: str) -> int | None:
+        try:
+            return self.queue(backend).index(job_id)
+        except ValueError:
+            return None
+
+    def try_admit(self, job_id: str, decide) -> dict[str, Any] | None:
+        """Atomically decide whether a queued job may start, and take its resources.
+
+        `decide(job_row, queued_rows_in_order, holding_rows)` runs inside one IMMEDIATE
+        transaction (so two supervisors can never both take the same GPUs) and returns
+        the allocation dict, or None to keep waiting. On admission the job becomes
+        `starting` with the allocation stored.
+        """
+        with self._tx() as db:
+            me = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if me is None:
+                raise UnknownJob(job_id)
+            if me["state"] != str(JobState.QUEUED):
+                return json.loads(me["allocation"]) if me["allocation"] else None
+            queued = db.execute(
+                "SELECT * FROM jobs WHERE backend = ? AND state = ? ORDER BY priority DESC, created, id",
+                (me["backend"], str(JobState.QUEUED)),
+            ).fetchall()
+            holding = db.execute(
+                "SELECT * FROM jobs WHERE backend = ? AND state IN (?, ?) AND allocation IS NOT NULL",
+                (me["backend"], str(JobState.STARTING), str(JobState.RUNNING)),
+            ).fetchall()
+            allocation = decide(me, queued, holding)
+            if allocation is None:
+                return None
+            db.execute(
+                "UPDATE jobs SET state = ?, allocation = ?, reason = NULL, updated = ? WHERE id = ?",
+                (str(JobState.STARTING), json.dumps(allocation), time.time(), job_id),
+            )
+            self._event(db, job_id, "job")
+            return allocation
+
+    # -- change feed ---------------------------------------------------------------------
+
+    def _event(self, db: sqlite3.Connection, job_id: str, kind: str) -> None:
+        cur = db.execute("INSERT INTO events (ts, job_id, kind) VALUES (?, ?, ?)", (time.time(), job_id, kind))
+        seq = cur.lastrowid or 0
+        if seq % 1000 == 0:
+            db.execute("DELETE FROM events WHERE seq <= ?", (seq - EVENTS_KEPT,))
+
+    def last_seq(self) -> int:
+        row = self._db.execute("SELECT MAX(seq) FROM events").fetchone()
+        return row[0] or 0
+
+    def events_since(self, seq: int, limit: int = 5000) -> list[tuple[int, str, str]]:
+        """[(seq, job_id, kind)] after `seq`. If `seq` fell out of the kept window, the
+        first element is (-1, '', 'resync'): the reader must take a fresh snapshot."""
+        db = self._db
+        rows = db.execute(
+            "SELECT seq, job_id, kind FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+        ).fetchall()
+        if seq and rows and rows[0]["seq"] > seq + 1:
+            oldest = db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
+            if oldest is not None and oldest > seq + 1:
+                return [(-1, "", "resync")] + [(r[0], r[1], r[2]) for r in rows]
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits; a cheap "anything new?" probe."""
+        return self._db.execute("PRAGMA data_version").fetchone()[0]
+
+    # -- logs ----------------------------------------------------------------------------
+
+    def read_logs(
+        self,
+        job_id: str,
+        rank: int | None = None,
+        cursor: str | None = None,
+        *,
+        max_bytes: int = 4 * 1024 * 1024,
+        tail: int | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Log lines after `cursor` ('rank:offset,...'); returns (lines, next cursor).
+
+        Lines of several ranks are merged by time. `tail` keeps only the last N lines
+        of each rank (used for monitors attaching late).
+        """
+        record = self.get_job(job_id)
+        ranks = [rank] if rank is not None else list(range(record.spec.workers))
+        if rank is not None and not 0 <= rank < record.spec.workers:
+            raise ValueError(f"rank must be between 0 and {record.spec.workers - 1}, got {rank}")
+        offsets = parse_cursor(cursor)
+        lines: list[dict[str, Any]] = []
+        budget = max(1, max_bytes // max(1, len(ranks)))
+        for r in ranks:
+            path = self.log_path(job_id, r)
+            start = offsets.get(r, 0)
+            try:
+                with open(path, "rb") as f:
+                    if tail is not None and start == 0:
+                        start = _tail_offset(f, tail)
+                    f.seek(start)
+                    chunk = f.read(budget)
+            except FileNotFoundError:
+                chunk = b""
+            # Only whole lines: a writer may be mid-line.
+            end = chunk.rfind(b"\n") + 1
+            for raw in chunk[:end].splitlines():
+                parsed = parse_log_line(raw, r)
+                if parsed is not None:
+                    lines.append(parsed)
+            offsets[r] = start + end
+        lines.sort(key=lambda item: item["_ts"])
+        for item in lines:
+            item["ts"] = _iso_us(item.pop("_ts"))
+        return lines, format_cursor(offsets)
+
+
+def parse_cursor(cursor: str | None) -> dict[int, int]:
+    offsets: dict[int, int] = {}
+    if not cursor:
+        return offsets
+    for part in str(cursor).split(","):
+        rank, sep, offset = part.partition(":")
+        if not sep:
+            raise ValueError(f"since must be a cursor returned by a previous call, got {cursor!r}")
+        try:
+            offsets[int(rank)] = max(0, int(offset))
+        except ValueError:
+            raise ValueError(f"since must be a cursor returned by a previous call, got {cursor!r}") from None
+    return offsets
+
+
+def format_cursor(offsets: dict[int, int]) -> str:
+    return ",".join(f"{r}:{o}" for r, o in sorted(offsets.items()))
+
+
+_STREAMS = {b"o": "stdout", b"e": "stderr", b"s": "system"}
+
+
+def parse_log_line(raw: bytes, rank: int) -> dict[str, Any] | None:
+    ts, _, rest = raw.partition(b" ")
+    stream, _, text = rest.partition(b" ")
+    try:
+        when = float(ts)
+    except ValueError:
+        return None
+    return {
+        "rank": rank,
+        "_ts": when,
+        "stream": _STREAMS.get(stream, "stdout"),
+        "line": text.decode("utf-8", "replace"),
+    }
+
+
+def format_log_line(ts: float, stream: str, text: str) -> bytes:
+    """One stored log line. `stream` is 'o', 'e' or 's' (system: restarts, kills)."""
+    return f"{ts:.6f} {stream} ".encode() + text.encode("utf-8", "replace") + b"\n"
+
+
+def _tail_offset(f, lines: int) -> int:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    if lines <= 0:
+        return size
+    block, pos, found, data = 65536, size, 0, b""
+    while pos > 0 and found <= lines:
+        step = min(block, pos)
+        pos -= step
+        f.seek(pos)
+        data = f.read(step) + data
+        found = data.count(b"\n")
+    if found <= lines:
+        return 0
+    # offset just after the (found - lines)th newline counted from the start of `data`
+    idx = -1
+    for _ in range(found - lines):
+        idx = data.index(b"\n", idx + 1)
+    return pos + idx + 1
+
+
+def _iso_us(ts: float) -> str:
+    import datetime
+
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _to_column(key: str, value: Any) -> Any:
+    if key in _JSON_COLUMNS or key in ("metrics", "progress"):
+        return None if value is None else json.dumps(value)
+    if isinstance(value, (JobState, RankState)):
+        return value.value
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
+    def loads(col: str, default: Any = None) -> Any:
+        value = row[col]
+        return json.loads(value) if value else default
+
+    return JobRecord(
+        id=row["id"],
+        name=row["name"],
+        spec=JobSpec.from_dict(json.loads(row["spec"])),
+        state=JobState(row["state"]),
+        created=row["created"],
+        started=row["started"],
+        finished=row["finished"],
+        error=row["error"],
+        failed_rank=row["failed_rank"],
+        reason=row["reason"],
+        restarts=row["restarts"],
+        cancel_requested=bool(row["cancel_requested"]),
+        owner=row["owner"],
+        origin=loads("origin", {}),
+        has_result=bool(row["has_result"]),
+        supervisor=loads("supervisor"),
+        heartbeat=row["heartbeat"],
+        allocation=loads("allocation"),
+        capacity=loads("capacity"),
+        backend_state=loads("backend_state", {}),
+        updated=row["updated"],
+        ranks=[
+            RankRecord(
+                rank=r["rank"],
+                state=RankState(r["state"]),
+                exit_code=r["exit_code"],
+                pid=r["pid"],
+                host=r["host"],
+                started=r["started"],
+                finished=r["finished"],
+                metrics=json.loads(r["metrics"]) if r["metrics"] else {},
+                progress=json.loads(r["progress"]) if r["progress"] else None,
+            )
+            for r in rank_rows
+        ],
+    )
