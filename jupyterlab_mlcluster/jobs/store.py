@@ -487,6 +487,11 @@ class JobStore:
 
     # -- change feed ---------------------------------------------------------------------
 
+    def notify(self, job_id: str, kind: str) -> None:
+        """A change that lives outside the database (new log lines) -> the change feed."""
+        with self._tx() as db:
+            self._event(db, job_id, kind)
+
     def _event(self, db: sqlite3.Connection, job_id: str, kind: str) -> None:
         cur = db.execute("INSERT INTO events (ts, job_id, kind) VALUES (?, ?, ?)", (time.time(), job_id, kind))
         seq = cur.lastrowid or 0

@@ -1,0 +1,65 @@
+"""The one small interface every backend implements.
+
+A backend is used in two places:
+- in the submitting process: `validate` (refuse the impossible before anything is stored),
+  `capacity` (what admission and `GET /cluster` see);
+- inside the job's supervisor process: `run(ctx)`, which drives the job to a final state
+  through the JobContext (state, per-rank state, logs, metrics) and honours ctx.cancelled.
+When a supervisor dies, `supervisor_lost` says what the reaper does about it.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import MLClusterConfig
+    from ..jobs.model import JobSpec
+    from ..jobs.record import JobRecord
+    from ..jobs.store import JobStore
+    from ..jobs.supervisor import JobContext
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    def __init__(self, config: "MLClusterConfig"):
+        self.config = config
+
+    @abc.abstractmethod
+    def validate(self, spec: "JobSpec") -> None:
+        """Raise SpecError if this backend could never run `spec`."""
+
+    @abc.abstractmethod
+    def capacity(self) -> dict[str, Any]:
+        """Total resources as {"cpus": float, "gpus": [ids], "memory": bytes} (or what the
+        backend can tell), stored with each job for admission."""
+
+    def prepare(self, spec: "JobSpec") -> dict[str, Any]:
+        """Backend-private data fixed at submit time (e.g. namespace, image); stored."""
+        return {}
+
+    @abc.abstractmethod
+    def run(self, ctx: "JobContext") -> None:
+        """Drive the job to a final state. Runs in the job's supervisor process."""
+
+    def supervisor_lost(self, store: "JobStore", job: "JobRecord") -> str:
+        """'fail' (the job died with its supervisor) or 'respawn' (it lives on elsewhere,
+        e.g. in a cluster, and a new supervisor can adopt it)."""
+        return "fail"
+
+    def cleanup_orphans(self, store: "JobStore", job: "JobRecord") -> None:
+        """Stop whatever a dead supervisor may have left behind."""
+
+
+def get_backend(name: str, config: "MLClusterConfig") -> Backend:
+    if name == "local":
+        from .local.backend import LocalBackend
+
+        return LocalBackend(config)
+    if name == "kubernetes":
+        from .kubernetes.backend import KubernetesBackend
+
+        return KubernetesBackend(config)
+    raise ValueError(f"unknown backend {name!r}")

@@ -1,0 +1,373 @@
+"""The local backend: ranks as processes on this machine, gang-admitted from a shared pool."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import time
+from typing import Any
+
+from ...jobs.model import JobSpec, JobState, RankState, SpecError
+from ...jobs.store import JobStore
+from ...runtime.protocol import OutputParser
+from ..base import Backend
+from . import launcher, pool
+from .metrics import RankSampler
+
+ADMISSION_POLL = 0.05
+LOOP_TICK = 0.05
+PROGRESS_FLUSH = 0.1
+DRAIN_TIMEOUT = 2.0
+
+
+@dataclasses.dataclass
+class GangOutcome:
+    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
+    failed_rank: int | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+def supervisor_alive(row) -> bool:
+    """Store row -> is its supervisor still the process that claimed it?"""
+    raw = row["supervisor"]
+    if not raw:
+        # Not claimed yet: give a freshly submitted job time for its supervisor to start.
+        return time.time() - row["created"] < 60.0
+    info = json.loads(raw)
+    if info.get("host") != pool.this_host():
+        return True  # another machine's process: not ours to judge
+    return pool.process_is(info.get("pid"), info.get("create_time"))
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def capacity(self) -> dict[str, Any]:
+        c = self.config
+        return pool.pool_capacity(c.cpu_slots, c.gpus, c.memory_limit)
+
+    def validate(self, spec: JobSpec) -> None:
+        if spec.workers > self.config.max_workers:
+            raise SpecError(f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)")
+        if spec.image:
+            raise SpecError("--image only applies to the kubernetes backend; local ranks use this environment")
+        if spec.queue:
+            raise SpecError("--queue only applies to the kubernetes backend (Volcano/Kueue queues)")
+        pool.check_fits(spec, self.capacity())
+
+    def cleanup_orphans(self, store: JobStore, job) -> None:
+        """Kill rank process groups a dead supervisor left (they should have died with it)."""
+        rows = store._db.execute(
+            "SELECT rank, pid, pgid FROM ranks WHERE job_id = ? AND pid IS NOT NULL", (job.id,)
+        ).fetchall()
+        for row in rows:
+            started = row["pgid"]  # we store the rank's process start time here
+            if pool.process_is(row["pid"], started):
+                try:
+                    os.killpg(row["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
+
+    # -- inside the supervisor -------------------------------------------------------------
+
+    def run(self, ctx) -> None:
+        spec: JobSpec = ctx.job.spec
+        allocation = self._admit(ctx)
+        if allocation is None:
+            return
+        launch = _read_launch(ctx.store, ctx.job.id)
+        sampler = RankSampler()
+        attempt = ctx.job.restarts
+        try:
+            while True:
+                outcome = _Gang(ctx, spec, allocation, launch, attempt, sampler).run()
+                if outcome.kind == "failed" and attempt < spec.max_restarts:
+                    attempt += 1
+                    ctx.logs.system(
+                        f"[mlcluster] rank {outcome.failed_rank} failed; restarting all ranks "
+                        f"(restart {attempt} of {spec.max_restarts})"
+                    )
+                    ctx.store.update_job(ctx.job.id, restarts=attempt, error=None, failed_rank=None)
+                    continue
+                self._finish(ctx, outcome)
+                return
+        finally:
+            sampler.gpu.close()
+
+    def _admit(self, ctx) -> dict[str, Any] | None:
+        store, job = ctx.store, ctx.job
+        decide = pool.make_decider(supervisor_alive)
+        last_reason = 0.0
+        while True:
+            reason = ctx.cancelled()
+            if reason:
+                ctx.set_state(JobState.CANCELLED, reason=reason)
+                return None
+            allocation = store.try_admit(job.id, decide)
+            if allocation is not None:
+                return allocation
+            now = time.monotonic()
+            if now - last_reason > 1.0:
+                last_reason = now
+                ctx.set_reason(self._wait_reason(store, job))
+            ctx.tick()
+            time.sleep(ADMISSION_POLL)
+
+    def _wait_reason(self, store: JobStore, job) -> str:
+        queue = store.queue(job.backend)
+        ahead = queue.index(job.id) if job.id in queue else 0
+        rows = store._db.execute(
+            "SELECT * FROM jobs WHERE backend = ? AND state IN ('starting', 'running') AND allocation IS NOT NULL",
+            (job.backend,),
+        ).fetchall()
+        used = pool.used_resources([json.loads(r["allocation"]) for r in rows if supervisor_alive(r)])
+        return pool.describe_wait(job.spec, job.capacity, used, ahead)
+
+    def _finish(self, ctx, outcome: GangOutcome) -> None:
+        job_id = ctx.job.id
+        if outcome.kind == "succeeded":
+            has_result = ctx.store.result_path(job_id).exists()
+            ctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
+        elif outcome.kind == "cancelled":
+            ctx.set_state(JobState.CANCELLED, reason=outcome.reason)
+        elif outcome.kind == "timeout":
+            ctx.set_state(JobState.FAILED, error=outcome.reason, reason=outcome.reason)
+        else:
+            error = _failure_message(ctx.store, job_id, outcome)
+            ctx.set_state(JobState.FAILED, error=error, failed_rank=outcome.failed_rank, reason=None)
+
+
+def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
+    path = store.job_dir(job_id) / "launch.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"env": dict(os.environ), "cwd": os.getcwd()}
+
+
+def _failure_message(store: JobStore, job_id: str, outcome: GangOutcome) -> str:
+    rank, code = outcome.failed_rank, outcome.exit_code
+    try:
+        report = json.loads(store.error_path(job_id, rank).read_text())
+        return f"rank {rank} failed: {report['exc_type']}: {report['message']}".rstrip(": ")
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        pass
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"rank {rank} was killed by {name}{hint}"
+    return f"rank {rank} exited with status {code}"
+
+
+class _Gang:
+    """One attempt: start every rank, pump their output, watch them, stop them."""
+
+    def __init__(self, ctx, spec: JobSpec, allocation, launch, attempt: int, sampler: RankSampler):
+        self.ctx = ctx
+        self.spec = spec
+        self.allocation = allocation
+        self.launch = launch
+        self.attempt = attempt
+        self.sampler = sampler
+        self.ranks: list[launcher.RankProcess] = []
+        self.selector = selectors.DefaultSelector()
+        self.parsers: dict[tuple[int, str], OutputParser] = {}
+        self.pending_ranks: dict[int, dict[str, Any]] = {}
+        self.last_flush = 0.0
+        self.last_metrics = 0.0
+        self.open_fds = 0
+        self.done: set[int] = set()  # ranks whose exit we have seen
+
+    # -- start ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        ctx, spec, job_id = self.ctx, self.spec, self.ctx.job.id
+        base = launcher.base_environment(self.launch.get("env", {}))
+        ports = launcher.job_ports(spec)
+        store: JobStore = ctx.store
+        payload_path = str(store.payload_path(job_id))
+        warm = _running_warm()
+        for rank in range(spec.workers):
+            env = launcher.rank_environment(
+                base, spec, rank, self.allocation["gpus"][rank], ports, job_id=job_id, restart=self.attempt
+            )
+            env["MLCLUSTER_PAYLOAD"] = payload_path
+            env["MLCLUSTER_ERROR_FILE"] = str(store.error_path(job_id, rank))
+            if rank == 0:
+                env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
+            if warm:
+                proc = launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
+            else:
+                proc = launcher.spawn_cold(rank, env, self.launch.get("cwd"))
+            self.ranks.append(proc)
+            for fd, stream in ((proc.stdout, "o"), (proc.stderr, "e"), (proc.control, "c")):
+                os.set_blocking(fd, False)
+                self.selector.register(fd, selectors.EVENT_READ, (rank, stream))
+                self.parsers[(rank, stream)] = OutputParser()
+                self.open_fds += 1
+        now = time.time()
+        ctx.set_ranks(
+            {
+                p.rank: {
+                    "state": RankState.STARTING,
+                    "pid": p.pid,
+                    "pgid": p.create_time,
+                    "host": "localhost",
+                    "started": now,
+                    "finished": None,
+                    "exit_code": None,
+                    "progress": None,
+                }
+                for p in self.ranks
+            }
+        )
+        fields = {} if ctx.job.started else {"started": now}
+        ctx.set_state(JobState.RUNNING, **fields)
+        ctx.job.started = ctx.job.started or now
+
+    # -- output -------------------------------------------------------------------------
+
+    def pump(self, timeout: float) -> None:
+        if not self.open_fds:
+            time.sleep(timeout)
+            return
+        for key, _ in self.selector.select(timeout):
+            rank, stream = key.data
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            parser = self.parsers[(rank, stream)]
+            if not data:
+                self.selector.unregister(key.fd)
+                os.close(key.fd)
+                self.open_fds -= 1
+                self._handle(rank, stream, parser.flush())
+                continue
+            self._handle(rank, stream, parser.feed(data))
+
+    def _handle(self, rank: int, stream: str, items) -> None:
+        for kind, value in items:
+            if kind == "line":
+                if stream == "c":
+                    continue
+                self.ctx.logs.line(rank, stream, value)
+            elif kind == "progress":
+                self.pending_ranks.setdefault(rank, {})["progress"] = _clean_progress(value)
+            elif kind == "control":
+                rtype = value.get("type")
+                if rtype == "started" and rank not in self.done:
+                    self.pending_ranks.setdefault(rank, {})["state"] = RankState.RUNNING
+                elif rtype == "progress":
+                    self.pending_ranks.setdefault(rank, {})["progress"] = _clean_progress(value)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.pending_ranks and (force or now - self.last_flush >= PROGRESS_FLUSH):
+            self.ctx.set_ranks(self.pending_ranks)
+            self.pending_ranks = {}
+            self.last_flush = now
+        if now - self.last_metrics >= self.ctx.config.metrics_interval:
+            self.last_metrics = now
+            samples = {
+                p.rank: self.sampler.sample(p.pid, self.allocation["gpus"][p.rank])
+                for p in self.ranks
+                if p.returncode is None
+            }
+            if samples:
+                self.ctx.store.record_metrics(self.ctx.job.id, samples)
+        self.ctx.tick()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> GangOutcome:
+        try:
+            self.start()
+            outcome = self.watch()
+        except BaseException:
+            launcher.stop_ranks(self.ranks, 0.0)
+            raise
+        self.drain()
+        return outcome
+
+    def watch(self) -> GangOutcome:
+        ctx, spec = self.ctx, self.spec
+        deadline = ctx.job.started + spec.timeout if spec.timeout else None
+        finished = self.done
+        while True:
+            self.pump(LOOP_TICK)
+            for p in self.ranks:
+                if p.rank in finished or p.poll() is None:
+                    continue
+                finished.add(p.rank)
+                ok = p.returncode == 0
+                self.pending_ranks.setdefault(p.rank, {}).update(
+                    state=RankState.SUCCEEDED if ok else RankState.FAILED,
+                    exit_code=p.returncode,
+                    finished=time.time(),
+                )
+                if not ok:
+                    self.stop(exclude={p.rank})
+                    return GangOutcome("failed", failed_rank=p.rank, exit_code=p.returncode)
+            if len(finished) == len(self.ranks):
+                return GangOutcome("succeeded")
+            reason = ctx.cancelled()
+            if reason:
+                self.stop()
+                return GangOutcome("cancelled", reason=reason)
+            if deadline is not None and time.time() > deadline:
+                self.stop()
+                return GangOutcome("timeout", reason=f"timed out after {_duration(spec.timeout)}")
+            self.flush()
+
+    def stop(self, exclude: set[int] = frozenset()) -> None:
+        """Stop every rank (fail-fast, cancel, timeout); they are marked cancelled."""
+        self.flush(force=True)
+        launcher.stop_ranks(self.ranks, self.ctx.config.kill_grace_period, pump=self.pump)
+        now = time.time()
+        for p in self.ranks:
+            if p.rank in exclude:
+                continue
+            state = self.pending_ranks.get(p.rank, {}).get("state")
+            if state in (RankState.SUCCEEDED, RankState.FAILED):
+                continue
+            self.pending_ranks.setdefault(p.rank, {}).update(
+                state=RankState.CANCELLED, exit_code=p.returncode, finished=now
+            )
+
+    def drain(self) -> None:
+        """Read what the ranks wrote before exiting (pipes may still hold output)."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        while self.open_fds and time.monotonic() < deadline:
+            self.pump(0.05)
+        for key in list(self.selector.get_map().values()):
+            self.selector.unregister(key.fd)
+            os.close(key.fd)
+        self.selector.close()
+        self.flush(force=True)
+        self.ctx.logs.maybe_notify(force=True)
+
+
+def _clean_progress(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: value.get(k) for k in ("step", "total", "desc")}
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"
+
+
+def _running_warm() -> bool:
+    from . import warmpool
+
+    return warmpool.in_zygote_child()

@@ -1,0 +1,226 @@
+"""Rank processes on this machine: their environment, and starting/stopping them.
+
+Two ways to start a rank, same result (own session and process group, stdio on pipes, a
+report pipe, death with the supervisor):
+- cold: a fresh `python -m jupyterlab_mlcluster.runtime.worker` (fork + exec);
+- warm: a fork of the supervisor, when the supervisor itself is a child of the warm pool's
+  CUDA-clean zygote (so torch is already imported; see warmpool.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ...jobs.model import JobSpec
+
+# Variables of the submitting process that must not leak into ranks: ipykernel's inline
+# matplotlib backend has no frontend in a rank, and stale launcher variables would lie.
+_DROP_ENV_PREFIXES = ("MLCLUSTER_", "TORCHELASTIC_", "PET_", "JPY_")
+_DROP_ENV = {"MPLBACKEND", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "GROUP_RANK"}
+# Kept on purpose (they describe the user's environment, not a launcher).
+_KEEP_ENV = {"MLCLUSTER_STORE_DIR", "MLCLUSTER_BACKEND", "MLCLUSTER_CPU_SLOTS", "MLCLUSTER_GPUS", "MLCLUSTER_WARM_POOL"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def job_ports(spec: JobSpec) -> dict[str, Any]:
+    """Fresh ports for one attempt of a job (a restart gets new ones)."""
+    ports: dict[str, Any] = {"master": free_port()}
+    if spec.framework == "tensorflow":
+        ports["tf"] = [free_port() for _ in range(spec.workers)]
+    if spec.framework == "jax":
+        ports["jax"] = free_port()
+    return ports
+
+
+def base_environment(submitter_env: dict[str, str]) -> dict[str, str]:
+    env = {}
+    for key, value in submitter_env.items():
+        if key in _DROP_ENV or (key.startswith(_DROP_ENV_PREFIXES) and key not in _KEEP_ENV):
+            continue
+        env[key] = value
+    return env
+
+
+def rank_environment(
+    base: dict[str, str],
+    spec: JobSpec,
+    rank: int,
+    gpus: list[int],
+    ports: dict[str, Any],
+    *,
+    job_id: str,
+    restart: int = 0,
+    host: str = "127.0.0.1",
+) -> dict[str, str]:
+    """The torchrun-compatible environment of one local rank (pure)."""
+    env = dict(base)
+    env.update(spec.env)
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(spec.workers),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(spec.workers),
+            "GROUP_RANK": "0",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(spec.workers),
+            "MASTER_ADDR": host,
+            "MASTER_PORT": str(ports["master"]),
+            "TORCHELASTIC_RESTART_COUNT": str(restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_RUN_ID": job_id,
+            # NVML numbers GPUs in PCI order; make CUDA agree so the metrics match the ranks.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            "PYTHONUNBUFFERED": "1",
+            "MLCLUSTER_JOB_ID": job_id,
+        }
+    )
+    # Like torchrun: one thread per slot unless the user says otherwise, so N ranks do not
+    # fight over the cores with N x cores OpenMP threads.
+    if "OMP_NUM_THREADS" not in spec.env and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = str(max(1, int(spec.cpus)))
+    if spec.framework == "tensorflow":
+        workers = [f"{host}:{p}" for p in ports["tf"]]
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+    if spec.framework == "jax":
+        env["JAX_COORDINATOR_ADDRESS"] = f"{host}:{ports['jax']}"
+        env["JAX_NUM_PROCESSES"] = str(spec.workers)
+        env["JAX_PROCESS_ID"] = str(rank)
+    return env
+
+
+class RankProcess:
+    """A started rank: its pid, pipes, and exit status."""
+
+    def __init__(self, rank: int, pid: int, stdout: int, stderr: int, control: int, popen=None):
+        self.rank = rank
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.control = control
+        self.returncode: int | None = None
+        self._popen = popen
+        try:
+            import psutil
+
+            self.create_time: float | None = psutil.Process(pid).create_time()
+        except Exception:  # noqa: BLE001 - it may already be gone
+            self.create_time = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.returncode = -1
+            return self.returncode
+        if pid == 0:
+            return None
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the rank's whole process group (its own children too)."""
+        try:
+            os.killpg(self.pid, signum)
+        except OSError as exc:
+            if exc.errno not in (errno.ESRCH, errno.EPERM):
+                raise
+
+
+def spawn_cold(rank: int, env: dict[str, str], cwd: str | None) -> RankProcess:
+    control_r, control_w = os.pipe()
+    env = dict(env)
+    env["MLCLUSTER_REPORT"] = f"fd:{control_w}"
+    env["MLCLUSTER_SUPERVISOR_PID"] = str(os.getpid())
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"],
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(control_w,),
+            start_new_session=True,
+        )
+    finally:
+        os.close(control_w)
+    return RankProcess(rank, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), control_r, popen)
+
+
+def spawn_forked(rank: int, env: dict[str, str], cwd: str | None, payload_path: str) -> RankProcess:
+    """Fork this (warm, CUDA-clean, single-threaded) process into a rank."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    control_r, control_w = os.pipe()
+    supervisor = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the rank
+        status = 1
+        try:
+            os.setsid()
+            for fd in (out_r, err_r, control_r):
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            child_env = dict(env)
+            child_env["MLCLUSTER_REPORT"] = f"fd:{control_w}"
+            child_env["MLCLUSTER_SUPERVISOR_PID"] = str(supervisor)
+            from .warmpool import become_rank
+
+            status = become_rank(child_env, cwd, payload_path)
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    for fd in (out_w, err_w, control_w):
+        os.close(fd)
+    return RankProcess(rank, pid, out_r, err_r, control_r)
+
+
+def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> None:
+    """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds.
+
+    `pump()` is called while waiting so that output keeps being drained (a rank blocked
+    on a full pipe could not exit)."""
+    live = [r for r in ranks if r.poll() is None]
+    for r in live:
+        r.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        if pump is not None:
+            pump(0.02)
+        else:
+            time.sleep(0.02)
+        live = [r for r in live if r.poll() is None]
+    for r in ranks:
+        # Also the ones that exited: their children may still be in the group.
+        r.signal_group(signal.SIGKILL)
+    for r in ranks:
+        while r.poll() is None:
+            time.sleep(0.01)

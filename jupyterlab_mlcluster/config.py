@@ -1,0 +1,172 @@
+"""Settings shared by every front end (kernel, CLI, server, supervisors).
+
+All of them are traitlets with help strings. They are read from `jupyter_mlcluster_config.py`
+/ `.json` on the Jupyter config path (so `c.MLClusterConfig.cpu_slots = 16` in that file
+reaches kernels, the CLI and the server alike); a few also have environment variables,
+which win, because a job's supervisor and ranks inherit the submitter's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from traitlets import Bool, Float, Int, List, Unicode, Enum, default
+from traitlets.config import Config, Configurable
+
+CONFIG_FILE_BASENAME = "jupyter_mlcluster_config"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+class MLClusterConfig(Configurable):
+    store_dir = Unicode(
+        help="Directory of the job store (SQLite database, payloads, logs, results). Every "
+        "process that should see the same jobs must use the same directory. "
+        "Env: MLCLUSTER_STORE_DIR. Default: <jupyter data dir>/mlcluster.",
+    ).tag(config=True)
+
+    @default("store_dir")
+    def _default_store_dir(self) -> str:
+        env = _env("MLCLUSTER_STORE_DIR")
+        if env:
+            return env
+        from jupyter_core.paths import jupyter_data_dir
+
+        return str(Path(jupyter_data_dir()) / "mlcluster")
+
+    default_backend = Enum(
+        ["local", "kubernetes"],
+        help="Backend used when a job does not name one. Env: MLCLUSTER_BACKEND.",
+    ).tag(config=True)
+
+    @default("default_backend")
+    def _default_backend(self) -> str:
+        return _env("MLCLUSTER_BACKEND") or "local"
+
+    cpu_slots = Int(
+        help="CPU slots of the local pool; each rank takes --cpus of them (default 1). Ranks "
+        "mostly wait on each other or on GPUs, so the default oversubscribes the cores 4x. "
+        "Env: MLCLUSTER_CPU_SLOTS.",
+    ).tag(config=True)
+
+    @default("cpu_slots")
+    def _default_cpu_slots(self) -> int:
+        env = _env("MLCLUSTER_CPU_SLOTS")
+        if env:
+            return int(env)
+        return max(4, 4 * (os.cpu_count() or 1))
+
+    gpus = Unicode(
+        "auto",
+        help="GPUs of the local pool: 'auto' (every GPU NVML reports), 'none', or a comma "
+        "separated list of device indices such as '0,1'. Env: MLCLUSTER_GPUS.",
+    ).tag(config=True)
+
+    @default("gpus")
+    def _default_gpus(self) -> str:
+        return _env("MLCLUSTER_GPUS") or "auto"
+
+    memory_limit = Int(
+        0,
+        help="Bytes of memory the local pool hands out to jobs that ask for --memory "
+        "(0 = the machine's total memory).",
+    ).tag(config=True)
+
+    max_workers = Int(
+        256,
+        help="Largest number of ranks one job may ask for, on any backend.",
+    ).tag(config=True)
+
+    kill_grace_period = Float(
+        3.0,
+        help="Seconds ranks get between SIGTERM and SIGKILL when a job is stopped "
+        "(cancel, a failing rank, a timeout).",
+    ).tag(config=True)
+
+    metrics_interval = Float(
+        1.0,
+        help="Seconds between CPU/memory/GPU samples of each running rank.",
+    ).tag(config=True)
+
+    warm_pool = Bool(
+        help="Start ranks from a warm, CUDA-clean zygote process that has already imported "
+        "the heavy modules (much faster starts). Env: MLCLUSTER_WARM_POOL=0 to turn off.",
+    ).tag(config=True)
+
+    @default("warm_pool")
+    def _default_warm_pool(self) -> bool:
+        return (_env("MLCLUSTER_WARM_POOL") or "1").lower() not in ("0", "false", "no", "off")
+
+    warm_pool_modules = List(
+        Unicode(),
+        ["torch", "numpy"],
+        help="Modules the warm pool imports ahead of time (those not installed are skipped). "
+        "They must not initialise CUDA on import.",
+    ).tag(config=True)
+
+    warm_pool_idle_timeout = Float(
+        1800.0,
+        help="Seconds an unused warm pool stays up before it exits on its own.",
+    ).tag(config=True)
+
+    warm_pool_size = Int(
+        0,
+        help="Ranks kept pre-forked and waiting in the warm pool (0 = fork on demand, which "
+        "already takes milliseconds).",
+    ).tag(config=True)
+
+    # -- kubernetes ---------------------------------------------------------------------
+
+    kubernetes_namespace = Unicode(
+        "",
+        help="Namespace for Kubernetes jobs. Default: the pod's own namespace in a cluster, "
+        "else the kubeconfig context's namespace, else 'default'.",
+    ).tag(config=True)
+
+    kubernetes_image = Unicode(
+        "",
+        help="Image for Kubernetes ranks when --image is not given. Default: the image of the "
+        "notebook pod this runs in (so the environment matches).",
+    ).tag(config=True)
+
+    kubernetes_engine = Enum(
+        ["auto", "pytorchjob", "tfjob", "indexed-job"],
+        "auto",
+        help="How Kubernetes jobs run: 'auto' uses the Kubeflow Training Operator (PyTorchJob/"
+        "TFJob) when its CRDs exist, else an Indexed Job plus a headless Service.",
+    ).tag(config=True)
+
+    kubernetes_gang = Enum(
+        ["none", "volcano", "kueue", "training-operator"],
+        "none",
+        help="Gang scheduling on Kubernetes: Volcano PodGroups, Kueue queues, the Training "
+        "Operator's schedulingPolicy, or none.",
+    ).tag(config=True)
+
+    kubernetes_service_account = Unicode(
+        "",
+        help="Service account of rank pods ('' = the namespace default).",
+    ).tag(config=True)
+
+
+def load_config(extra: Config | None = None) -> Config:
+    """Read jupyter_mlcluster_config.{py,json} from the Jupyter config path, like a
+    Jupyter application would, for processes that are not Jupyter applications."""
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config.application import Application
+
+    merged = Config()
+    paths = jupyter_config_path()
+    for config, _filename in Application._load_config_files(CONFIG_FILE_BASENAME, path=paths):
+        merged.merge(config)
+    if extra is not None:
+        merged.merge(extra)
+    return merged
+
+
+def get_config(extra: Config | None = None) -> MLClusterConfig:
+    return MLClusterConfig(config=load_config(extra))

@@ -1,0 +1,346 @@
+"""JobService: the one API every front end calls (magic, CLI, REST, Python API).
+
+It validates and stores a job, starts its supervisor, and answers questions about jobs
+from the store. It never drives a backend itself (supervisors do), so any number of
+processes can hold a JobService on the same store at once.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..backends.base import Backend, get_backend
+from ..config import MLClusterConfig, get_config
+from ..runtime.payload import Payload, PayloadError
+from .model import JobSpec, JobState, RankState, SpecError
+from .record import JobRecord
+from .store import JobStore, UnknownJob
+
+WAIT_POLL = 0.05
+
+
+class JobFailed(RuntimeError):
+    """A job ended `failed`; the message names the failing rank and shows its traceback."""
+
+    def __init__(self, record: JobRecord, traceback_text: str | None):
+        self.record = record
+        self.traceback = traceback_text
+        message = record.error or f"job {record.id} failed"
+        if traceback_text:
+            message += f"\n\nTraceback of rank {record.failed_rank}:\n{traceback_text.rstrip()}"
+        super().__init__(message)
+
+
+class JobCancelled(RuntimeError):
+    def __init__(self, record: JobRecord):
+        self.record = record
+        super().__init__(f"job {record.id} was {record.reason or 'cancelled'}")
+
+
+def new_job_id() -> str:
+    # Starts with a letter: ids also name Kubernetes objects.
+    return "j" + secrets.token_hex(5)
+
+
+class JobService:
+    def __init__(self, config: MLClusterConfig | None = None, store: JobStore | None = None):
+        self.config = config or get_config()
+        self.store = store or JobStore(self.config.store_dir)
+        self._backends: dict[str, Backend] = {}
+        self._last_reap = 0.0
+
+    def backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            self._backends[name] = get_backend(name, self.config)
+        return self._backends[name]
+
+    # -- submit -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec,
+        payload: Payload,
+        *,
+        origin: dict[str, Any] | None = None,
+        attach_to_pid: int | None = None,
+        environ: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> JobRecord:
+        """Store the job and start its supervisor. SpecError/PayloadError: nothing stored.
+
+        `attach_to_pid`: cancel the job if that process dies (the foreground CLI).
+        `environ`/`cwd`: what the ranks inherit (default: this process's)."""
+        backend = self.backend(spec.backend)
+        backend.validate(spec)
+        job_id = new_job_id()
+        if payload.kind == "code":
+            payload.filename = str(self.store.job_dir(job_id) / "cell.py")
+        data = payload.dumps()
+        backend_state = backend.prepare(spec)
+        origin = dict(origin or {})
+        origin.setdefault("kind", "python")
+        if attach_to_pid:
+            import psutil
+
+            origin["attach_pid"] = attach_to_pid
+            origin["attach_create_time"] = psutil.Process(attach_to_pid).create_time()
+        record = JobRecord(
+            id=job_id,
+            name=spec.name or _default_name(payload, origin),
+            spec=spec,
+            state=JobState.QUEUED,
+            created=time.time(),
+            owner=origin.get("user") or _current_user(),
+            origin=origin,
+            capacity=backend.capacity(),
+            backend_state=backend_state,
+        )
+        self.store.insert_job(record, data)
+        job_dir = self.store.job_dir(job_id)
+        if payload.kind == "code":
+            (job_dir / "cell.py").write_text(payload.source)
+        _write_private(
+            job_dir / "launch.json",
+            json.dumps({"env": dict(os.environ if environ is None else environ), "cwd": cwd or os.getcwd()}),
+        )
+        try:
+            self._start_supervisor(job_id)
+        except Exception as exc:
+            self.store.transition(job_id, JobState.FAILED, error=f"could not start the job: {exc}")
+            raise
+        return self.store.get_job(job_id)
+
+    def _start_supervisor(self, job_id: str) -> None:
+        if self.config.warm_pool:
+            from ..backends.local import warmpool
+
+            if warmpool.spawn_supervisor(self.config, str(self.store.root), job_id):
+                return
+        log = open(self.store.job_dir(job_id) / "supervisor.log", "ab")  # noqa: SIM115
+        env = dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root))
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterlab_mlcluster.jobs.supervisor", str(self.store.root), job_id],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+        # Reap it when it ends so no zombie stays behind in long-lived submitters.
+        threading.Thread(target=proc.wait, name=f"mlcluster-reap-{job_id}", daemon=True).start()
+
+    # -- read ---------------------------------------------------------------------------
+
+    def get(self, id_or_name: str) -> JobRecord:
+        self.reap()
+        jobs = self.store.find_jobs(id_or_name)
+        if not jobs:
+            raise UnknownJob(id_or_name)
+        return jobs[0]
+
+    def list(self, **filters: Any) -> tuple[list[JobRecord], int]:
+        self.reap()
+        return self.store.list_jobs(**filters)
+
+    def logs(self, job_id: str, rank: int | None = None, cursor: str | None = None, **kwargs: Any):
+        return self.store.read_logs(job_id, rank, cursor, **kwargs)
+
+    def follow_logs(
+        self, job_id: str, rank: int | None = None, cursor: str | None = None, poll: float = 0.1
+    ) -> Iterator[dict[str, Any]]:
+        """Yield log lines as they come, until the job is final and everything is read."""
+        while True:
+            final = self.store.get_job(job_id).final
+            lines, cursor = self.store.read_logs(job_id, rank, cursor)
+            yield from lines
+            if final and not lines:
+                return
+            if not lines:
+                time.sleep(poll)
+                self.reap()
+
+    def error_report(self, job_id: str) -> dict[str, Any] | None:
+        record = self.store.get_job(job_id)
+        if record.failed_rank is None:
+            return None
+        try:
+            return json.loads(self.store.error_path(job_id, record.failed_rank).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def result(self, job_id: str) -> tuple[str, Any]:
+        """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job."""
+        import cloudpickle
+
+        path = self.store.result_path(job_id)
+        if not path.exists():
+            return "none", None
+        data = cloudpickle.loads(path.read_bytes())
+        return data["kind"], data["value"]
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
+        """Block until the job is final (or `timeout` seconds pass); returns its record."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        version = None
+        while True:
+            current = self.store.data_version()
+            if current != version:
+                version = current
+                record = self.store.get_job(job_id)
+                if record.final:
+                    return record
+            if deadline is not None and time.monotonic() > deadline:
+                return self.store.get_job(job_id)
+            time.sleep(WAIT_POLL)
+            if time.monotonic() - self._last_reap > 2.0:
+                self.reap()
+                version = None
+
+    def raise_for_state(self, record: JobRecord) -> None:
+        if record.state == JobState.FAILED:
+            report = self.error_report(record.id)
+            raise JobFailed(record, report.get("traceback") if report else None)
+        if record.state == JobState.CANCELLED:
+            raise JobCancelled(record)
+
+    def cluster(self) -> dict[str, Any]:
+        backend_name = self.config.default_backend
+        backend = self.backend(backend_name)
+        capacity = backend.capacity()
+        active, _ = self.store.list_jobs(states=["starting", "running"], backend=backend_name)
+        used_cpus = sum((j.allocation or {}).get("cpus", 0) for j in active)
+        used_memory = sum((j.allocation or {}).get("memory", 0) for j in active)
+        used_gpus = {g for j in active for gs in (j.allocation or {}).get("gpus", []) for g in gs}
+        gpus = capacity.get("gpus", [])
+        return {
+            "backend": backend_name,
+            "capacity": {
+                "gpus": {"total": len(gpus), "free": len([g for g in gpus if g not in used_gpus])},
+                "cpus": {"total": capacity.get("cpus"), "free": max(0.0, capacity.get("cpus", 0) - used_cpus)},
+                "memory": {"total": capacity.get("memory"), "free": max(0, capacity.get("memory", 0) - used_memory)},
+            },
+            "queue": self.store.queue(backend_name),
+            "running": [j.id for j in active],
+        }
+
+    # -- cancel / forget -------------------------------------------------------------------
+
+    def cancel(self, job_id: str, *, purge: bool = False, wait: bool = True) -> JobRecord | None:
+        """Stop a job (all ranks); with `purge`, also forget it (rows, logs, files)."""
+        record = self.store.get_job(job_id)
+        if not record.final:
+            self.store.request_cancel(job_id)
+            self._signal_supervisor(record, signal.SIGTERM)
+            self.reap(force=True)
+            if wait or purge:
+                grace = self.config.kill_grace_period + 10.0
+                record = self.wait(job_id, timeout=grace)
+                if not record.final:
+                    # A wedged supervisor: kill it; its ranks die with it; then reap.
+                    self._signal_supervisor(record, signal.SIGKILL)
+                    time.sleep(0.2)
+                    self.reap(force=True)
+                    record = self.wait(job_id, timeout=5.0)
+        if purge:
+            self.store.delete_job(job_id)
+            return None
+        return self.store.get_job(job_id)
+
+    def _signal_supervisor(self, record: JobRecord, signum: int) -> None:
+        from ..backends.local.pool import process_is, this_host
+
+        info = record.supervisor or {}
+        if info.get("host") == this_host() and process_is(info.get("pid"), info.get("create_time")):
+            try:
+                os.kill(info["pid"], signum)
+            except OSError:
+                pass
+
+    def reap(self, force: bool = False) -> list[str]:
+        """Settle jobs whose supervisor died: nothing may stay `running` forever."""
+        now = time.monotonic()
+        if not force and now - self._last_reap < 1.0:
+            return []
+        self._last_reap = now
+        from ..backends.local.backend import supervisor_alive
+
+        reaped = []
+        rows = self.store._db.execute(
+            "SELECT id, supervisor, created, backend, cancel_requested FROM jobs WHERE state NOT IN (?, ?, ?)",
+            [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
+        ).fetchall()
+        for row in rows:
+            if supervisor_alive(row):
+                continue
+            record = self.store.get_job(row["id"])
+            backend = self.backend(record.backend)
+            if not row["cancel_requested"] and backend.supervisor_lost(self.store, record) == "respawn":
+                self.store.update_job(record.id, supervisor=None)
+                self._start_supervisor(record.id)
+                continue
+            backend.cleanup_orphans(self.store, record)
+            if row["cancel_requested"]:
+                moved = self.store.transition(record.id, JobState.CANCELLED, reason="cancelled by user")
+            else:
+                why = (
+                    "the job's supervisor process died unexpectedly"
+                    if row["supervisor"]
+                    else "the job's supervisor process never started"
+                )
+                moved = self.store.transition(record.id, JobState.FAILED, error=why, reason=why)
+            self.store.update_ranks(
+                record.id,
+                {
+                    r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
+                    for r in record.ranks
+                    if not r.state.final
+                },
+            )
+            if moved:
+                reaped.append(record.id)
+        return reaped
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _current_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        return str(os.getuid())
+
+
+def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
+    import re
+
+    if payload.kind in ("script", "module"):
+        base = Path(payload.filename).stem
+    elif payload.kind == "callable" and payload.function is not None:
+        base = getattr(payload.function, "__name__", "function")
+    elif origin.get("notebook"):
+        base = Path(origin["notebook"]).stem
+    else:
+        base = "job"
+    slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")[:40]
+    return slug or "job"
+
+
+__all__ = ["JobService", "JobFailed", "JobCancelled", "SpecError", "PayloadError", "UnknownJob"]

@@ -1,0 +1,230 @@
+"""The per-job supervisor process: `python -m jupyterlab_mlcluster.jobs.supervisor ROOT JOB`.
+
+It claims the job, keeps a heartbeat, turns cancel requests (a store flag or SIGTERM) and
+the death of an attached submitter into `ctx.cancelled`, and runs the job's backend. It is
+the only writer of its job's state, and it always leaves the job in a final state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..backends.base import get_backend
+from ..config import get_config
+from .model import JobState, RankState
+from .record import JobRecord
+from .store import JobStore, format_log_line
+
+CANCEL_POLL_INTERVAL = 0.1
+HEARTBEAT_INTERVAL = 1.0
+LOG_EVENT_INTERVAL = 0.05
+
+
+class LogWriter:
+    """Appends timestamped lines to each rank's log file; tells readers there is news."""
+
+    def __init__(self, store: JobStore, job_id: str, workers: int):
+        self._store = store
+        self._job_id = job_id
+        self._files = {
+            r: open(store.log_path(job_id, r), "ab", buffering=0) for r in range(workers)  # noqa: SIM115
+        }
+        self._dirty = False
+        self._last_notify = 0.0
+
+    def line(self, rank: int, stream: str, text: str) -> None:
+        self._files[rank].write(format_log_line(time.time(), stream, text))
+        self._dirty = True
+
+    def system(self, text: str, rank: int | None = None) -> None:
+        for r in [rank] if rank is not None else list(self._files):
+            self.line(r, "s", text)
+
+    def maybe_notify(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._dirty and (force or now - self._last_notify >= LOG_EVENT_INTERVAL):
+            self._store.notify(self._job_id, "logs")
+            self._dirty = False
+            self._last_notify = now
+
+    def close(self) -> None:
+        self.maybe_notify(force=True)
+        for f in self._files.values():
+            f.close()
+
+
+class JobContext:
+    """What a backend's run() gets: the job, and ways to report on it."""
+
+    def __init__(self, store: JobStore, job: JobRecord, config):
+        self.store = store
+        self.job = job
+        self.config = config
+        self.logs = LogWriter(store, job.id, job.spec.workers)
+        self._signalled: str | None = None
+        self._cancel: str | None = None
+        self._last_cancel_poll = 0.0
+        self._last_heartbeat = 0.0
+        self._attached = _attached_process(job.origin)
+
+    # -- cancellation -----------------------------------------------------------------
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self._signalled = f"cancelled (supervisor got {signal.Signals(signum).name})"
+
+    def cancelled(self) -> str | None:
+        """Why the job must stop now (a reason string), or None."""
+        if self._cancel:
+            return self._cancel
+        if self._signalled:
+            self._cancel = self._signalled
+            return self._cancel
+        now = time.monotonic()
+        if now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
+            self._last_cancel_poll = now
+            row = self.store._db.execute(
+                "SELECT cancel_requested FROM jobs WHERE id = ?", (self.job.id,)
+            ).fetchone()
+            if row is None or row[0]:
+                self._cancel = "cancelled by user" if row is not None else "job was deleted"
+            elif self._attached is not None and not _still_running(self._attached):
+                self._cancel = f"cancelled: the submitting process (pid {self._attached.pid}) exited"
+        return self._cancel
+
+    def heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
+            self._last_heartbeat = now
+            self.store.update_job(self.job.id, event="heartbeat", heartbeat=time.time())
+
+    def tick(self) -> None:
+        """Housekeeping a backend's loop calls every turn (≤ 100 ms apart)."""
+        self.heartbeat()
+        self.logs.maybe_notify()
+
+    # -- state --------------------------------------------------------------------------
+
+    def set_state(self, state: JobState, **fields: Any) -> bool:
+        moved = self.store.transition(self.job.id, state, **fields)
+        if moved:
+            self.job.state = state
+        return moved
+
+    def set_reason(self, reason: str | None) -> None:
+        if reason != self.job.reason:
+            self.job.reason = reason
+            self.store.update_job(self.job.id, reason=reason)
+
+    def set_ranks(self, changes: dict[int, dict[str, Any]]) -> None:
+        self.store.update_ranks(self.job.id, changes)
+
+    def set_all_ranks(self, **fields: Any) -> None:
+        self.set_ranks({r: dict(fields) for r in range(self.job.spec.workers)})
+
+    def refresh(self) -> JobRecord:
+        self.job = self.store.get_job(self.job.id)
+        return self.job
+
+
+def _attached_process(origin: dict[str, Any]) -> psutil.Process | None:
+    pid, started = origin.get("attach_pid"), origin.get("attach_create_time")
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 0.05:
+            return _GONE
+        return proc
+    except psutil.NoSuchProcess:
+        return _GONE
+
+
+class _Gone:
+    pid = 0
+
+
+_GONE: Any = _Gone()
+
+
+def _still_running(proc: Any) -> bool:
+    if proc is _GONE:
+        return False
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def claim(store: JobStore, job_id: str) -> bool:
+    """Become the job's one supervisor (atomic); False if another live one has it."""
+    me = psutil.Process()
+    identity = json.dumps({"pid": me.pid, "create_time": me.create_time(), "host": os.uname().nodename})
+    with store._tx() as db:
+        row = db.execute("SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or JobState(row["state"]).final:
+            return False
+        if row["supervisor"]:
+            other = json.loads(row["supervisor"])
+            from ..backends.local.pool import process_is
+
+            if other.get("pid") != me.pid and process_is(other.get("pid"), other.get("create_time")):
+                return False
+        db.execute(
+            "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ? WHERE id = ?",
+            (identity, time.time(), time.time(), job_id),
+        )
+        store._event(db, job_id, "job")
+    return True
+
+
+def supervise(store: JobStore, job_id: str, config=None) -> int:
+    config = config or get_config()
+    if not claim(store, job_id):
+        return 0
+    job = store.get_job(job_id)
+    ctx = JobContext(store, job, config)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, ctx.on_signal)
+    try:
+        get_backend(job.spec.backend, config).run(ctx)
+    except BaseException as exc:  # noqa: BLE001 - a supervisor must always finish its job
+        text = "".join(traceback.format_exception(exc))
+        try:
+            ctx.logs.system(f"mlcluster supervisor error: {text}")
+        except Exception:  # noqa: BLE001
+            pass
+        ctx.set_state(JobState.FAILED, error=f"internal error in the job supervisor: {exc!r}")
+    finally:
+        job = store.get_job(job_id)
+        if not job.final:  # a backend returned without finishing: never leave it running
+            ctx.set_state(JobState.FAILED, error="the job supervisor stopped without a result")
+        leftover = {
+            r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
+            for r in store.get_job(job_id).ranks
+            if not r.state.final
+        }
+        ctx.set_ranks(leftover)
+        ctx.logs.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID", file=sys.stderr)
+        return 2
+    store = JobStore(Path(argv[0]))
+    return supervise(store, argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""What runs inside every rank: `python -m jupyterlab_mlcluster.runtime.worker`.
+
+It finishes the rank's environment (Kubernetes pods get some variables in other shapes),
+ties its life to its supervisor, loads the payload, runs the user's code as `__main__`, and
+reports the outcome: rank 0's result, or the failing rank's exception and traceback
+(torchrun's error-file idea), on the report channel or in files.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import ctypes
+import json
+import linecache
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+from . import reporting
+from .payload import Payload, read_payload_bytes
+
+RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines modest
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ResultError(RuntimeError):
+    """Rank 0 could not send its result back (undefined --pull name, unpicklable value)."""
+
+
+def complete_environment(env: os._Environ | dict[str, str]) -> None:
+    """Derive the variables a launcher may have given in another shape (Kubernetes)."""
+    if "RANK" not in env and "JOB_COMPLETION_INDEX" in env:
+        env["RANK"] = env["JOB_COMPLETION_INDEX"]
+    rank = env.get("RANK", "0")
+    env.setdefault("WORLD_SIZE", "1")
+    env.setdefault("LOCAL_RANK", "0" if "LOCAL_WORLD_SIZE" in env else rank)
+    env.setdefault("LOCAL_WORLD_SIZE", "1")
+    if "JAX_COORDINATOR_ADDRESS" in env:
+        env.setdefault("JAX_PROCESS_ID", rank)
+        env.setdefault("JAX_NUM_PROCESSES", env["WORLD_SIZE"])
+    if "TF_CONFIG" not in env and env.get("MLCLUSTER_TF_WORKERS"):
+        workers = env["MLCLUSTER_TF_WORKERS"].split(",")
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": int(rank)}}
+        )
+
+
+def tie_to_supervisor() -> None:
+    """Die with the supervisor (Linux PR_SET_PDEATHSIG), so no rank outlives its job."""
+    expected = os.environ.get("MLCLUSTER_SUPERVISOR_PID")
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    # The supervisor may have died before prctl took effect: then our parent changed.
+    if os.getppid() != int(expected):
+        os._exit(137)
+
+
+def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
+    """Run the user's code as __main__. Returns ("value", v), ("pull", {..}) or ("none", None)."""
+    if payload.cwd:
+        try:
+            os.chdir(payload.cwd)
+        except OSError:
+            pass  # a pod has no such directory; its image's workdir will do
+    for entry in reversed(payload.sys_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+    if payload.kind == "callable":
+        value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
+        return ("value", value) if value is not None else ("none", None)
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(payload.push)
+    main.__dict__["__builtins__"] = __builtins__
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickling classes defined in the cell needs this
+    try:
+        if payload.kind == "script":
+            sys.argv = [payload.filename, *payload.argv]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(payload.filename)))
+            main.__dict__.update(runpy.run_path(payload.filename, init_globals=main.__dict__, run_name="__main__"))
+            value = None
+        elif payload.kind == "module":
+            sys.argv = [payload.filename, *payload.argv]
+            main.__dict__.update(runpy.run_module(payload.filename, run_name="__main__", alter_sys=True))
+            value = None
+        else:
+            value = _exec_cell(payload.source, payload.filename, main.__dict__)
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+    if payload.pull:
+        missing = [name for name in payload.pull if name not in main.__dict__]
+        if missing:
+            raise ResultError(f"--pull {', '.join(missing)}: not defined on rank {rank} after the cell ran")
+        return "pull", {name: main.__dict__[name] for name in payload.pull}
+    return ("value", value) if value is not None else ("none", None)
+
+
+def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
+    """exec the cell; like IPython, a final bare expression is evaluated and returned."""
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    tree = ast.parse(source, filename=filename, mode="exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is not None:
+        return eval(compile(last, filename, "eval"), namespace)
+    return None
+
+
+def write_result(kind: str, value: Any) -> None:
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps({"kind": kind, "value": value})
+    except Exception as exc:  # noqa: BLE001
+        raise ResultError(f"cannot send the result back to the kernel: {type(exc).__name__}: {exc}") from None
+    path = os.environ.get("MLCLUSTER_RESULT_PATH")
+    if path:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    encoded = base64.b64encode(data).decode()
+    chunks = [encoded[i : i + RESULT_CHUNK] for i in range(0, len(encoded), RESULT_CHUNK)] or [""]
+    for index, chunk in enumerate(chunks):
+        reporting.send({"type": "result", "index": index, "count": len(chunks), "data": chunk})
+
+
+def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Hide our own frames: the user wants to see their cell, not the runtime.
+    user = [f for f in frames if "jupyterlab_mlcluster" not in f.filename.replace(os.sep, "/")]
+    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(user or frames))
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    return {
+        "rank": rank,
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": text,
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+    }
+
+
+def write_error(report: dict[str, Any]) -> None:
+    path = os.environ.get("MLCLUSTER_ERROR_FILE")
+    if path:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(report, f)
+        os.replace(tmp, path)
+    else:
+        reporting.send({"type": "error", **report})
+
+
+def _shutdown_process_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def execute(payload: Payload) -> int:
+    """Run the payload in this (already set up) process; returns the exit status."""
+    rank = int(os.environ.get("RANK", "0"))
+    reporting.send({"type": "started", "pid": os.getpid(), "time": time.time()})
+    status = 0
+    try:
+        kind, value = run_payload(payload, rank)
+        if rank == 0:
+            write_result(kind, value)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or code == 0:
+            status = 0
+        else:
+            status = code if isinstance(code, int) else 1
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+            write_error(
+                {
+                    "rank": rank,
+                    "exc_type": "SystemExit",
+                    "message": f"exit status {code}",
+                    "traceback": f"SystemExit: {code}\n",
+                    "timestamp": time.time(),
+                    "pid": os.getpid(),
+                }
+            )
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported
+        report = error_report(rank, exc)
+        sys.stderr.write(report["traceback"])
+        write_error(report)
+        status = 1
+    finally:
+        _shutdown_process_group()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    return status
+
+
+def main() -> None:
+    complete_environment(os.environ)
+    tie_to_supervisor()
+    payload_path = os.environ.get("MLCLUSTER_PAYLOAD")
+    if not payload_path:
+        sys.exit("jupyterlab_mlcluster.runtime.worker: MLCLUSTER_PAYLOAD is not set")
+    payload = Payload.loads(read_payload_bytes(payload_path))
+    status = execute(payload)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
