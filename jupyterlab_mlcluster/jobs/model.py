@@ -128,15 +128,12 @@ def format_memory(num_bytes: int | None) -> str:
     """Bytes -> the shortest exact Kubernetes quantity ('4Gi', '1500M', '123')."""
     if num_bytes is None:
         return ""
-    for unit in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+    candidates = [str(num_bytes)]
+    for unit in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"):
         factor = _MEMORY_UNITS[unit]
         if num_bytes % factor == 0:
-            return f"{num_bytes // factor}{unit}"
-    for unit in ("E", "P", "T", "G", "M", "k"):
-        factor = _MEMORY_UNITS[unit]
-        if num_bytes % factor == 0:
-            return f"{num_bytes // factor}{unit}"
-    return str(num_bytes)
+            candidates.append(f"{num_bytes // factor}{unit}")
+    return min(candidates, key=len)
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -85,11 +85,8 @@ class JobContext:
         """Why the job must stop now (a reason string), or None."""
         if self._cancel:
             return self._cancel
-        if self._signalled:
-            self._cancel = self._signalled
-            return self._cancel
         now = time.monotonic()
-        if now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
+        if self._signalled or now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
             self._last_cancel_poll = now
             row = self.store._db.execute(
                 "SELECT cancel_requested FROM jobs WHERE id = ?", (self.job.id,)
@@ -98,6 +95,8 @@ class JobContext:
                 self._cancel = "cancelled by user" if row is not None else "job was deleted"
             elif self._attached is not None and not _still_running(self._attached):
                 self._cancel = f"cancelled: the submitting process (pid {self._attached.pid}) exited"
+            elif self._signalled:
+                self._cancel = self._signalled
         return self._cancel
 
     def heartbeat(self, force: bool = False) -> None:

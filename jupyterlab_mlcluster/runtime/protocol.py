@@ -67,14 +67,16 @@ class OutputParser:
                 break
             raw, self._buf = self._buf[:nl], self._buf[nl + 1 :]
             yield from self._line(raw)
-        # Redraws still waiting for their newline: report progress from the newest one.
+        # Redraws still waiting for their newline: report progress from the newest
+        # complete one (the text after the last CR may be cut mid-bar).
         if b"\r" in self._buf:
-            head, _, tail = self._buf.rpartition(b"\r")
-            last = head.rsplit(b"\r", 1)[-1]
-            progress = parse_tqdm(last.decode("utf-8", "replace"))
-            if progress:
-                yield "progress", progress
-            self._buf = tail
+            segments = self._buf.split(b"\r")
+            for segment in reversed(segments):
+                progress = parse_tqdm(segment.decode("utf-8", "replace")) if segment.strip() else None
+                if progress:
+                    yield "progress", progress
+                    break
+            self._buf = b"\r" + segments[-1]
         if len(self._buf) > self._max_line:  # a runaway line without newlines
             raw, self._buf = self._buf[: self._max_line], self._buf[self._max_line :]
             yield "line", raw.decode("utf-8", "replace")

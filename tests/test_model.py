@@ -1,0 +1,95 @@
+"""Pure parts of the job model: options, sizes, durations, the report protocol."""
+
+import pytest
+
+from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError, format_memory, parse_duration, parse_memory
+from jupyterlab_mlcluster.runtime.protocol import OutputParser, encode_record, parse_tqdm
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("4Gi", 4 * 1024**3), ("512Mi", 512 * 1024**2), ("2G", 2 * 10**9), ("2GB", 2 * 10**9), ("1.5Gi", int(1.5 * 1024**3)), ("1000", 1000)],
+)
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "4 gigs", "-1Gi", "0", "Gi", "4Xi"])
+def test_parse_memory_rejects(text):
+    with pytest.raises(SpecError, match="memory"):
+        parse_memory(text)
+
+
+def test_format_memory_round_trips():
+    for text in ("4Gi", "512Mi", "2G", "1500M", "123"):
+        assert format_memory(parse_memory(text)) == text
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("1h30m", 5400), ("2d", 172800), ("45", 45), ("500ms", 0.5)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "1x", "-5", "0", "m30"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(SpecError, match="timeout"):
+        parse_duration(text)
+
+
+def test_spec_from_options_converts_and_validates():
+    spec = JobSpec.from_options(
+        {"workers": "4", "memory": "1Gi", "timeout": "10m", "env": ["A=1", "B=x=y"], "framework": "JAX", "priority": "-3"}
+    )
+    assert (spec.workers, spec.memory, spec.timeout, spec.framework, spec.priority) == (4, 1024**3, 600.0, "jax", -3)
+    assert spec.env == {"A": "1", "B": "x=y"}
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"workers": 0}, "workers must be at least 1"),
+        ({"workers": "four"}, "workers must be an integer"),
+        ({"workers": 2.5}, "workers must be an integer"),
+        ({"gpus_per_worker": -1}, "gpus_per_worker must be at least 0"),
+        ({"framework": "mxnet"}, "framework must be one of"),
+        ({"backend": "slurm"}, "backend must be one of"),
+        ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
+        ({"env": {"RANK": "3"}}, "RANK is set by mlcluster"),
+        ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
+        ({"name": "Bad_Name"}, "name must be"),
+        ({"cpus": 0}, "cpus must be greater than 0"),
+        ({"wrokers": 3}, "unknown option"),
+    ],
+)
+def test_spec_rejects(options, message):
+    with pytest.raises(SpecError, match=message):
+        JobSpec.from_options(options)
+
+
+def test_output_parser_lines_control_and_tqdm():
+    parser = OutputParser()
+    items = list(parser.feed(b"hello\nwor"))
+    assert items == [("line", "hello")]
+    items = list(parser.feed(b"ld\n" + encode_record({"type": "progress", "step": 3, "total": 10})))
+    assert items == [("line", "world"), ("control", {"type": "progress", "step": 3, "total": 10})]
+    # tqdm redraws: progress from each redraw, only the final text becomes a log line
+    items = list(parser.feed(b"\rtrain:  10%|#         | 10/100 [00:01<00:09, 10.00it/s]"))
+    items += list(parser.feed(b"\rtrain:  50%|#####     | 50/100 [00:05<00:05, 10.00it/s]\r"))
+    assert ("progress", {"step": 10, "total": 100, "desc": "train", "source": "tqdm"}) in items
+    assert items[-1] == ("progress", {"step": 50, "total": 100, "desc": "train", "source": "tqdm"})
+    assert not [i for i in items if i[0] == "line"]
+    items = list(parser.feed(b"train: 100%|##########| 100/100 [00:10<00:00, 10.00it/s]\n"))
+    assert items[-1] == ("line", "train: 100%|##########| 100/100 [00:10<00:00, 10.00it/s]")
+    assert ("progress", {"step": 100, "total": 100, "desc": "train", "source": "tqdm"}) in items
+
+
+def test_output_parser_marker_after_partial_line():
+    parser = OutputParser()
+    items = list(parser.feed(b"partial" + encode_record({"type": "started"})))
+    assert items == [("line", "partial"), ("control", {"type": "started"})]
+    assert list(parser.flush()) == []
+
+
+def test_parse_tqdm_ignores_ordinary_text():
+    assert parse_tqdm("loss 0.25 at step 10") is None
+    assert parse_tqdm(" 45/100 [00:01<00:01]")["step"] == 45
