@@ -14,6 +14,36 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_pool_dir(tmp_path_factory):
+    """Zygotes of this test session live here (not in a developer's pool) and are stopped
+    at the end."""
+    path = tmp_path_factory.mktemp("warm-pool")
+    old = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
+    os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(path)
+    yield path
+    from jupyterlab_mlcluster.backends.local import warmpool
+
+    for sock in path.glob("zygote-*.sock"):
+        try:
+            info = warmpool.request(sock, {"op": "ping"}, timeout=2)
+            warmpool.request(sock, {"op": "stop"}, timeout=2)
+            psutil.Process(info["pid"]).wait(10)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    if old is None:
+        os.environ.pop("MLCLUSTER_WARM_POOL_DIR", None)
+    else:
+        os.environ["MLCLUSTER_WARM_POOL_DIR"] = old
+
+
+@pytest.fixture(params=["warm", "cold"])
+def pool_mode(request, monkeypatch):
+    """Run a test with ranks from the warm pool and with cold interpreters."""
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1" if request.param == "warm" else "0")
+    return request.param
+
+
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch):
     """A fresh job store for this test; every process started from here inherits it."""

@@ -28,6 +28,11 @@ ALL_REDUCE = textwrap.dedent(
 )
 
 
+@pytest.fixture(autouse=True)
+def _both_pool_modes(pool_mode):
+    """Every engine test runs with the warm pool on and off."""
+
+
 def submit(service, source: str, **options) -> str:
     push = options.pop("push", {})
     pull = options.pop("pull", [])

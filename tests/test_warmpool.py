@@ -1,0 +1,140 @@
+"""The warm pool: ranks forked from a CUDA-clean zygote that already imported torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from conftest import wait_for
+from jupyterlab_mlcluster.backends.local import warmpool
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.runtime.payload import Payload
+
+
+def run(service, code: str, workers: int = 2) -> dict[int, list[str]]:
+    record = service.submit(JobSpec.from_options({"workers": workers}), Payload(source=code))
+    record = service.wait(record.id, timeout=120)
+    assert record.state == JobState.SUCCEEDED, record.error
+    out: dict[int, list[str]] = {}
+    for line in service.logs(record.id)[0]:
+        out.setdefault(line["rank"], []).append(line["line"])
+    return out
+
+
+@pytest.fixture
+def warm(monkeypatch):
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
+
+
+def test_ranks_come_warm_and_cold(store_dir, monkeypatch):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    code = "import sys\nprint('torch' in sys.modules)"
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
+    assert run(JobService(), code) == {0: ["True"], 1: ["True"]}
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    assert run(JobService(), code) == {0: ["False"], 1: ["False"]}
+
+
+def test_zygote_is_cuda_clean_and_ranks_can_use_cuda(service, warm):
+    run(service, "pass", workers=1)  # makes sure the zygote is up
+    status = warmpool.status(service.config)
+    assert status is not None and "torch" in status["modules"]
+    assert status["cuda_initialized"] is False  # asked of the zygote process itself
+    assert status["threads"] == 1
+    code = textwrap.dedent(
+        """
+        import torch
+        inherited = torch.cuda.is_initialized()   # the fork carries the parent's flag
+        available = torch.cuda.is_available()     # must not raise in a forked rank
+        if available:
+            torch.zeros(1, device="cuda")         # and CUDA must initialise
+        print(inherited, available, torch.cuda.is_initialized() == available)
+        """
+    )
+    out = run(service, code)
+    for rank in (0, 1):
+        inherited, available, consistent = out[rank][0].split()
+        assert inherited == "False" and consistent == "True"
+
+
+def test_forked_ranks_get_their_own_seeds_and_threads(service, warm):
+    code = textwrap.dedent(
+        """
+        import random, torch, numpy, os
+        print(random.random(), numpy.random.rand(), torch.rand(1).item(), torch.get_num_threads())
+        """
+    )
+    out = run(service, code, workers=3)
+    draws = [out[r][0].split() for r in range(3)]
+    for column in range(3):
+        assert len({d[column] for d in draws}) == 3, "forked ranks share a random state"
+    assert {d[3] for d in draws} == {"1"}  # OMP_NUM_THREADS=1 applied after the fork
+
+
+def test_pool_is_replaced_when_the_environment_changes(service, warm, monkeypatch):
+    run(service, "pass", workers=1)
+    first = warmpool.status(service.config)
+    monkeypatch.setenv("PYTHONPATH", os.getcwd())  # imports may now resolve differently
+    run(service, "pass", workers=1)
+    second = warmpool.status(service.config)
+    assert second["pid"] != first["pid"] and second["fingerprint"] != first["fingerprint"]
+    # the outdated zygote was asked to go
+    wait_for(lambda: not psutil.pid_exists(first["pid"]) or psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE, timeout=15)
+
+
+def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, monkeypatch):
+    target = tmp_path / "extra-site"
+    target.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(target))
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    service = JobService()
+    run(service, "pass", workers=1)
+    before = warmpool.status(service.config)
+    (target / "newpkg").mkdir()  # what `pip install --target extra-site newpkg` does to the dir
+    (target / "newpkg" / "__init__.py").write_text("VALUE = 42\n")
+    wait_for(lambda: not psutil.pid_exists(before["pid"]) or psutil.Process(before["pid"]).status() == psutil.STATUS_ZOMBIE,
+             timeout=warmpool.SELF_CHECK_INTERVAL + 10, message="the outdated zygote to exit")
+    out = run(service, "import newpkg, sys\nprint(newpkg.VALUE, 'torch' in sys.modules)", workers=1)
+    assert out == {0: ["42 True"]}
+    assert warmpool.status(service.config)["pid"] != before["pid"]
+
+
+def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
+    config_dir = tmp_path / "jupyter-config"
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": {"warm_pool_idle_timeout": 2, "warm_pool_modules": ["json"]}})
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
+    from jupyterlab_mlcluster.config import get_config
+
+    config = get_config()
+    assert config.warm_pool_idle_timeout == 2
+    path = warmpool.ensure_zygote(config)
+    pid = warmpool.request(path, {"op": "ping"})["pid"]
+    wait_for(lambda: not path.exists(), timeout=15, message="idle zygote to exit")
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, timeout=5)
+
+
+def test_disabled_pool_starts_nothing(store_dir, monkeypatch, tmp_path):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    pool = tmp_path / "empty-pool"
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL_DIR", str(pool))
+    assert run(JobService(), "import sys\nprint('torch' in sys.modules)", workers=1) == {0: ["False"]}
+    assert not pool.exists() or not list(pool.iterdir())
+
+
+def test_idle_pool_memory_is_reported(service, warm):
+    run(service, "pass", workers=1)
+    status = warmpool.status(service.config)
+    assert status["rss_bytes"] > 50 * 1024**2  # torch is in there
+    assert status["uss_bytes"] is None or 0 < status["uss_bytes"] <= status["rss_bytes"]
