@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from conftest import assert_no_job_processes, job_processes, run_cli, wait_for
+from helpers import assert_no_job_processes, job_processes, run_cli, wait_for
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState, SpecError
 from jupyterlab_mlcluster.runtime.payload import Payload
 

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from conftest import wait_for
+from helpers import wait_for
 from jupyterlab_mlcluster.backends.local import warmpool
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload

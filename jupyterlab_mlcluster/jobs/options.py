@@ -8,23 +8,29 @@ from typing import Any
 from .model import JobSpec
 
 
+# (flags, argparse keyword arguments): the one definition of the job options.
+JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--workers", "-n"), {"default": None, "help": "number of ranks (default 1)"}),
+    (("--gpus-per-worker",), {"default": None, "help": "GPUs each rank owns (default 0)"}),
+    (("--cpus",), {"default": None, "help": "CPU slots (local) or cores (Kubernetes) per rank (default 1)"}),
+    (("--memory",), {"default": None, "help": "memory per rank, e.g. 4Gi, 512M"}),
+    (("--framework",), {"default": None, "help": "pytorch (default), tensorflow, jax or none"}),
+    (("--backend",), {"default": None, "help": "local (default) or kubernetes"}),
+    (("--image",), {"default": None, "help": "container image (kubernetes)"}),
+    (("--name",), {"default": None, "help": "a name for the job"}),
+    (("--env",), {"action": "append", "default": None, "metavar": "KEY=VALUE", "help": "extra environment (repeatable)"}),
+    (("--timeout",), {"default": None, "help": "fail the job after this long, e.g. 30m, 1h30m"}),
+    (("--max-restarts",), {"default": None, "help": "restart all ranks up to R times after a failure"}),
+    (("--queue",), {"default": None, "help": "scheduler queue (Volcano/Kueue on kubernetes)"}),
+    (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
+    (("--no-wait",), {"action": "store_true", "default": False, "help": "return at once with a job handle"}),
+    (("--quiet", "-q"), {"action": "store_true", "default": False, "help": "no live monitor or output"}),
+]
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--workers", "-n", type=str, default=None, help="number of ranks (default 1)")
-    add("--gpus-per-worker", type=str, default=None, help="GPUs each rank owns (default 0)")
-    add("--cpus", type=str, default=None, help="CPU slots (local) or cores (Kubernetes) per rank (default 1)")
-    add("--memory", type=str, default=None, help="memory per rank, e.g. 4Gi, 512M")
-    add("--framework", type=str, default=None, help="pytorch (default), tensorflow, jax or none")
-    add("--backend", type=str, default=None, help="local (default) or kubernetes")
-    add("--image", type=str, default=None, help="container image (kubernetes)")
-    add("--name", type=str, default=None, help="a name for the job")
-    add("--env", type=str, action="append", default=None, metavar="KEY=VALUE", help="extra environment (repeatable)")
-    add("--timeout", type=str, default=None, help="fail the job after this long, e.g. 30m, 1h30m")
-    add("--max-restarts", type=str, default=None, help="restart all ranks up to R times after a failure")
-    add("--queue", type=str, default=None, help="scheduler queue (Volcano/Kueue on kubernetes)")
-    add("--priority", type=str, default=None, help="higher runs first (default 0)")
-    add("--no-wait", action="store_true", default=False, help="return at once with the job id")
-    add("--quiet", "-q", action="store_true", default=False, help="no live output")
+    for flags, kwargs in JOB_ARGUMENTS:
+        parser.add_argument(*flags, **kwargs)
 
 
 def spec_options(args: argparse.Namespace) -> dict[str, Any]:

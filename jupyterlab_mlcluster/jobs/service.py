@@ -40,11 +40,18 @@ class JobFailed(RuntimeError):
             message += f"\n\nTraceback of rank {record.failed_rank}:\n{traceback_text.rstrip()}"
         super().__init__(message)
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of our own (irrelevant) stack: the rank's story."""
+        return [f"\x1b[31mDistributedJobFailed\x1b[0m: {self}"]
+
 
 class JobCancelled(RuntimeError):
     def __init__(self, record: JobRecord):
         self.record = record
         super().__init__(f"job {record.id} was {record.reason or 'cancelled'}")
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[33mDistributedJobCancelled\x1b[0m: {self}"]
 
 
 def new_job_id() -> str:
@@ -337,6 +344,8 @@ def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
         base = getattr(payload.function, "__name__", "function")
     elif origin.get("notebook"):
         base = Path(origin["notebook"]).stem
+    elif origin.get("kind") in ("kernel", "ipython"):
+        base = "cell"
     else:
         base = "job"
     slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")[:40]

@@ -1,0 +1,341 @@
+"""`%%distributed` and its line magics.
+
+    %%distributed --workers 4 --push model_fn --pull losses
+    ...cell code, run on every rank...
+
+The cell is validated and submitted to the JobService (any backend; the magic does not
+know which), then followed by a JobMonitor in the cell's output. In a kernel with
+IPython's autoawait on, the cell is rewritten into an awaited call, so the kernel keeps
+handling widget messages (the monitor's Cancel button) while the job runs; elsewhere the
+plain blocking cell magic does the same work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import keyword
+import os
+import sys
+from typing import Any
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from ..jobs.options import JOB_ARGUMENTS, spec_from_args
+
+CELL_MAGIC = "%%distributed"
+
+
+def _job_arguments(func):
+    """Apply the shared job options (and the magic's own) as magic_arguments."""
+    own = [
+        (("--push",), {"default": None, "metavar": "VAR[,VAR...]", "help": "send these kernel variables to every rank"}),
+        (("--pull",), {"default": None, "metavar": "VAR[,VAR...]", "help": "bring rank 0's variables back into the kernel"}),
+    ]
+    for flags, kwargs in reversed(JOB_ARGUMENTS + own):
+        func = magic_arguments.argument(*flags, **kwargs)(func)
+    return magic_arguments.magic_arguments()(func)
+
+
+def _names(option: str, value: str | None) -> list[str]:
+    if not value:
+        return []
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise UsageError(f"{option} {name}: not a Python variable name")
+    return names
+
+
+def _in_kernel(shell) -> bool:
+    return getattr(shell, "kernel", None) is not None
+
+
+def _kernel_origin() -> dict[str, Any]:
+    origin: dict[str, Any] = {"kind": "kernel"}
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = os.path.basename(get_connection_file())
+        if name.startswith("kernel-") and name.endswith(".json"):
+            origin["kernel_id"] = name[len("kernel-") : -len(".json")]
+    except Exception:  # noqa: BLE001 - not in a kernel (terminal IPython)
+        origin["kind"] = "ipython"
+    # jupyter_server tells kernels which notebook they serve
+    if os.environ.get("JPY_SESSION_NAME"):
+        origin["notebook"] = os.environ["JPY_SESSION_NAME"]
+    try:
+        origin["user"] = getpass.getuser()
+    except Exception:  # noqa: BLE001
+        pass
+    return origin
+
+
+class CellRun:
+    """One execution of a %%distributed cell: submit, follow, bring the result home."""
+
+    def __init__(self, magics: "DistributedMagics", line: str, cell: str):
+        self.magics = magics
+        self.shell = magics.shell
+        self.line = line
+        self.cell = cell
+        self.monitor = None
+        self.job_id: str | None = None
+        self.args = None
+
+    def submit(self):
+        from ..jobs.handle import Job
+        from ..jobs.model import SpecError
+        from ..runtime.payload import Payload, PayloadError
+
+        args = magic_arguments.parse_argstring(self.magics.distributed, self.line)
+        self.args = args
+        service = self.magics.service
+        try:
+            spec = spec_from_args(args, default_backend=service.config.default_backend)
+        except SpecError as exc:
+            raise UsageError(f"%%distributed: {exc}") from None
+        if not self.cell.strip():
+            raise UsageError("%%distributed: the cell is empty; put the code to run on every rank below the magic")
+        try:
+            compile(self.cell, "<%%distributed cell>", "exec")
+        except SyntaxError as exc:
+            raise UsageError(f"%%distributed: the cell does not compile: {exc.msg} (line {exc.lineno})") from None
+        push = {}
+        for name in _names("--push", args.push):
+            if name not in self.shell.user_ns:
+                raise UsageError(f"%%distributed: --push {name}: name {name!r} is not defined in this kernel")
+            push[name] = self.shell.user_ns[name]
+        payload = Payload(
+            kind="code",
+            source=self.cell,
+            push=push,
+            pull=_names("--pull", args.pull),
+            cwd=os.getcwd(),
+            sys_path=[p for p in sys.path if p and os.path.isdir(p)],
+        )
+        try:
+            record = service.submit(spec, payload, origin=_kernel_origin())
+        except (SpecError, PayloadError) as exc:
+            raise UsageError(f"%%distributed: {exc}") from None
+        self.job_id = record.id
+        from .monitor import JobMonitor
+
+        self.monitor = JobMonitor(service, record.id, terminal=not _in_kernel(self.shell), quiet=args.quiet)
+        self.monitor.show()
+        return Job(service, record.id)
+
+    def finish(self, record) -> Any:
+        """The cell's value: pulled variables go into the namespace; else rank 0's last
+        expression. A failed or cancelled job raises."""
+        service = self.magics.service
+        service.raise_for_state(record)
+        kind, value = service.result(record.id)
+        if kind == "pull":
+            self.shell.user_ns.update(value)
+            return None
+        return value
+
+    def on_interrupt(self) -> None:
+        if self.job_id is not None:
+            self.magics.service.cancel(self.job_id, wait=True)
+            if self.monitor is not None:
+                self.monitor.finish()
+
+    def run_blocking(self) -> Any:
+        job = self.submit()
+        if self.args.no_wait:
+            if not self.args.quiet:
+                self.monitor.follow_in_background()
+            return job
+        try:
+            record = self.monitor.follow_blocking()
+        except KeyboardInterrupt:
+            self.on_interrupt()
+            raise
+        return self.finish(record)
+
+    async def run_async(self) -> Any:
+        job = self.submit()
+        if self.args.no_wait:
+            if not self.args.quiet:
+                self.monitor.follow_in_background()
+            return job
+        try:
+            record = await self.monitor.follow_async()
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            self.on_interrupt()
+            raise
+        return self.finish(record)
+
+
+@magics_class
+class DistributedMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self._service = None
+
+    @property
+    def service(self):
+        if self._service is None:
+            from ..jobs.service import JobService
+
+            self._service = JobService()
+        return self._service
+
+    @_job_arguments
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> Any:
+        """Run this cell as a distributed job: every rank runs it with a torchrun-compatible
+        environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), live monitor below.
+
+        Rank 0's last expression is the cell's value; --pull brings variables back instead.
+        A failing rank fails the job (the others are stopped); interrupting the kernel
+        cancels it."""
+        return CellRun(self, line, cell).run_blocking()
+
+    async def distributed_async(self, line: str, cell: str) -> Any:
+        """What a %%distributed cell becomes under autoawait (see transform_cell)."""
+        return await CellRun(self, line, cell).run_async()
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("--state", action="append", help="only jobs in this state (repeatable)")
+    @magic_arguments.argument("--limit", type=int, default=20, help="how many, newest first (default 20)")
+    @line_magic
+    def distributed_jobs(self, line: str) -> None:
+        """List distributed jobs (from every kernel, the CLI and the sidebar)."""
+        from IPython.display import display
+
+        from .tables import jobs_bundle
+
+        args = magic_arguments.parse_argstring(self.distributed_jobs, line)
+        records, total = self.service.list(states=args.state, limit=args.limit)
+        display(jobs_bundle(records, total), raw=True)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("job", help="job id or name")
+    @magic_arguments.argument("--rank", type=int, default=None, help="only this rank")
+    @magic_arguments.argument("--tail", type=int, default=None, help="only the last N lines of each rank")
+    @line_magic
+    def distributed_logs(self, line: str) -> None:
+        """Print a job's logs, each line prefixed with its rank."""
+        args = magic_arguments.parse_argstring(self.distributed_logs, line)
+        record = self._find(args.job)
+        try:
+            lines, _ = self.service.logs(record.id, args.rank, tail=args.tail)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        for item in lines:
+            stream = sys.stderr if item["stream"] == "stderr" else sys.stdout
+            print(f"[rank {item['rank']}] {item['line']}", file=stream)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("job", help="job id or name")
+    @magic_arguments.argument("--purge", action="store_true", help="also forget the job and its logs")
+    @line_magic
+    def distributed_cancel(self, line: str) -> None:
+        """Cancel a job: every rank is stopped."""
+        args = magic_arguments.parse_argstring(self.distributed_cancel, line)
+        record = self._find(args.job)
+        after = self.service.cancel(record.id, purge=args.purge)
+        print(f"{record.id} purged" if after is None else f"{record.id} {after.state}")
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("job", help="job id or name")
+    @magic_arguments.argument("--no-wait", action="store_true", help="show the monitor and return at once")
+    @line_magic
+    def distributed_attach(self, line: str) -> Any:
+        """Show the live monitor of a job (e.g. after a kernel restart, or one submitted from
+        the sidebar/CLI) and wait for it; interrupting detaches without cancelling."""
+        return self._attach(line, blocking=True)
+
+    async def distributed_attach_async(self, line: str) -> Any:
+        return await self._attach_async(line)
+
+    def _attach_monitor(self, line: str):
+        from ..jobs.handle import Job
+        from .monitor import JobMonitor
+
+        args = magic_arguments.parse_argstring(self.distributed_attach, line)
+        record = self._find(args.job)
+        monitor = JobMonitor(self.service, record.id, terminal=not _in_kernel(self.shell))
+        monitor.show()
+        return args, monitor, Job(self.service, record.id)
+
+    def _attach(self, line: str, blocking: bool) -> Any:
+        args, monitor, job = self._attach_monitor(line)
+        if args.no_wait:
+            monitor.follow_in_background()
+            return job
+        try:
+            record = monitor.follow_blocking()
+        except KeyboardInterrupt:
+            print(f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)")
+            return job
+        return self._attached_result(record)
+
+    async def _attach_async(self, line: str) -> Any:
+        args, monitor, job = self._attach_monitor(line)
+        if args.no_wait:
+            monitor.follow_in_background()
+            return job
+        try:
+            record = await monitor.follow_async()
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            print(f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)")
+            return job
+        return self._attached_result(record)
+
+    def _attached_result(self, record) -> Any:
+        self.service.raise_for_state(record)
+        kind, value = self.service.result(record.id)
+        if kind == "pull":
+            self.shell.user_ns.update(value)
+            return None
+        return value
+
+    def _find(self, job: str):
+        from ..jobs.store import UnknownJob
+
+        try:
+            return self.service.get(job)
+        except UnknownJob:
+            raise UsageError(f"no job {job!r} (see %distributed_jobs)") from None
+
+
+def transform_cell(lines: list[str]) -> list[str]:
+    """Input transformer: under autoawait, run %%distributed (and a lone
+    %distributed_attach) as an awaited call so the kernel stays responsive."""
+    if not lines:
+        return lines
+    shell = _shell()
+    if shell is None or not getattr(shell, "autoawait", False) or not _in_kernel(shell):
+        return lines
+    first = lines[0]
+    head, _, rest = first.rstrip("\n").partition(" ")
+    registry = "get_ipython().magics_manager.registry['DistributedMagics']"
+    if head == CELL_MAGIC:
+        body = "".join(lines[1:])
+        return [f"await {registry}.distributed_async({rest!r}, {body!r})\n"]
+    if head == "%distributed_attach" and not "".join(lines[1:]).strip():
+        return [f"await {registry}.distributed_attach_async({rest!r})\n"]
+    return lines
+
+
+def _shell():
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(DistributedMagics)
+    if transform_cell not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(transform_cell)
+
+
+def unload_ipython_extension(ipython) -> None:
+    if transform_cell in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(transform_cell)

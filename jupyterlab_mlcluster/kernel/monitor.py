@@ -1,0 +1,413 @@
+"""The live job monitor in a cell's output.
+
+One JobMonitor follows one job through the store's change feed and drives two views:
+- WidgetView (ipywidgets 8): state, elapsed time, one row per rank (state, CPU, memory,
+  GPU, progress), per-rank log tabs, a Cancel button;
+- RankOutputs: each rank's printed lines as ONE updating output per rank, prefixed
+  `[rank N]`, so nbconvert/nbclient runs and copy-paste keep the output;
+and a plain-text status line for frontends without widgets (text/plain of the same
+display), or plain printed lines in a terminal IPython.
+Redraws are coalesced to at most MAX_REDRAWS_PER_SECOND however fast ranks print.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import threading
+import time
+import uuid
+from typing import Any
+
+from ..jobs.model import JobState
+from ..jobs.record import JobRecord
+from ..jobs.service import JobService
+from ..jobs.watch import StoreWatcher
+
+POLL_INTERVAL = 0.1
+MAX_REDRAWS_PER_SECOND = 10
+LOG_TAB_LINES = 200
+RANK_OUTPUT_LINES = 2000
+
+STATE_COLORS = {
+    "pending": "#9e9e9e",
+    "queued": "#757575",
+    "starting": "#ef6c00",
+    "running": "#1565c0",
+    "succeeded": "#2e7d32",
+    "failed": "#c62828",
+    "cancelled": "#6d4c41",
+}
+
+
+# -- formatting (pure) ------------------------------------------------------------------
+
+
+def format_bytes(value: float | None) -> str:
+    if value is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def format_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def elapsed(record: JobRecord, now: float | None = None) -> float | None:
+    if record.started is None:
+        return None
+    end = record.finished or now or time.time()
+    return end - record.started
+
+
+def rank_summary(record: JobRecord) -> str:
+    counts: dict[str, int] = {}
+    for rank in record.ranks:
+        counts[str(rank.state)] = counts.get(str(rank.state), 0) + 1
+    order = ["running", "starting", "pending", "succeeded", "failed", "cancelled"]
+    return ", ".join(f"{counts[s]} {s}" for s in order if s in counts)
+
+
+def status_line(record: JobRecord) -> str:
+    """One line for text-only frontends: 'mlcluster job train (j1a2b3c4d5) running: 4 ranks ...'."""
+    parts = [f"mlcluster job {record.name} ({record.id}) {record.state}"]
+    parts.append(f"{record.spec.workers} ranks on {record.backend}: {rank_summary(record)}")
+    if record.started:
+        parts.append(f"elapsed {format_elapsed(elapsed(record))}")
+    if record.state == JobState.QUEUED and record.reason:
+        parts.append(record.reason)
+    if record.error:
+        parts.append(record.error)
+    return " | ".join(parts)
+
+
+def progress_fraction(progress: dict[str, Any] | None) -> float | None:
+    if not progress or not progress.get("total"):
+        return None
+    try:
+        return max(0.0, min(1.0, float(progress["step"]) / float(progress["total"])))
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def badge(state: str) -> str:
+    color = STATE_COLORS.get(state, "#616161")
+    return (
+        f'<span class="mlc-state mlc-state-{state}" style="background:{color};color:#fff;'
+        f'border-radius:9px;padding:1px 8px;font-size:0.85em;font-weight:600">{state}</span>'
+    )
+
+
+# -- rank output ---------------------------------------------------------------------------
+
+
+class RankOutputs:
+    """Each rank's lines in one updating display output, `[rank N] ...`."""
+
+    def __init__(self, workers: int, enabled: bool = True):
+        self.enabled = enabled
+        self.lines: dict[int, list[str]] = {r: [] for r in range(workers)}
+        self.dropped: dict[int, int] = {r: 0 for r in range(workers)}
+        self.display_ids = {r: f"mlcluster-rank-{uuid.uuid4().hex}" for r in range(workers)}
+        self.shown: set[int] = set()
+        self.dirty: set[int] = set()
+
+    def add(self, lines: list[dict[str, Any]]) -> None:
+        for line in lines:
+            rank = line["rank"]
+            self.lines[rank].append(line["line"])
+            if len(self.lines[rank]) > RANK_OUTPUT_LINES:
+                cut = len(self.lines[rank]) - RANK_OUTPUT_LINES
+                del self.lines[rank][:cut]
+                self.dropped[rank] += cut
+            self.dirty.add(rank)
+
+    def text(self, rank: int, job_id: str) -> str:
+        head = ""
+        if self.dropped[rank]:
+            head = f"[rank {rank}] ... {self.dropped[rank]} earlier lines: %distributed_logs {job_id} --rank {rank}\n"
+        return head + "".join(f"[rank {rank}] {line}\n" for line in self.lines[rank])
+
+    def flush(self, job_id: str) -> None:
+        if not self.enabled:
+            self.dirty.clear()
+            return
+        from IPython.display import display, update_display
+
+        for rank in sorted(self.dirty):
+            bundle = {"text/plain": self.text(rank, job_id).rstrip("\n")}
+            if rank in self.shown:
+                update_display(bundle, raw=True, display_id=self.display_ids[rank])
+            else:
+                display(bundle, raw=True, display_id=self.display_ids[rank])
+                self.shown.add(rank)
+        self.dirty.clear()
+
+
+# -- widgets ---------------------------------------------------------------------------
+
+
+class WidgetView:
+    """The ipywidgets monitor: a header, a rank table, per-rank log tabs, Cancel.
+
+    The rank table is one HTML widget (a GridBox of widgets per cell would open ~20
+    comms per rank); its rows carry data-rank/data-state attributes for tools and tests.
+    Only changed values are sent to the frontend.
+    """
+
+    def __init__(self, record: JobRecord, on_cancel):
+        import ipywidgets as w
+
+        self.job_id = record.id
+        workers = record.spec.workers
+        self.has_gpus = record.spec.gpus_per_worker > 0
+        self.title = w.HTML(layout=w.Layout(flex="1 1 auto"))
+        self.clock = w.HTML(layout=w.Layout(width="auto", margin="0 12px"))
+        self.cancel = w.Button(
+            description="Cancel",
+            icon="stop",
+            button_style="danger",
+            tooltip="Cancel this job: stop all of its ranks",
+            layout=w.Layout(width="auto"),
+        )
+        self.cancel.on_click(lambda _button: on_cancel())
+        self.message = w.HTML()
+        self.table = w.HTML()
+        header = w.HBox([self.title, self.clock, self.cancel], layout=w.Layout(align_items="center"))
+        self.logs = [w.HTML() for _ in range(workers)]
+        self.tabs = w.Tab(children=self.logs, titles=[f"rank {r}" for r in range(workers)])
+        self.widget = w.VBox(
+            [header, self.message, self.table, self.tabs],
+            layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px 10px"),
+        )
+        self.widget.add_class("mlcluster-monitor")
+
+    def update(self, record: JobRecord) -> None:
+        state = str(record.state)
+        self.title.value = (
+            f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(state)} "
+            f"<span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
+        )
+        self.clock.value = f"<span title='elapsed'>⏱ {format_elapsed(elapsed(record))}</span>"
+        message = ""
+        if record.error:
+            message = f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"
+        elif record.reason and not record.final:
+            message = f"<span style='opacity:0.8'>{html.escape(record.reason)}</span>"
+        elif record.state == JobState.CANCELLED:
+            message = f"<span style='opacity:0.8'>{html.escape(record.reason or 'cancelled')}</span>"
+        self.message.value = message
+        if record.final:
+            self.cancel.disabled = True
+        self.table.value = rank_table(record, self.has_gpus)
+
+    def update_logs(self, outputs: RankOutputs, ranks: set[int]) -> None:
+        for rank in ranks:
+            tail = outputs.lines[rank][-LOG_TAB_LINES:]
+            body = html.escape("\n".join(tail)) or "<i style='opacity:0.6'>no output yet</i>"
+            # column-reverse keeps the view pinned to the newest line as the log grows
+            self.logs[rank].value = (
+                "<div style='max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse'>"
+                f"<pre style='margin:0;font-size:0.85em;white-space:pre-wrap'>{body}</pre></div>"
+            )
+
+    def close(self) -> None:
+        self.cancel.disabled = True
+
+
+def progress_bar(fraction: float | None, state: str) -> str:
+    color = {"failed": STATE_COLORS["failed"], "cancelled": STATE_COLORS["cancelled"]}.get(state, "#1e88e5")
+    if state == "succeeded":
+        fraction, color = 1.0 if fraction is None else fraction, STATE_COLORS["succeeded"]
+    width = 0 if fraction is None else round(fraction * 100)
+    return (
+        "<div style='display:inline-block;vertical-align:middle;width:140px;height:8px;border-radius:4px;"
+        "background:var(--jp-layout-color3, #ddd);overflow:hidden'>"
+        f"<div style='width:{width}%;height:100%;background:{color}'></div></div>"
+    )
+
+
+def rank_table(record: JobRecord, has_gpus: bool) -> str:
+    heads = ["rank", "state", "CPU", "memory"] + (["GPU", "GPU memory"] if has_gpus else []) + ["progress"]
+    th = "".join(f"<th style='text-align:left;padding:2px 10px 2px 0;opacity:0.75'>{h}</th>" for h in heads)
+    rows = []
+    for rank in record.ranks:
+        m = rank.metrics or {}
+        state = str(rank.state)
+        p = rank.progress or {}
+        label = ""
+        if p.get("step") is not None:
+            desc = f"{html.escape(str(p['desc']))} " if p.get("desc") else ""
+            label = f"{desc}{p['step']}" + (f"/{p['total']}" if p.get("total") else "")
+        cells = [
+            f"<code>{rank.rank}</code>",
+            badge(state),
+            "–" if m.get("cpu_percent") is None else f"{m['cpu_percent']:.0f}%",
+            format_bytes(m.get("memory_bytes")),
+        ]
+        if has_gpus:
+            cells += [
+                "–" if m.get("gpu_util") is None else f"{m['gpu_util']:.0f}%",
+                format_bytes(m.get("gpu_memory_bytes")),
+            ]
+        cells.append(f"{progress_bar(progress_fraction(rank.progress), state)} <span style='font-size:0.85em'>{label}</span>")
+        td = "".join(f"<td style='padding:2px 10px 2px 0;white-space:nowrap'>{c}</td>" for c in cells)
+        rows.append(f"<tr class='mlc-rank' data-rank='{rank.rank}' data-state='{state}'>{td}</tr>")
+    return f"<table class='mlc-ranks' style='border-collapse:collapse;margin:4px 0'><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+# -- the monitor ---------------------------------------------------------------------------
+
+
+class JobMonitor:
+    def __init__(
+        self,
+        service: JobService,
+        job_id: str,
+        *,
+        widgets: bool = True,
+        rank_output: bool = True,
+        terminal: bool = False,
+        quiet: bool = False,
+    ):
+        self.service = service
+        self.job_id = job_id
+        self.quiet = quiet
+        self.terminal = terminal
+        self.record = service.store.get_job(job_id)
+        self.watcher = StoreWatcher(service.store, {job_id}, since=0)
+        self.cursor: str | None = None
+        self.outputs = RankOutputs(self.record.spec.workers, enabled=rank_output and not terminal and not quiet)
+        self.view: WidgetView | None = None
+        self.status_id = f"mlcluster-status-{uuid.uuid4().hex}"
+        self.last_state: str | None = None
+        self.last_redraw = 0.0
+        self.last_clock = 0.0
+        self.cancel_requested = False
+        self.redraws = 0
+        if widgets and not terminal and not quiet:
+            try:
+                self.view = WidgetView(self.record, self.request_cancel)
+            except ImportError:
+                self.view = None
+
+    # -- display ----------------------------------------------------------------------
+
+    def show(self) -> None:
+        if self.quiet:
+            return
+        if self.terminal:
+            print(status_line(self.record), flush=True)
+            self.last_state = str(self.record.state)
+            return
+        from IPython.display import display
+
+        display(self._bundle(), raw=True, display_id=self.status_id)
+        self.last_state = str(self.record.state)
+        self._redraw(force=True)
+
+    def _bundle(self) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/plain": status_line(self.record)}
+        if self.view is not None:
+            bundle["application/vnd.jupyter.widget-view+json"] = {
+                "version_major": 2,
+                "version_minor": 0,
+                "model_id": self.view.widget.model_id,
+            }
+        return bundle
+
+    def request_cancel(self) -> None:
+        """The Cancel button: ask the job to stop; the monitor sees it end."""
+        self.cancel_requested = True
+        if self.view is not None:
+            self.view.cancel.disabled = True
+            self.view.cancel.description = "Cancelling…"
+        self.service.store.request_cancel(self.job_id)
+        self.service._signal_supervisor(self.service.store.get_job(self.job_id), 15)
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Pull news from the store, redraw if due. True once the job is final and all
+        of its output has been shown."""
+        changes = self.watcher.poll()
+        new_lines: list[dict[str, Any]] = []
+        if changes.jobs or changes.resync:
+            self.record = self.service.store.get_job(self.job_id)
+        if changes.logs or changes.resync or self.cursor is None or self.record.final:
+            new_lines, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
+        if new_lines:
+            if self.terminal and not self.quiet:
+                for line in new_lines:
+                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
+            self.outputs.add(new_lines)
+        self._redraw()
+        if changes.deleted:
+            return True
+        return self.record.final and not new_lines
+
+    def _redraw(self, force: bool = False) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        due = force or now - self.last_redraw >= 1.0 / MAX_REDRAWS_PER_SECOND
+        state = str(self.record.state)
+        if self.terminal:
+            if state != self.last_state:
+                self.last_state = state
+                print(status_line(self.record), flush=True)
+            return
+        if not due and not self.record.final:
+            return
+        if self.outputs.dirty or self.view is not None or state != self.last_state:
+            self.redraws += 1
+        self.last_redraw = now
+        if self.view is not None:
+            self.view.update(self.record)
+            self.view.update_logs(self.outputs, set(self.outputs.dirty))
+        self.outputs.flush(self.job_id)
+        if state != self.last_state:
+            self.last_state = state
+            from IPython.display import update_display
+
+            update_display(self._bundle(), raw=True, display_id=self.status_id)
+
+    def finish(self) -> None:
+        self.record = self.service.store.get_job(self.job_id)
+        self._redraw(force=True)
+        if self.view is not None:
+            self.view.close()
+
+    # -- following --------------------------------------------------------------------
+
+    def follow_blocking(self) -> JobRecord:
+        while not self.step():
+            time.sleep(POLL_INTERVAL)
+            self.service.reap()
+        self.finish()
+        return self.record
+
+    async def follow_async(self) -> JobRecord:
+        """Await the job without blocking the kernel's event loop, so widget messages
+        (the Cancel button) are handled while the cell runs."""
+        while not self.step():
+            await asyncio.sleep(POLL_INTERVAL)
+            self.service.reap()
+        self.finish()
+        return self.record
+
+    def follow_in_background(self) -> threading.Thread:
+        """--no-wait: keep the widgets current from a thread after the cell returned."""
+        self.outputs.enabled = False  # display updates need the cell's parent; widgets don't
+        thread = threading.Thread(target=self.follow_blocking, name=f"mlcluster-monitor-{self.job_id}", daemon=True)
+        thread.start()
+        return thread

@@ -1,0 +1,200 @@
+"""%%distributed in a real kernel, with real ranks and torch.distributed (gloo)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from helpers import assert_no_job_processes, run_cli, wait_for
+from kernel_session import outputs, rank_texts
+
+ALL_REDUCE_CELL = """%%distributed --workers 4 --push x --pull y
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print("sum", t.item())
+y = t.item() * x
+"""
+
+
+def test_new_kernels_load_the_magics_by_themselves(kernel):
+    msgs, reply = kernel.execute("'distributed' in get_ipython().magics_manager.magics['cell']")
+    assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "True"
+
+
+def test_all_reduce_push_pull_and_rank_output(kernel, service):
+    kernel.execute("x = 3")
+    msgs, reply = kernel.execute(ALL_REDUCE_CELL)
+    assert reply["status"] == "ok", reply
+    msgs2, _ = kernel.execute("y")
+    assert outputs(msgs2, "execute_result")[0]["data"]["text/plain"] == "30.0"
+    texts = rank_texts(msgs)
+    assert texts == {r: f"[rank {r}] sum 10.0" for r in range(4)}
+    # one output per rank, not one per line
+    rank_displays = [m for m in msgs if m["msg_type"] == "display_data" and "mlcluster-rank-" in m["content"].get("transient", {}).get("display_id", "")]
+    assert len(rank_displays) == 4
+    (record,) = service.store.list_jobs()[0]
+    assert record.state == "succeeded" and record.origin["kind"] == "kernel"
+
+
+def test_last_expression_of_rank0_is_the_cell_value(kernel):
+    msgs, reply = kernel.execute("%%distributed --workers 2\nimport os\n{'rank': int(os.environ['RANK']), 'world': int(os.environ['WORLD_SIZE'])}")
+    assert reply["status"] == "ok"
+    assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "{'rank': 0, 'world': 2}"
+
+
+def test_functions_and_classes_defined_in_the_notebook_can_be_pushed(kernel):
+    kernel.execute("class Scale:\n    def __init__(self, k): self.k = k\n    def __call__(self, v): return v * self.k\n\ndef make(k):\n    return Scale(k)\n")
+    msgs, reply = kernel.execute("%%distributed --workers 2 --push make\nimport os\nmake(10)(int(os.environ['RANK']) + 1)")
+    assert reply["status"] == "ok", reply
+    assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "10"
+
+
+def test_failing_rank_raises_with_its_traceback(kernel, service):
+    cell = "%%distributed --workers 3\nimport os, time\nif os.environ['RANK'] == '1':\n    1 / 0\ntime.sleep(60)\n"
+    started = time.monotonic()
+    msgs, reply = kernel.execute(cell)
+    assert time.monotonic() - started < 30
+    assert reply["status"] == "error"
+    assert "rank 1 failed: ZeroDivisionError: division by zero" in reply["evalue"]
+    (error,) = outputs(msgs, "error")
+    text = "\n".join(error["traceback"])
+    assert "Traceback of rank 1" in text and "1 / 0" in text and "line 3" in text
+    assert "magics.py" not in text  # our machinery stays out of the user's way
+    assert_no_job_processes(service)
+
+
+def test_interrupt_cancels_the_job_and_leaves_nothing(kernel, service):
+    msg_id = kernel.kc.execute("%%distributed --workers 2\nimport time\nprint('up', flush=True)\ntime.sleep(300)")
+    job = wait_for(lambda: [j for j in service.store.list_jobs()[0] if all(r.state == "running" for r in j.ranks)], timeout=60)[0]
+    kernel.km.interrupt_kernel()
+    msgs, reply = kernel.collect(msg_id, timeout=60)
+    assert reply["status"] == "error"
+    record = service.store.get_job(job.id)
+    assert record.state == "cancelled"
+    assert_no_job_processes(service)
+    # the kernel is still usable
+    msgs, reply = kernel.execute("1 + 1")
+    assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "2"
+
+
+@pytest.mark.parametrize(
+    "cell,message",
+    [
+        ("%%distributed --wrokers 2\npass", "unrecognized arguments: --wrokers"),
+        ("%%distributed --workers 0\npass", "workers must be at least 1"),
+        ("%%distributed --memory lots\npass", "memory must be a size"),
+        ("%%distributed --push nothere\npass", "--push nothere: name 'nothere' is not defined"),
+        ("%%distributed --push lock\npass", "--push lock: cannot send lock to the ranks"),
+        ("%%distributed --gpus-per-worker 1\npass", "needs 1 GPUs"),
+        ("%%distributed --workers 2\ndef broken(:\n    pass", "the cell does not compile"),
+        ("%%distributed --pull 1x\npass", "--pull 1x: not a Python variable name"),
+    ],
+)
+def test_bad_options_submit_nothing(kernel, service, cell, message):
+    kernel.execute("import threading\nlock = threading.Lock()")
+    msgs, reply = kernel.execute(cell)
+    assert reply["status"] == "error"
+    assert reply["ename"] == "UsageError"
+    assert message in reply["evalue"], reply["evalue"]
+    assert service.store.list_jobs()[1] == 0
+
+
+def test_widget_messages_carry_rank_state_and_progress(kernel):
+    cell = (
+        "%%distributed --workers 2\n"
+        "import time, jupyterlab_mlcluster as mlc\n"
+        "from tqdm import tqdm\n"
+        "for i in tqdm(range(20), desc='epoch'):\n"
+        "    time.sleep(0.05)\n"
+        "for step in range(1, 11):\n"
+        "    mlc.progress(step, 10, desc='eval')\n"
+        "    time.sleep(0.1)\n"
+    )
+    msgs, reply = kernel.execute(cell)
+    assert reply["status"] == "ok", reply
+    states = set()
+    labels = set()
+    for m in msgs:
+        if m["msg_type"] != "comm_msg":
+            continue
+        value = m["content"]["data"].get("state", {}).get("value", "")
+        states.update(re.findall(r"data-rank='(\d)' data-state='(\w+)'", value))
+        labels.update(re.findall(r"(epoch \d+/20|eval \d+/10)", value))
+    assert {("0", "running"), ("1", "running"), ("0", "succeeded"), ("1", "succeeded")} <= states
+    assert "eval 10/10" in labels
+    assert any(label.startswith("epoch") for label in labels), labels
+
+
+def test_no_wait_returns_a_handle_and_jobs_are_listed(kernel, service):
+    started = time.monotonic()
+    msgs, reply = kernel.execute("job = None\n")
+    msgs, reply = kernel.execute("%%distributed --workers 2 --no-wait --name bg\nimport time\ntime.sleep(2)\nprint('done')")
+    assert time.monotonic() - started < 10
+    text = outputs(msgs, "execute_result")[0]["data"]["text/plain"]
+    job_id = re.search(r"<Job (j[0-9a-f]+) 'bg'", text).group(1)
+    assert service.wait(job_id, timeout=60).state == "succeeded"
+    msgs, reply = kernel.execute("%distributed_jobs")
+    table = outputs(msgs, "display_data")[0]["data"]
+    assert job_id in table["text/plain"] and "succeeded" in table["text/plain"] and job_id in table["text/html"]
+    msgs, reply = kernel.execute(f"%distributed_logs {job_id} --rank 1")
+    assert "[rank 1] done" in "".join(c["text"] for c in outputs(msgs, "stream"))
+
+
+def test_cancel_button_stops_the_job(kernel, service):
+    button = {}
+
+    def watch(msg):
+        if msg["msg_type"] == "comm_open":
+            state = msg["content"]["data"].get("state", {})
+            if state.get("_model_name") == "ButtonModel" and state.get("description") == "Cancel":
+                button["comm_id"] = msg["content"]["comm_id"]
+
+    msg_id = kernel.kc.execute("%%distributed --workers 2\nimport time\ntime.sleep(300)")
+    collected = {}
+
+    def collect():
+        collected["result"] = kernel.collect(msg_id, timeout=120, on_msg=watch)
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    wait_for(lambda: button.get("comm_id") and [j for j in service.store.list_jobs()[0] if j.state == "running"], timeout=60)
+    # what the browser sends when the button is clicked
+    kernel.kc.shell_channel.send(
+        kernel.kc.session.msg("comm_msg", {"comm_id": button["comm_id"], "data": {"method": "custom", "content": {"event": "click"}}})
+    )
+    thread.join(60)
+    msgs, reply = collected["result"]
+    assert reply["status"] == "error" and "cancelled by user" in reply["evalue"]
+    (record,) = service.store.list_jobs()[0]
+    assert record.state == "cancelled"
+    assert_no_job_processes(service)
+
+
+def test_attach_to_a_job_submitted_elsewhere(kernel, service, tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n")
+    job_id = run_cli("run", "--no-wait", "--workers", "2", str(script)).stdout.strip()
+    msgs, reply = kernel.execute(f"%distributed_attach {job_id}")
+    assert reply["status"] == "ok"
+    assert rank_texts(msgs)[1] == "[rank 1] tick 0\n[rank 1] tick 1\n[rank 1] tick 2"
+    msgs, reply = kernel.execute(f"%distributed_cancel {job_id}")
+    assert f"{job_id} succeeded" in "".join(c["text"] for c in outputs(msgs, "stream"))
+
+
+def test_fast_printing_is_coalesced(kernel):
+    cell = "%%distributed --workers 2\nfor i in range(20000):\n    print(i)\n"
+    started = time.monotonic()
+    msgs, reply = kernel.execute(cell)
+    duration = time.monotonic() - started
+    assert reply["status"] == "ok"
+    updates = [m for m in msgs if m["msg_type"] == "update_display_data"]
+    assert len(updates) <= 2 * (duration * 10 + 5), f"{len(updates)} updates in {duration:.1f}s"
+    text = rank_texts(msgs)[0].splitlines()
+    assert text[-1] == "[rank 0] 19999"
+    assert "earlier lines: %distributed_logs" in text[0]

@@ -1,0 +1,64 @@
+"""Driving a real IPython kernel through jupyter_client, and reading what it sent."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any, Callable
+
+
+class KernelSession:
+    def __init__(self, km, kc):
+        self.km = km
+        self.kc = kc
+
+    def execute(
+        self, code: str, timeout: float = 120, on_msg: Callable[[dict], None] | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Run code; returns (iopub messages of this execution, execute_reply content)."""
+        msg_id = self.kc.execute(code)
+        return self.collect(msg_id, timeout, on_msg)
+
+    def collect(self, msg_id: str, timeout: float = 120, on_msg=None):
+        msgs = []
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no idle status within {timeout}s")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=remaining)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                if msg["msg_type"] in ("comm_msg", "comm_open"):
+                    msgs.append(msg)  # widget traffic may carry another parent
+                continue
+            if on_msg is not None:
+                on_msg(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            msgs.append(msg)
+        while True:
+            reply = self.kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return msgs, reply["content"]
+
+
+def outputs(msgs, *types: str) -> list[dict[str, Any]]:
+    return [m["content"] for m in msgs if m["msg_type"] in types]
+
+
+def rank_texts(msgs) -> dict[int, str]:
+    """The final text of each rank's one updating output."""
+    by_display: dict[str, str] = {}
+    for m in msgs:
+        if m["msg_type"] in ("display_data", "update_display_data"):
+            display_id = m["content"].get("transient", {}).get("display_id", "")
+            if display_id.startswith("mlcluster-rank-"):
+                by_display[display_id] = m["content"]["data"]["text/plain"]
+    texts = {}
+    for text in by_display.values():
+        rank = int(text.split("]", 1)[0].split()[-1])
+        texts[rank] = text
+    return texts
