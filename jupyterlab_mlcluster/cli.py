@@ -175,13 +175,23 @@ def format_jobs_table(records) -> str:
     rows = [("ID", "NAME", "STATE", "RANKS", "BACKEND", "AGE", "INFO")]
     now = time.time()
     for r in records:
-        running = sum(1 for rank in r.ranks if str(rank.state) == "running")
         info = r.error or r.reason or ""
-        rows.append(
-            (r.id, r.name, str(r.state), f"{running}/{r.spec.workers}", r.backend, format_age(now - r.created), info[:60])
-        )
+        rows.append((r.id, r.name, str(r.state), rank_counts(r), r.backend, format_age(now - r.created), info[:60]))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def rank_counts(record) -> str:
+    """'4/4 running', '3/4 succeeded, 1 failed': how the ranks stand, briefly."""
+    counts: dict[str, int] = {}
+    for rank in record.ranks:
+        counts[str(rank.state)] = counts.get(str(rank.state), 0) + 1
+    if not counts:
+        return "0"
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
+    head, *rest = ordered
+    text = f"{head[1]}/{record.spec.workers} {head[0]}"
+    return ", ".join([text, *(f"{n} {state}" for state, n in rest)])
 
 
 def format_age(seconds: float) -> str:

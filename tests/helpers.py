@@ -7,6 +7,9 @@ import sys
 import time
 
 import psutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def job_processes(service, job_id: str) -> list[psutil.Process]:

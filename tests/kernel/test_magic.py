@@ -198,3 +198,41 @@ def test_fast_printing_is_coalesced(kernel):
     text = rank_texts(msgs)[0].splitlines()
     assert text[-1] == "[rank 0] 19999"
     assert "earlier lines: %distributed_logs" in text[0]
+
+
+def test_quickstart_notebook_runs_headless(store_dir):
+    """The README's demo: nbclient executes examples/quickstart.ipynb in a real kernel."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "run_notebook.py"), str(REPO / "examples" / "quickstart.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "mlcluster job quickstart-ddp" in out and "succeeded" in out  # text/plain of the monitor
+    first, last = map(float, re.search(r"mean loss over 4 ranks: ([\d.]+) -> ([\d.]+)", out).groups())
+    assert last < first / 5, "the model did not train"
+    for rank in range(4):
+        assert f"[rank {rank}] epoch   0" in out
+
+
+def test_terminal_ipython_degrades_to_plain_lines(store_dir, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.ipy"
+    script.write_text("%%distributed --workers 2\nimport os\nprint('hello from', os.environ['RANK'])\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "--ext", "jupyterlab_mlcluster", str(script)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
+    assert re.search(r"mlcluster job cell \(j[0-9a-f]+\) succeeded", proc.stdout)
+    assert "Traceback" not in proc.stdout + proc.stderr
