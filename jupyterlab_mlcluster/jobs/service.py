@@ -26,7 +26,7 @@ from .model import JobSpec, JobState, RankState, SpecError
 from .record import JobRecord
 from .store import JobStore, UnknownJob
 
-WAIT_POLL = 0.05
+WAIT_POLL = 0.02
 
 
 class JobFailed(RuntimeError):

@@ -8,6 +8,7 @@ the only writer of its job's state, and it always leaves the job in a final stat
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,6 +24,8 @@ from ..config import get_config
 from .model import JobState, RankState
 from .record import JobRecord
 from .store import JobStore, format_log_line
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CANCEL_POLL_INTERVAL = 0.1
 HEARTBEAT_INTERVAL = 1.0
@@ -186,9 +189,11 @@ def claim(store: JobStore, job_id: str) -> bool:
 
 
 def supervise(store: JobStore, job_id: str, config=None) -> int:
+    log.debug("supervisor up for %s", job_id)
     config = config or get_config()
     if not claim(store, job_id):
         return 0
+    log.debug("claimed")
     job = store.get_job(job_id)
     ctx = JobContext(store, job, config)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -218,6 +223,8 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("MLCLUSTER_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG, format="%(created).3f %(name)s %(message)s")
     if len(argv) != 2:
         print("usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID", file=sys.stderr)
         return 2

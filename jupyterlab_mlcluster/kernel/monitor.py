@@ -24,7 +24,7 @@ from ..jobs.record import JobRecord
 from ..jobs.service import JobService
 from ..jobs.watch import StoreWatcher
 
-POLL_INTERVAL = 0.1
+POLL_INTERVAL = 0.05
 MAX_REDRAWS_PER_SECOND = 10
 LOG_TAB_LINES = 200
 RANK_OUTPUT_LINES = 2000

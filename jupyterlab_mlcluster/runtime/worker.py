@@ -45,6 +45,14 @@ def complete_environment(env: os._Environ | dict[str, str]) -> None:
     if "JAX_COORDINATOR_ADDRESS" in env:
         env.setdefault("JAX_PROCESS_ID", rank)
         env.setdefault("JAX_NUM_PROCESSES", env["WORLD_SIZE"])
+    # A pod that packs several ranks (torchrun inside, one rank per GPU slice): each
+    # rank sees only its own slice of the pod's GPUs.
+    per_rank = env.get("MLCLUSTER_GPUS_PER_RANK")
+    if per_rank and per_rank.isdigit() and int(per_rank) > 0 and "LOCAL_RANK" in env:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(int(env.get("LOCAL_WORLD_SIZE", "1")) * int(per_rank))]
+        start = int(env["LOCAL_RANK"]) * int(per_rank)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[start : start + int(per_rank)])
     if "TF_CONFIG" not in env and env.get("MLCLUSTER_TF_WORKERS"):
         workers = env["MLCLUSTER_TF_WORKERS"].split(",")
         env["TF_CONFIG"] = json.dumps(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import selectors
 import signal
@@ -16,6 +17,8 @@ from ...runtime.protocol import OutputParser
 from ..base import Backend
 from . import launcher, pool
 from .metrics import RankSampler
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 ADMISSION_POLL = 0.05
 LOOP_TICK = 0.05
@@ -79,6 +82,7 @@ class LocalBackend(Backend):
         allocation = self._admit(ctx)
         if allocation is None:
             return
+        log.debug("admitted")
         launch = _read_launch(ctx.store, ctx.job.id)
         sampler = RankSampler()
         attempt = ctx.job.restarts
@@ -128,6 +132,7 @@ class LocalBackend(Backend):
         return pool.describe_wait(job.spec, job.capacity, used, ahead)
 
     def _finish(self, ctx, outcome: GangOutcome) -> None:
+        log.debug("finishing: %s", outcome.kind)
         job_id = ctx.job.id
         if outcome.kind == "succeeded":
             has_result = ctx.store.result_path(job_id).exists()
@@ -227,6 +232,7 @@ class _Gang:
         )
         fields = {} if ctx.job.started else {"started": now}
         ctx.set_state(JobState.RUNNING, **fields)
+        log.debug("ranks started")
         ctx.job.started = ctx.job.started or now
 
     # -- output -------------------------------------------------------------------------
@@ -314,6 +320,7 @@ class _Gang:
                     self.stop(exclude={p.rank})
                     return GangOutcome("failed", failed_rank=p.rank, exit_code=p.returncode)
             if len(finished) == len(self.ranks):
+                log.debug("all ranks exited")
                 return GangOutcome("succeeded")
             reason = ctx.cancelled()
             if reason:

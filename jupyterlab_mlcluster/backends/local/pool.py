@@ -9,6 +9,7 @@ hold half their ranks each.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Callable
@@ -20,12 +21,19 @@ from ...jobs.model import JobSpec, SpecError, format_memory
 
 def detect_gpus(setting: str) -> list[int]:
     """GPU indices of the pool: 'auto' asks NVML, 'none' is none, '0,1' is those."""
+    return list(_detect_gpus(setting))
+
+
+@functools.lru_cache(maxsize=8)
+def _detect_gpus(setting: str) -> tuple[int, ...]:
+    # Cached: a machine's GPUs do not come and go while a process lives, and asking NVML
+    # costs tens of milliseconds on every submit otherwise.
     setting = (setting or "auto").strip().lower()
     if setting in ("none", ""):
-        return []
+        return ()
     if setting != "auto":
         try:
-            return sorted({int(part) for part in setting.split(",") if part.strip()})
+            return tuple(sorted({int(part) for part in setting.split(",") if part.strip()}))
         except ValueError:
             raise ValueError(f"gpus must be 'auto', 'none' or indices like '0,1', got {setting!r}") from None
     try:
@@ -33,11 +41,11 @@ def detect_gpus(setting: str) -> list[int]:
 
         pynvml.nvmlInit()
         try:
-            return list(range(pynvml.nvmlDeviceGetCount()))
+            return tuple(range(pynvml.nvmlDeviceGetCount()))
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no driver, no library, no GPU: all mean "no GPUs"
-        return []
+        return ()
 
 
 def pool_capacity(cpu_slots: int, gpus_setting: str, memory_limit: int = 0) -> dict[str, Any]:

@@ -1,0 +1,239 @@
+"""Start latency of a 4-rank gloo all_reduce, measured in one run against the alternatives.
+
+    python bench/bench_start.py [--runs 5] [--workers 4] [--skip torchrun,...]
+
+Every method runs the same user code (a gloo all_reduce of rank+1) and reports, per run:
+  up     - seconds from the request until the last rank runs the first line of user code
+  ready  - seconds until the last rank has finished init_process_group + all_reduce
+  total  - seconds until the caller has the job's end (command returned / call returned)
+
+Methods:
+  torchrun             torchrun --standalone --nproc_per_node N script.py
+  notebook_launcher    accelerate.notebook_launcher(fn, num_processes=N) from a process that
+                       has already imported torch (like a notebook kernel); forks that process
+  mlcluster-warm       jupyterlab_mlcluster.submit(...).wait() with the warm pool (fresh,
+                       CUDA-clean interpreters forked from a zygote)
+  mlcluster-cold       the same with MLCLUSTER_WARM_POOL=0 (new interpreters, import torch)
+  cli-warm / cli-cold  `mlcluster run --workers N script.py` (includes the CLI's own start)
+  magic                `%%distributed --workers N` executed in a real kernel (jupyter_client):
+                       from execute_request to the cell's reply
+
+Medians over --runs runs, after one warm-up run per method that is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+USER_CODE = textwrap.dedent(
+    """
+    import time as _t; _T0 = _t.time()
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    _x = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(_x)
+    assert _x.item() == sum(range(1, dist.get_world_size() + 1))
+    print("MLCB", dist.get_rank(), _T0, _t.time(), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def parse_marks(text: str) -> list[tuple[float, float]]:
+    marks = []
+    for line in text.splitlines():
+        if "MLCB" in line:
+            _, rank, start, done = line[line.index("MLCB") :].split()[:4]
+            marks.append((float(start), float(done)))
+    return marks
+
+
+def summarize(t0: float, marks: list[tuple[float, float]], t_end: float, workers: int) -> dict[str, float]:
+    if len(marks) != workers:
+        raise RuntimeError(f"expected {workers} ranks to report, got {len(marks)}")
+    return {"up": max(s for s, _ in marks) - t0, "ready": max(d for _, d in marks) - t0, "total": t_end - t0}
+
+
+# -- each method runs in its own subprocess and prints one JSON result per run ----------------
+
+DRIVER_TORCHRUN = """
+import json, subprocess, sys, time
+from bench_start import parse_marks, summarize
+script, workers, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(runs + 1):
+    t0 = time.time()
+    out = subprocess.run(["torchrun", "--standalone", f"--nproc_per_node={workers}", script],
+                         capture_output=True, text=True, check=True).stdout
+    r = summarize(t0, parse_marks(out), time.time(), workers)
+    if i: print(json.dumps(r), flush=True)
+"""
+
+DRIVER_LAUNCHER = """
+import io, json, os, sys, time, contextlib, tempfile
+import torch  # a notebook that trains has imported torch before it launches
+from accelerate import notebook_launcher
+from bench_start import USER_CODE, parse_marks, summarize
+workers, runs = int(sys.argv[1]), int(sys.argv[2])
+def fn():
+    exec(USER_CODE, {"__name__": "__main__"})
+for i in range(runs + 1):
+    # the forked ranks write to our stdout file descriptor: capture it at the fd level
+    with tempfile.TemporaryFile("w+") as cap:
+        saved = os.dup(1)
+        os.dup2(cap.fileno(), 1)
+        try:
+            t0 = time.time()
+            notebook_launcher(fn, num_processes=workers)
+            t_end = time.time()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        cap.seek(0)
+        r = summarize(t0, parse_marks(cap.read()), t_end, workers)
+    if i: print(json.dumps(r), flush=True)
+"""
+
+DRIVER_API = """
+import json, sys, time
+import jupyterlab_mlcluster as mlc
+from bench_start import USER_CODE, parse_marks, summarize
+workers, runs = int(sys.argv[1]), int(sys.argv[2])
+for i in range(runs + 1):
+    t0 = time.time()
+    job = mlc.submit(USER_CODE, workers=workers)
+    job.wait()
+    t_end = time.time()
+    r = summarize(t0, parse_marks(job.logs()), t_end, workers)
+    if i: print(json.dumps(r), flush=True)
+"""
+
+DRIVER_CLI = """
+import json, subprocess, sys, time
+from bench_start import parse_marks, summarize
+script, workers, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(runs + 1):
+    t0 = time.time()
+    out = subprocess.run(["mlcluster", "run", "--workers", str(workers), script],
+                         capture_output=True, text=True, check=True).stdout
+    r = summarize(t0, parse_marks(out), time.time(), workers)
+    if i: print(json.dumps(r), flush=True)
+"""
+
+DRIVER_MAGIC = """
+import json, os, sys, time
+from jupyter_client.manager import start_new_kernel
+from bench_start import USER_CODE, parse_marks, summarize
+workers, runs = int(sys.argv[1]), int(sys.argv[2])
+km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+cell = f"%%distributed --workers {workers}\\n" + USER_CODE
+def execute(code):
+    msg_id = kc.execute(code)
+    texts = {}
+    while True:
+        msg = kc.get_iopub_msg(timeout=300)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("display_data", "update_display_data"):
+            did = msg["content"].get("transient", {}).get("display_id", "")
+            texts[did] = msg["content"]["data"].get("text/plain", "")
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=60)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "\\n".join(texts.values())
+try:
+    execute("import torch")  # a training notebook has torch imported
+    for i in range(runs + 1):
+        t0 = time.time()
+        out = execute(cell)
+        r = summarize(t0, parse_marks(out), time.time(), workers)
+        if i: print(json.dumps(r), flush=True)
+finally:
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+"""
+
+
+def run_driver(source: str, args: list[str], env: dict[str, str]) -> list[dict[str, float]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parent,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--skip", default="", help="comma-separated methods to skip")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    tmp = Path(tempfile.mkdtemp(prefix="mlcluster-bench-"))
+    script = tmp / "allreduce.py"
+    script.write_text(USER_CODE)
+    base_env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent), MLCLUSTER_STORE_DIR=str(tmp / "store"))
+    base_env["MLCLUSTER_WARM_POOL_DIR"] = str(tmp / "pool")
+    warm = dict(base_env, MLCLUSTER_WARM_POOL="1")
+    cold = dict(base_env, MLCLUSTER_WARM_POOL="0")
+    w, n = str(args.workers), str(args.runs)
+    methods = {
+        "torchrun": (DRIVER_TORCHRUN, [str(script), w, n], base_env),
+        "notebook_launcher": (DRIVER_LAUNCHER, [w, n], base_env),
+        "mlcluster-warm": (DRIVER_API, [w, n], warm),
+        "mlcluster-cold": (DRIVER_API, [w, n], cold),
+        "cli-warm": (DRIVER_CLI, [str(script), w, n], warm),
+        "cli-cold": (DRIVER_CLI, [str(script), w, n], cold),
+        "magic": (DRIVER_MAGIC, [w, n], warm),
+    }
+    results: dict[str, dict[str, float]] = {}
+    print(f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs, {os.cpu_count()} CPUs", flush=True)
+    for name, (driver, dargs, env) in methods.items():
+        if name in skip:
+            continue
+        runs = run_driver(driver, dargs, env)
+        results[name] = {k: statistics.median(r[k] for r in runs) for k in ("up", "ready", "total")}
+        print(f"  {name:<18} done", file=sys.stderr, flush=True)
+    _stop_pools(tmp / "pool")
+    print(f"{'method':<18} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} {'vs torchrun':>12} {'vs launcher':>12}")
+    for name, r in results.items():
+        vs_t = results.get("torchrun", {}).get("total")
+        vs_l = results.get("notebook_launcher", {}).get("total")
+        ratio_t = f"{vs_t / r['total']:.1f}x faster" if vs_t else "-"
+        ratio_l = f"{r['total'] / vs_l:.2f}x" if vs_l else "-"
+        print(f"{name:<18} {r['up']:>8.3f} {r['ready']:>10.3f} {r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _stop_pools(pool_dir: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jupyterlab_mlcluster.backends.local import warmpool
+
+    for sock in pool_dir.glob("zygote-*.sock"):
+        try:
+            warmpool.request(sock, {"op": "stop"}, timeout=2)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
