@@ -13,6 +13,9 @@ import itertools
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -25,11 +28,13 @@ from jupyterlab_mlcluster.backends.kubernetes import objects, rbac
 from jupyterlab_mlcluster.backends.kubernetes.objects import (
     build_job_objects,
     check_request,
+    choose_engine,
     choose_ranks_per_pod,
     job_selector,
     label_value,
     object_name,
     pod_ranks,
+    split_packed_line,
     with_owner,
 )
 from jupyterlab_mlcluster.backends.kubernetes.payload import (
@@ -1096,3 +1101,85 @@ def test_deploy_rbac_is_generated_from_the_builders(capsys):
     assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding"]
     for doc in docs:
         kubernetes_validate.validate(doc, desired_version=K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("framework", "served", "expected"),
+    [
+        ("pytorch", {"PyTorchJob", "TFJob"}, "pytorchjob"),
+        ("jax", {"PyTorchJob"}, "pytorchjob"),
+        ("none", set(), "indexed-job"),
+        ("tensorflow", {"PyTorchJob", "TFJob"}, "tfjob"),
+        ("tensorflow", {"PyTorchJob"}, "indexed-job"),
+        ("pytorch", {"TFJob"}, "indexed-job"),
+    ],
+)
+def test_choose_engine(framework, served, expected):
+    assert choose_engine(framework, served) == expected
+
+
+def test_split_packed_line():
+    assert split_packed_line("[12]:loss 0.5") == (12, "loss 0.5")
+    assert split_packed_line("[3]:") == (3, "")
+    assert split_packed_line("W1122 torchrun warning") == (None, "W1122 torchrun warning")
+    assert split_packed_line("[x]:no") == (None, "[x]:no")
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion in command and args."""
+    return re.sub(
+        r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text
+    )
+
+
+def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
+    """Run the packed pod's command as the kubelet would, with what the operator adds to
+    the environment, and a stand-in for the runtime module that prints what it sees."""
+    spec = spec_of(workers=4, gpus_per_worker=1, name="p")
+    built = build_job_objects(
+        "j2",
+        spec,
+        namespace="n",
+        image="i",
+        user="u",
+        payload_chunks=[b"x"],
+        engine="pytorchjob",
+        ranks_per_pod=2,
+    )
+    container = built.job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"
+    ][0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # What the operator sets for this pod if the job had one node (it is node 0 of 1 here).
+    env.update(
+        PET_NNODES="1",
+        PET_NPROC_PER_NODE="2",
+        PET_NODE_RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(port),
+    )
+    (tmp_path / "standin.py").write_text(
+        "import os\n"
+        "print(*(os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE',"
+        " 'LOCAL_WORLD_SIZE', 'MLCLUSTER_GPUS_PER_RANK')))\n"
+    )
+    command = [_expand(arg, env) for arg in container["command"]]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert command[-1] == "jupyterlab_mlcluster.runtime.worker"
+    command = [sys.executable, *command[1:-1], "standin"]
+    result = subprocess.run(
+        command,
+        env={**os.environ, **env, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = sorted(
+        split_packed_line(line) for line in result.stdout.splitlines() if line.startswith("[")
+    )
+    assert seen == [(0, "0 0 2 2 1"), (1, "1 1 2 2 1")]

@@ -10,7 +10,8 @@ How a job is created (`build_job_objects` returns a `JobObjects`):
    `with_owner(obj, created_job)` first, so deleting the job object (foreground propagation)
    removes every one of them and a crash half-way leaves one root to delete, never orphans;
 3. the `resume` merge patch on the job object, unless Kueue is the gang scheduler (then
-   Kueue lifts the suspension when it admits the whole job).
+   Kueue lifts the suspension when it admits the whole job; should that happen before the
+   Secrets exist, the kubelet retries the volume mount until they do).
 
 Rules worth knowing:
 - One rank per pod by default, so pod states, logs and exit codes are per-rank. A rank owns
@@ -33,7 +34,7 @@ import dataclasses
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...jobs.model import JobSpec, SpecError, format_memory
@@ -76,8 +77,9 @@ JAX_PORT = 6666  # coordinator, beside the torch store port (JAXJob's default)
 # <job>-<index> fit as well.
 MAX_NAME_LENGTH = 50
 MAX_WORKERS = 100_000
-# torchrun prefixes every line of a packed pod's log with the global rank (see pod logs).
+# torchrun prefixes every line of a packed pod's log with the global rank (split_packed_line).
 PACKED_LOG_PREFIX_TEMPLATE = "[${rank}]:"
+_PACKED_LOG_PREFIX_RE = re.compile(r"^\[(\d+)\]:")
 
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -238,6 +240,17 @@ def check_request(
             f"queue must be a Kubernetes object name (lowercase letters, digits, '-', '.'), "
             f"got {chosen_queue!r}"
         )
+
+
+def choose_engine(framework: str, served_kinds: Collection[str]) -> str:
+    """The engine for a framework, given the kinds the cluster serves (from API discovery).
+
+    The Training Operator when its CRD is there (it wires the rendezvous and reports
+    replica statuses), a plain Indexed Job otherwise.
+    """
+    if framework == "tensorflow":
+        return "tfjob" if "TFJob" in served_kinds else "indexed-job"
+    return "pytorchjob" if "PyTorchJob" in served_kinds else "indexed-job"
 
 
 def choose_ranks_per_pod(spec: JobSpec, *, engine: str, gpus_per_node: int | None) -> int:
@@ -718,3 +731,11 @@ def pod_ranks(pod: dict[str, Any], engine: str, ranks_per_pod: int = 1) -> list[
     if node is None:
         return []
     return list(range(node * ranks_per_pod, (node + 1) * ranks_per_pod))
+
+
+def split_packed_line(line: str) -> tuple[int | None, str]:
+    """A log line of a packed pod -> (rank, text); (None, line) for torchrun's own lines."""
+    match = _PACKED_LOG_PREFIX_RE.match(line)
+    if not match:
+        return None, line
+    return int(match.group(1)), line[match.end() :]
