@@ -76,6 +76,18 @@ def spec_of(**options) -> JobSpec:
     return JobSpec.from_options(options, default_backend="kubernetes")
 
 
+def build(spec: JobSpec | None = None, job_id: str = "j1", **kwargs) -> objects.JobObjects:
+    """build_job_objects with unremarkable defaults, for tests about one aspect."""
+    defaults = {
+        "namespace": "n",
+        "image": "i",
+        "user": "u",
+        "payload_chunks": [b"x"],
+        "engine": "indexed-job",
+    }
+    return build_job_objects(job_id, spec or spec_of(), **{**defaults, **kwargs})
+
+
 def labels_for(job_id: str, user: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/managed-by": "jupyterlab-mlcluster",
@@ -588,13 +600,8 @@ def test_every_combination_validates_against_the_schemas():
 )
 def test_crd_schemas_reject_broken_custom_resources(engine, break_it):
     framework = "tensorflow" if engine == "tfjob" else "pytorch"
-    built = build_job_objects(
-        "j1",
+    built = build(
         spec_of(workers=2, framework=framework),
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"],
         engine=engine,
     )
     validate_custom(built.job)
@@ -605,13 +612,8 @@ def test_crd_schemas_reject_broken_custom_resources(engine, break_it):
 
 
 def test_podgroup_schema_rejects_broken_podgroups():
-    built = build_job_objects(
-        "j1",
+    built = build(
         spec_of(workers=2),
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"],
         engine="indexed-job",
         gang="volcano",
     )
@@ -626,16 +628,7 @@ def test_podgroup_schema_rejects_broken_podgroups():
 
 def test_every_object_and_pod_carries_the_job_and_user_labels():
     for engine, gang, spec in all_combinations():
-        built = build_job_objects(
-            "j5",
-            spec,
-            namespace="n",
-            image="i",
-            user="Erin O'Neil <erin@example.com>",
-            payload_chunks=[b"x"],
-            engine=engine,
-            gang=gang,
-        )
+        built = build(spec, "j5", user="Erin O'Neil <erin@example.com>", engine=engine, gang=gang)
         expected_user = label_value("Erin O'Neil <erin@example.com>")
         for meta in [o["metadata"] for o in built.all()] + [
             t["metadata"] for t in pod_templates(built.job)
@@ -658,13 +651,9 @@ def test_every_object_and_pod_carries_the_job_and_user_labels():
 
 def test_fail_fast_policy_on_every_engine():
     for engine, gang, spec in all_combinations():
-        built = build_job_objects(
-            "j5",
+        built = build(
             spec,
-            namespace="n",
-            image="i",
-            user="u",
-            payload_chunks=[b"x"],
+            job_id="j5",
             engine=engine,
             gang=gang,
         )
@@ -706,16 +695,7 @@ def test_fail_fast_policy_on_every_engine():
 def test_names_are_dns_labels_within_the_limits(job_id, name):
     base = object_name(job_id, name)
     assert len(base) <= 50 and DNS_1035.match(base), base
-    built = build_job_objects(
-        job_id,
-        spec_of(workers=3, name=name),
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"] * 3,
-        engine="indexed-job",
-        gang="volcano",
-    )
+    built = build(spec_of(workers=3, name=name), job_id, payload_chunks=[b"x"] * 3, gang="volcano")
     for obj in built.all():
         assert (
             DNS_1123_SUBDOMAIN.match(obj["metadata"]["name"]) and len(obj["metadata"]["name"]) <= 63
@@ -769,15 +749,7 @@ def test_50_mib_payload_travels_in_secrets_and_comes_back_exactly(big_payload, t
     assert len(chunks) > 60
     assert all(0 < len(c) <= CHUNK_SIZE for c in chunks)
     assert join_payload(chunks) == big_payload
-    built = build_job_objects(
-        "jbig",
-        spec_of(workers=2),
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=chunks,
-        engine="indexed-job",
-    )
+    built = build(spec_of(workers=2), "jbig", payload_chunks=chunks)
     secrets = [o for o in built.dependents if o["kind"] == "Secret"]
     assert len(secrets) == len(chunks)
     for secret in secrets[:2] + secrets[-1:]:
@@ -818,15 +790,7 @@ def test_too_large_payload_is_refused_with_a_clear_message():
 
 def test_builder_refuses_an_empty_chunk_list():
     with pytest.raises(ValueError, match="payload_chunks"):
-        build_job_objects(
-            "j1",
-            spec_of(),
-            namespace="n",
-            image="i",
-            user="u",
-            payload_chunks=[],
-            engine="indexed-job",
-        )
+        build(payload_chunks=[])
 
 
 # --- bad requests -----------------------------------------------------------------------
@@ -860,22 +824,15 @@ def test_builder_refuses_an_empty_chunk_list():
 def test_requests_the_builders_cannot_express_fail_clearly(options, kwargs, message):
     spec = spec_of(**options)
     with pytest.raises(SpecError, match=re.escape(message)):
-        build_job_objects(
-            "j1", spec, namespace="n", image="i", user="u", payload_chunks=[b"x"], **kwargs
-        )
+        build(spec, **kwargs)
 
 
 # --- owners, resume, ranks --------------------------------------------------------------
 
 
 def test_with_owner_sets_a_blocking_controller_reference_on_a_copy():
-    built = build_job_objects(
-        "j1",
+    built = build(
         spec_of(workers=2),
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"],
         engine="indexed-job",
     )
     created = copy.deepcopy(built.job)
@@ -965,13 +922,8 @@ def test_pod_ranks(engine, labels, annotations, ranks_per_pod, expected):
 
 def test_attempt_is_visible_to_the_ranks():
     spec = spec_of(workers=2, max_restarts=3)
-    built = build_job_objects(
-        "j1",
+    built = build(
         spec,
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"],
         engine="indexed-job",
         attempt=2,
     )
@@ -1071,13 +1023,8 @@ def test_role_covers_every_kind_the_builders_make():
         "PodGroup": "podgroups",
     }
     for engine, gang, spec in all_combinations():
-        built = build_job_objects(
-            "j1",
+        built = build(
             spec,
-            namespace="n",
-            image="i",
-            user="u",
-            payload_chunks=[b"x"],
             engine=engine,
             gang=gang,
         )
@@ -1136,13 +1083,9 @@ def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
     """Run the packed pod's command as the kubelet would, with what the operator adds to
     the environment, and a stand-in for the runtime module that prints what it sees."""
     spec = spec_of(workers=4, gpus_per_worker=1, name="p")
-    built = build_job_objects(
-        "j2",
+    built = build(
         spec,
-        namespace="n",
-        image="i",
-        user="u",
-        payload_chunks=[b"x"],
+        job_id="j2",
         engine="pytorchjob",
         ranks_per_pod=2,
     )

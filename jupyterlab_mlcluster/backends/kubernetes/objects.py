@@ -63,7 +63,8 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 PAYLOAD_VOLUME = "payload"
 PAYLOAD_DIR = "/var/run/mlcluster/payload"
-WORKER_COMMAND = ["python", "-m", "jupyterlab_mlcluster.runtime.worker"]
+WORKER_MODULE = "jupyterlab_mlcluster.runtime.worker"
+WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
 
 # The operator looks the master port up by these names; the defaults of training-operator v1.
 PYTORCH_CONTAINER, PYTORCH_PORT_NAME, PYTORCH_PORT = "pytorch", "pytorchjob-port", 23456
@@ -356,19 +357,10 @@ def _command(ranks_per_pod: int) -> list[str]:
     if ranks_per_pod == 1:
         return list(WORKER_COMMAND)
     # The operator gives every pod its node rank and the rendezvous in PET_* variables.
-    return [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=$(PET_NNODES)",
-        "--nproc-per-node=$(PET_NPROC_PER_NODE)",
-        "--node-rank=$(PET_NODE_RANK)",
-        "--master-addr=$(PET_MASTER_ADDR)",
-        "--master-port=$(PET_MASTER_PORT)",
-        "--tee=3",
-        "--module",
-        "jupyterlab_mlcluster.runtime.worker",
-    ]
+    rendezvous = ("nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port")
+    flags = [f"--{flag}=$(PET_{flag.upper().replace('-', '_')})" for flag in rendezvous]
+    # --tee: each rank's output reaches the pod log, prefixed with its rank.
+    return ["python", "-m", "torch.distributed.run", *flags, "--tee=3", "--module", WORKER_MODULE]
 
 
 def payload_volume(name: str, chunk_count: int) -> dict[str, Any]:
