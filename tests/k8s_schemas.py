@@ -4,10 +4,11 @@
 - PyTorchJob and TFJob (kubeflow.org/v1): JSON schemas derived at test time from the
   Training Operator's own Python SDK (`kubeflow-training`, a test dependency): its
   OpenAPI-generated model classes list every field with its type and JSON name, and their
-  setters say which fields are required. The model files are read, not imported: importing
-  them imports every model of the `kubernetes` client too (seconds). The Kubernetes types embedded in them (ObjectMeta,
-  PodTemplateSpec, ...) point at the official schemas that kubernetes-validate ships, so pod
-  templates inside custom resources are checked as strictly as built-in kinds.
+  setters say which fields are required. The model files are read, not imported (importing
+  them imports every model of the `kubernetes` client too: seconds). The Kubernetes types
+  embedded in them (ObjectMeta, PodTemplateSpec, ...) point at the official schemas that
+  kubernetes-validate ships, so pod templates inside custom resources are checked as
+  strictly as built-in kinds.
 - PodGroup (scheduling.volcano.sh/v1beta1): no Python package publishes it, so the schema
   below is written by hand from Volcano's API reference (the Go types `PodGroup`,
   `PodGroupSpec` in volcano-sh/apis, pkg/apis/scheduling/v1beta1/types.go; int32 fields

@@ -55,8 +55,9 @@ DNS_1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_KEY = re.compile(  # optional DNS-subdomain prefix "/" name
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 
 MOUNTS = [
@@ -321,7 +322,8 @@ def test_indexed_job_with_volcano_is_exactly_this():
                                     "name": "RANK",
                                     "valueFrom": {
                                         "fieldRef": {
-                                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                                            "fieldPath": "metadata.annotations"
+                                            "['batch.kubernetes.io/job-completion-index']"
                                         }
                                     },
                                 },
@@ -436,7 +438,8 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
                                             "name": "RANK",
                                             "valueFrom": {
                                                 "fieldRef": {
-                                                    "fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"
+                                                    "fieldPath": "metadata.labels"
+                                                    "['training.kubeflow.org/replica-index']"
                                                 }
                                             },
                                         },

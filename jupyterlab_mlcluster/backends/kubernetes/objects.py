@@ -276,7 +276,11 @@ def format_cpu(cpus: float) -> str:
 
 
 def pod_resources(spec: JobSpec, ranks: int = 1) -> dict[str, dict[str, str]]:
-    """Resources for `ranks` ranks. Requests = limits (Guaranteed QoS: last to be evicted, no CPU overcommit surprises)."""
+    """Resources for `ranks` ranks.
+
+    Requests = limits: Guaranteed QoS, so a training pod is the last to be evicted under
+    node pressure and gets the CPUs it asked for, no more, no less.
+    """
     amounts = {"cpu": format_cpu(spec.cpus * ranks)}
     if spec.memory:
         amounts["memory"] = format_memory(spec.memory * ranks)
