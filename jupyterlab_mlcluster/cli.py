@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
 
+    pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
+    pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
+
     controller = sub.add_parser("controller", help="run the notebook-controller (Kubernetes)", add_help=False)
     controller.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": cmd_jobs,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
+            "pool": cmd_pool,
             "controller": cmd_controller,
             "manifests": cmd_manifests,
         }[args.command](args)
@@ -231,6 +235,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"{job.id} purged")
     else:
         print(f"{record.id} {record.state}")
+    return 0
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    from .backends.local import warmpool
+    from .config import get_config
+
+    config = get_config()
+    if args.action == "start":
+        if warmpool.ensure_zygote(config) is None:
+            print("mlcluster: the warm pool did not come up (see its log in the pool directory)", file=sys.stderr)
+            return EXIT_FAILED
+    elif args.action == "stop":
+        print("stopped" if warmpool.stop(config) else "no warm pool is running")
+        return 0
+    status = warmpool.status(config)
+    if status is None:
+        print(f"no warm pool is running (enabled: {config.warm_pool}; it starts with the first job)")
+        return 0
+    mib = 1024 * 1024
+    uss = f", {status['uss_bytes'] / mib:.0f} MiB of its own (USS)" if status.get("uss_bytes") else ""
+    print(
+        f"warm pool pid {status['pid']}: modules {', '.join(status['modules']) or '-'}; "
+        f"memory {status['rss_bytes'] / mib:.0f} MiB RSS{uss}; CUDA initialised: {status['cuda_initialized']}; "
+        f"up {status['uptime']:.0f}s"
+    )
     return 0
 
 
