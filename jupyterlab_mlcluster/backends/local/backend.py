@@ -195,6 +195,9 @@ class _Gang:
         ports = launcher.job_ports(spec)
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))
+        # A restart must not report the previous attempt's result or tracebacks.
+        for stale in [store.result_path(job_id), *(store.error_path(job_id, r) for r in range(spec.workers))]:
+            stale.unlink(missing_ok=True)
         warm = _running_warm()
         for rank in range(spec.workers):
             env = launcher.rank_environment(

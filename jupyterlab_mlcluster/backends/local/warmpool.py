@@ -439,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     path, modules, idle, fp = Path(argv[0]), [m for m in argv[1].split(",") if m], float(argv[2]), argv[3]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    os.chdir("/")  # pin no directory of whoever started us
     zygote = Zygote(path, modules, idle, fp)
     zygote.preload()
     zygote.serve()
