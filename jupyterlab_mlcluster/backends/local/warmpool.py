@@ -151,6 +151,7 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
             log.close()
             threading.Thread(target=proc.wait, daemon=True).start()
@@ -439,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     path, modules, idle, fp = Path(argv[0]), [m for m in argv[1].split(",") if m], float(argv[2]), argv[3]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    os.chdir("/")  # pin no directory of whoever started us
     zygote = Zygote(path, modules, idle, fp)
     zygote.preload()
     zygote.serve()
