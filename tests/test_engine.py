@@ -270,7 +270,7 @@ def test_max_restarts_restarts_the_whole_gang(service):
     record = service.wait(job_id, timeout=60)
     assert record.state == JobState.SUCCEEDED, record.error
     assert record.restarts == 1
-    lines = [l["line"] for l in service.logs(job_id, rank=0)[0]]
+    lines = [l["line"] for l in service.logs(job_id, rank=1)[0]]  # rank 0 may be stopped before it prints
     assert lines[0] == "attempt 0" and "attempt 1" in lines
     assert any("restarting all ranks (restart 1 of 2)" in l for l in lines)
     # Without restarts left the job fails
