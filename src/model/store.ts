@@ -89,6 +89,8 @@ export class PanelStore {
 
   start(): void {
     if (this.options.mode === 'live') {
+      // Notebook servers come from their own route; the stream only brings their changes.
+      void this.loadNotebooks();
       this.stream = new EventStream({
         url: () => this.api.eventsUrl(),
         createSocket: this.options.createSocket,

@@ -47,7 +47,11 @@ export function ClusterSection({ state }: { state: PanelState }) {
   const { store } = usePanel();
   const cluster = state.cluster;
   if (!cluster) {
-    return <div className="jp-mlc-empty">No capacity reported yet.</div>;
+    return (
+      <div className="jp-mlc-hint">
+        {store.problem ? 'Unavailable until the server extension answers.' : 'Loading…'}
+      </div>
+    );
   }
   const queue = queuedJobs(state);
   const cpus = (n: number) => String(Math.round(n * 10) / 10);

@@ -195,6 +195,9 @@ export function NotebooksSection({
       </div>
     );
   }
+  if (error?.missingExtension || (notebooks === null && store.problem)) {
+    return <div className="jp-mlc-hint">Unavailable until the server extension answers.</div>;
+  }
   if (error) {
     return (
       <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
