@@ -1,5 +1,10 @@
 /** The extension's commands: the panel's buttons run them too, so both ask the same questions. */
-import { Dialog, InputDialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  InputDialog,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
 
 import { isFinal, sortedJobs } from './model/reducer';
@@ -29,12 +34,17 @@ async function pickJob(
   if (candidates.length === 0) {
     await showDialog({
       title: `No job to ${verb}`,
-      body: verb === 'cancel' ? 'No distributed job is queued or running.' : 'There are no jobs.',
+      body:
+        verb === 'cancel'
+          ? 'No distributed job is queued or running.'
+          : 'There are no jobs.',
       buttons: [Dialog.okButton()]
     });
     return null;
   }
-  const labels = candidates.map(job => `${job.name} · ${job.state} · ${job.id}`);
+  const labels = candidates.map(
+    job => `${job.name} · ${job.state} · ${job.id}`
+  );
   const choice = await InputDialog.getItem({
     title: `Which job do you want to ${verb}?`,
     items: labels
@@ -52,8 +62,10 @@ export function addCommands(
 ): void {
   commands.addCommand(CommandIds.openPanel, {
     label: 'Open Distributed Jobs Panel',
-    caption: 'Show the sidebar of distributed jobs (optionally one job: args.id)',
-    execute: args => openPanel(typeof args.id === 'string' ? args.id : undefined)
+    caption:
+      'Show the sidebar of distributed jobs (optionally one job: args.id)',
+    execute: args =>
+      openPanel(typeof args.id === 'string' ? args.id : undefined)
   });
 
   commands.addCommand(CommandIds.cancelJob, {
@@ -69,13 +81,19 @@ export function addCommands(
       const confirm = await showDialog({
         title: `Cancel job ${job.name}?`,
         body: `Its ${job.workers} rank${job.workers === 1 ? '' : 's'} will be stopped. Logs and metrics are kept.`,
-        buttons: [Dialog.cancelButton({ label: 'Keep running' }), Dialog.warnButton({ label: 'Cancel job' })]
+        buttons: [
+          Dialog.cancelButton({ label: 'Keep running' }),
+          Dialog.warnButton({ label: 'Cancel job' })
+        ]
       });
       if (confirm.button.accept) {
         try {
           await store.api.cancelJob(job.id);
         } catch (error) {
-          await showErrorMessage(`Could not cancel ${job.name}`, error as Error);
+          await showErrorMessage(
+            `Could not cancel ${job.name}`,
+            error as Error
+          );
         }
       }
     }
@@ -86,7 +104,12 @@ export function addCommands(
     caption: 'Cancel a job if needed and forget it, with its logs and metrics',
     isEnabled: () => Object.keys(store.state.jobs).length > 0,
     execute: async args => {
-      const job = await pickJob(store, args, sortedJobs(store.state.jobs), 'delete');
+      const job = await pickJob(
+        store,
+        args,
+        sortedJobs(store.state.jobs),
+        'delete'
+      );
       if (!job) {
         return;
       }
@@ -104,7 +127,10 @@ export function addCommands(
             store.select(null);
           }
         } catch (error) {
-          await showErrorMessage(`Could not delete ${job.name}`, error as Error);
+          await showErrorMessage(
+            `Could not delete ${job.name}`,
+            error as Error
+          );
         }
       }
     }

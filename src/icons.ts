@@ -7,4 +7,7 @@ const svgstr = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" v
   </g>
 </svg>`;
 
-export const clusterIcon = new LabIcon({ name: 'jupyterlab-mlcluster:cluster', svgstr });
+export const clusterIcon = new LabIcon({
+  name: 'jupyterlab-mlcluster:cluster',
+  svgstr
+});

@@ -25,7 +25,9 @@ interface Settings extends PanelSettings {
 
 function readSettings(settings: ISettingRegistry.ISettings | null): Settings {
   const get = <T>(key: string, fallback: T): T =>
-    settings ? ((settings.composite[key] as T | undefined) ?? fallback) : fallback;
+    settings
+      ? ((settings.composite[key] as T | undefined) ?? fallback)
+      : fallback;
   return {
     refresh: get<RefreshMode>('refresh', 'live'),
     pollInterval: get('pollInterval', 5),
@@ -40,9 +42,15 @@ function storeOptions(settings: Settings): StoreOptions {
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
-  description: 'A sidebar of distributed jobs, cluster capacity and notebook servers.',
+  description:
+    'A sidebar of distributed jobs, cluster capacity and notebook servers.',
   autoStart: true,
-  optional: [ILayoutRestorer, ICommandPalette, ISettingRegistry, IDocumentManager],
+  optional: [
+    ILayoutRestorer,
+    ICommandPalette,
+    ISettingRegistry,
+    IDocumentManager
+  ],
   activate: async (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
@@ -55,19 +63,26 @@ const plugin: JupyterFrontEndPlugin<void> = {
       try {
         settings = await settingRegistry.load(PLUGIN_ID);
       } catch (error) {
-        console.warn('jupyterlab-mlcluster: settings could not be loaded; using defaults.', error);
+        console.warn(
+          'jupyterlab-mlcluster: settings could not be loaded; using defaults.',
+          error
+        );
       }
     }
     const initial = readSettings(settings);
 
-    const api = new MlclusterApi(serverTransport(app.serviceManager.serverSettings));
+    const api = new MlclusterApi(
+      serverTransport(app.serviceManager.serverSettings)
+    );
     const store = new PanelStore(api, storeOptions(initial));
     const panel = new SidebarPanel({
       store,
       api,
       commands: app.commands,
       settings: initial,
-      openNotebook: docManager ? path => docManager.openOrReveal(path) : undefined
+      openNotebook: docManager
+        ? path => docManager.openOrReveal(path)
+        : undefined
     });
     panel.id = PANEL_ID;
     panel.title.icon = clusterIcon;
@@ -87,8 +102,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       app.shell.activateById(PANEL_ID);
     });
-    store.subscribe(() => app.commands.notifyCommandChanged(CommandIds.cancelJob));
-    for (const command of [CommandIds.openPanel, CommandIds.cancelJob, CommandIds.deleteJob, CommandIds.refresh]) {
+    store.subscribe(() =>
+      app.commands.notifyCommandChanged(CommandIds.cancelJob)
+    );
+    for (const command of [
+      CommandIds.openPanel,
+      CommandIds.cancelJob,
+      CommandIds.deleteJob,
+      CommandIds.refresh
+    ]) {
       palette?.addItem({ command, category: PALETTE_CATEGORY });
     }
 

@@ -9,7 +9,11 @@ export function serverTransport(
 ): Transport {
   return {
     request: (path, init) =>
-      ServerConnection.makeRequest(URLExt.join(settings.baseUrl, path), init ?? {}, settings),
+      ServerConnection.makeRequest(
+        URLExt.join(settings.baseUrl, path),
+        init ?? {},
+        settings
+      ),
     websocketUrl: path => {
       // As @jupyterlab/services does for kernel channels: same-origin sockets carry the
       // login cookie, a token is appended only where the settings ask for it.

@@ -23,7 +23,10 @@ describe('REST client over real HTTP', () => {
 
   it('cancel is DELETE, delete adds purge=true', async () => {
     const job = makeJob();
-    server.json('DELETE', `jobs/${job.id}`, 200, { ...job, state: 'cancelled' });
+    server.json('DELETE', `jobs/${job.id}`, 200, {
+      ...job,
+      state: 'cancelled'
+    });
     await api.cancelJob(job.id);
     await api.deleteJob(job.id);
     expect(server.requests.map(r => `${r.method} ${r.url}`)).toEqual([
@@ -33,7 +36,9 @@ describe('REST client over real HTTP', () => {
   });
 
   it('errors carry the server message and status', async () => {
-    server.json('GET', 'notebooks', 503, { message: 'No Kubernetes cluster is configured.' });
+    server.json('GET', 'notebooks', 503, {
+      message: 'No Kubernetes cluster is configured.'
+    });
     const error: ApiError = await api.listNotebooks().then(
       () => {
         throw new Error('expected a failure');
@@ -50,7 +55,9 @@ describe('REST client over real HTTP', () => {
     const error: ApiError = await api.getCluster().catch(e => e);
     expect(error.status).toBe(404);
     expect(error.missingExtension).toBe(true);
-    expect(error.message).toMatch(/server extension is not answering at \/mlcluster\/api\/cluster/);
+    expect(error.message).toMatch(
+      /server extension is not answering at \/mlcluster\/api\/cluster/
+    );
     // ...but a JSON 404 is the API's own answer (an unknown job)
     server.json('GET', 'jobs/nope', 404, { message: 'no job nope' });
     const unknown: ApiError = await api.getJob('nope').catch(e => e);
@@ -62,9 +69,14 @@ describe('REST client over real HTTP', () => {
     let body = '';
     server.route('POST', 'notebooks', (req, res) => {
       req.on('data', c => (body += c));
-      req.on('end', () => sendJson(res, 201, { name: 'nb1', phase: 'Pending' }));
+      req.on('end', () =>
+        sendJson(res, 201, { name: 'nb1', phase: 'Pending' })
+      );
     });
-    server.json('POST', 'notebooks/nb1/stop', 200, { name: 'nb1', phase: 'Stopped' });
+    server.json('POST', 'notebooks/nb1/stop', 200, {
+      name: 'nb1',
+      phase: 'Stopped'
+    });
     expect(await api.spawnNotebook({ name: 'nb1', image: 'img:1' })).toEqual({
       name: 'nb1',
       phase: 'Pending'
@@ -100,7 +112,9 @@ describe('REST client over real HTTP', () => {
     });
     const controller = new AbortController();
     const lines = [];
-    for await (const batch of api.followLogs('j2', { signal: controller.signal })) {
+    for await (const batch of api.followLogs('j2', {
+      signal: controller.signal
+    })) {
       lines.push(...batch);
       controller.abort();
     }
@@ -114,13 +128,20 @@ describe('REST client over real HTTP', () => {
 
   it('reads the metrics history into per-rank series', async () => {
     server.json('GET', 'jobs/j3/metrics', 200, {
-      ranks: { '0': [{ ts: 1, cpu_percent: 5 }, { ts: 2, cpu_percent: 7 }] }
+      ranks: {
+        '0': [
+          { ts: 1, cpu_percent: 5 },
+          { ts: 2, cpu_percent: 7 }
+        ]
+      }
     });
     const history = await api.getMetrics('j3');
     expect(history[0].values.cpu_percent).toEqual([5, 7]);
   });
 
   it('builds the events websocket URL from the transport', () => {
-    expect(api.eventsUrl()).toBe(`ws://127.0.0.1:${server.port}/mlcluster/api/events?token=secret-token`);
+    expect(api.eventsUrl()).toBe(
+      `ws://127.0.0.1:${server.port}/mlcluster/api/events?token=secret-token`
+    );
   });
 });

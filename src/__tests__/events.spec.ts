@@ -6,9 +6,9 @@ import { TestServer, makeJob, nodeSocket, waitFor } from './helpers';
 describe('backoff', () => {
   const opts = { initial: 500, max: 15000, jitter: 0.2 };
   it('doubles up to the cap, with bounded jitter', () => {
-    expect([0, 1, 2, 3, 10].map(a => backoffDelay(a, opts, () => 0.5))).toEqual([
-      500, 1000, 2000, 4000, 15000
-    ]);
+    expect([0, 1, 2, 3, 10].map(a => backoffDelay(a, opts, () => 0.5))).toEqual(
+      [500, 1000, 2000, 4000, 15000]
+    );
     expect(backoffDelay(0, opts, () => 0)).toBe(400);
     expect(backoffDelay(0, opts, () => 1)).toBe(600);
     expect(backoffDelay(20, opts, () => 1)).toBe(15000);
@@ -17,7 +17,10 @@ describe('backoff', () => {
 
 describe('parseEvent', () => {
   it('accepts typed JSON objects only', () => {
-    expect(parseEvent('{"type":"deleted","id":"x"}')).toEqual({ type: 'deleted', id: 'x' });
+    expect(parseEvent('{"type":"deleted","id":"x"}')).toEqual({
+      type: 'deleted',
+      id: 'x'
+    });
     expect(parseEvent('not json')).toBeNull();
     expect(parseEvent('{"no":"type"}')).toBeNull();
     expect(parseEvent(new ArrayBuffer(2))).toBeNull();
@@ -36,7 +39,8 @@ describe('event stream over a real websocket', () => {
   it('delivers messages, and after a server restart reconnects and re-syncs', async () => {
     const job = makeJob();
     let snapshotJobs = [job];
-    server.onSocket = ws => ws.send(JSON.stringify({ type: 'snapshot', jobs: snapshotJobs }));
+    server.onSocket = ws =>
+      ws.send(JSON.stringify({ type: 'snapshot', jobs: snapshotJobs }));
     await server.start(0);
 
     const events: ServerEvent[] = [];
@@ -59,7 +63,11 @@ describe('event stream over a real websocket', () => {
     // The server goes away: the stream waits, retries with growing delays...
     await server.stop();
     await waitFor(() => stream!.status.state === 'waiting', 5000, 'waiting');
-    await waitFor(() => stream!.status.failures >= 3, 5000, 'several failed attempts');
+    await waitFor(
+      () => stream!.status.failures >= 3,
+      5000,
+      'several failed attempts'
+    );
     const waits = statuses.filter(s => s.state === 'waiting');
     const delays = waits.map(s => s.retryAt! - Date.now());
     expect(waits.length).toBeGreaterThanOrEqual(3);
@@ -83,13 +91,16 @@ describe('event stream over a real websocket', () => {
     stream = new EventStream({
       url: () => `ws://127.0.0.1:${port}/mlcluster/api/events`,
       onEvent: () => undefined,
-      onStatus: s => statuses.push({ ...s, retryAt: s.retryAt && s.retryAt - started }),
+      onStatus: s =>
+        statuses.push({ ...s, retryAt: s.retryAt && s.retryAt - started }),
       createSocket: nodeSocket,
       backoff: { initial: 10, max: 80, jitter: 0 }
     });
     stream.start();
     await waitFor(() => stream!.status.failures >= 5, 5000, 'five failures');
-    const failures = statuses.filter(s => s.state === 'waiting').map(s => s.failures);
+    const failures = statuses
+      .filter(s => s.state === 'waiting')
+      .map(s => s.failures);
     expect(failures.slice(0, 5)).toEqual([1, 2, 3, 4, 5]);
     expect(stream.status.lastError).toMatch(/connection closed/);
   });

@@ -54,15 +54,28 @@ describe('formatting', () => {
   });
 
   it('parses RFC 3339 times with milliseconds or microseconds', () => {
-    expect(parseTime('2026-11-22T01:02:03.123Z')).toBe(Date.UTC(2026, 10, 22, 1, 2, 3, 123));
-    expect(parseTime('2026-11-22T01:02:03.123456Z')).toBe(Date.UTC(2026, 10, 22, 1, 2, 3, 123));
+    expect(parseTime('2026-11-22T01:02:03.123Z')).toBe(
+      Date.UTC(2026, 10, 22, 1, 2, 3, 123)
+    );
+    expect(parseTime('2026-11-22T01:02:03.123456Z')).toBe(
+      Date.UTC(2026, 10, 22, 1, 2, 3, 123)
+    );
     expect(parseTime(undefined)).toBeNull();
   });
 
   it('elapsed runs until now, and stops at finished', () => {
-    expect(jobElapsed({ created: ago(100), started: ago(90), finished: null }, NOW)).toBe(90);
-    expect(jobElapsed({ created: ago(100), started: ago(90), finished: ago(30) }, NOW)).toBe(60);
-    expect(jobElapsed({ created: ago(100), started: null, finished: null }, NOW)).toBe(100);
+    expect(
+      jobElapsed({ created: ago(100), started: ago(90), finished: null }, NOW)
+    ).toBe(90);
+    expect(
+      jobElapsed(
+        { created: ago(100), started: ago(90), finished: ago(30) },
+        NOW
+      )
+    ).toBe(60);
+    expect(
+      jobElapsed({ created: ago(100), started: null, finished: null }, NOW)
+    ).toBe(100);
   });
 });
 
@@ -76,32 +89,46 @@ describe('rank summary', () => {
     });
 
   it('says how many ranks run', () => {
-    expect(rankSummary(withRanks('running', ['running', 'running', 'running', 'succeeded']))).toBe(
-      '3/4 running'
-    );
-    expect(rankSummary(withRanks('starting', ['running', 'starting', 'pending', 'pending']))).toBe(
-      '2/4 starting'
-    );
+    expect(
+      rankSummary(
+        withRanks('running', ['running', 'running', 'running', 'succeeded'])
+      )
+    ).toBe('3/4 running');
+    expect(
+      rankSummary(
+        withRanks('starting', ['running', 'starting', 'pending', 'pending'])
+      )
+    ).toBe('2/4 starting');
   });
 
   it('says where a queued job stands (queue_position is 0-based)', () => {
-    expect(rankSummary(withRanks('queued', ['pending', 'pending'], { queue_position: 1 }))).toBe(
-      'queued (#2)'
-    );
+    expect(
+      rankSummary(
+        withRanks('queued', ['pending', 'pending'], { queue_position: 1 })
+      )
+    ).toBe('queued (#2)');
     expect(rankSummary(withRanks('queued', ['pending']))).toBe('queued');
   });
 
   it('names the failing rank', () => {
     expect(
-      rankSummary(withRanks('failed', ['cancelled', 'failed'], { failed_rank: 1 }))
+      rankSummary(
+        withRanks('failed', ['cancelled', 'failed'], { failed_rank: 1 })
+      )
     ).toBe('rank 1 failed');
-    expect(rankSummary(withRanks('failed', ['failed', 'failed', 'cancelled']))).toBe('2/3 failed');
+    expect(
+      rankSummary(withRanks('failed', ['failed', 'failed', 'cancelled']))
+    ).toBe('2/3 failed');
     expect(rankSummary(withRanks('failed', []))).toBe('failed');
   });
 
   it('final states', () => {
-    expect(rankSummary(withRanks('succeeded', ['succeeded', 'succeeded']))).toBe('2/2 succeeded');
-    expect(rankSummary(withRanks('cancelled', ['cancelled', 'cancelled']))).toBe('cancelled');
+    expect(
+      rankSummary(withRanks('succeeded', ['succeeded', 'succeeded']))
+    ).toBe('2/2 succeeded');
+    expect(
+      rankSummary(withRanks('cancelled', ['cancelled', 'cancelled']))
+    ).toBe('cancelled');
   });
 
   it('progress comes from the first rank that reports a total', () => {

@@ -9,11 +9,19 @@ import { WebSocket, WebSocketServer } from 'ws';
 import { Transport } from '../model/api';
 import { SocketLike } from '../model/events';
 
-export type Route = (req: http.IncomingMessage, res: http.ServerResponse, url: URL) => void;
+export type Route = (
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  url: URL
+) => void;
 
 export class TestServer {
   readonly routes = new Map<string, Route>();
-  readonly requests: Array<{ method: string; url: string; headers: http.IncomingHttpHeaders }> = [];
+  readonly requests: Array<{
+    method: string;
+    url: string;
+    headers: http.IncomingHttpHeaders;
+  }> = [];
   readonly sockets = new Set<WebSocket>();
   /** Called with each new websocket on /mlcluster/api/events. */
   onSocket: (ws: WebSocket) => void = () => undefined;
@@ -39,7 +47,11 @@ export class TestServer {
   async start(port = this.port): Promise<void> {
     const server = http.createServer((req, res) => {
       const url = new URL(req.url ?? '/', 'http://localhost');
-      this.requests.push({ method: req.method ?? 'GET', url: req.url ?? '', headers: req.headers });
+      this.requests.push({
+        method: req.method ?? 'GET',
+        url: req.url ?? '',
+        headers: req.headers
+      });
       const route = this.routes.get(`${req.method} ${url.pathname}`);
       if (route) {
         route(req, res, url);
@@ -60,7 +72,9 @@ export class TestServer {
         this.onSocket(ws);
       });
     });
-    await new Promise<void>(resolve => server.listen(port, '127.0.0.1', resolve));
+    await new Promise<void>(resolve =>
+      server.listen(port, '127.0.0.1', resolve)
+    );
     this.port = (server.address() as AddressInfo).port;
     this.server = server;
     this.wss = wss;
@@ -88,27 +102,43 @@ export class TestServer {
   }
 }
 
-export function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
+export function sendJson(
+  res: http.ServerResponse,
+  status: number,
+  body: unknown
+): void {
   res.writeHead(status, { 'Content-Type': 'application/json' });
   res.end(JSON.stringify(body));
 }
 
 /** Plain fetch with the token header, as ServerConnection sends it. */
-export function fetchTransport(base: () => string, token = 'secret-token'): Transport {
+export function fetchTransport(
+  base: () => string,
+  token = 'secret-token'
+): Transport {
   return {
     request: (path, init = {}) =>
       fetch(new URL(path, base()), {
         ...init,
-        headers: { ...(init.headers as Record<string, string>), Authorization: `token ${token}` }
+        headers: {
+          ...(init.headers as Record<string, string>),
+          Authorization: `token ${token}`
+        }
       }),
-    websocketUrl: path => `${new URL(path, base()).href.replace(/^http/, 'ws')}?token=${token}`
+    websocketUrl: path =>
+      `${new URL(path, base()).href.replace(/^http/, 'ws')}?token=${token}`
   };
 }
 
-export const nodeSocket = (url: string): SocketLike => new WebSocket(url) as unknown as SocketLike;
+export const nodeSocket = (url: string): SocketLike =>
+  new WebSocket(url) as unknown as SocketLike;
 
 /** Wait until `predicate` holds (polling every 10 ms), or fail after `ms`. */
-export async function waitFor(predicate: () => boolean, ms = 5000, what = 'condition'): Promise<void> {
+export async function waitFor(
+  predicate: () => boolean,
+  ms = 5000,
+  what = 'condition'
+): Promise<void> {
   const deadline = Date.now() + ms;
   while (!predicate()) {
     if (Date.now() > deadline) {
@@ -141,7 +171,12 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
       rank,
       state: 'running',
       exit_code: null,
-      metrics: { cpu_percent: 50, memory_bytes: 1000, gpu_util: null, gpu_memory_bytes: null },
+      metrics: {
+        cpu_percent: 50,
+        memory_bytes: 1000,
+        gpu_util: null,
+        gpu_memory_bytes: null
+      },
       progress: null
     })),
     ...overrides

@@ -16,13 +16,19 @@ class FakeLog {
 
   add(n: number): void {
     for (let i = 0; i < n; i++) {
-      this.lines.push({ rank: 0, line: `line ${this.lines.length}`, stream: 'stdout' });
+      this.lines.push({
+        rank: 0,
+        line: `line ${this.lines.length}`,
+        stream: 'stdout'
+      });
     }
   }
 
   install(server: TestServer, id: string): void {
     server.route('GET', `jobs/${id}/logs`, (_req, res, url) => {
-      const since = Number((url.searchParams.get('since') ?? '0:0').split(':')[1]);
+      const since = Number(
+        (url.searchParams.get('since') ?? '0:0').split(':')[1]
+      );
       if (url.searchParams.get('follow') === 'true') {
         const stream = this.streams.shift();
         res.writeHead(200, { 'Content-Type': 'application/x-ndjson' });
@@ -109,7 +115,13 @@ describe('following logs', () => {
     });
     expect(sink.lines).toEqual(names(0, 5));
     expect(sink.resets).toBe(0);
-    expect(sink.states).toEqual(['loading', 'following', 'reconnecting', 'following', 'done']);
+    expect(sink.states).toEqual([
+      'loading',
+      'following',
+      'reconnecting',
+      'following',
+      'done'
+    ]);
   });
 
   it('without cursors in the stream, a break reloads from the start (no duplicates)', async () => {
@@ -146,7 +158,12 @@ describe('following logs', () => {
       backoff: FAST,
       maxFailures: 3
     });
-    expect(sink.states).toEqual(['loading', 'reconnecting', 'reconnecting', 'error']);
+    expect(sink.states).toEqual([
+      'loading',
+      'reconnecting',
+      'reconnecting',
+      'error'
+    ]);
   });
 
   it('abort stops it at once', async () => {

@@ -12,7 +12,13 @@ describe('metrics history', () => {
     const history = historyFromResponse({
       ranks: {
         '0': [
-          { ts: 100, cpu_percent: 10, memory_bytes: 5, gpu_util: null, gpu_memory_bytes: null },
+          {
+            ts: 100,
+            cpu_percent: 10,
+            memory_bytes: 5,
+            gpu_util: null,
+            gpu_memory_bytes: null
+          },
           { ts: '1970-01-01T00:01:41Z', cpu_percent: 20, memory_bytes: 6 }
         ],
         '1': [{ ts: 100, cpu_percent: 30 }]
@@ -23,7 +29,9 @@ describe('metrics history', () => {
     expect(history[0].values.gpu_util).toEqual([null, null]);
     expect(presentValues(history[1], 'cpu_percent')).toEqual([30]);
     // the bare rank map is accepted too; junk is skipped
-    expect(historyFromResponse({ '2': [{ ts: 1, cpu_percent: 1 }], x: 3 })[2].ts).toEqual([1000]);
+    expect(
+      historyFromResponse({ '2': [{ ts: 1, cpu_percent: 1 }], x: 3 })[2].ts
+    ).toEqual([1000]);
     expect(historyFromResponse(null)).toEqual({});
   });
 
@@ -44,7 +52,12 @@ describe('metrics history', () => {
   });
 
   it('merging keeps loaded history and then the newer live points', () => {
-    const loaded = historyFromResponse({ '0': [{ ts: 1, cpu_percent: 1 }, { ts: 2, cpu_percent: 2 }] });
+    const loaded = historyFromResponse({
+      '0': [
+        { ts: 1, cpu_percent: 1 },
+        { ts: 2, cpu_percent: 2 }
+      ]
+    });
     const job = makeJob({ workers: 1 });
     let live = appendJobMetrics({}, job, 1500); // older than the history's end: dropped
     live = appendJobMetrics(live, job, 3000);
@@ -55,7 +68,9 @@ describe('metrics history', () => {
 
   it('sparkline points span the width, scaled to max', () => {
     expect(sparklinePoints([], 60, 10)).toBe('');
-    expect(sparklinePoints([0, 50, 100], 60, 10, 100)).toBe('0.0,10.0 30.0,5.0 60.0,0.0');
+    expect(sparklinePoints([0, 50, 100], 60, 10, 100)).toBe(
+      '0.0,10.0 30.0,5.0 60.0,0.0'
+    );
     expect(sparklinePoints([150], 60, 10, 100)).toBe('60.0,0.0'); // clamped to the scale
   });
 });

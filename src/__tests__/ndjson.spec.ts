@@ -29,7 +29,10 @@ describe('NDJSON parsing', () => {
 
   it('skips blank lines and CRLF endings', () => {
     const p = new NdjsonParser();
-    expect(p.push('\n{"a":1}\r\n\n  \n{"b":2}\n')).toEqual([{ a: 1 }, { b: 2 }]);
+    expect(p.push('\n{"a":1}\r\n\n  \n{"b":2}\n')).toEqual([
+      { a: 1 },
+      { b: 2 }
+    ]);
   });
 
   it('a malformed line is an error, not silently lost output', () => {
@@ -37,10 +40,19 @@ describe('NDJSON parsing', () => {
   });
 
   it('decodes UTF-8 characters split across network chunks', async () => {
-    const bytes = new TextEncoder().encode('{"line":"épochs ✓ 学习"}\n{"line":"🚀"}');
+    const bytes = new TextEncoder().encode(
+      '{"line":"épochs ✓ 学习"}\n{"line":"🚀"}'
+    );
     // cut inside the multi-byte characters
-    const chunks = [bytes.slice(0, 11), bytes.slice(11, 20), bytes.slice(20, 33), bytes.slice(33)];
-    const batches = await collect(readNdjson<{ line: string }>(streamOf(chunks)));
+    const chunks = [
+      bytes.slice(0, 11),
+      bytes.slice(11, 20),
+      bytes.slice(20, 33),
+      bytes.slice(33)
+    ];
+    const batches = await collect(
+      readNdjson<{ line: string }>(streamOf(chunks))
+    );
     expect(batches.flat().map(o => o.line)).toEqual(['épochs ✓ 学习', '🚀']);
   });
 

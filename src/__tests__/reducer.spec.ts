@@ -1,4 +1,10 @@
-import { PanelState, initialState, queuedJobs, reduce, sortedJobs } from '../model/reducer';
+import {
+  PanelState,
+  initialState,
+  queuedJobs,
+  reduce,
+  sortedJobs
+} from '../model/reducer';
 import { Cluster, ServerEvent } from '../model/types';
 import { makeJob } from './helpers';
 
@@ -8,7 +14,10 @@ const cluster: Cluster = {
   queue: []
 };
 
-function run(events: ServerEvent[], start: PanelState = initialState): PanelState {
+function run(
+  events: ServerEvent[],
+  start: PanelState = initialState
+): PanelState {
   return events.reduce(reduce, start);
 }
 
@@ -20,7 +29,12 @@ describe('event stream reducer', () => {
     const state = run([
       { type: 'snapshot', jobs: [old], cluster },
       { type: 'deleted', id: 'gone' },
-      { type: 'snapshot', jobs: [a, b], cluster: { ...cluster, queue: [a.id] }, seq: 7 }
+      {
+        type: 'snapshot',
+        jobs: [a, b],
+        cluster: { ...cluster, queue: [a.id] },
+        seq: 7
+      }
     ]);
     expect(Object.keys(state.jobs).sort()).toEqual([a.id, b.id].sort());
     expect(state.cluster?.queue).toEqual([a.id]);
@@ -57,7 +71,11 @@ describe('event stream reducer', () => {
 
   it('a finished job does not go back to running on an out-of-order message', () => {
     const a = makeJob();
-    const done = { ...a, state: 'succeeded', finished: '2026-11-22T01:05:00.000Z' };
+    const done = {
+      ...a,
+      state: 'succeeded',
+      finished: '2026-11-22T01:05:00.000Z'
+    };
     const state = run([
       { type: 'snapshot', jobs: [a] },
       { type: 'job', job: done },
@@ -95,7 +113,10 @@ describe('event stream reducer', () => {
     });
     state = run(
       [
-        { type: 'notebook', notebook: { name: 'b', phase: 'Pending', message: 'Pulling image' } },
+        {
+          type: 'notebook',
+          notebook: { name: 'b', phase: 'Pending', message: 'Pulling image' }
+        },
         { type: 'notebook', notebook: { name: 'a', phase: 'Stopped' } },
         { type: 'notebook_deleted', name: 'b' }
       ],
@@ -115,9 +136,18 @@ describe('event stream reducer', () => {
   it('lists active jobs first, newest first within a group', () => {
     const oldRunning = makeJob({ created: '2026-11-22T01:00:00.000Z' });
     const newRunning = makeJob({ created: '2026-11-22T02:00:00.000Z' });
-    const queued = makeJob({ state: 'queued', created: '2026-11-22T03:00:00.000Z' });
-    const failed = makeJob({ state: 'failed', created: '2026-11-22T04:00:00.000Z' });
-    const done = makeJob({ state: 'succeeded', created: '2026-11-22T00:00:00.000Z' });
+    const queued = makeJob({
+      state: 'queued',
+      created: '2026-11-22T03:00:00.000Z'
+    });
+    const failed = makeJob({
+      state: 'failed',
+      created: '2026-11-22T04:00:00.000Z'
+    });
+    const done = makeJob({
+      state: 'succeeded',
+      created: '2026-11-22T00:00:00.000Z'
+    });
     const state = run([
       { type: 'snapshot', jobs: [done, queued, oldRunning, failed, newRunning] }
     ]);

@@ -1,11 +1,21 @@
-import { TailBuffer, bottomScrollTop, isAtBottom, visibleWindow } from '../model/virtual';
+import {
+  TailBuffer,
+  bottomScrollTop,
+  isAtBottom,
+  visibleWindow
+} from '../model/virtual';
 
 describe('virtual list window', () => {
   const base = { rowHeight: 18, viewportHeight: 180, overscan: 5 };
 
   it('renders only the rows in view plus overscan', () => {
     const win = visibleWindow({ ...base, count: 100000, scrollTop: 18 * 1000 });
-    expect(win).toEqual({ start: 995, end: 1016, offset: 995 * 18, totalHeight: 1800000 });
+    expect(win).toEqual({
+      start: 995,
+      end: 1016,
+      offset: 995 * 18,
+      totalHeight: 1800000
+    });
     expect(win.end - win.start).toBeLessThan(30);
   });
 
@@ -38,7 +48,12 @@ describe('virtual list window', () => {
   });
 
   it('a partly visible row at either edge is rendered', () => {
-    const win = visibleWindow({ ...base, overscan: 0, count: 1000, scrollTop: 9 });
+    const win = visibleWindow({
+      ...base,
+      overscan: 0,
+      count: 1000,
+      scrollTop: 9
+    });
     // rows 0 (half hidden) .. 10 (half shown)
     expect(win.start).toBe(0);
     expect(win.end).toBe(11);
@@ -66,7 +81,10 @@ describe('virtual list window', () => {
 describe('tail buffer', () => {
   type Line = { rank: number; n: number };
   const lines = (from: number, to: number, ranks = 2): Line[] =>
-    Array.from({ length: to - from }, (_, i) => ({ rank: (from + i) % ranks, n: from + i }));
+    Array.from({ length: to - from }, (_, i) => ({
+      rank: (from + i) % ranks,
+      n: from + i
+    }));
 
   it('keeps per-rank views in step with the whole', () => {
     const buf = new TailBuffer<Line>(l => l.rank, 1000);

@@ -54,14 +54,19 @@ async function errorFrom(response: Response, path: string): Promise<ApiError> {
   }
   return new ApiError(
     response.status,
-    message ?? `${response.status} ${response.statusText || 'error'} from /${API_PATH}/${path}`
+    message ??
+      `${response.status} ${response.statusText || 'error'} from /${API_PATH}/${path}`
   );
 }
 
-function query(params: Record<string, string | number | boolean | null | undefined>): string {
+function query(
+  params: Record<string, string | number | boolean | null | undefined>
+): string {
   const parts = Object.entries(params)
     .filter(([, v]) => v !== null && v !== undefined && v !== '')
-    .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`);
+    .map(
+      ([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`
+    );
   return parts.length ? `?${parts.join('&')}` : '';
 }
 
@@ -104,7 +109,8 @@ export class MlclusterApi {
     return this.json<T>(path, {
       method,
       body: body === undefined ? undefined : JSON.stringify(body),
-      headers: body === undefined ? undefined : { 'Content-Type': 'application/json' }
+      headers:
+        body === undefined ? undefined : { 'Content-Type': 'application/json' }
     });
   }
 
@@ -123,10 +129,16 @@ export class MlclusterApi {
 
   /** Cancel if needed and forget the job, its logs and metrics. */
   deleteJob(id: string): Promise<unknown> {
-    return this.send('DELETE', `jobs/${encodeURIComponent(id)}${query({ purge: true })}`);
+    return this.send(
+      'DELETE',
+      `jobs/${encodeURIComponent(id)}${query({ purge: true })}`
+    );
   }
 
-  getLogs(id: string, options: { since?: string; rank?: number | null } = {}): Promise<LogsPage> {
+  getLogs(
+    id: string,
+    options: { since?: string; rank?: number | null } = {}
+  ): Promise<LogsPage> {
     return this.json<LogsPage>(
       `jobs/${encodeURIComponent(id)}/logs${query({ since: options.since, rank: options.rank })}`
     );
@@ -147,13 +159,18 @@ export class MlclusterApi {
     })}`;
     const response = await this.call(path, { signal: options.signal });
     if (!response.body) {
-      throw new ApiError(response.status, 'The log stream has no body to read.');
+      throw new ApiError(
+        response.status,
+        'The log stream has no body to read.'
+      );
     }
     yield* readNdjson<LogLine>(response.body, options.signal);
   }
 
   async getMetrics(id: string): Promise<MetricsHistory> {
-    return historyFromResponse(await this.json(`jobs/${encodeURIComponent(id)}/metrics`));
+    return historyFromResponse(
+      await this.json(`jobs/${encodeURIComponent(id)}/metrics`)
+    );
   }
 
   getCluster(): Promise<Cluster> {

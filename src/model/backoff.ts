@@ -9,7 +9,11 @@ export interface BackoffOptions {
   jitter: number;
 }
 
-export const DEFAULT_BACKOFF: BackoffOptions = { initial: 500, max: 15000, jitter: 0.2 };
+export const DEFAULT_BACKOFF: BackoffOptions = {
+  initial: 500,
+  max: 15000,
+  jitter: 0.2
+};
 
 /** Delay before retry number `attempt` (0 = the first retry). */
 export function backoffDelay(
@@ -17,7 +21,10 @@ export function backoffDelay(
   options: BackoffOptions = DEFAULT_BACKOFF,
   random: () => number = Math.random
 ): number {
-  const base = Math.min(options.max, options.initial * 2 ** Math.max(0, attempt));
+  const base = Math.min(
+    options.max,
+    options.initial * 2 ** Math.max(0, attempt)
+  );
   const spread = base * options.jitter * (2 * random() - 1);
   return Math.max(0, Math.round(Math.min(options.max, base + spread)));
 }

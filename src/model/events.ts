@@ -43,14 +43,17 @@ export function parseEvent(data: unknown): ServerEvent | null {
   }
   try {
     const event = JSON.parse(data);
-    return event && typeof event.type === 'string' ? (event as ServerEvent) : null;
+    return event && typeof event.type === 'string'
+      ? (event as ServerEvent)
+      : null;
   } catch {
     return null;
   }
 }
 
 // The DOM typings are stricter than what is used (handlers taking the full event classes).
-const browserSocket: SocketFactory = url => new WebSocket(url) as unknown as SocketLike;
+const browserSocket: SocketFactory = url =>
+  new WebSocket(url) as unknown as SocketLike;
 
 export class EventStream {
   private socket: SocketLike | null = null;
@@ -127,14 +130,19 @@ export class EventStream {
       }
       this.socket = null;
       this.scheduleRetry(
-        ev.code === 1000 ? null : `connection closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`
+        ev.code === 1000
+          ? null
+          : `connection closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`
       );
     };
   }
 
   private scheduleRetry(error: string | null): void {
     const failures = this.statusValue.failures + 1;
-    const delay = backoffDelay(failures - 1, this.options.backoff ?? DEFAULT_BACKOFF);
+    const delay = backoffDelay(
+      failures - 1,
+      this.options.backoff ?? DEFAULT_BACKOFF
+    );
     this.timer = setTimeout(() => {
       this.timer = null;
       this.connect();

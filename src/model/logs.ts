@@ -4,10 +4,16 @@
  * cursor when the server sent one, else reload from the start.
  */
 import { MlclusterApi } from './api';
-import { BackoffOptions, DEFAULT_BACKOFF, backoffDelay, sleep } from './backoff';
+import {
+  BackoffOptions,
+  DEFAULT_BACKOFF,
+  backoffDelay,
+  sleep
+} from './backoff';
 import { LogLine } from './types';
 
-export type FollowState = 'loading' | 'following' | 'reconnecting' | 'done' | 'error';
+export type FollowState =
+  'loading' | 'following' | 'reconnecting' | 'done' | 'error';
 
 export interface LogSink {
   /** New lines, oldest first. */
@@ -43,7 +49,10 @@ export async function followLogs(
   // Pages until one comes back empty: one answer holds a few MiB at most.
   const catchUp = async () => {
     for (;;) {
-      const page = await api.getLogs(jobId, { since: cursor, rank: options.rank });
+      const page = await api.getLogs(jobId, {
+        since: cursor,
+        rank: options.rank
+      });
       if (signal.aborted) {
         return;
       }
@@ -115,7 +124,10 @@ export async function followLogs(
         return;
       }
       sink.status?.('reconnecting', message);
-      await sleep(backoffDelay(failures - 1, options.backoff ?? DEFAULT_BACKOFF), signal);
+      await sleep(
+        backoffDelay(failures - 1, options.backoff ?? DEFAULT_BACKOFF),
+        signal
+      );
     }
   }
   if (!signal.aborted) {

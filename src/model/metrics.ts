@@ -64,7 +64,9 @@ function appendPoint(
     return series; // already have it (history and live events overlap)
   }
   const keep = (arr: Array<number | null>, v: number | null) =>
-    arr.length >= maxPoints ? [...arr.slice(arr.length - maxPoints + 1), v] : [...arr, v];
+    arr.length >= maxPoints
+      ? [...arr.slice(arr.length - maxPoints + 1), v]
+      : [...arr, v];
   const values = {} as Series['values'];
   for (const name of METRIC_NAMES) {
     values[name] = keep(series.values[name], numberOrNull(sample[name]));
@@ -129,7 +131,10 @@ export function appendJobMetrics(
 }
 
 /** The values of one metric with the missing points left out. */
-export function presentValues(series: Series | undefined, name: MetricName): number[] {
+export function presentValues(
+  series: Series | undefined,
+  name: MetricName
+): number[] {
   return (series?.values[name] ?? []).filter((v): v is number => v !== null);
 }
 

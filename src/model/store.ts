@@ -122,7 +122,8 @@ export class PanelStore {
   /** Apply new settings: restarts the connection only when the mode or interval changed. */
   configure(options: StoreOptions): void {
     const changed =
-      options.mode !== this.options.mode || options.pollInterval !== this.options.pollInterval;
+      options.mode !== this.options.mode ||
+      options.pollInterval !== this.options.pollInterval;
     this.options = options;
     if (changed && (this.stream || this.poll)) {
       this.stop();
@@ -145,7 +146,10 @@ export class PanelStore {
   /** Everything from REST, as one snapshot. Throws on failure (Poll backs off then). */
   async refresh(): Promise<void> {
     try {
-      const [jobs, cluster] = await Promise.all([this.api.listJobs(), this.api.getCluster()]);
+      const [jobs, cluster] = await Promise.all([
+        this.api.listJobs(),
+        this.api.getCluster()
+      ]);
       this.setProblem(null);
       this.dispatch({ type: 'snapshot', jobs, cluster });
     } catch (error) {
@@ -217,5 +221,8 @@ export function asApiError(error: unknown): ApiError {
     return error;
   }
   // fetch rejects with a TypeError when the server cannot be reached at all.
-  return new ApiError(0, `The Jupyter server cannot be reached (${String((error as Error)?.message ?? error)}).`);
+  return new ApiError(
+    0,
+    `The Jupyter server cannot be reached (${String((error as Error)?.message ?? error)}).`
+  );
 }

@@ -5,20 +5,10 @@
  */
 
 export type JobState =
-  | 'queued'
-  | 'starting'
-  | 'running'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled';
+  'queued' | 'starting' | 'running' | 'succeeded' | 'failed' | 'cancelled';
 
 export type RankState =
-  | 'pending'
-  | 'starting'
-  | 'running'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled';
+  'pending' | 'starting' | 'running' | 'succeeded' | 'failed' | 'cancelled';
 
 export const FINAL_JOB_STATES: ReadonlySet<string> = new Set([
   'succeeded',

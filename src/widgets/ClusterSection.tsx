@@ -49,7 +49,9 @@ export function ClusterSection({ state }: { state: PanelState }) {
   if (!cluster) {
     return (
       <div className="jp-mlc-hint">
-        {store.problem ? 'Unavailable until the server extension answers.' : 'Loading…'}
+        {store.problem
+          ? 'Unavailable until the server extension answers.'
+          : 'Loading…'}
       </div>
     );
   }
@@ -61,8 +63,16 @@ export function ClusterSection({ state }: { state: PanelState }) {
         Backend: <strong>{cluster.backend}</strong>
       </div>
       <CapacityBar label="GPUs" capacity={cluster.capacity?.gpus} />
-      <CapacityBar label="CPUs" capacity={cluster.capacity?.cpus} format={cpus} />
-      <CapacityBar label="Memory" capacity={cluster.capacity?.memory} format={formatBytes} />
+      <CapacityBar
+        label="CPUs"
+        capacity={cluster.capacity?.cpus}
+        format={cpus}
+      />
+      <CapacityBar
+        label="Memory"
+        capacity={cluster.capacity?.memory}
+        format={formatBytes}
+      />
       <div className="jp-mlc-queue">
         <div className="jp-mlc-subtitle">Queue ({queue.length})</div>
         {queue.length === 0 ? (

@@ -30,7 +30,8 @@ function useMetrics(job: Job): MetricsHistory {
     let cancelled = false;
     setHistory({});
     api.getMetrics(job.id).then(
-      loaded => !cancelled && setHistory(current => mergeHistory(loaded, current)),
+      loaded =>
+        !cancelled && setHistory(current => mergeHistory(loaded, current)),
       () => undefined // no history (yet): the live points still draw
     );
     return () => {
@@ -89,13 +90,40 @@ function RankRow({ rank, history }: { rank: Rank; history: MetricsHistory }) {
         {rank.exit_code !== null && rank.exit_code !== undefined && (
           <span className="jp-mlc-hint">exit {rank.exit_code}</span>
         )}
-        {rank.host && <span className="jp-mlc-hint jp-mlc-rank-host">{rank.host}</span>}
+        {rank.host && (
+          <span className="jp-mlc-hint jp-mlc-rank-host">{rank.host}</span>
+        )}
       </div>
       <div className="jp-mlc-rank-metrics">
-        <MetricCell rank={rank} history={history} name="cpu_percent" label="CPU" format={formatPercent} />
-        <MetricCell rank={rank} history={history} name="memory_bytes" label="Mem" format={formatBytes} />
-        <MetricCell rank={rank} history={history} name="gpu_util" label="GPU" format={formatPercent} max={100} />
-        <MetricCell rank={rank} history={history} name="gpu_memory_bytes" label="GPU mem" format={formatBytes} />
+        <MetricCell
+          rank={rank}
+          history={history}
+          name="cpu_percent"
+          label="CPU"
+          format={formatPercent}
+        />
+        <MetricCell
+          rank={rank}
+          history={history}
+          name="memory_bytes"
+          label="Mem"
+          format={formatBytes}
+        />
+        <MetricCell
+          rank={rank}
+          history={history}
+          name="gpu_util"
+          label="GPU"
+          format={formatPercent}
+          max={100}
+        />
+        <MetricCell
+          rank={rank}
+          history={history}
+          name="gpu_memory_bytes"
+          label="GPU mem"
+          format={formatBytes}
+        />
       </div>
       {p && (
         <div className="jp-mlc-rank-progress">
@@ -111,7 +139,13 @@ function RankRow({ rank, history }: { rank: Rank; history: MetricsHistory }) {
   );
 }
 
-function Field({ label, children }: { label: string; children: React.ReactNode }) {
+function Field({
+  label,
+  children
+}: {
+  label: string;
+  children: React.ReactNode;
+}) {
   return (
     <>
       <dt>{label}</dt>
@@ -156,7 +190,9 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         {!isFinal(job) && (
           <button
             className="jp-mlc-button jp-mlc-button-warn"
-            onClick={() => void commands.execute(CommandIds.cancelJob, { id: job.id })}
+            onClick={() =>
+              void commands.execute(CommandIds.cancelJob, { id: job.id })
+            }
             aria-label={`Cancel job ${job.name}`}
           >
             Cancel
@@ -164,7 +200,9 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         )}
         <button
           className="jp-mlc-button"
-          onClick={() => void commands.execute(CommandIds.deleteJob, { id: job.id })}
+          onClick={() =>
+            void commands.execute(CommandIds.deleteJob, { id: job.id })
+          }
           aria-label={`Delete job ${job.name}`}
         >
           Delete
@@ -182,11 +220,15 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
       </div>
       {job.error && (
         <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
-          {typeof job.failed_rank === 'number' && <strong>Rank {job.failed_rank}: </strong>}
+          {typeof job.failed_rank === 'number' && (
+            <strong>Rank {job.failed_rank}: </strong>
+          )}
           <pre className="jp-mlc-error-text">{job.error}</pre>
         </div>
       )}
-      {job.reason && !isFinal(job) && <div className="jp-mlc-banner">{job.reason}</div>}
+      {job.reason && !isFinal(job) && (
+        <div className="jp-mlc-banner">{job.reason}</div>
+      )}
       <dl className="jp-mlc-fields">
         <Field label="Ranks">{rankSummary(job)}</Field>
         <Field label="Backend">

@@ -13,7 +13,13 @@ export function StateBadge({ state }: { state: string }) {
   );
 }
 
-export function ProgressBar({ value, label }: { value: number | null; label: string }) {
+export function ProgressBar({
+  value,
+  label
+}: {
+  value: number | null;
+  label: string;
+}) {
   if (value === null) {
     return null;
   }
@@ -26,7 +32,10 @@ export function ProgressBar({ value, label }: { value: number | null; label: str
       aria-valuemax={100}
       aria-valuenow={Math.round(value * 100)}
     >
-      <div className="jp-mlc-progress-fill" style={{ width: `${value * 100}%` }} />
+      <div
+        className="jp-mlc-progress-fill"
+        style={{ width: `${value * 100}%` }}
+      />
     </div>
   );
 }
@@ -72,8 +81,8 @@ export function JobList({ jobs, now }: { jobs: Job[]; now: number }) {
       <div className="jp-mlc-empty">
         <p>No distributed jobs yet.</p>
         <p className="jp-mlc-hint">
-          Put <code>%%distributed --workers 2</code> on top of a notebook cell and run it; the
-          job shows up here.
+          Put <code>%%distributed --workers 2</code> on top of a notebook cell
+          and run it; the job shows up here.
         </p>
       </div>
     );

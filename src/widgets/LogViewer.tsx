@@ -3,7 +3,12 @@ import * as React from 'react';
 import { FollowState, followLogs } from '../model/logs';
 import { isFinal } from '../model/reducer';
 import { Job, LogLine } from '../model/types';
-import { TailBuffer, bottomScrollTop, isAtBottom, visibleWindow } from '../model/virtual';
+import {
+  TailBuffer,
+  bottomScrollTop,
+  isAtBottom,
+  visibleWindow
+} from '../model/virtual';
 import { usePanel } from './context';
 
 /** Must match `.jp-mlc-log-row` height in style/base.css. */
@@ -24,7 +29,9 @@ function LogRow({ line, top }: { line: LogLine; top: number }) {
       style={{ top }}
       title={line.ts ?? undefined}
     >
-      <span className={`jp-mlc-log-rank jp-mlc-rank-color-${line.rank % 8}`}>[{line.rank}]</span>
+      <span className={`jp-mlc-log-rank jp-mlc-rank-color-${line.rank % 8}`}>
+        [{line.rank}]
+      </span>
       {line.line}
     </div>
   );
@@ -42,7 +49,10 @@ export function LogViewer({ job }: { job: Job }) {
   );
   buffer.limit = settings.logTailLines;
   const [, setVersion] = React.useState(0);
-  const [status, setStatus] = React.useState<{ state: FollowState; error?: string }>({
+  const [status, setStatus] = React.useState<{
+    state: FollowState;
+    error?: string;
+  }>({
     state: 'loading'
   });
   const [rank, setRank] = React.useState<number | null>(null);
@@ -83,7 +93,9 @@ export function LogViewer({ job }: { job: Job }) {
         isActive: () => active.current && settings.followLogs,
         signal: controller.signal
       }
-    ).catch(error => setStatus({ state: 'error', error: String(error?.message ?? error) }));
+    ).catch(error =>
+      setStatus({ state: 'error', error: String(error?.message ?? error) })
+    );
     return () => {
       controller.abort();
       cancelAnimationFrame(frame);
@@ -95,7 +107,9 @@ export function LogViewer({ job }: { job: Job }) {
     if (!el) {
       return;
     }
-    const observer = new ResizeObserver(() => setViewportHeight(el.clientHeight));
+    const observer = new ResizeObserver(() =>
+      setViewportHeight(el.clientHeight)
+    );
     observer.observe(el);
     setViewportHeight(el.clientHeight);
     return () => observer.disconnect();
@@ -116,11 +130,22 @@ export function LogViewer({ job }: { job: Job }) {
     }
   });
 
+  // Following stops only when the user scrolls away from the end (wheel, keys, scrollbar,
+  // touch), not when a resize or a theme change moves or resets the scroll position; it
+  // resumes when they come back to the end.
+  const userScrolledAt = React.useRef(0);
+  const noteUserScroll = () => {
+    userScrolledAt.current = Date.now();
+  };
   const onScroll = () => {
     const el = scroller.current;
     if (el) {
+      if (isAtBottom(el.scrollTop, el.clientHeight, el.scrollHeight)) {
+        setStick(true);
+      } else if (Date.now() - userScrolledAt.current < 1000) {
+        setStick(false);
+      }
       setScrollTop(el.scrollTop);
-      setStick(isAtBottom(el.scrollTop, el.clientHeight, el.scrollHeight));
     }
   };
 
@@ -144,7 +169,9 @@ export function LogViewer({ job }: { job: Job }) {
           <select
             className="jp-mlc-select"
             value={rank === null ? 'all' : String(rank)}
-            onChange={e => setRank(e.target.value === 'all' ? null : Number(e.target.value))}
+            onChange={e =>
+              setRank(e.target.value === 'all' ? null : Number(e.target.value))
+            }
             aria-label="Show logs of rank"
           >
             <option value="all">All ranks</option>
@@ -157,7 +184,8 @@ export function LogViewer({ job }: { job: Job }) {
         </label>
         <span className="jp-mlc-logs-count" aria-live="polite">
           {count.toLocaleString()} lines
-          {buffer.dropped > 0 && ` (oldest ${buffer.dropped.toLocaleString()} dropped)`}
+          {buffer.dropped > 0 &&
+            ` (oldest ${buffer.dropped.toLocaleString()} dropped)`}
         </span>
         <span
           className={`jp-mlc-logs-status jp-mlc-logs-status-${status.state}`}
@@ -184,6 +212,10 @@ export function LogViewer({ job }: { job: Job }) {
         className="jp-mlc-log-scroller"
         ref={scroller}
         onScroll={onScroll}
+        onWheel={noteUserScroll}
+        onPointerDown={noteUserScroll}
+        onTouchStart={noteUserScroll}
+        onKeyDown={noteUserScroll}
         tabIndex={0}
         role="log"
         aria-live="off"

@@ -8,7 +8,9 @@ import { usePanel } from './context';
 /** Kubernetes object names: DNS-1123 labels. */
 const NAME_RE = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 
-export function notebookStatus(nb: NotebookServer): 'ready' | 'stopped' | 'failed' | 'starting' {
+export function notebookStatus(
+  nb: NotebookServer
+): 'ready' | 'stopped' | 'failed' | 'starting' {
   const phase = (nb.phase ?? '').toLowerCase();
   if (nb.stopped || phase === 'stopped') {
     return 'stopped';
@@ -59,24 +61,34 @@ function NotebookRow({ nb, now }: { nb: NotebookServer; now: number }) {
   };
 
   return (
-    <li className={`jp-mlc-nb jp-mlc-nb-${status}`} aria-label={`Notebook server ${nb.name}: ${nb.phase}`}>
+    <li
+      className={`jp-mlc-nb jp-mlc-nb-${status}`}
+      aria-label={`Notebook server ${nb.name}: ${nb.phase}`}
+    >
       <div className="jp-mlc-nb-head">
         <span className="jp-mlc-job-name">{nb.name}</span>
         <span className={`jp-mlc-state jp-mlc-state-${BADGE_COLOUR[status]}`}>
           <span className="jp-mlc-state-dot" aria-hidden="true" />
           {nb.phase || status}
         </span>
-        {nb.created && <span className="jp-mlc-hint">{formatAge(nb.created, now)}</span>}
+        {nb.created && (
+          <span className="jp-mlc-hint">{formatAge(nb.created, now)}</span>
+        )}
       </div>
       {status === 'starting' && (
         <div className="jp-mlc-nb-progress" role="status">
-          <div className="jp-mlc-progress jp-mlc-progress-indeterminate" aria-hidden="true">
+          <div
+            className="jp-mlc-progress jp-mlc-progress-indeterminate"
+            aria-hidden="true"
+          >
             <div className="jp-mlc-progress-fill" />
           </div>
           <span className="jp-mlc-hint">{nb.message || 'Starting…'}</span>
         </div>
       )}
-      {status !== 'starting' && nb.message && <div className="jp-mlc-hint">{nb.message}</div>}
+      {status !== 'starting' && nb.message && (
+        <div className="jp-mlc-hint">{nb.message}</div>
+      )}
       {error && (
         <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
           {error}
@@ -95,15 +107,30 @@ function NotebookRow({ nb, now }: { nb: NotebookServer; now: number }) {
           </a>
         )}
         {status === 'stopped' ? (
-          <button className="jp-mlc-button" disabled={busy} onClick={() => act(() => api.startNotebook(nb.name))} aria-label={`Start notebook server ${nb.name}`}>
+          <button
+            className="jp-mlc-button"
+            disabled={busy}
+            onClick={() => act(() => api.startNotebook(nb.name))}
+            aria-label={`Start notebook server ${nb.name}`}
+          >
             Start
           </button>
         ) : (
-          <button className="jp-mlc-button" disabled={busy} onClick={() => act(() => api.stopNotebook(nb.name))} aria-label={`Stop notebook server ${nb.name}`}>
+          <button
+            className="jp-mlc-button"
+            disabled={busy}
+            onClick={() => act(() => api.stopNotebook(nb.name))}
+            aria-label={`Stop notebook server ${nb.name}`}
+          >
             Stop
           </button>
         )}
-        <button className="jp-mlc-button" disabled={busy} onClick={remove} aria-label={`Delete notebook server ${nb.name}`}>
+        <button
+          className="jp-mlc-button"
+          disabled={busy}
+          onClick={remove}
+          aria-label={`Delete notebook server ${nb.name}`}
+        >
           Delete
         </button>
       </div>
@@ -140,7 +167,11 @@ function SpawnForm() {
   };
 
   return (
-    <form className="jp-mlc-spawn" onSubmit={submit} aria-label="New notebook server">
+    <form
+      className="jp-mlc-spawn"
+      onSubmit={submit}
+      aria-label="New notebook server"
+    >
       <input
         className="jp-mlc-input"
         value={name}
@@ -156,12 +187,17 @@ function SpawnForm() {
         aria-label="Container image of the new notebook server (optional)"
         onChange={e => setImage(e.target.value.trim())}
       />
-      <button className="jp-mlc-button jp-mlc-button-accept" type="submit" disabled={busy || !name || invalid}>
+      <button
+        className="jp-mlc-button jp-mlc-button-accept"
+        type="submit"
+        disabled={busy || !name || invalid}
+      >
         Spawn
       </button>
       {invalid && (
         <div className="jp-mlc-hint jp-mlc-invalid" role="alert">
-          Lower-case letters, digits and “-”, starting and ending with a letter or digit.
+          Lower-case letters, digits and “-”, starting and ending with a letter
+          or digit.
         </div>
       )}
       {error && (
@@ -196,7 +232,11 @@ export function NotebooksSection({
     );
   }
   if (error?.missingExtension || (notebooks === null && store.problem)) {
-    return <div className="jp-mlc-hint">Unavailable until the server extension answers.</div>;
+    return (
+      <div className="jp-mlc-hint">
+        Unavailable until the server extension answers.
+      </div>
+    );
   }
   if (error) {
     return (
@@ -208,7 +248,9 @@ export function NotebooksSection({
   if (notebooks === null) {
     return <div className="jp-mlc-hint">Loading…</div>;
   }
-  const list = Object.values(notebooks).sort((a, b) => a.name.localeCompare(b.name));
+  const list = Object.values(notebooks).sort((a, b) =>
+    a.name.localeCompare(b.name)
+  );
   return (
     <div className="jp-mlc-notebooks">
       {list.length === 0 ? (

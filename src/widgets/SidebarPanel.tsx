@@ -7,7 +7,13 @@ import { ClusterSection } from './ClusterSection';
 import { JobDetail } from './JobDetail';
 import { JobList } from './JobList';
 import { NotebooksSection } from './NotebooksSection';
-import { PanelContext, PanelContextValue, useNow, usePanel, useStore } from './context';
+import {
+  PanelContext,
+  PanelContextValue,
+  useNow,
+  usePanel,
+  useStore
+} from './context';
 
 function Section({
   id,
@@ -46,14 +52,23 @@ function Section({
   );
 }
 
-function ConnectionBanner({ status, now }: { status: ConnectionStatus; now: number }) {
+function ConnectionBanner({
+  status,
+  now
+}: {
+  status: ConnectionStatus;
+  now: number;
+}) {
   const { store } = usePanel();
   const problem = store.problem;
   if (problem) {
     return (
       <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
         <div>{problem.message}</div>
-        <button className="jp-mlc-button jp-mlc-button-small" onClick={() => void store.refreshNow()}>
+        <button
+          className="jp-mlc-button jp-mlc-button-small"
+          onClick={() => void store.refreshNow()}
+        >
           Retry now
         </button>
       </div>
@@ -62,14 +77,20 @@ function ConnectionBanner({ status, now }: { status: ConnectionStatus; now: numb
   if (status.state !== 'waiting') {
     return null;
   }
-  const seconds = status.retryAt ? Math.max(0, Math.ceil((status.retryAt - now) / 1000)) : 0;
+  const seconds = status.retryAt
+    ? Math.max(0, Math.ceil((status.retryAt - now) / 1000))
+    : 0;
   return (
     <div className="jp-mlc-banner jp-mlc-banner-warn" role="status">
       <div>
-        Lost the connection to the server{status.lastError ? ` (${status.lastError})` : ''}.
-        Reconnecting{seconds ? ` in ${seconds}s` : '…'}
+        Lost the connection to the server
+        {status.lastError ? ` (${status.lastError})` : ''}. Reconnecting
+        {seconds ? ` in ${seconds}s` : '…'}
       </div>
-      <button className="jp-mlc-button jp-mlc-button-small" onClick={() => void store.refreshNow()}>
+      <button
+        className="jp-mlc-button jp-mlc-button-small"
+        onClick={() => void store.refreshNow()}
+      >
         Retry now
       </button>
     </div>
@@ -92,7 +113,11 @@ function Panel() {
   const jobs = sortedJobs(state.jobs);
   const selectedJob = selected ? state.jobs[selected] : undefined;
   const connection =
-    store.mode === 'poll' ? (store.problem ? 'offline' : 'polling') : CONNECTION_TEXT[store.connection.state];
+    store.mode === 'poll'
+      ? store.problem
+        ? 'offline'
+        : 'polling'
+      : CONNECTION_TEXT[store.connection.state];
 
   return (
     <div className="jp-mlc-panel">
@@ -123,7 +148,9 @@ function Panel() {
             {state.synced || jobs.length ? (
               <JobList jobs={jobs} now={now} />
             ) : (
-              <div className="jp-mlc-hint">{store.problem ? 'Jobs are unavailable.' : 'Loading…'}</div>
+              <div className="jp-mlc-hint">
+                {store.problem ? 'Jobs are unavailable.' : 'Loading…'}
+              </div>
             )}
           </Section>
           <Section id="cluster" title="Cluster">

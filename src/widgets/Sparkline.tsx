@@ -12,7 +12,13 @@ export interface SparklineProps {
 }
 
 /** A tiny line chart; the label is read out instead of the drawing. */
-export function Sparkline({ values, max, label, width = 64, height = 16 }: SparklineProps) {
+export function Sparkline({
+  values,
+  max,
+  label,
+  width = 64,
+  height = 16
+}: SparklineProps) {
   const points = sparklinePoints(values, width, height, max);
   return (
     <svg

@@ -12,7 +12,10 @@ export interface PanelSettings {
   followLogs: boolean;
 }
 
-export const DEFAULT_SETTINGS: PanelSettings = { logTailLines: 100000, followLogs: true };
+export const DEFAULT_SETTINGS: PanelSettings = {
+  logTailLines: 100000,
+  followLogs: true
+};
 
 export interface PanelContextValue {
   store: PanelStore;

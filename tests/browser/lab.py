@@ -64,8 +64,9 @@ class Lab:
 
     @property
     def lab_url(self) -> str:
-        """Opening this logs the browser in (the token becomes a cookie)."""
-        return f"{self.url}lab?token={self.token}"
+        """Opening this logs the browser in (the token becomes a cookie) and starts from an
+        empty layout (`reset`), whatever an earlier page of the same server left open."""
+        return f"{self.url}lab?reset&token={self.token}"
 
     def api(self, path: str, method: str = "GET") -> tuple[int, bytes]:
         """A plain authenticated request to the server (status, body), no exceptions."""
@@ -184,6 +185,12 @@ def browser_page(
 def open_lab(page, lab: Lab, timeout: float = 60_000) -> None:
     """Load JupyterLab and wait until its shell is up and the launcher or a document shows."""
     page.goto(lab.lab_url, timeout=timeout)
+    wait_for_lab(page, timeout)
+
+
+def wait_for_lab(page, timeout: float = 60_000) -> None:
+    """After a (re)load: JupyterLab removes its splash once the layout is restored."""
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout)
     page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=timeout)
     page.wait_for_selector(".jp-SideBar.jp-mod-left", state="visible", timeout=timeout)
     # Plugins activate after the shell appears; wait for ours to add its tab.
@@ -195,10 +202,19 @@ def sidebar_tab_selector() -> str:
 
 
 def open_sidebar(page, timeout: float = 30_000):
-    """Show the Distributed jobs panel (click its tab unless it is already open)."""
+    """Show the Distributed jobs panel (click its tab unless it is already open: the restored
+    layout may have it open, and clicking the current tab would collapse it)."""
     panel = page.locator(SIDEBAR)
-    if not panel.is_visible():
-        page.click(sidebar_tab_selector())
+    tab = page.locator(sidebar_tab_selector())
+    tab.wait_for(timeout=timeout)
+    for _ in range(2):
+        if panel.is_visible():
+            break
+        tab.click()
+        try:
+            panel.wait_for(state="visible", timeout=3_000)
+        except Exception:  # a restore raced the click and collapsed it again: once more
+            continue
     panel.wait_for(state="visible", timeout=timeout)
     return panel
 
