@@ -1,16 +1,8 @@
-import { ApiError, MlclusterApi } from '../model/api';
-import { TestServer, fetchTransport, makeJob, sendJson } from './helpers';
+import { ApiError } from '../model/api';
+import { makeJob, sendJson, serverForTests } from './helpers';
 
 describe('REST client over real HTTP', () => {
-  const server = new TestServer();
-  const api = new MlclusterApi(fetchTransport(() => server.base));
-
-  beforeAll(() => server.start(0));
-  afterAll(() => server.stop());
-  beforeEach(() => {
-    server.routes.clear();
-    server.requests.length = 0;
-  });
+  const { server, api } = serverForTests();
 
   it('sends the token and reads jobs, bare or wrapped in a page', async () => {
     const job = makeJob();

@@ -6,7 +6,7 @@ import * as http from 'http';
 import { AddressInfo } from 'net';
 import { WebSocket, WebSocketServer } from 'ws';
 
-import { Transport } from '../model/api';
+import { MlclusterApi, Transport } from '../model/api';
 import { SocketLike } from '../model/events';
 
 export type Route = (
@@ -181,4 +181,19 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     })),
     ...overrides
   };
+}
+
+/**
+ * For a describe block: one server for all its tests (routes and request log cleared
+ * before each) and an API client pointed at it.
+ */
+export function serverForTests(): { server: TestServer; api: MlclusterApi } {
+  const server = new TestServer();
+  beforeAll(() => server.start(0));
+  afterAll(() => server.stop());
+  beforeEach(() => {
+    server.routes.clear();
+    server.requests.length = 0;
+  });
+  return { server, api: new MlclusterApi(fetchTransport(() => server.base)) };
 }

@@ -1,9 +1,8 @@
 import * as http from 'http';
 
-import { MlclusterApi } from '../model/api';
 import { FollowState, followLogs } from '../model/logs';
 import { LogLine } from '../model/types';
-import { TestServer, fetchTransport, sendJson } from './helpers';
+import { TestServer, sendJson, serverForTests } from './helpers';
 
 const FAST = { initial: 5, max: 20, jitter: 0 };
 
@@ -61,15 +60,7 @@ const names = (from: number, to: number) =>
   Array.from({ length: to - from }, (_, i) => `line ${from + i}`);
 
 describe('following logs', () => {
-  const server = new TestServer();
-  const api = new MlclusterApi(fetchTransport(() => server.base));
-
-  beforeAll(() => server.start(0));
-  afterAll(() => server.stop());
-  beforeEach(() => {
-    server.routes.clear();
-    server.requests.length = 0;
-  });
+  const { server, api } = serverForTests();
 
   it('a finished job: pages through with the cursor, then stops', async () => {
     const log = new FakeLog();

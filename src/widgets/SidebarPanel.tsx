@@ -52,6 +52,18 @@ function Section({
   );
 }
 
+function RetryButton() {
+  const { store } = usePanel();
+  return (
+    <button
+      className="jp-mlc-button jp-mlc-button-small"
+      onClick={() => void store.refreshNow()}
+    >
+      Retry now
+    </button>
+  );
+}
+
 function ConnectionBanner({
   status,
   now
@@ -65,12 +77,7 @@ function ConnectionBanner({
     return (
       <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
         <div>{problem.message}</div>
-        <button
-          className="jp-mlc-button jp-mlc-button-small"
-          onClick={() => void store.refreshNow()}
-        >
-          Retry now
-        </button>
+        <RetryButton />
       </div>
     );
   }
@@ -87,12 +94,7 @@ function ConnectionBanner({
         {status.lastError ? ` (${status.lastError})` : ''}. Reconnecting
         {seconds ? ` in ${seconds}s` : '…'}
       </div>
-      <button
-        className="jp-mlc-button jp-mlc-button-small"
-        onClick={() => void store.refreshNow()}
-      >
-        Retry now
-      </button>
+      <RetryButton />
     </div>
   );
 }
