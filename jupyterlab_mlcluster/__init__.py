@@ -102,3 +102,12 @@ def __getattr__(name: str):
 
         return Job
     raise AttributeError(name)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where `jupyter labextension develop .` finds the built sidebar (a source checkout).
+
+    Installed wheels ship it under share/jupyter/labextensions instead (pyproject
+    shared-data), so this is only used for development installs.
+    """
+    return [{"src": "../labextension", "dest": "jupyterlab-mlcluster"}]
