@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
@@ -77,6 +79,23 @@ class MLClusterApp(ExtensionApp):
         "are always included; older ones are available from GET /jobs).",
     ).tag(config=True)
 
+    switch_interval = Float(
+        0.001,
+        help="Python's thread switch interval (sys.setswitchinterval) for the server process, "
+        "in seconds; 0 leaves Python's default (0.005). The event loop shares the GIL with the "
+        "executor threads that read the job store and logs; each time the loop returns from "
+        "I/O it may wait this long for the GIL, so a shorter interval keeps it responsive "
+        "while jobs print heavily.",
+    ).tag(config=True)
+
+    freeze_gc_on_start = Bool(
+        True,
+        help="Call gc.freeze() once the server has started: the objects of a started server "
+        "(modules, classes, settings) live as long as it does, and a full garbage collection "
+        "walking all of them stalls the event loop for a long time on a big heap (hundreds of "
+        "ms on a slow machine). Frozen objects are not scanned; new ones are collected as usual.",
+    ).tag(config=True)
+
     notebook_namespace = Unicode(
         "",
         help="Namespace of the users' Notebook objects ('' = MLClusterConfig.kubernetes_namespace, "
@@ -92,6 +111,8 @@ class MLClusterApp(ExtensionApp):
     # -- setup ------------------------------------------------------------------------------
 
     def initialize_settings(self) -> None:
+        if self.switch_interval > 0:
+            sys.setswitchinterval(self.switch_interval)
         self.mlconfig = MLClusterConfig(parent=self)
         self.service = JobService(config=self.mlconfig)
         self.executor = ThreadPoolExecutor(self.executor_threads, thread_name_prefix="mlcluster")
@@ -109,6 +130,7 @@ class MLClusterApp(ExtensionApp):
         )
         # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
+        self._stopped = False
         self.job_cwd = os.path.abspath(os.path.expanduser(self.serverapp.root_dir))
         self.log.info("mlcluster: job store %s, backend %s", self.service.store.root, self.mlconfig.default_backend)
 
@@ -121,6 +143,8 @@ class MLClusterApp(ExtensionApp):
         if reaped:
             self.log.info("mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped)
         self.broadcaster.ensure_started()
+        if self.freeze_gc_on_start:
+            gc.freeze()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking work in the extension's executor."""
@@ -130,6 +154,9 @@ class MLClusterApp(ExtensionApp):
     # -- shutdown ---------------------------------------------------------------------------
 
     async def stop_extension(self) -> None:
+        if getattr(self, "_stopped", True):
+            return  # never started, or already stopped
+        self._stopped = True
         if self.cancel_jobs_on_shutdown:
             kernel_ids = set(self.serverapp.kernel_manager.list_kernel_ids())
             try:

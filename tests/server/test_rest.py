@@ -16,6 +16,8 @@ from jupyter_server.serverapp import JupyterServerAuthWarning, ServerWebApplicat
 from jupyterlab_mlcluster.server.app import MLClusterApp, route_pattern, routes
 from jupyterlab_mlcluster.server.openapi import build_document
 
+from .helpers import submit, wait_final
+
 API = "mlcluster/api"
 
 # Every operation of the document, with a path that reaches its handler.
@@ -26,23 +28,6 @@ OPERATIONS = [
     ("GET", "notebooks"), ("POST", "notebooks"), ("GET", "notebooks/nb"), ("DELETE", "notebooks/nb"),
     ("POST", "notebooks/nb/stop"), ("POST", "notebooks/nb/start"),
 ]
-
-
-async def wait_final(api, job_id: str, timeout: float = 60.0) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        code, job, _ = await api("GET", "jobs", job_id)
-        assert code == 200
-        if job["state"] in ("succeeded", "failed", "cancelled"):
-            return job
-        assert asyncio.get_running_loop().time() < deadline, f"job still {job['state']}"
-        await asyncio.sleep(0.1)
-
-
-async def submit(api, code: str, **options) -> dict:
-    status, job, response = await api("POST", "jobs", body={"code": code, **options})
-    assert status == 201, job
-    return job
 
 
 # -- documentation and wiring -------------------------------------------------------------
@@ -117,13 +102,16 @@ async def test_unauthenticated_requests_are_rejected(api, method, path, store_di
     assert not (store_dir / "jobs").exists() or not any((store_dir / "jobs").iterdir())
 
 
-async def test_post_with_a_cookie_but_without_xsrf_is_rejected(api, jp_serverapp):
+async def test_post_with_a_cookie_but_without_xsrf_is_rejected(api, store_dir):
     # A browser session (cookie) must also send the XSRF token for anything that changes state.
     status, _, response = await api("GET", "cluster")
-    cookies = "; ".join(c.split(";")[0] for c in response.headers.get_list("Set-Cookie"))
-    assert cookies, "token login should set a session cookie"
-    status, error, _ = await api("POST", "jobs", body={"code": "pass"}, headers={"Authorization": "", "Cookie": cookies})
-    assert status == 403
+    cookie = "; ".join(c.split(";")[0] for c in response.headers.get_list("Set-Cookie"))
+    browser = {"Authorization": "", "Cookie": cookie, "Host": response.effective_url.split("/")[2]}
+    status, _, _ = await api("GET", "cluster", headers=browser)
+    assert status == 200, "the cookie alone authenticates reads"
+    status, error, _ = await api("POST", "jobs", body={"code": "pass"}, headers=browser)
+    assert status == 403 and "_xsrf" in error["message"]
+    assert not any((store_dir / "jobs").iterdir())
 
 
 # -- jobs ------------------------------------------------------------------------------------
