@@ -202,65 +202,88 @@ FLAT_OUT = textwrap.dedent(
 )
 
 
-async def measure_flat_out(api, jp_serverapp, jp_http_port, jp_base_url) -> dict:
-    """Loop lateness while a 4-rank job prints flat out, followed over REST and /events by
-    a client in another process (as a browser would be)."""
-    loop = asyncio.get_running_loop()
+class LoopLateness:
+    """A 10 ms periodic callback's lateness: how long the event loop could not run it.
+
+    Each tick also reads how long the loop thread sat runnable but off-CPU since the last
+    tick (Linux schedstat). That part is the OS giving the CPU to other processes (this is
+    a shared 2-core machine); the rest is the server's own doing: work on the loop, or the
+    GIL held by its threads."""
+
     interval = 0.01
-    lateness: list[float] = []
-    expected = [loop.time() + interval]
 
-    def tick() -> None:
-        now = loop.time()
-        lateness.append(now - expected[0])
-        expected[0] = now + interval
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.raw: list[float] = []
+        self.own: list[float] = []
+        self._schedstat = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+        self._expected = self.loop.time() + self.interval
+        self._waited = self._runqueue_wait()
+        self._ticker = PeriodicCallback(self._tick, self.interval * 1000)
 
-    ticker = PeriodicCallback(tick, interval * 1000)
-    ticker.start()
-    await asyncio.sleep(0.5)
-    idle = len(lateness)
-    job = await submit(api, FLAT_OUT, workers=4)
-    client = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).with_name("stream_client.py")),
-        f"http://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}", jp_serverapp.identity_provider.token, job["id"],
-        stdout=asyncio.subprocess.PIPE,
-    )
-    output, _ = await asyncio.wait_for(client.communicate(), 120)
-    ticker.stop()
+    def _runqueue_wait(self) -> float:
+        try:
+            return int(self._schedstat.read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0  # no schedstat: count everything as the server's
+
+    def _tick(self) -> None:
+        now, waited = self.loop.time(), self._runqueue_wait()
+        late = max(0.0, now - self._expected)
+        self.raw.append(late)
+        self.own.append(max(0.0, late - (waited - self._waited)))
+        self._expected, self._waited = now + self.interval, waited
+
+    def __enter__(self) -> "LoopLateness":
+        self._ticker.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ticker.stop()
+
+    @staticmethod
+    def summary(values: list[float]) -> tuple[float, float]:
+        ordered = sorted(values)
+        return ordered[-1], ordered[int(len(ordered) * 0.99)]
+
+
+async def test_event_loop_stays_responsive_while_four_ranks_print_flat_out(api, mlc, jp_serverapp, jp_http_port, jp_base_url):
+    """Worst event-loop stall < 50 ms while 4 ranks print as fast as they can, with a
+    websocket client and a log follower (in another process, as a browser would be)
+    connected.
+
+    The ranks lower their own CPU priority: this machine has 2 cores, and 4 flat-out ranks
+    plus their supervisor at equal priority would measure the OS scheduler's time slices
+    rather than anything the server does. For the same reason the assertion subtracts the
+    time the OS kept the loop thread waiting for a CPU (other tenants of this machine); the
+    raw lateness is printed beside it."""
+    with LoopLateness() as lateness:
+        await asyncio.sleep(0.5)
+        idle = len(lateness.raw)
+        job = await submit(api, FLAT_OUT, workers=4)
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("stream_client.py")),
+            f"http://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}", jp_serverapp.identity_provider.token, job["id"],
+            stdout=asyncio.subprocess.PIPE,
+        )
+        output, _ = await asyncio.wait_for(client.communicate(), 120)
     assert client.returncode == 0
     summary = json.loads(output)
     final = await wait_final(api, job["id"])
     assert final["state"] == "succeeded", final["error"]
     assert sorted(summary["stdout"]) == ["0", "1", "2", "3"]
     assert all(summary["in_order"].values()), "complete and in order"
-    busy = sorted(lateness[idle:])
-    result = {
-        "printed": sum(summary["stdout"].values()), "megabytes": summary["bytes"] / 1e6,
-        "ws_messages": summary["ws_messages"], "idle_worst": max(lateness[:idle]),
-        "worst": busy[-1], "p99": busy[int(len(busy) * 0.99)],
-    }
-    print("\n4 ranks printed {printed} lines ({megabytes:.0f} MB of NDJSON followed), {ws_messages} ws "
-          "messages; loop lateness idle worst {idle_worst:.3f} s, busy worst {worst:.3f} s, p99 {p99:.3f} s".format(**result))
-    return result
-
-
-async def test_event_loop_stays_responsive_while_four_ranks_print_flat_out(api, mlc, jp_serverapp, jp_http_port, jp_base_url):
-    """Worst event-loop stall < 50 ms while 4 ranks print as fast as they can, with a
-    websocket client and a log follower (in another process) connected.
-
-    The ranks lower their own CPU priority: this machine has 2 cores, and 4 flat-out ranks
-    plus their supervisor at equal priority would measure the OS scheduler's time slices
-    rather than anything the server does (an idle loop then shows 100+ ms "stalls"). The
-    machine is shared, so a burst of someone else's load can spoil one run: up to three
-    runs, the best must pass (a loop that really blocks fails all three)."""
-    runs = []
-    for _ in range(3):
-        runs.append(await measure_flat_out(api, jp_serverapp, jp_http_port, jp_base_url))
-        assert runs[-1]["printed"] > 10_000, "the ranks really printed flat out"
-        if runs[-1]["worst"] < 0.050:
-            break
-    best = min(run["worst"] for run in runs)
-    assert best < 0.050, f"event loop stalled {[round(r['worst'] * 1000) for r in runs]} ms"
+    printed = sum(summary["stdout"].values())
+    raw_worst, raw_p99 = LoopLateness.summary(lateness.raw[idle:])
+    own_worst, own_p99 = LoopLateness.summary(lateness.own[idle:])
+    print(
+        f"\n4 ranks printed {printed} lines ({summary['bytes'] / 1e6:.0f} MB of NDJSON followed), "
+        f"{summary['ws_messages']} ws messages; loop lateness over {len(lateness.raw) - idle} ticks: "
+        f"worst {raw_worst * 1000:.1f} ms (p99 {raw_p99 * 1000:.1f}), of which not waiting for a CPU: "
+        f"worst {own_worst * 1000:.1f} ms (p99 {own_p99 * 1000:.1f}); idle worst {max(lateness.raw[:idle]) * 1000:.1f} ms"
+    )
+    assert printed > 10_000, "the ranks really printed flat out"
+    assert own_worst < 0.050, f"event loop stalled {own_worst * 1000:.1f} ms"
 
 
 # -- shutdown --------------------------------------------------------------------------------
