@@ -662,6 +662,10 @@ def _python_regex(pattern: str) -> re.Pattern[str]:
 _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _ecma_pattern})
 
 
+# Query parameters jupyter_server itself reads on every request.
+JUPYTER_QUERY_PARAMETERS = frozenset({"token", "_xsrf", "no_track_activity"})
+
+
 class RequestError(ValueError):
     """A request that does not match the document; the message names what is wrong."""
 
@@ -704,11 +708,15 @@ class Validators:
     def query(self, path: str, method: str, arguments: dict[str, list[bytes]]) -> dict[str, Any]:
         """Query parameters of an operation, converted to their schema types and validated.
 
-        Unknown parameters are ignored (as most HTTP APIs do); declared ones must be valid."""
+        Unknown ones are refused (a misspelt filter must not silently match everything),
+        except those every Jupyter API takes (token, _xsrf, no_track_activity)."""
+        declared = [p for p in self.parameters(path, method) if p["in"] == "query"]
+        unknown = sorted(set(arguments) - {p["name"] for p in declared} - JUPYTER_QUERY_PARAMETERS)
+        if unknown:
+            takes = ", ".join(p["name"] for p in declared) or "none"
+            raise RequestError(f"unknown query parameter(s): {', '.join(unknown)} (this operation takes: {takes})")
         values: dict[str, Any] = {}
-        for param in self.parameters(path, method):
-            if param["in"] != "query":
-                continue
+        for param in declared:
             name, schema = param["name"], param["schema"]
             raw = [v.decode("utf-8", "replace") for v in arguments.get(name, [])]
             if not raw:

@@ -182,3 +182,13 @@ def live_server(tmp_path, store_dir):
     yield start
     for server in servers:
         server.stop()
+    # Whatever the servers left running (they leave jobs running by design) is stopped here.
+    from conftest import assert_no_job_processes
+
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    service = JobService()
+    for record in service.store.list_jobs()[0]:
+        if not record.final:
+            service.cancel(record.id)
+    assert_no_job_processes(service)
