@@ -14,12 +14,12 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
-
-from traitlets import Bool, Float, Int, Unicode
+from typing import Any, TypeVar
 
 from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Float, Int, Unicode
 
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
@@ -45,7 +45,7 @@ def routes() -> list[tuple[str, type]]:
 class MLClusterApp(ExtensionApp):
     name = "mlcluster"
     load_other_extensions = True
-    classes = [*ExtensionApp.classes, MLClusterConfig]
+    classes = [*ExtensionApp.classes, MLClusterConfig]  # noqa: RUF012 - traitlets' own pattern
 
     executor_threads = Int(
         8,
@@ -163,7 +163,7 @@ class MLClusterApp(ExtensionApp):
                 cancelled = await self.run(self._cancel_own_jobs, kernel_ids)
                 if cancelled:
                     self.log.info("mlcluster: cancelled %d job(s) on shutdown: %s", len(cancelled), cancelled)
-            except Exception:  # noqa: BLE001 - shutting down regardless
+            except Exception:
                 self.log.exception("mlcluster: cancelling jobs on shutdown failed")
         await self.broadcaster.stop()
         await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)

@@ -15,14 +15,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterator
-
-from tornado import web
-from tornado.websocket import WebSocketClosedError, WebSocketHandler
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from ..jobs.store import UnknownJob
 from ..jobs.watch import StoreWatcher
@@ -83,7 +83,7 @@ class EventBroadcaster:
 
     def __init__(
         self,
-        service: "JobService",
+        service: JobService,
         *,
         poll_interval: float = 0.05,
         max_rate: float = 10.0,
@@ -128,7 +128,7 @@ class EventBroadcaster:
         self._subscribers.discard(subscriber)
         subscriber.close()
 
-    def job_changed(self, job_id: str) -> "_JobWaiter":
+    def job_changed(self, job_id: str) -> _JobWaiter:
         """`with broadcaster.job_changed(id) as changed: await changed.wait()` wakes on any
         change of that job (state, ranks, new log lines); used to follow logs without polling."""
         return _JobWaiter(self, job_id)
@@ -208,7 +208,7 @@ class EventBroadcaster:
                     if messages or touched:
                         self._call_soon(self._publish, messages, touched)
                     self.service.reap()  # settle jobs whose supervisors died (self-throttled)
-                except Exception:  # noqa: BLE001 - the stream must outlive one bad read
+                except Exception:
                     log.exception("mlcluster event watcher")
                     self._stop.wait(1.0)
                 self._stop.wait(self.poll_interval)
@@ -262,7 +262,7 @@ class _JobWaiter:
         self._broadcaster._job_waiters.setdefault(self._job_id, set()).add(self.event)
         return self.event
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         waiters = self._broadcaster._job_waiters.get(self._job_id)
         if waiters is not None:
             waiters.discard(self.event)

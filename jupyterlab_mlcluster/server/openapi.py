@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from typing import Any
 
@@ -33,6 +34,10 @@ MEMORY_PATTERN = r"^[1-9][0-9]{0,17}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|Pi|Ei|kB|KB|MB|G
 DURATION_PATTERN = r"^[1-9][0-9]{0,8}(\.[0-9]{1,6})?((ms|s|m|h|d)([0-9]{1,9}(\.[0-9]{1,6})?(ms|s|m|h|d)){0,4})?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# Container image references and scheduler queue names, in plain ASCII (regex dialects
+# disagree on what `\s` means beyond it).
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
+QUEUE_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 CURSOR_PATTERN = r"^[0-9]{1,6}:[0-9]{1,18}(,[0-9]{1,6}:[0-9]{1,18}){0,1023}$"
 # DNS-1123 label, short enough to leave room for the suffixes of the objects it names.
 NOTEBOOK_NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -116,13 +121,13 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 },
                 "framework": {"enum": list(FRAMEWORKS)},
                 "backend": {"enum": list(BACKENDS)},
-                "image": {"type": "string", "pattern": r"^[^\s]{1,512}$"},
+                "image": {"type": "string", "pattern": IMAGE_PATTERN},
                 "name": {"type": "string", "pattern": NAME_PATTERN},
                 "env": {
                     "type": "object",
                     "maxProperties": 256,
                     "propertyNames": {"pattern": ENV_NAME_PATTERN, "not": {"enum": sorted(RESERVED_ENV)}},
-                    "additionalProperties": {"type": "string", "maxLength": 65536},
+                    "additionalProperties": {"type": "string", "maxLength": 65536, "pattern": "^[^\\u0000]*$"},
                 },
                 "timeout": {
                     "description": "Fail the job after this long: seconds, or a duration like '30m', '1h30m'.",
@@ -132,7 +137,7 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                     ],
                 },
                 "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1000},
-                "queue": {"type": "string", "pattern": r"^\S{1,253}$"},
+                "queue": {"type": "string", "pattern": QUEUE_PATTERN},
                 "priority": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1},
                 "pull": {
                     "type": "array",
@@ -287,7 +292,7 @@ def _schemas(max_workers: int) -> dict[str, Any]:
             "required": ["name"],
             "properties": {
                 "name": {"type": "string", "pattern": NOTEBOOK_NAME_PATTERN},
-                "image": {"type": "string", "pattern": r"^[^\s]{1,512}$"},
+                "image": {"type": "string", "pattern": IMAGE_PATTERN},
                 "cpus": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024},
                 "memory": {"type": "string", "pattern": MEMORY_PATTERN},
                 "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
@@ -702,6 +707,10 @@ class Validators:
             raise RequestError(f"the request body must be JSON: {exc}") from None
         if value is None:
             raise RequestError("the request body must be a JSON object")
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("the request body must be valid Unicode (it has a lone surrogate)") from None
         self.check(schema, value, "body")
         return value
 
@@ -754,8 +763,8 @@ def _convert(name: str, schema: dict[str, Any], raw: list[str]) -> Any:
         try:
             number = float(text)
         except ValueError:
-            number = float("nan")
-        if number != number or number in (float("inf"), float("-inf")):
+            number = math.nan
+        if not math.isfinite(number):
             raise RequestError(f"{name}: must be a number, got {text!r}")
         return number
     if kind == "boolean":

@@ -17,6 +17,6 @@ async def wait_final(api, job_id: str, timeout: float = 60.0) -> dict:
 
 
 async def submit(api, code: str, **options) -> dict:
-    status, job, response = await api("POST", "jobs", body={"code": code, **options})
+    status, job, _ = await api("POST", "jobs", body={"code": code, **options})
     assert status == 201, job
     return job

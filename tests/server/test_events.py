@@ -15,9 +15,10 @@ import pytest
 import tornado.httpclient
 import tornado.websocket
 from tornado.ioloop import PeriodicCallback
+from typing_extensions import Self
 
-from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.jobs.model import JobSpec
+from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 from .helpers import submit, wait_final
@@ -180,7 +181,7 @@ async def test_follow_streams_until_the_job_ends(api, mlc, jp_fetch):
     out = [l for l in lines if l["stream"] == "stdout"]
     for rank in (0, 1):
         assert [l["line"] for l in out if l["rank"] == rank] == [f"{rank}:{i}" for i in range(5)]
-    status, job_now, _ = await api("GET", "jobs", job["id"])
+    _status, job_now, _ = await api("GET", "jobs", job["id"])
     assert job_now["state"] == "succeeded", "the stream ends only when the job is final"
     finished = datetime.datetime.fromisoformat(job_now["finished"].replace("Z", "+00:00")).timestamp()
     assert len(arrivals) > 2 and arrivals[0] < finished - 0.5, "lines arrive while the job runs"
@@ -234,7 +235,7 @@ class LoopLateness:
         self.own.append(max(0.0, late - (waited - self._waited)))
         self._expected, self._waited = now + self.interval, waited
 
-    def __enter__(self) -> "LoopLateness":
+    def __enter__(self) -> Self:
         self._ticker.start()
         return self
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
-from collections import Counter
 import textwrap
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -18,7 +18,7 @@ from schemathesis.config import SchemathesisConfig
 
 from jupyterlab_mlcluster.server.notebooks import NO_CLUSTER
 
-from .conftest import TOKEN
+from .live import TOKEN
 
 COUNTING = textwrap.dedent(
     """
@@ -65,13 +65,13 @@ def test_sigkill_the_server_while_a_job_runs_then_restart(live_server):
 
 def test_stopping_the_server_keeps_jobs_unless_configured(live_server):
     keeps = live_server()
-    status, job = keeps.request("POST", "jobs", {"code": COUNTING.format(lines=20, pause=0.1)})
+    _, job = keeps.request("POST", "jobs", {"code": COUNTING.format(lines=20, pause=0.1)})
     wait_state(keeps, job["id"], ("running",))
     keeps.kill(signal.SIGTERM)  # a clean shutdown
     cancels = live_server("--MLClusterApp.cancel_jobs_on_shutdown=True")
     assert wait_state(cancels, job["id"], ("succeeded",))["state"] == "succeeded", "it ran on to the end"
 
-    status, own = cancels.request("POST", "jobs", {"code": COUNTING.format(lines=300, pause=0.1)})
+    _status, own = cancels.request("POST", "jobs", {"code": COUNTING.format(lines=300, pause=0.1)})
     wait_state(cancels, own["id"], ("running",))
     cancels.kill(signal.SIGTERM)
     after = live_server()
@@ -140,7 +140,7 @@ def test_api_conforms_to_its_openapi_document(api_schema):
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            def run(case):
+            def run(case, operation=operation, excluded=excluded):
                 response = case.call_and_validate(
                     timeout=60,
                     excluded_checks=excluded,

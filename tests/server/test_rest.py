@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import textwrap
 import warnings
 
 import pytest
+from jupyter_server.serverapp import JupyterServerAuthWarning, ServerWebApplication
 from tornado import web
 
-from jupyter_server.serverapp import JupyterServerAuthWarning, ServerWebApplication
-
-from jupyterlab_mlcluster.server.app import MLClusterApp, route_pattern, routes
+from jupyterlab_mlcluster.server.app import route_pattern, routes
 from jupyterlab_mlcluster.server.openapi import build_document
 
 from .helpers import submit, wait_final
@@ -97,7 +95,7 @@ async def test_server_config_reaches_the_engine_and_the_schema(api, mlc):
 async def test_unauthenticated_requests_are_rejected(api, method, path, store_dir):
     for headers in ({"Authorization": "token wrong"}, {"Authorization": ""}):
         body = "{}" if method == "POST" else None
-        status, data, _ = await api(method, *path.split("/"), body=body, headers=headers)
+        status, _data, _ = await api(method, *path.split("/"), body=body, headers=headers)
         assert status == 403, (method, path, status)
     assert not (store_dir / "jobs").exists() or not any((store_dir / "jobs").iterdir())
 
@@ -191,6 +189,8 @@ async def test_list_filters_and_paging(api, mlc):
         ({"code": "pass", "name": "ok\n"}, "name"),
         ({"code": "pass", "env": {"RANK": "3"}}, "env"),
         ({"code": "pass", "env": {"A": 1}}, "env"),
+        ({"code": "pass", "env": {"A": "nul\u0000byte"}}, "env"),
+        ({"code": "pass", "image": "x\u001cy"}, "image"),
         ({"code": "pass", "push": ["x"]}, "unknown option"),
         ({"code": 12}, "code"),
         ([1, 2], "object"),
@@ -203,7 +203,7 @@ async def test_submit_validation_errors(api, store_dir, body, fragment):
     assert not any((store_dir / "jobs").iterdir()), "nothing may be stored for a bad request"
 
 
-@pytest.mark.parametrize("raw", ["", "{", "not json", '{"code": "pass", "cpus": NaN}', "null"])
+@pytest.mark.parametrize("raw", ["", "{", "not json", '{"code": "pass", "cpus": NaN}', "null", '{"code": "\\ud800"}'])
 async def test_submit_rejects_bodies_that_are_not_json_objects(api, raw, store_dir):
     status, error, _ = await api("POST", "jobs", body=raw)
     assert status == 400 and error["message"]
@@ -300,7 +300,7 @@ async def test_cancel_and_purge(api, mlc, store_dir):
     assert all(r["state"] in ("cancelled", "failed") for r in cancelled["ranks"])
     status, again, _ = await api("DELETE", "jobs", job["id"])  # idempotent
     assert status == 200 and again["state"] == "cancelled"
-    status, _, response = await api("DELETE", "jobs", job["id"], params={"purge": "true"})
+    status, _, _ = await api("DELETE", "jobs", job["id"], params={"purge": "true"})
     assert status == 204
     status, _, _ = await api("GET", "jobs", job["id"])
     assert status == 404
