@@ -23,7 +23,13 @@ from tornado.iostream import StreamClosedError
 from ..jobs.model import JobSpec, JobState, SpecError
 from ..jobs.store import UnknownJob
 from ..runtime.payload import Payload, PayloadError
-from .notebooks import ClusterUnavailable, NotebookExists, NotebookNotFound, kubernetes_problem
+from .notebooks import (
+    ClusterUnavailable,
+    KubernetesApiError,
+    NotebookExists,
+    NotebookNotFound,
+    kubernetes_problem,
+)
 from .openapi import API_PREFIX, JOB_REF_PATTERN, NOTEBOOK_NAME_PATTERN, RequestError
 
 if TYPE_CHECKING:
@@ -327,6 +333,8 @@ class NotebookHandlerBase(MLClusterHandler):
             raise web.HTTPError(404, str(exc)) from None
         except NotebookExists as exc:
             raise web.HTTPError(409, str(exc)) from None
+        except KubernetesApiError as exc:
+            raise web.HTTPError(502, str(exc)) from None
         except ValueError as exc:
             raise web.HTTPError(400, str(exc)) from None
 

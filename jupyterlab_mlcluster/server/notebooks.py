@@ -10,12 +10,14 @@ API server.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ KIND = "Notebook"
 STOPPED_ANNOTATION = "mlcluster.io/stopped"
 OWNER_LABEL = "mlcluster.io/owner"
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 NO_CLUSTER = "no Kubernetes cluster is configured"
 
 
@@ -40,6 +43,10 @@ class NotebookNotFound(KeyError):
 
 class NotebookExists(RuntimeError):
     pass
+
+
+class KubernetesApiError(RuntimeError):
+    """The API server refused a request (e.g. RBAC); the message carries its reason."""
 
 
 # -- pure builders ---------------------------------------------------------------------------
@@ -105,23 +112,31 @@ def rfc3339_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def kubeconfig_files() -> list[str]:
+    """The kubeconfig files in use ($KUBECONFIG, else ~/.kube/config) that exist. Read at
+    each call: the kubernetes package reads $KUBECONFIG only once, when imported."""
+    paths = [p for p in os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep) if p]
+    return [str(Path(p).expanduser()) for p in paths if Path(p).expanduser().is_file()]
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and Path(SERVICE_ACCOUNT_TOKEN).exists()
+
+
 def kubernetes_problem() -> str | None:
     """Why this server cannot reach a Kubernetes cluster, or None if it can try."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and Path(SERVICE_ACCOUNT_TOKEN).exists():
+    if in_cluster():
         return None
-    paths = [p for p in os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep) if p]
-    existing = [p for p in paths if Path(p).expanduser().is_file()]
-    if not existing:
-        return (
-            f"{NO_CLUSTER}: this server is not running in a cluster and has no kubeconfig "
-            f"({', '.join(paths)} not found; set KUBECONFIG)"
-        )
+    files = kubeconfig_files()
+    if not files:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return f"{NO_CLUSTER}: this server is not running in a cluster and has no kubeconfig ({where} not found)"
     try:
         from kubernetes import client, config
 
-        config.load_kube_config(client_configuration=client.Configuration())
+        config.load_kube_config(config_file=os.pathsep.join(files), client_configuration=client.Configuration())
     except Exception as exc:  # noqa: BLE001 - any reason the kubeconfig is unusable
-        return f"{NO_CLUSTER}: the kubeconfig {', '.join(existing)} cannot be used ({exc})"
+        return f"{NO_CLUSTER}: the kubeconfig {os.pathsep.join(files)} cannot be used ({exc})"
     return None
 
 
@@ -154,40 +169,68 @@ class NotebookService:
             if self._api is None:
                 from kubernetes import client, config
 
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-                self._api = client.CustomObjectsApi()
+                configuration = client.Configuration()
+                if in_cluster():
+                    config.load_incluster_config(client_configuration=configuration)
+                else:
+                    config.load_kube_config(
+                        config_file=os.pathsep.join(kubeconfig_files()), client_configuration=configuration
+                    )
+                self._api = client.CustomObjectsApi(client.ApiClient(configuration))
             return self._api
 
+    @contextlib.contextmanager
+    def _api_errors(self) -> Iterator[None]:
+        """API failures -> this module's errors (404/409 stay with the callers that expect them)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            yield
+        except ApiException as exc:
+            if exc.status == 404:
+                raise
+            if exc.status == 409:
+                raise
+            raise KubernetesApiError(f"the Kubernetes API refused the request: {exc.status} {exc.reason}") from None
+        except (HTTPError, OSError) as exc:
+            self._probed = 0.0  # look again next time
+            raise ClusterUnavailable(f"the Kubernetes API server cannot be reached: {exc}") from None
+
     def _namespace(self) -> str:
+        """The configured namespace, else this pod's, else the kubeconfig context's, else 'default'."""
         if self.namespace:
             return self.namespace
-        try:
-            return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
-        except OSError:
-            return "default"
+        if in_cluster():
+            with contextlib.suppress(OSError):
+                return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+        with contextlib.suppress(Exception):
+            from kubernetes import config
+
+            _, active = config.list_kube_config_contexts(config_file=os.pathsep.join(kubeconfig_files()))
+            if active and active.get("context", {}).get("namespace"):
+                return active["context"]["namespace"]
+        return "default"
 
     def _get_owned(self, user: str, name: str) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
 
         api = self._custom_objects()
         try:
-            obj = api.get_namespaced_custom_object(GROUP, VERSION, self._namespace(), PLURAL, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise NotebookNotFound(name) from None
-            raise
+            with self._api_errors():
+                obj = api.get_namespaced_custom_object(GROUP, VERSION, self._namespace(), PLURAL, name)
+        except ApiException:  # 404: _api_errors passes only that and 409 through
+            raise NotebookNotFound(name) from None
         if obj.get("spec", {}).get("owner") != user:
             raise NotebookNotFound(name)  # someone else's: as if it did not exist
         return obj
 
     def list(self, user: str) -> list[dict[str, Any]]:
         api = self._custom_objects()
-        found = api.list_namespaced_custom_object(
-            GROUP, VERSION, self._namespace(), PLURAL, label_selector=f"{OWNER_LABEL}={owner_label(user)}"
-        )
+        with self._api_errors():
+            found = api.list_namespaced_custom_object(
+                GROUP, VERSION, self._namespace(), PLURAL, label_selector=f"{OWNER_LABEL}={owner_label(user)}"
+            )
         return [notebook_json(o) for o in found.get("items", []) if o.get("spec", {}).get("owner") == user]
 
     def get(self, user: str, name: str) -> dict[str, Any]:
@@ -203,24 +246,25 @@ class NotebookService:
         namespace = self._namespace()
         body = notebook_object(name=request["name"], namespace=namespace, owner=user, image=image, request=request)
         try:
-            created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+            with self._api_errors():
+                created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         except ApiException as exc:
             if exc.status == 409:
                 raise NotebookExists(f"a notebook server named {request['name']!r} exists") from None
-            raise
+            raise KubernetesApiError(f"the Kubernetes API refused the request: {exc.status} {exc.reason}") from None
         return notebook_json(created)
 
     def delete(self, user: str, name: str) -> None:
-        self._get_owned(user, name)
         from kubernetes.client.exceptions import ApiException
 
+        self._get_owned(user, name)
         try:
-            self._custom_objects().delete_namespaced_custom_object(
-                GROUP, VERSION, self._namespace(), PLURAL, name, propagation_policy="Foreground"
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+            with self._api_errors():
+                self._custom_objects().delete_namespaced_custom_object(
+                    GROUP, VERSION, self._namespace(), PLURAL, name, propagation_policy="Foreground"
+                )
+        except ApiException:
+            pass  # 404 (gone meanwhile) or 409 (already being deleted): deleted either way
 
     def stop(self, user: str, name: str) -> dict[str, Any]:
         return self._annotate(user, name, rfc3339_now())
@@ -229,11 +273,17 @@ class NotebookService:
         return self._annotate(user, name, None)
 
     def _annotate(self, user: str, name: str, stopped: str | None) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
         obj = self._get_owned(user, name)
         if (STOPPED_ANNOTATION in (obj["metadata"].get("annotations") or {})) == (stopped is not None):
             return notebook_json(obj)  # already stopped / running: keep the original time
-        patch = {"metadata": {"annotations": {STOPPED_ANNOTATION: stopped}}}  # None removes it
-        patched = self._custom_objects().patch_namespaced_custom_object(
-            GROUP, VERSION, self._namespace(), PLURAL, name, patch
-        )
+        patch = {"metadata": {"annotations": {STOPPED_ANNOTATION: stopped}}}  # merge patch; None removes it
+        try:
+            with self._api_errors():
+                patched = self._custom_objects().patch_namespaced_custom_object(
+                    GROUP, VERSION, self._namespace(), PLURAL, name, patch
+                )
+        except ApiException:
+            raise NotebookNotFound(name) from None
         return notebook_json(patched)

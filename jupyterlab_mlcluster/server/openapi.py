@@ -58,7 +58,8 @@ def _error(description: str) -> dict[str, Any]:
 
 FORBIDDEN = _error("Not authenticated, or not authorized for this resource")
 UNKNOWN_JOB = _error("No such job (or not a valid job id)")
-NO_CLUSTER = _error("No Kubernetes cluster is configured for this server")
+NO_CLUSTER = _error("No Kubernetes cluster is configured for this server, or it cannot be reached")
+API_REFUSED = _error("The Kubernetes API refused the request (e.g. missing RBAC permissions)")
 
 JOB_REF = {
     "name": "id",
@@ -548,6 +549,7 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("NotebookList"), "The user's notebook servers"),
                     "403": FORBIDDEN,
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },
@@ -566,6 +568,7 @@ def _paths() -> dict[str, Any]:
                     "400": _error("Invalid body"),
                     "403": FORBIDDEN,
                     "409": _error("A notebook server of that name exists"),
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },
@@ -578,6 +581,7 @@ def _paths() -> dict[str, Any]:
                     "200": _json(_ref("Notebook"), "The notebook server"),
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },
@@ -587,6 +591,7 @@ def _paths() -> dict[str, Any]:
                     "204": {"description": "Deleted (with everything the controller made for it)"},
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },
@@ -599,6 +604,7 @@ def _paths() -> dict[str, Any]:
                     "200": _json(_ref("Notebook"), "Stopping (annotation mlcluster.io/stopped set)"),
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },
@@ -611,6 +617,7 @@ def _paths() -> dict[str, Any]:
                     "200": _json(_ref("Notebook"), "Starting (annotation mlcluster.io/stopped removed)"),
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
+                    "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
             },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import textwrap
 import warnings
@@ -371,3 +372,52 @@ async def test_notebook_requests_are_validated_first(api):
     assert status == 400 and "name" in error["message"]
     status, error, _ = await api("POST", "notebooks", body={"name": "ok", "gpus": -1})
     assert status == 400 and "gpus" in error["message"]
+
+
+def write_kubeconfig(path, server: str) -> None:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {"token": "t"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "users"}}],
+    }))
+
+
+async def test_notebooks_with_an_unreachable_cluster_are_503(api, tmp_path, monkeypatch):
+    from .live import free_port
+
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    status, error, _ = await api("GET", "notebooks")
+    assert status == 503 and "cannot be reached" in error["message"]
+
+
+async def test_notebooks_refused_by_the_api_server_are_502(api, tmp_path, monkeypatch):
+    """An API server that answers 403 (as without RBAC permissions): 502 with its reason."""
+    seen = []
+
+    class Forbidden(web.RequestHandler):
+        def get(self, path):
+            seen.append((self.request.path, self.request.query))
+            self.set_status(403)
+            self.finish({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                         "message": "notebooks.mlcluster.io is forbidden", "code": 403})
+
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    sock, port = bind_unused_port()
+    server = HTTPServer(web.Application([(r"(.*)", Forbidden)]))
+    server.add_sockets([sock])
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        write_kubeconfig(kubeconfig, f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        status, error, _ = await api("GET", "notebooks")
+    finally:
+        server.stop()
+    assert status == 502 and "403" in error["message"], error
+    path, query = seen[0]
+    assert path == "/apis/mlcluster.io/v1alpha1/namespaces/users/notebooks"
+    assert "labelSelector=mlcluster.io/owner%3D" in query
