@@ -26,13 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest  # noqa: E402
-from tornado.websocket import websocket_connect  # noqa: E402
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
 
-from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState  # noqa: E402
-from jupyterlab_mlcluster.jobs.record import JobRecord  # noqa: E402
-from jupyterlab_mlcluster.jobs.store import JobStore  # noqa: E402
-from tests.server.live import TOKEN, LiveServer  # noqa: E402
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
+from jupyterlab_mlcluster.jobs.record import JobRecord
+from jupyterlab_mlcluster.jobs.store import JobStore
+from tests.server.live import TOKEN, LiveServer
 
 PRINTS = 25
 PRINT_EVERY = 0.2
@@ -51,19 +51,34 @@ def fill_store(store: JobStore, count: int) -> str:
     for i in range(count):
         job_id = f"jbench{i:06d}"
         record = JobRecord(
-            id=job_id, name=f"bench-{i % 50}", spec=JobSpec(workers=1 + i % 4), created=start + i,
-            owner="bench", origin={"kind": "python"},
+            id=job_id,
+            name=f"bench-{i % 50}",
+            spec=JobSpec(workers=1 + i % 4),
+            created=start + i,
+            owner="bench",
+            origin={"kind": "python"},
         )
         store.insert_job(record)
         failed = i % 10 == 0
         store.transition(
-            job_id, JobState.FAILED if failed else JobState.SUCCEEDED,
-            started=start + i + 0.1, finished=start + i + 0.5, error="boom" if failed else None,
+            job_id,
+            JobState.FAILED if failed else JobState.SUCCEEDED,
+            started=start + i + 0.1,
+            finished=start + i + 0.5,
+            error="boom" if failed else None,
         )
         store.update_ranks(
             job_id,
-            {r: {"state": RankState.SUCCEEDED, "exit_code": 0, "started": start + i + 0.1, "finished": start + i + 0.5,
-                 "metrics": {"cpu_percent": 50.0, "memory_bytes": 10**8}} for r in range(1 + i % 4)},
+            {
+                r: {
+                    "state": RankState.SUCCEEDED,
+                    "exit_code": 0,
+                    "started": start + i + 0.1,
+                    "finished": start + i + 0.5,
+                    "metrics": {"cpu_percent": 50.0, "memory_bytes": 10**8},
+                }
+                for r in range(1 + i % 4)
+            },
         )
     return job_id
 
@@ -86,7 +101,9 @@ def get_latencies(server: LiveServer, path: str, n: int) -> list[float]:
 async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
     headers = {"Authorization": f"token {TOKEN}"}
     t0 = time.perf_counter()
-    ws = await websocket_connect(HTTPRequest(f"ws://127.0.0.1:{server.port}/mlcluster/api/events", headers=headers))
+    ws = await websocket_connect(
+        HTTPRequest(f"ws://127.0.0.1:{server.port}/mlcluster/api/events", headers=headers)
+    )
     snapshot = json.loads(await ws.read_message())
     connect = time.perf_counter() - t0
     assert snapshot["type"] == "snapshot"
@@ -102,7 +119,11 @@ async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
             now = time.time()
             if message.get("id") == job["id"] and message["type"] == "logs":
                 hints.append(now)
-            if message["type"] == "job" and message["job"]["id"] == job["id"] and message["job"]["state"] in ("succeeded", "failed"):
+            if (
+                message["type"] == "job"
+                and message["job"]["id"] == job["id"]
+                and message["job"]["state"] in ("succeeded", "failed")
+            ):
                 final_at.append(now)
                 return
 
@@ -118,7 +139,9 @@ async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
     async def follow() -> None:
         request = HTTPRequest(
             f"http://127.0.0.1:{server.port}/mlcluster/api/jobs/{job['id']}/logs?follow=true",
-            headers=headers, streaming_callback=on_chunk, request_timeout=120,
+            headers=headers,
+            streaming_callback=on_chunk,
+            request_timeout=120,
         )
         await AsyncHTTPClient().fetch(request)
 
@@ -145,12 +168,14 @@ async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
 
 def row(name: str, values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
-    p95 = ms[min(len(ms) - 1, int(round(0.95 * (len(ms) - 1))))]
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
     return f"{name:<44} {len(ms):>6} {statistics.median(ms):>9.1f} {p95:>9.1f} {ms[-1]:>9.1f}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=10_000, help="finished jobs in the store")
     parser.add_argument("--requests", type=int, default=200, help="requests per REST measurement")
     args = parser.parse_args()
@@ -159,14 +184,29 @@ def main() -> None:
         store = JobStore(home / "store")
         t0 = time.perf_counter()
         one = fill_store(store, args.jobs)
-        print(f"filled the store with {args.jobs} jobs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        print(
+            f"filled the store with {args.jobs} jobs in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
         server = LiveServer(home, home / "store").start()
         try:
             rows = [
-                (f"GET /jobs ({args.jobs} jobs, first 100)", get_latencies(server, "jobs", args.requests)),
-                ("GET /jobs?limit=1000", get_latencies(server, "jobs?limit=1000", max(20, args.requests // 10))),
-                ("GET /jobs?state=failed&offset=500", get_latencies(server, "jobs?state=failed&offset=500", args.requests)),
-                ("GET /jobs?state=running (none)", get_latencies(server, "jobs?state=running", args.requests)),
+                (
+                    f"GET /jobs ({args.jobs} jobs, first 100)",
+                    get_latencies(server, "jobs", args.requests),
+                ),
+                (
+                    "GET /jobs?limit=1000",
+                    get_latencies(server, "jobs?limit=1000", max(20, args.requests // 10)),
+                ),
+                (
+                    "GET /jobs?state=failed&offset=500",
+                    get_latencies(server, "jobs?state=failed&offset=500", args.requests),
+                ),
+                (
+                    "GET /jobs?state=running (none)",
+                    get_latencies(server, "jobs?state=running", args.requests),
+                ),
                 ("GET /jobs/{id}", get_latencies(server, f"jobs/{one}", args.requests)),
                 ("GET /cluster", get_latencies(server, "cluster", args.requests)),
             ]

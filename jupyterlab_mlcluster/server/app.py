@@ -132,7 +132,11 @@ class MLClusterApp(ExtensionApp):
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
         self._stopped = False
         self.job_cwd = os.path.abspath(os.path.expanduser(self.serverapp.root_dir))
-        self.log.info("mlcluster: job store %s, backend %s", self.service.store.root, self.mlconfig.default_backend)
+        self.log.info(
+            "mlcluster: job store %s, backend %s",
+            self.service.store.root,
+            self.mlconfig.default_backend,
+        )
 
     def initialize_handlers(self) -> None:
         self.handlers.extend((route_pattern(path), handler) for path, handler in routes())
@@ -141,7 +145,9 @@ class MLClusterApp(ExtensionApp):
         # Settle jobs whose supervisors died while no server was watching.
         reaped = await self.run(self.service.reap, True)
         if reaped:
-            self.log.info("mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped)
+            self.log.info(
+                "mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped
+            )
         self.broadcaster.ensure_started()
         if self.freeze_gc_on_start:
             gc.freeze()
@@ -162,7 +168,9 @@ class MLClusterApp(ExtensionApp):
             try:
                 cancelled = await self.run(self._cancel_own_jobs, kernel_ids)
                 if cancelled:
-                    self.log.info("mlcluster: cancelled %d job(s) on shutdown: %s", len(cancelled), cancelled)
+                    self.log.info(
+                        "mlcluster: cancelled %d job(s) on shutdown: %s", len(cancelled), cancelled
+                    )
             except Exception:
                 self.log.exception("mlcluster: cancelling jobs on shutdown failed")
         await self.broadcaster.stop()

@@ -177,7 +177,9 @@ class EventBroadcaster:
                     for job_id in changes.deleted:
                         feed.forget(job_id)
                         states.pop(job_id, None)
-                        messages.append((("deleted", job_id), json.dumps({"type": "deleted", "id": job_id})))
+                        messages.append(
+                            (("deleted", job_id), json.dumps({"type": "deleted", "id": job_id}))
+                        )
                         cluster_stale = True
                     for job_id in changes.jobs:
                         feed.changed(("job", job_id))
@@ -291,7 +293,9 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     @authorized("read")
     async def get(self, *args: Any, **kwargs: Any) -> None:
         if self.request.headers.get("Upgrade", "").lower() != "websocket":
-            raise web.HTTPError(426, "this is a websocket endpoint: connect with a websocket client")
+            raise web.HTTPError(
+                426, "this is a websocket endpoint: connect with a websocket client"
+            )
         await super().get(*args, **kwargs)
 
     async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]

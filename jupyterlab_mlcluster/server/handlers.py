@@ -61,13 +61,17 @@ class MLClusterHandler(APIHandler):
 
     def query(self) -> dict[str, Any]:
         try:
-            return self.app.validators.query(self.api_path, self.request.method.lower(), self.request.query_arguments)
+            return self.app.validators.query(
+                self.api_path, self.request.method.lower(), self.request.query_arguments
+            )
         except RequestError as exc:
             raise web.HTTPError(400, str(exc)) from None
 
     def json_body(self) -> Any:
         try:
-            return self.app.validators.body(self.api_path, self.request.method.lower(), self.request.body)
+            return self.app.validators.body(
+                self.api_path, self.request.method.lower(), self.request.body
+            )
         except RequestError as exc:
             raise web.HTTPError(400, str(exc)) from None
 
@@ -111,7 +115,12 @@ class JobsHandler(MLClusterHandler):
             jobs, total = self.app.service.list(
                 states=states, backend=q.get("backend"), limit=q["limit"], offset=q["offset"]
             )
-            return {"jobs": [j.to_json() for j in jobs], "total": total, "limit": q["limit"], "offset": q["offset"]}
+            return {
+                "jobs": [j.to_json() for j in jobs],
+                "total": total,
+                "limit": q["limit"],
+                "offset": q["offset"],
+            }
 
         await self.send_encoded(page)
 
@@ -133,7 +142,12 @@ class JobsHandler(MLClusterHandler):
         origin = {"kind": "rest", "user": self.user_name(), "server": self.app.server_id}
         try:
             record = await self.run(
-                service.submit, spec, payload, origin=origin, environ=dict(os.environ), cwd=self.app.job_cwd
+                service.submit,
+                spec,
+                payload,
+                origin=origin,
+                environ=dict(os.environ),
+                cwd=self.app.job_cwd,
             )
         except PayloadError as exc:
             raise web.HTTPError(400, str(exc)) from None
@@ -178,7 +192,9 @@ class LogsHandler(MLClusterHandler):
         record = await self.job(ref)
         rank = q.get("rank")
         if rank is not None and rank >= record.spec.workers:
-            raise web.HTTPError(400, f"rank must be between 0 and {record.spec.workers - 1}, got {rank}")
+            raise web.HTTPError(
+                400, f"rank must be between 0 and {record.spec.workers - 1}, got {rank}"
+            )
         if q["follow"]:
             await self._follow(record.id, rank, q.get("since"), q.get("tail"))
             return
@@ -191,14 +207,18 @@ class LogsHandler(MLClusterHandler):
 
         await self.send_encoded(page)
 
-    async def _follow(self, job_id: str, rank: int | None, cursor: str | None, tail: int | None) -> None:
+    async def _follow(
+        self, job_id: str, rank: int | None, cursor: str | None, tail: int | None
+    ) -> None:
         """Newline-delimited JSON lines as they come, until the job is final and all is sent.
         Woken by the store's change feed (no polling); waits for the client between writes."""
         service, broadcaster = self.app.service, self.app.broadcaster
 
         def read(cursor: str | None, tail: int | None) -> tuple[bytes, str, bool]:
             final = service.store.get_job(job_id).final
-            lines, cursor = service.logs(job_id, rank, cursor, max_bytes=FOLLOW_READ_BYTES, tail=tail)
+            lines, cursor = service.logs(
+                job_id, rank, cursor, max_bytes=FOLLOW_READ_BYTES, tail=tail
+            )
             return ndjson(lines), cursor, final
 
         self.set_header("Content-Type", "application/x-ndjson")
@@ -243,7 +263,13 @@ class MetricsHandler(MLClusterHandler):
             history = self.app.service.store.metrics_history(record.id, since)
             ranks = []
             for rank in record.to_json()["ranks"]:
-                ranks.append({"rank": rank["rank"], "current": rank["metrics"], "series": history.get(rank["rank"], [])})
+                ranks.append(
+                    {
+                        "rank": rank["rank"],
+                        "current": rank["metrics"],
+                        "series": history.get(rank["rank"], []),
+                    }
+                )
             return {"id": record.id, "ranks": ranks}
 
         await self.send_encoded(metrics)
@@ -257,14 +283,17 @@ class ResultHandler(MLClusterHandler):
     async def get(self, ref: str) -> None:
         record = await self.job(ref)
         if record.state != JobState.SUCCEEDED:
-            raise web.HTTPError(409, f"job {record.id} is {record.state.value}: only a succeeded job has a result")
+            raise web.HTTPError(
+                409, f"job {record.id} is {record.state.value}: only a succeeded job has a result"
+            )
 
         def result() -> str:
             try:
                 kind, value = self.app.service.result(record.id)
             except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
                 raise web.HTTPError(
-                    409, f"the result of job {record.id} cannot be loaded here ({type(exc).__name__}: {exc})"
+                    409,
+                    f"the result of job {record.id} cannot be loaded here ({type(exc).__name__}: {exc})",
                 ) from None
             try:
                 return json.dumps({"kind": kind, "value": value}, allow_nan=False)

@@ -80,7 +80,11 @@ def notebook_object(
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": {OWNER_LABEL: owner_label(owner)}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {OWNER_LABEL: owner_label(owner)},
+        },
         "spec": spec,
     }
 
@@ -134,7 +138,9 @@ def kubernetes_problem() -> str | None:
     try:
         from kubernetes import client, config
 
-        config.load_kube_config(config_file=os.pathsep.join(files), client_configuration=client.Configuration())
+        config.load_kube_config(
+            config_file=os.pathsep.join(files), client_configuration=client.Configuration()
+        )
     except Exception as exc:  # noqa: BLE001 - any reason the kubeconfig is unusable
         return f"{NO_CLUSTER}: the kubeconfig {os.pathsep.join(files)} cannot be used ({exc})"
     return None
@@ -174,7 +180,8 @@ class NotebookService:
                     config.load_incluster_config(client_configuration=configuration)
                 else:
                     config.load_kube_config(
-                        config_file=os.pathsep.join(kubeconfig_files()), client_configuration=configuration
+                        config_file=os.pathsep.join(kubeconfig_files()),
+                        client_configuration=configuration,
                     )
                 self._api = client.CustomObjectsApi(client.ApiClient(configuration))
             return self._api
@@ -192,10 +199,14 @@ class NotebookService:
                 raise
             if exc.status == 409:
                 raise
-            raise KubernetesApiError(f"the Kubernetes API refused the request: {exc.status} {exc.reason}") from None
+            raise KubernetesApiError(
+                f"the Kubernetes API refused the request: {exc.status} {exc.reason}"
+            ) from None
         except (HTTPError, OSError) as exc:
             self._probed = 0.0  # look again next time
-            raise ClusterUnavailable(f"the Kubernetes API server cannot be reached: {exc}") from None
+            raise ClusterUnavailable(
+                f"the Kubernetes API server cannot be reached: {exc}"
+            ) from None
 
     def _namespace(self) -> str:
         """The configured namespace, else this pod's, else the kubeconfig context's, else 'default'."""
@@ -207,7 +218,9 @@ class NotebookService:
         with contextlib.suppress(Exception):
             from kubernetes import config
 
-            _, active = config.list_kube_config_contexts(config_file=os.pathsep.join(kubeconfig_files()))
+            _, active = config.list_kube_config_contexts(
+                config_file=os.pathsep.join(kubeconfig_files())
+            )
             if active and active.get("context", {}).get("namespace"):
                 return active["context"]["namespace"]
         return "default"
@@ -218,7 +231,9 @@ class NotebookService:
         api = self._custom_objects()
         try:
             with self._api_errors():
-                obj = api.get_namespaced_custom_object(GROUP, VERSION, self._namespace(), PLURAL, name)
+                obj = api.get_namespaced_custom_object(
+                    GROUP, VERSION, self._namespace(), PLURAL, name
+                )
         except ApiException:  # 404: _api_errors passes only that and 409 through
             raise NotebookNotFound(name) from None
         if obj.get("spec", {}).get("owner") != user:
@@ -229,9 +244,17 @@ class NotebookService:
         api = self._custom_objects()
         with self._api_errors():
             found = api.list_namespaced_custom_object(
-                GROUP, VERSION, self._namespace(), PLURAL, label_selector=f"{OWNER_LABEL}={owner_label(user)}"
+                GROUP,
+                VERSION,
+                self._namespace(),
+                PLURAL,
+                label_selector=f"{OWNER_LABEL}={owner_label(user)}",
             )
-        return [notebook_json(o) for o in found.get("items", []) if o.get("spec", {}).get("owner") == user]
+        return [
+            notebook_json(o)
+            for o in found.get("items", [])
+            if o.get("spec", {}).get("owner") == user
+        ]
 
     def get(self, user: str, name: str) -> dict[str, Any]:
         return notebook_json(self._get_owned(user, name))
@@ -244,14 +267,22 @@ class NotebookService:
         if not image:
             raise ValueError("image: no image given and no default (MLClusterApp.notebook_image)")
         namespace = self._namespace()
-        body = notebook_object(name=request["name"], namespace=namespace, owner=user, image=image, request=request)
+        body = notebook_object(
+            name=request["name"], namespace=namespace, owner=user, image=image, request=request
+        )
         try:
             with self._api_errors():
-                created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+                created = api.create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, body
+                )
         except ApiException as exc:
             if exc.status == 409:
-                raise NotebookExists(f"a notebook server named {request['name']!r} exists") from None
-            raise KubernetesApiError(f"the Kubernetes API refused the request: {exc.status} {exc.reason}") from None
+                raise NotebookExists(
+                    f"a notebook server named {request['name']!r} exists"
+                ) from None
+            raise KubernetesApiError(
+                f"the Kubernetes API refused the request: {exc.status} {exc.reason}"
+            ) from None
         return notebook_json(created)
 
     def delete(self, user: str, name: str) -> None:
@@ -276,9 +307,13 @@ class NotebookService:
         from kubernetes.client.exceptions import ApiException
 
         obj = self._get_owned(user, name)
-        if (STOPPED_ANNOTATION in (obj["metadata"].get("annotations") or {})) == (stopped is not None):
+        if (STOPPED_ANNOTATION in (obj["metadata"].get("annotations") or {})) == (
+            stopped is not None
+        ):
             return notebook_json(obj)  # already stopped / running: keep the original time
-        patch = {"metadata": {"annotations": {STOPPED_ANNOTATION: stopped}}}  # merge patch; None removes it
+        patch = {
+            "metadata": {"annotations": {STOPPED_ANNOTATION: stopped}}
+        }  # merge patch; None removes it
         try:
             with self._api_errors():
                 patched = self._custom_objects().patch_namespaced_custom_object(

@@ -30,8 +30,12 @@ NULLABLE_NUMBER = {"type": ["number", "null"]}
 # schema accepts is also accepted by the engine (no "valid" request gets a 400).
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$"
 JOB_REF_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-MEMORY_PATTERN = r"^[1-9][0-9]{0,17}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|Pi|Ei|kB|KB|MB|GB|TB|PB|EB|k|K|M|G|T|P|E|B)?$"
-DURATION_PATTERN = r"^[1-9][0-9]{0,8}(\.[0-9]{1,6})?((ms|s|m|h|d)([0-9]{1,9}(\.[0-9]{1,6})?(ms|s|m|h|d)){0,4})?$"
+MEMORY_PATTERN = (
+    r"^[1-9][0-9]{0,17}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|Pi|Ei|kB|KB|MB|GB|TB|PB|EB|k|K|M|G|T|P|E|B)?$"
+)
+DURATION_PATTERN = (
+    r"^[1-9][0-9]{0,8}(\.[0-9]{1,6})?((ms|s|m|h|d)([0-9]{1,9}(\.[0-9]{1,6})?(ms|s|m|h|d)){0,4})?$"
+)
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 # Container image references and scheduler queue names, in plain ASCII (regex dialects
@@ -127,8 +131,15 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 "env": {
                     "type": "object",
                     "maxProperties": 256,
-                    "propertyNames": {"pattern": ENV_NAME_PATTERN, "not": {"enum": sorted(RESERVED_ENV)}},
-                    "additionalProperties": {"type": "string", "maxLength": 65536, "pattern": "^[^\\u0000]*$"},
+                    "propertyNames": {
+                        "pattern": ENV_NAME_PATTERN,
+                        "not": {"enum": sorted(RESERVED_ENV)},
+                    },
+                    "additionalProperties": {
+                        "type": "string",
+                        "maxLength": 65536,
+                        "pattern": "^[^\\u0000]*$",
+                    },
                 },
                 "timeout": {
                     "description": "Fail the job after this long: seconds, or a duration like '30m', '1h30m'.",
@@ -162,10 +173,24 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 "metrics": _ref("RankMetrics"),
                 "progress": {
                     "type": ["object", "null"],
-                    "properties": {"step": NULLABLE_NUMBER, "total": NULLABLE_NUMBER, "desc": NULLABLE_STRING},
+                    "properties": {
+                        "step": NULLABLE_NUMBER,
+                        "total": NULLABLE_NUMBER,
+                        "desc": NULLABLE_STRING,
+                    },
                 },
             },
-            "required": ["rank", "state", "exit_code", "pid", "host", "started", "finished", "metrics", "progress"],
+            "required": [
+                "rank",
+                "state",
+                "exit_code",
+                "pid",
+                "host",
+                "started",
+                "finished",
+                "metrics",
+                "progress",
+            ],
         },
         "RankMetrics": rank_metrics,
         "Job": {
@@ -200,17 +225,44 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 "ranks": {"type": "array", "items": _ref("Rank")},
             },
             "required": [
-                "id", "name", "state", "backend", "workers", "gpus_per_worker", "cpus", "memory",
-                "framework", "image", "queue", "priority", "timeout", "max_restarts", "env",
-                "created", "started", "finished", "error", "failed_rank", "reason", "restarts",
-                "queue_position", "owner", "origin", "has_result", "ranks",
+                "id",
+                "name",
+                "state",
+                "backend",
+                "workers",
+                "gpus_per_worker",
+                "cpus",
+                "memory",
+                "framework",
+                "image",
+                "queue",
+                "priority",
+                "timeout",
+                "max_restarts",
+                "env",
+                "created",
+                "started",
+                "finished",
+                "error",
+                "failed_rank",
+                "reason",
+                "restarts",
+                "queue_position",
+                "owner",
+                "origin",
+                "has_result",
+                "ranks",
             ],
         },
         "JobList": {
             "type": "object",
             "properties": {
                 "jobs": {"type": "array", "items": _ref("Job")},
-                "total": {"type": "integer", "minimum": 0, "description": "Jobs matching the filters."},
+                "total": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Jobs matching the filters.",
+                },
                 "limit": {"type": "integer"},
                 "offset": {"type": "integer"},
             },
@@ -239,7 +291,10 @@ def _schemas(max_workers: int) -> dict[str, Any]:
         },
         "MetricsSample": {
             "type": "object",
-            "properties": {"ts": {"type": "number", "description": "Epoch seconds."}, **rank_metrics["properties"]},
+            "properties": {
+                "ts": {"type": "number", "description": "Epoch seconds."},
+                **rank_metrics["properties"],
+            },
             "required": ["ts", *rank_metrics["required"]],
         },
         "JobMetrics": {
@@ -279,10 +334,18 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 "backend": {"enum": list(BACKENDS)},
                 "capacity": {
                     "type": "object",
-                    "properties": {"gpus": capacity_pair, "cpus": capacity_pair, "memory": capacity_pair},
+                    "properties": {
+                        "gpus": capacity_pair,
+                        "cpus": capacity_pair,
+                        "memory": capacity_pair,
+                    },
                     "required": ["gpus", "cpus", "memory"],
                 },
-                "queue": {"type": "array", "items": {"type": "string"}, "description": "Queued job ids in admission order."},
+                "queue": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Queued job ids in admission order.",
+                },
                 "running": {"type": "array", "items": {"type": "string"}},
             },
             "required": ["backend", "capacity", "queue"],
@@ -360,7 +423,10 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 },
                 {
                     "type": "object",
-                    "properties": {"type": {"const": "notebook_deleted"}, "name": {"type": "string"}},
+                    "properties": {
+                        "type": {"const": "notebook_deleted"},
+                        "name": {"type": "string"},
+                    },
                     "required": ["type", "name"],
                 },
             ],
@@ -380,7 +446,11 @@ def _paths() -> dict[str, Any]:
                         "name": "state",
                         "in": "query",
                         "description": "Only jobs in these states (repeat the parameter, or a comma list).",
-                        "schema": {"type": "array", "items": {"enum": [str(s) for s in JobState]}, "maxItems": 6},
+                        "schema": {
+                            "type": "array",
+                            "items": {"enum": [str(s) for s in JobState]},
+                            "maxItems": 6,
+                        },
                         "style": "form",
                         "explode": True,
                     },
@@ -388,7 +458,12 @@ def _paths() -> dict[str, Any]:
                     {
                         "name": "limit",
                         "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 1000,
+                            "default": 100,
+                        },
                     },
                     {
                         "name": "offset",
@@ -412,11 +487,18 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "201": {
                         **_json(_ref("Job"), "The job, as stored (usually `queued`)"),
-                        "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}},
+                        "headers": {
+                            "Location": {
+                                "schema": {"type": "string"},
+                                "description": "The job's URL",
+                            }
+                        },
                     },
                     "400": _error("Invalid options or body"),
                     "403": FORBIDDEN,
-                    "409": _error("Valid, but the backend can never run it (e.g. more GPUs than it has)"),
+                    "409": _error(
+                        "Valid, but the backend can never run it (e.g. more GPUs than it has)"
+                    ),
                     "503": NO_CLUSTER,
                 },
             },
@@ -425,12 +507,22 @@ def _paths() -> dict[str, Any]:
             "parameters": job_ref,
             "get": {
                 "operationId": "getJob",
-                "responses": {"200": _json(_ref("Job"), "The job"), "403": FORBIDDEN, "404": UNKNOWN_JOB},
+                "responses": {
+                    "200": _json(_ref("Job"), "The job"),
+                    "403": FORBIDDEN,
+                    "404": UNKNOWN_JOB,
+                },
             },
             "delete": {
                 "operationId": "cancelJob",
                 "summary": "Cancel a job (all ranks); with purge, also forget it and its logs",
-                "parameters": [{"name": "purge", "in": "query", "schema": {"type": "boolean", "default": False}}],
+                "parameters": [
+                    {
+                        "name": "purge",
+                        "in": "query",
+                        "schema": {"type": "boolean", "default": False},
+                    }
+                ],
                 "responses": {
                     "200": _json(_ref("Job"), "The job after cancelling (a final state)"),
                     "204": {"description": "Cancelled and forgotten (purge=true)"},
@@ -446,7 +538,11 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getJobLogs",
                 "summary": "Log lines of all ranks (merged by time) or one rank",
                 "parameters": [
-                    {"name": "rank", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000}},
+                    {
+                        "name": "rank",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                    },
                     {
                         "name": "since",
                         "in": "query",
@@ -539,7 +635,10 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "openapi",
                 "summary": "This document",
-                "responses": {"200": _json({"type": "object"}, "The OpenAPI document"), "403": FORBIDDEN},
+                "responses": {
+                    "200": _json({"type": "object"}, "The OpenAPI document"),
+                    "403": FORBIDDEN,
+                },
             }
         },
         "/notebooks": {
@@ -601,7 +700,9 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "operationId": "stopNotebook",
                 "responses": {
-                    "200": _json(_ref("Notebook"), "Stopping (annotation mlcluster.io/stopped set)"),
+                    "200": _json(
+                        _ref("Notebook"), "Stopping (annotation mlcluster.io/stopped set)"
+                    ),
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
                     "502": API_REFUSED,
@@ -614,7 +715,9 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "operationId": "startNotebook",
                 "responses": {
-                    "200": _json(_ref("Notebook"), "Starting (annotation mlcluster.io/stopped removed)"),
+                    "200": _json(
+                        _ref("Notebook"), "Starting (annotation mlcluster.io/stopped removed)"
+                    ),
                     "403": FORBIDDEN,
                     "404": _error("The user has no notebook server of that name"),
                     "502": API_REFUSED,
@@ -671,7 +774,9 @@ def _python_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
-_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _ecma_pattern})
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"pattern": _ecma_pattern}
+)
 
 
 # Query parameters jupyter_server itself reads on every request.
@@ -701,7 +806,9 @@ class Validators:
     def check(self, schema: dict[str, Any], value: Any, what: str) -> None:
         error = jsonschema.exceptions.best_match(self._validator(schema).iter_errors(value))
         if error is not None:
-            where = what + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+            where = what + "".join(
+                f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+            )
             raise RequestError(f"{where}: {_describe(error)}")
 
     def body(self, path: str, method: str, raw: bytes) -> Any:
@@ -717,7 +824,9 @@ class Validators:
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise RequestError("the request body must be valid Unicode (it has a lone surrogate)") from None
+            raise RequestError(
+                "the request body must be valid Unicode (it has a lone surrogate)"
+            ) from None
         self.check(schema, value, "body")
         return value
 
@@ -730,7 +839,9 @@ class Validators:
         unknown = sorted(set(arguments) - {p["name"] for p in declared} - JUPYTER_QUERY_PARAMETERS)
         if unknown:
             takes = ", ".join(p["name"] for p in declared) or "none"
-            raise RequestError(f"unknown query parameter(s): {', '.join(unknown)} (this operation takes: {takes})")
+            raise RequestError(
+                f"unknown query parameter(s): {', '.join(unknown)} (this operation takes: {takes})"
+            )
         values: dict[str, Any] = {}
         for param in declared:
             name, schema = param["name"], param["schema"]

@@ -57,11 +57,23 @@ def api(jp_fetch, mlc):
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = ""
         response = await jp_fetch(
-            "mlcluster", "api", *path, method=method, body=body, params=params, headers=headers,
-            raise_error=False, allow_nonstandard_methods=True, **kwargs,
+            "mlcluster",
+            "api",
+            *path,
+            method=method,
+            body=body,
+            params=params,
+            headers=headers,
+            raise_error=False,
+            allow_nonstandard_methods=True,
+            **kwargs,
         )
         text = response.body.decode() if response.body else ""
-        data = json.loads(text) if text and response.headers.get("Content-Type", "").startswith("application/json") else None
+        data = (
+            json.loads(text)
+            if text and response.headers.get("Content-Type", "").startswith("application/json")
+            else None
+        )
         return response.code, data, response
 
     return call

@@ -62,12 +62,22 @@ class LiveServer:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
-                f"--port={self.port}", "--ip=127.0.0.1", "--port-retries=0",
-                f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.home / 'root'}",
+                sys.executable,
+                "-m",
+                "jupyter_server",
+                "--no-browser",
+                "--allow-root",
+                f"--port={self.port}",
+                "--ip=127.0.0.1",
+                "--port-retries=0",
+                f"--IdentityProvider.token={TOKEN}",
+                f"--ServerApp.root_dir={self.home / 'root'}",
                 *self.extra_args,
             ],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env(), cwd=self.home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            cwd=self.home,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -79,10 +89,14 @@ class LiveServer:
                 return self
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"jupyter server did not start:\n{self.log_path.read_text()[-3000:]}")
+                    raise AssertionError(
+                        f"jupyter server did not start:\n{self.log_path.read_text()[-3000:]}"
+                    )
                 time.sleep(0.2)
 
-    def request(self, method: str, path: str, body: Any = None, token: str | None = TOKEN) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, token: str | None = TOKEN
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"{self.url}/mlcluster/api/{path}", data=data, method=method)
         if token:

@@ -28,7 +28,9 @@ async def main(base_url: str, token: str, job_id: str) -> dict:
     async def follow() -> None:
         request = HTTPRequest(
             f"{base_url}/mlcluster/api/jobs/{job_id}/logs?follow=true",
-            headers=headers, streaming_callback=on_chunk, request_timeout=300,
+            headers=headers,
+            streaming_callback=on_chunk,
+            request_timeout=300,
         )
         await AsyncHTTPClient(max_body_size=2**34).fetch(request)
 
@@ -44,7 +46,11 @@ async def main(base_url: str, token: str, job_id: str) -> dict:
             message = json.loads(text)
             messages.append(message)
             job = message.get("job") or {}
-            if message["type"] == "job" and job.get("id") == job_id and job["state"] in ("succeeded", "failed", "cancelled"):
+            if (
+                message["type"] == "job"
+                and job.get("id") == job_id
+                and job["state"] in ("succeeded", "failed", "cancelled")
+            ):
                 ws.close()
                 return
 
@@ -59,7 +65,10 @@ async def main(base_url: str, token: str, job_id: str) -> dict:
         "bytes": len(data),
         "stdout": {rank: len(texts) for rank, texts in stdout.items()},
         "last": {rank: texts[-1] for rank, texts in stdout.items()},
-        "in_order": {rank: all(t.endswith(f" {i}") for i, t in enumerate(texts)) for rank, texts in stdout.items()},
+        "in_order": {
+            rank: all(t.endswith(f" {i}") for i, t in enumerate(texts))
+            for rank, texts in stdout.items()
+        },
         "ws_messages": len(messages),
         "first_chunk": first_chunk[0] if first_chunk else None,
     }

@@ -40,7 +40,11 @@ async def read_until(ws, predicate, timeout: float = 30.0) -> list[dict]:
 
 
 def is_job(job_id: str, *states: str):
-    return lambda m: m["type"] == "job" and m["job"]["id"] == job_id and (not states or m["job"]["state"] in states)
+    return lambda m: (
+        m["type"] == "job"
+        and m["job"]["id"] == job_id
+        and (not states or m["job"]["state"] in states)
+    )
 
 
 async def connect(jp_ws_fetch):
@@ -67,15 +71,42 @@ async def test_snapshot_then_live_job_events(api, mlc, jp_ws_fetch):
     assert [r["state"] for r in final["ranks"]] == ["succeeded", "succeeded"]
     assert any(m == {"type": "logs", "id": job["id"]} for m in seen), "log hints are pushed"
     clusters = [m["cluster"] for m in seen if m["type"] == "cluster"]
-    assert any(c["capacity"]["cpus"]["free"] < c["capacity"]["cpus"]["total"] for c in clusters), clusters
+    assert any(c["capacity"]["cpus"]["free"] < c["capacity"]["cpus"]["total"] for c in clusters), (
+        clusters
+    )
     # capacity comes back once the job is done
     if clusters[-1]["capacity"]["cpus"]["free"] != clusters[-1]["capacity"]["cpus"]["total"]:
         more = await read_until(ws, lambda m: m["type"] == "cluster")
-        assert more[-1]["cluster"]["capacity"]["cpus"]["free"] == more[-1]["cluster"]["capacity"]["cpus"]["total"]
+        assert (
+            more[-1]["cluster"]["capacity"]["cpus"]["free"]
+            == more[-1]["cluster"]["capacity"]["cpus"]["total"]
+        )
 
     status, _, _ = await api("DELETE", "jobs", job["id"], params={"purge": "true"})
     assert status == 204
     await read_until(ws, lambda m: m == {"type": "deleted", "id": job["id"]})
+    ws.close()
+
+
+async def test_jobs_of_other_front_ends_show_up_live(api, mlc, jp_ws_fetch, store_dir):
+    """A job submitted by another process on the same store (the Python API, as a kernel's
+    magic would) appears on /events and in GET /jobs; the server never polls for it."""
+    ws, _ = await connect(jp_ws_fetch)
+    script = "import jupyterlab_mlcluster as m; job = m.submit('print(42)', workers=2, name='from-python'); print(job.id); job.wait()"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    job_id = output.decode().split()[0]
+    seen = await read_until(ws, is_job(job_id, "succeeded"))
+    assert (
+        seen[-1]["job"]["name"] == "from-python" and seen[-1]["job"]["origin"]["kind"] == "python"
+    )
+    _, listing, _ = await api("GET", "jobs")
+    assert [j["id"] for j in listing["jobs"]] == [job_id]
+    _, page, _ = await api("GET", "jobs", job_id, "logs")
+    assert sorted(l["line"] for l in page["lines"]) == ["42", "42"]
     ws.close()
 
 
@@ -106,7 +137,9 @@ async def test_job_events_are_coalesced_to_ten_per_second(api, mlc, jp_ws_fetch)
 
     started = time.monotonic()
     await asyncio.get_running_loop().run_in_executor(None, hammer)
-    seen = await read_until(ws, lambda m: is_job(job["id"])(m) and m["job"]["reason"] == "step 399", timeout=10)
+    seen = await read_until(
+        ws, lambda m: is_job(job["id"])(m) and m["job"]["reason"] == "step 399", timeout=10
+    )
     elapsed = time.monotonic() - started
     events = [m for m in seen if is_job(job["id"])(m)]
     assert len(events) <= 10 * elapsed + 2, f"{len(events)} events in {elapsed:.2f}s"
@@ -125,7 +158,9 @@ async def test_websocket_needs_authentication_and_a_same_origin(api, jp_ws_fetch
     host = response.effective_url.split("/")[2]  # the cookie's name is tied to the Host
     browser = {"Authorization": "", "Cookie": cookie, "Host": host}
     with pytest.raises(tornado.httpclient.HTTPClientError) as refused:
-        await jp_ws_fetch("mlcluster", "api", "events", headers={**browser, "Origin": "http://evil.example"})
+        await jp_ws_fetch(
+            "mlcluster", "api", "events", headers={**browser, "Origin": "http://evil.example"}
+        )
     assert refused.value.code == 403
     assert not mlc.broadcaster._subscribers
     same_origin = {**browser, "Origin": f"http://{host}"}
@@ -152,8 +187,14 @@ async def follow_raw(jp_fetch, job_id: str, **params) -> tuple[bytes, list[float
         arrivals.append(time.time())
 
     response = await jp_fetch(
-        "mlcluster", "api", "jobs", job_id, "logs", params={"follow": "true", **params},
-        streaming_callback=on_chunk, request_timeout=120,
+        "mlcluster",
+        "api",
+        "jobs",
+        job_id,
+        "logs",
+        params={"follow": "true", **params},
+        streaming_callback=on_chunk,
+        request_timeout=120,
     )
     assert response.code == 200
     assert response.headers["Content-Type"] == "application/x-ndjson"
@@ -183,7 +224,9 @@ async def test_follow_streams_until_the_job_ends(api, mlc, jp_fetch):
         assert [l["line"] for l in out if l["rank"] == rank] == [f"{rank}:{i}" for i in range(5)]
     _status, job_now, _ = await api("GET", "jobs", job["id"])
     assert job_now["state"] == "succeeded", "the stream ends only when the job is final"
-    finished = datetime.datetime.fromisoformat(job_now["finished"].replace("Z", "+00:00")).timestamp()
+    finished = datetime.datetime.fromisoformat(
+        job_now["finished"].replace("Z", "+00:00")
+    ).timestamp()
     assert len(arrivals) > 2 and arrivals[0] < finished - 0.5, "lines arrive while the job runs"
     # following a finished job returns everything at once; rank and tail work too
     again, _ = await follow(jp_fetch, job["id"], rank="1", tail="2")
@@ -248,7 +291,9 @@ class LoopLateness:
         return ordered[-1], ordered[int(len(ordered) * 0.99)]
 
 
-async def test_event_loop_stays_responsive_while_four_ranks_print_flat_out(api, mlc, jp_serverapp, jp_http_port, jp_base_url):
+async def test_event_loop_stays_responsive_while_four_ranks_print_flat_out(
+    api, mlc, jp_serverapp, jp_http_port, jp_base_url
+):
     """Worst event-loop stall < 50 ms while 4 ranks print as fast as they can, with a
     websocket client and a log follower (in another process, as a browser would be)
     connected.
@@ -263,8 +308,11 @@ async def test_event_loop_stays_responsive_while_four_ranks_print_flat_out(api, 
         idle = len(lateness.raw)
         job = await submit(api, FLAT_OUT, workers=4)
         client = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).with_name("stream_client.py")),
-            f"http://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}", jp_serverapp.identity_provider.token, job["id"],
+            sys.executable,
+            str(Path(__file__).with_name("stream_client.py")),
+            f"http://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}",
+            jp_serverapp.identity_provider.token,
+            job["id"],
             stdout=asyncio.subprocess.PIPE,
         )
         output, _ = await asyncio.wait_for(client.communicate(), 120)

@@ -42,9 +42,12 @@ def wait_state(server, job_id: str, states: tuple[str, ...], timeout: float = 60
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_sigkill_the_server_while_a_job_runs_then_restart(live_server):
     first = live_server()
-    status, job = first.request("POST", "jobs", {"code": COUNTING.format(lines=30, pause=0.1), "workers": 2})
+    status, job = first.request(
+        "POST", "jobs", {"code": COUNTING.format(lines=30, pause=0.1), "workers": 2}
+    )
     assert status == 201, job
     running = wait_state(first, job["id"], ("running",))
     supervisor = psutil.Process(first.proc.pid).children(recursive=True)
@@ -63,13 +66,16 @@ def test_sigkill_the_server_while_a_job_runs_then_restart(live_server):
         assert [t for r, t in lines if r == rank] == [f"rank {rank} line {i}" for i in range(30)]
 
 
+@pytest.mark.slow
 def test_stopping_the_server_keeps_jobs_unless_configured(live_server):
     keeps = live_server()
     _, job = keeps.request("POST", "jobs", {"code": COUNTING.format(lines=20, pause=0.1)})
     wait_state(keeps, job["id"], ("running",))
     keeps.kill(signal.SIGTERM)  # a clean shutdown
     cancels = live_server("--MLClusterApp.cancel_jobs_on_shutdown=True")
-    assert wait_state(cancels, job["id"], ("succeeded",))["state"] == "succeeded", "it ran on to the end"
+    assert wait_state(cancels, job["id"], ("succeeded",))["state"] == "succeeded", (
+        "it ran on to the end"
+    )
 
     _status, own = cancels.request("POST", "jobs", {"code": COUNTING.format(lines=300, pause=0.1)})
     wait_state(cancels, own["id"], ("running",))
@@ -101,9 +107,18 @@ def api_schema(live_server):
         "--MLClusterApp.cancel_jobs_on_shutdown=True",
     )
     # Auth through schemathesis' own config, so it can also send requests without it.
-    config = SchemathesisConfig.from_dict({"auth": {"openapi": {"token": {"api_key": AUTH["Authorization"]}}}})
-    schema = schemathesis.openapi.from_url(f"{server.url}/mlcluster/api/openapi.json", config=config, headers=AUTH)
-    assert schema.raw_schema["components"]["schemas"]["JobSubmission"]["properties"]["workers"]["maximum"] == 2
+    config = SchemathesisConfig.from_dict(
+        {"auth": {"openapi": {"token": {"api_key": AUTH["Authorization"]}}}}
+    )
+    schema = schemathesis.openapi.from_url(
+        f"{server.url}/mlcluster/api/openapi.json", config=config, headers=AUTH
+    )
+    assert (
+        schema.raw_schema["components"]["schemas"]["JobSubmission"]["properties"]["workers"][
+            "maximum"
+        ]
+        == 2
+    )
     return schema
 
 
@@ -116,7 +131,9 @@ def no_server_errors_but_documented_no_cluster(ctx, response, case) -> None:
         message = json.loads(response.content)["message"]
         if message.startswith(NO_CLUSTER) and "503" in case.operation.definition.raw["responses"]:
             return
-    raise AssertionError(f"{response.status_code} from {case.method} {case.formatted_path}: {response.content[:500]!r}")
+    raise AssertionError(
+        f"{response.status_code} from {case.method} {case.formatted_path}: {response.content[:500]!r}"
+    )
 
 
 @pytest.mark.slow
@@ -127,28 +144,41 @@ def test_api_conforms_to_its_openapi_document(api_schema):
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    documented = {f"{m.upper()} {p}" for p, item in api_schema.raw_schema["paths"].items() for m in item if m != "parameters"}
+    documented = {
+        f"{m.upper()} {p}"
+        for p, item in api_schema.raw_schema["paths"].items()
+        for m in item
+        if m != "parameters"
+    }
     # schemathesis leaves out the document's own URL (served and checked in test_rest.py)
     assert {o.label for o in operations} == documented - {"GET /openapi.json"}
     statuses: Counter[tuple[str, int]] = Counter()
+
+    def fuzz(operation, mode: GenerationMode, excluded: list) -> None:
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(
+            max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        )
+        def run(case):
+            response = case.call_and_validate(
+                timeout=60,
+                excluded_checks=excluded,
+                additional_checks=[no_server_errors_but_documented_no_cluster],
+            )
+            statuses[(operation.label, response.status_code)] += 1
+
+        run()
+
     for operation in operations:
         excluded = [not_a_server_error]
         if operation.definition.raw.get("x-websocket"):
             # Plain HTTP can only get its documented 426 from a websocket endpoint.
             excluded.append(positive_data_acceptance)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            def run(case, operation=operation, excluded=excluded):
-                response = case.call_and_validate(
-                    timeout=60,
-                    excluded_checks=excluded,
-                    additional_checks=[no_server_errors_but_documented_no_cluster],
-                )
-                statuses[(operation.label, response.status_code)] += 1
-
-            run()
-    print(f"\nschemathesis: {sum(statuses.values())} requests over {len(operations)} operations:", dict(statuses))
+            fuzz(operation, mode, excluded)
+    print(
+        f"\nschemathesis: {sum(statuses.values())} requests over {len(operations)} operations:",
+        dict(statuses),
+    )
     assert statuses[("POST /jobs", 201)] > 0, "generated jobs were really submitted"
     assert statuses[("POST /jobs", 400)] > 0 and statuses[("GET /jobs", 200)] > 0

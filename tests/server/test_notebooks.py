@@ -18,17 +18,30 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def test_owner_labels_are_valid_and_distinct():
-    users = ["alice", "alice@example.com", "Alice", "a" * 200, "ünïcode", "", "-weird-", "alice@example.org"]
+    users = [
+        "alice",
+        "alice@example.com",
+        "Alice",
+        "a" * 200,
+        "ünïcode",
+        "",
+        "-weird-",
+        "alice@example.org",
+    ]
     labels = [owner_label(u) for u in users]
     assert len(set(labels)) == len(users)
     for label in labels:
         assert len(label) <= 63 and jsonschema.validators.Draft202012Validator(
-            {"pattern": LABEL_VALUE}).is_valid(label), label
+            {"pattern": LABEL_VALUE}
+        ).is_valid(label), label
 
 
 def test_notebook_object_and_its_rest_shape():
     obj = notebook_object(
-        name="nb1", namespace="users", owner="alice@example.com", image="jupyter/lab:4",
+        name="nb1",
+        namespace="users",
+        owner="alice@example.com",
+        image="jupyter/lab:4",
         request={"name": "nb1", "cpus": 2, "memory": "4Gi", "gpus": 1, "workspace_size": "10Gi"},
     )
     assert obj["apiVersion"] == "mlcluster.io/v1alpha1" and obj["kind"] == "Notebook"
@@ -48,7 +61,11 @@ def test_notebook_object_and_its_rest_shape():
 
 
 def test_a_fresh_notebook_without_status():
-    obj = notebook_object(name="nb2", namespace="ns", owner="bob", image="img", request={"name": "nb2"})
+    obj = notebook_object(
+        name="nb2", namespace="ns", owner="bob", image="img", request={"name": "nb2"}
+    )
     assert "resources" not in obj["spec"]["template"]["spec"]["containers"][0]
     shape = notebook_json(obj)
-    assert shape["phase"] == "Pending" and shape["url"] == "/notebook/ns/nb2/" and not shape["stopped"]
+    assert (
+        shape["phase"] == "Pending" and shape["url"] == "/notebook/ns/nb2/" and not shape["stopped"]
+    )

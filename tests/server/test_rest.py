@@ -12,7 +12,7 @@ import pytest
 from jupyter_server.serverapp import JupyterServerAuthWarning, ServerWebApplication
 from tornado import web
 
-from jupyterlab_mlcluster.server.app import route_pattern, routes
+from jupyterlab_mlcluster.server.app import MLClusterApp, route_pattern, routes
 from jupyterlab_mlcluster.server.openapi import build_document
 
 from .helpers import submit, wait_final
@@ -21,11 +21,22 @@ API = "mlcluster/api"
 
 # Every operation of the document, with a path that reaches its handler.
 OPERATIONS = [
-    ("GET", "jobs"), ("POST", "jobs"), ("GET", "jobs/j0000000001"), ("DELETE", "jobs/j0000000001"),
-    ("GET", "jobs/j0000000001/logs"), ("GET", "jobs/j0000000001/metrics"), ("GET", "jobs/j0000000001/result"),
-    ("GET", "cluster"), ("GET", "openapi.json"), ("GET", "events"),
-    ("GET", "notebooks"), ("POST", "notebooks"), ("GET", "notebooks/nb"), ("DELETE", "notebooks/nb"),
-    ("POST", "notebooks/nb/stop"), ("POST", "notebooks/nb/start"),
+    ("GET", "jobs"),
+    ("POST", "jobs"),
+    ("GET", "jobs/j0000000001"),
+    ("DELETE", "jobs/j0000000001"),
+    ("GET", "jobs/j0000000001/logs"),
+    ("GET", "jobs/j0000000001/metrics"),
+    ("GET", "jobs/j0000000001/result"),
+    ("GET", "cluster"),
+    ("GET", "openapi.json"),
+    ("GET", "events"),
+    ("GET", "notebooks"),
+    ("POST", "notebooks"),
+    ("GET", "notebooks/nb"),
+    ("DELETE", "notebooks/nb"),
+    ("POST", "notebooks/nb/stop"),
+    ("POST", "notebooks/nb/start"),
 ]
 
 
@@ -38,11 +49,15 @@ def test_openapi_document_matches_the_routes():
     assert set(served) == set(document["paths"]), "routes and document paths differ"
     for path, handler in served.items():
         implemented = {
-            m.lower() for m in handler.SUPPORTED_METHODS
-            if m not in ("OPTIONS",) and getattr(handler, m.lower()) is not web.RequestHandler._unimplemented_method
+            m.lower()
+            for m in handler.SUPPORTED_METHODS
+            if m not in ("OPTIONS",)
+            and getattr(handler, m.lower()) is not web.RequestHandler._unimplemented_method
         }
         documented = {m for m in document["paths"][path] if m != "parameters"}
-        assert implemented == documented, f"{path}: handler has {implemented}, document has {documented}"
+        assert implemented == documented, (
+            f"{path}: handler has {implemented}, document has {documented}"
+        )
 
 
 def test_every_handler_method_is_authenticated_and_authorized():
@@ -56,7 +71,9 @@ def test_every_handler_method_is_authenticated_and_authorized():
                 continue
             # @authorized wraps the method: its closure holds the action it checks.
             inner = fn.__wrapped__ if hasattr(fn, "__wrapped__") else fn
-            assert inner.__code__.co_qualname.startswith("authorized"), f"{handler.__name__}.{method} lacks @authorized"
+            assert inner.__code__.co_qualname.startswith("authorized"), (
+                f"{handler.__name__}.{method} lacks @authorized"
+            )
 
 
 async def test_extension_loads_without_auth_warnings(jp_server_config, jp_configurable_serverapp):
@@ -77,7 +94,10 @@ async def test_openapi_route_serves_the_document(api, mlc, jp_base_url):
 
 @pytest.fixture
 def mlc_config():
-    return {"MLClusterConfig": {"max_workers": 3, "cpu_slots": 6}, "MLClusterApp": {"snapshot_limit": 7}}
+    return {
+        "MLClusterConfig": {"max_workers": 3, "cpu_slots": 6},
+        "MLClusterApp": {"snapshot_limit": 7},
+    }
 
 
 async def test_server_config_reaches_the_engine_and_the_schema(api, mlc):
@@ -126,7 +146,17 @@ async def test_submit_list_get_logs_result(api, mlc, jp_base_url):
         answer = 6 * 7
         """
     )
-    status, job, response = await api("POST", "jobs", body={"code": code, "workers": 2, "name": "rest-job", "pull": ["answer"], "env": {"FOO": "bar"}})
+    status, job, response = await api(
+        "POST",
+        "jobs",
+        body={
+            "code": code,
+            "workers": 2,
+            "name": "rest-job",
+            "pull": ["answer"],
+            "env": {"FOO": "bar"},
+        },
+    )
     assert status == 201
     assert response.headers["Location"] == f"{jp_base_url}{API}/jobs/{job['id']}"
     assert job["name"] == "rest-job" and job["workers"] == 2 and job["env"] == {"FOO": "bar"}
@@ -146,7 +176,9 @@ async def test_submit_list_get_logs_result(api, mlc, jp_base_url):
     assert texts == [(r, f"line {i} of rank {r}") for r in (0, 1) for i in range(3)]
     status, again, _ = await api("GET", "jobs", job["id"], "logs", params={"since": page["cursor"]})
     assert again["lines"] == [] and again["cursor"] == page["cursor"]
-    status, one_rank, _ = await api("GET", "jobs", job["id"], "logs", params={"rank": "1", "tail": "1"})
+    status, one_rank, _ = await api(
+        "GET", "jobs", job["id"], "logs", params={"rank": "1", "tail": "1"}
+    )
     assert [(l["rank"], l["line"]) for l in one_rank["lines"]] == [(1, "line 2 of rank 1")]
 
     status, result, _ = await api("GET", "jobs", job["id"], "result")
@@ -204,14 +236,18 @@ async def test_submit_validation_errors(api, store_dir, body, fragment):
     assert not any((store_dir / "jobs").iterdir()), "nothing may be stored for a bad request"
 
 
-@pytest.mark.parametrize("raw", ["", "{", "not json", '{"code": "pass", "cpus": NaN}', "null", '{"code": "\\ud800"}'])
+@pytest.mark.parametrize(
+    "raw", ["", "{", "not json", '{"code": "pass", "cpus": NaN}', "null", '{"code": "\\ud800"}']
+)
 async def test_submit_rejects_bodies_that_are_not_json_objects(api, raw, store_dir):
     status, error, _ = await api("POST", "jobs", body=raw)
     assert status == 400 and error["message"]
     assert not any((store_dir / "jobs").iterdir())
 
 
-async def test_impossible_for_the_backend_is_409_and_kubernetes_without_cluster_is_503(api, store_dir):
+async def test_impossible_for_the_backend_is_409_and_kubernetes_without_cluster_is_503(
+    api, store_dir
+):
     status, error, _ = await api("POST", "jobs", body={"code": "pass", "gpus_per_worker": 2})
     assert status == 409 and "GPU" in error["message"]
     status, error, _ = await api("POST", "jobs", body={"code": "pass", "backend": "kubernetes"})
@@ -252,7 +288,10 @@ async def test_job_query_validation_errors(api, mlc):
     await wait_final(api, job["id"])
 
 
-@pytest.mark.parametrize("method,suffix", [("GET", ""), ("DELETE", ""), ("GET", "/logs"), ("GET", "/metrics"), ("GET", "/result")])
+@pytest.mark.parametrize(
+    "method,suffix",
+    [("GET", ""), ("DELETE", ""), ("GET", "/logs"), ("GET", "/metrics"), ("GET", "/result")],
+)
 async def test_unknown_job_is_404(api, method, suffix):
     status, error, _ = await api(method, f"jobs/j0123456789{suffix}")
     assert status == 404 and "j0123456789" in error["message"]
@@ -262,11 +301,30 @@ _AUDIT: list[tuple[str, str]] | None = None
 
 
 def _audit(event: str, args: tuple) -> None:
-    if _AUDIT is not None and event in ("open", "os.listdir", "os.scandir", "os.remove", "shutil.rmtree", "os.rmdir", "os.mkdir", "os.rename"):
+    if _AUDIT is not None and event in (
+        "open",
+        "os.listdir",
+        "os.scandir",
+        "os.remove",
+        "shutil.rmtree",
+        "os.rmdir",
+        "os.mkdir",
+        "os.rename",
+    ):
         _AUDIT.append((event, repr(args)))
 
 
-@pytest.mark.parametrize("method,suffix", [("GET", ""), ("DELETE", "?purge=true"), ("GET", "/logs"), ("GET", "/logs?follow=true"), ("GET", "/metrics"), ("GET", "/result")])
+@pytest.mark.parametrize(
+    "method,suffix",
+    [
+        ("GET", ""),
+        ("DELETE", "?purge=true"),
+        ("GET", "/logs"),
+        ("GET", "/logs?follow=true"),
+        ("GET", "/metrics"),
+        ("GET", "/result"),
+    ],
+)
 async def test_path_traversal_never_touches_the_filesystem(api, mlc, jp_fetch, method, suffix):
     """A job id like ../../etc/passwd is refused before any file is opened."""
     global _AUDIT
@@ -278,7 +336,11 @@ async def test_path_traversal_never_touches_the_filesystem(api, mlc, jp_fetch, m
         try:
             path, _, query = suffix.partition("?")
             response = await jp_fetch(
-                API, "jobs", evil + path, method=method, raise_error=False,
+                API,
+                "jobs",
+                evil + path,
+                method=method,
+                raise_error=False,
                 params=dict([query.split("=")]) if query else None,
             )
             touched = [entry for entry in _AUDIT if "passwd" in entry[1] or "/etc" in entry[1]]
@@ -333,7 +395,10 @@ async def test_result_states(api, mlc):
     nothing = await submit(api, "x = 1")
     for job in (value, opaque, nothing):
         assert (await wait_final(api, job["id"]))["state"] == "succeeded"
-    assert (await api("GET", "jobs", value["id"], "result"))[1] == {"kind": "value", "value": {"a": [1, 2.5, None]}}
+    assert (await api("GET", "jobs", value["id"], "result"))[1] == {
+        "kind": "value",
+        "value": {"a": [1, 2.5, None]},
+    }
     status, error, _ = await api("GET", "jobs", opaque["id"], "result")
     assert status == 409 and "no JSON form" in error["message"] and "object" in error["message"]
     assert (await api("GET", "jobs", nothing["id"], "result"))[1] == {"kind": "none", "value": None}
@@ -375,12 +440,23 @@ async def test_notebook_requests_are_validated_first(api):
 
 
 def write_kubeconfig(path, server: str) -> None:
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": server}}],
-        "users": [{"name": "test", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "users"}}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [{"name": "test", "cluster": {"server": server}}],
+                "users": [{"name": "test", "user": {"token": "t"}}],
+                "contexts": [
+                    {
+                        "name": "test",
+                        "context": {"cluster": "test", "user": "test", "namespace": "users"},
+                    }
+                ],
+            }
+        )
+    )
 
 
 async def test_notebooks_with_an_unreachable_cluster_are_503(api, tmp_path, monkeypatch):
@@ -401,8 +477,16 @@ async def test_notebooks_refused_by_the_api_server_are_502(api, tmp_path, monkey
         def get(self, path):
             seen.append((self.request.path, self.request.query))
             self.set_status(403)
-            self.finish({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
-                         "message": "notebooks.mlcluster.io is forbidden", "code": 403})
+            self.finish(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Forbidden",
+                    "message": "notebooks.mlcluster.io is forbidden",
+                    "code": 403,
+                }
+            )
 
     from tornado.httpserver import HTTPServer
     from tornado.testing import bind_unused_port
@@ -421,3 +505,71 @@ async def test_notebooks_refused_by_the_api_server_are_502(api, tmp_path, monkey
     path, query = seen[0]
     assert path == "/apis/mlcluster.io/v1alpha1/namespaces/users/notebooks"
     assert "labelSelector=mlcluster.io/owner%3D" in query
+
+
+# -- packaging and configuration ------------------------------------------------------------
+
+
+def test_installed_config_enables_the_extension():
+    from pathlib import Path
+
+    import tomllib
+
+    import jupyterlab_mlcluster
+
+    repo = Path(__file__).resolve().parents[2]
+    enabled = json.loads(
+        (repo / "jupyter-config/jupyter_server_config.d/jupyterlab_mlcluster.json").read_text()
+    )
+    assert enabled == {"ServerApp": {"jpserver_extensions": {"jupyterlab_mlcluster": True}}}
+    shared = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["hatch"]["build"][
+        "targets"
+    ]["wheel"]["shared-data"]
+    assert shared["jupyter-config/jupyter_server_config.d"] == "etc/jupyter/jupyter_server_config.d"
+    (point,) = jupyterlab_mlcluster._jupyter_server_extension_points()
+    assert point["app"] is MLClusterApp and point["app"].name == "mlcluster"
+
+
+async def test_jupyter_mlcluster_config_file_is_read(
+    jp_server_config, jp_configurable_serverapp, jp_config_dir
+):
+    # The extension's own config file, as `jupyter_mlcluster_config` next to the server's.
+    (jp_config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps(
+            {"MLClusterApp": {"event_max_rate": 4.0}, "MLClusterConfig": {"kill_grace_period": 7.5}}
+        )
+    )
+    app = jp_configurable_serverapp(config=jp_server_config)
+    mlc = app.extension_manager.extension_points["mlcluster"].app
+    assert mlc.event_max_rate == 4.0 and mlc.broadcaster.min_gap == 0.25
+    assert mlc.service.config.kill_grace_period == 7.5
+
+
+@pytest.fixture
+def orphaned_job(store_dir):
+    """A job left `running` by a supervisor that died while no server was up."""
+    import subprocess
+
+    import psutil
+
+    from jupyterlab_mlcluster.backends.local.pool import this_host
+    from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+    from jupyterlab_mlcluster.jobs.record import JobRecord
+    from jupyterlab_mlcluster.jobs.store import JobStore
+
+    gone = subprocess.Popen(["true"])
+    created = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    store = JobStore(store_dir)
+    store.insert_job(JobRecord(id="jorphan0001", name="orphan", spec=JobSpec(), created=1.0))
+    store.update_job(
+        "jorphan0001", supervisor={"pid": gone.pid, "create_time": created, "host": this_host()}
+    )
+    store.transition("jorphan0001", JobState.RUNNING, started=2.0)
+    return store
+
+
+async def test_starting_the_server_settles_jobs_whose_supervisor_died(orphaned_job, mlc):
+    # Settled by the start hook itself, before any request asks about it.
+    record = orphaned_job.get_job("jorphan0001")
+    assert record.state.value == "failed" and "supervisor" in record.error
