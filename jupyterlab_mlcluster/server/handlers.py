@@ -7,6 +7,7 @@ in the extension's executor (`self.run(...)`), never on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -184,6 +185,7 @@ class JobHandler(MLClusterHandler):
 class LogsHandler(MLClusterHandler):
     api_path = "/jobs/{id}/logs"
     _closed = False
+    _changed: asyncio.Event | None = None
 
     @web.authenticated
     @authorized("read")
@@ -225,6 +227,7 @@ class LogsHandler(MLClusterHandler):
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")  # let reverse proxies stream it
         with broadcaster.job_changed(job_id) as changed:
+            self._changed = changed
             try:
                 while not self._closed:
                     changed.clear()
@@ -247,6 +250,8 @@ class LogsHandler(MLClusterHandler):
 
     def on_connection_close(self) -> None:
         self._closed = True
+        if self._changed is not None:
+            self._changed.set()  # stop waiting for a job that may not change for hours
         super().on_connection_close()
 
 

@@ -246,6 +246,30 @@ FLAT_OUT = textwrap.dedent(
 )
 
 
+async def test_a_follower_that_hangs_up_is_let_go(api, mlc, jp_http_port, jp_base_url, jp_serverapp):
+    job = await submit(api, "import time\nprint('hello', flush=True)\ntime.sleep(60)")
+    reader, writer = await asyncio.open_connection("127.0.0.1", jp_http_port)
+    token = jp_serverapp.identity_provider.token
+    writer.write(
+        f"GET {jp_base_url}mlcluster/api/jobs/{job['id']}/logs?follow=true HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{jp_http_port}\r\nAuthorization: token {token}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    received = b""
+    while b"hello" not in received:
+        received += await asyncio.wait_for(reader.read(65536), 30)
+    assert b"application/x-ndjson" in received
+    assert job["id"] in mlc.broadcaster._job_waiters
+    writer.close()
+    # Within 0.3 s: sooner than the job's next change (metrics come once a second).
+    for _ in range(15):
+        if job["id"] not in mlc.broadcaster._job_waiters:
+            break
+        await asyncio.sleep(0.02)
+    assert job["id"] not in mlc.broadcaster._job_waiters, "the follower is gone at once"
+    await api("DELETE", "jobs", job["id"])
+
+
 class LoopLateness:
     """A 10 ms periodic callback's lateness: how long the event loop could not run it.
 
