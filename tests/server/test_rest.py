@@ -573,3 +573,44 @@ async def test_starting_the_server_settles_jobs_whose_supervisor_died(orphaned_j
     # Settled by the start hook itself, before any request asks about it.
     record = orphaned_job.get_job("jorphan0001")
     assert record.state.value == "failed" and "supervisor" in record.error
+
+
+def test_the_job_schema_is_the_engines_job_shape():
+    """The document's Job is exactly what JobRecord.to_json() gives: a field added to the
+    engine's JSON without the document (or the other way round) fails here."""
+    import jsonschema
+
+    from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
+    from jupyterlab_mlcluster.jobs.record import JobRecord, RankRecord
+
+    record = JobRecord(
+        id="j0123456789",
+        name="x",
+        spec=JobSpec(workers=2, memory=2**30, env={"A": "1"}, timeout=60.0),
+        state=JobState.RUNNING,
+        created=1.0,
+        started=2.0,
+        owner="me",
+        origin={"kind": "rest"},
+        ranks=[
+            RankRecord(
+                0,
+                RankState.RUNNING,
+                pid=10,
+                host="h",
+                started=2.0,
+                metrics={"cpu_percent": 99.5, "memory_bytes": 10**8},
+                progress={"step": 1, "total": 10, "desc": "e"},
+            ),
+            RankRecord(1, RankState.FAILED, exit_code=1, started=2.0, finished=3.0),
+        ],
+    )
+    shape = record.to_json()
+    schemas = build_document(max_workers=2)["components"]["schemas"]
+    jsonschema.validate(
+        shape,
+        {**schemas["Job"], "components": {"schemas": schemas}},
+        format_checker=jsonschema.FormatChecker(),
+    )
+    assert set(shape) == set(schemas["Job"]["properties"]) == set(schemas["Job"]["required"])
+    assert set(shape["ranks"][0]) == set(schemas["Rank"]["properties"])
