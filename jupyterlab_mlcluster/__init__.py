@@ -96,6 +96,13 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """The Jupyter server extension (REST API, event stream); enabled by jupyter-config/."""
+    from .server.app import MLClusterApp
+
+    return [{"module": "jupyterlab_mlcluster.server.app", "app": MLClusterApp}]
+
+
 def __getattr__(name: str):
     if name == "Job":
         from .jobs.handle import Job
