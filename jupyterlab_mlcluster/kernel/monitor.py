@@ -251,7 +251,7 @@ def rank_table(record: JobRecord, has_gpus: bool) -> str:
         cells = [
             f"<code>{rank.rank}</code>",
             badge(state),
-            "–" if m.get("cpu_percent") is None else f"{m['cpu_percent']:.0f}%",
+            "–" if m.get("cpu_percent") is None or rank.state.final else f"{m['cpu_percent']:.0f}%",
             format_bytes(m.get("memory_bytes")),
         ]
         if has_gpus:

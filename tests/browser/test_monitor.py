@@ -66,6 +66,7 @@ def test_monitor_renders_live_and_final(notebook_lab, artifacts, service):
             timeout=60_000,
         )
         page.wait_for_selector(".jp-Cell .jp-OutputArea-output:has-text('[rank 3] step 30')", timeout=30_000)
+        page.set_viewport_size({"width": 1280, "height": 1800})  # the whole cell, outputs too
         page.wait_for_timeout(500)
         cell = page.locator(".jp-Notebook .jp-Cell").first
         cell.screenshot(path=str(artifacts / "monitor.png"))
@@ -75,8 +76,10 @@ def test_monitor_renders_live_and_final(notebook_lab, artifacts, service):
         assert page.locator(".mlcluster-monitor button:has-text('Cancel')").is_disabled()
         # the rank tabs hold the logs
         page.locator(".mlcluster-monitor .lm-TabBar-tab:has-text('rank 2')").click()
-        page.wait_for_selector(".mlcluster-monitor pre:has-text('step 30: loss')", timeout=10_000)
-        assert not page.console_errors, page.console_errors
+        page.wait_for_selector(".mlcluster-monitor pre:visible:has-text('step 30: loss')", timeout=10_000)
+        # nothing went wrong in the page but the notebook servers route's deliberate 503
+        errors = [e for e in page.console_errors if "503 (Service Unavailable)" not in e]
+        assert not errors, errors
     (record,) = service.store.list_jobs()[0]
     assert record.state == "succeeded" and record.name == "monitor-demo"
     assert record.origin.get("notebook", "").endswith("monitor.ipynb")  # the server told the kernel

@@ -282,11 +282,12 @@ class _Gang:
             self.last_flush = now
         if now - self.last_metrics >= self.ctx.config.metrics_interval:
             self.last_metrics = now
-            samples = {
-                p.rank: self.sampler.sample(p.pid, self.allocation["gpus"][p.rank])
-                for p in self.ranks
-                if p.returncode is None
-            }
+            samples = {}
+            for p in self.ranks:
+                if p.returncode is None:
+                    sample = self.sampler.sample(p.pid, self.allocation["gpus"][p.rank])
+                    if sample is not None:
+                        samples[p.rank] = sample
             if samples:
                 self.ctx.store.record_metrics(self.ctx.job.id, samples)
         self.ctx.tick()
