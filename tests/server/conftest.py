@@ -39,7 +39,7 @@ def mlc(jp_serverapp, jp_asyncio_loop):
     jp_asyncio_loop.run_until_complete(app._start_jupyter_server_extension(jp_serverapp))
     yield app
     # Nothing of any job may outlive the test.
-    from conftest import assert_no_job_processes
+    from helpers import assert_no_job_processes
 
     for record in app.service.store.list_jobs()[0]:
         if not record.final:
@@ -93,7 +93,7 @@ def live_server(tmp_path, store_dir):
     for server in servers:
         server.stop()
     # Whatever the servers left running (they leave jobs running by design) is stopped here.
-    from conftest import assert_no_job_processes
+    from helpers import assert_no_job_processes
 
     from jupyterlab_mlcluster.jobs.service import JobService
 
