@@ -10,6 +10,7 @@ of an ever-growing backlog; and nothing on the event loop touches SQLite or file
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -100,6 +101,12 @@ class EventBroadcaster:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._seq = itertools.count(1)
+
+    def encode(self, message: dict[str, Any]) -> str:
+        """JSON with a `seq` that grows with the time a message was made (any thread), so a
+        client can drop a message older than one it already applied (e.g. the snapshot)."""
+        return json.dumps({**message, "seq": next(self._seq)})
 
     # -- lifecycle (event loop) ---------------------------------------------------------
 
@@ -171,14 +178,14 @@ class EventBroadcaster:
                     now = time.monotonic()
                     messages: list[tuple[Key, str]] = []
                     if changes.resync:
-                        messages.append((("snapshot", ""), json.dumps(self.snapshot())))
+                        messages.append((("snapshot", ""), self.encode(self.snapshot())))
                         feed.clear()
                         cluster_stale = True
                     for job_id in changes.deleted:
                         feed.forget(job_id)
                         states.pop(job_id, None)
                         messages.append(
-                            (("deleted", job_id), json.dumps({"type": "deleted", "id": job_id}))
+                            (("deleted", job_id), self.encode({"type": "deleted", "id": job_id}))
                         )
                         cluster_stale = True
                     for job_id in changes.jobs:
@@ -188,7 +195,7 @@ class EventBroadcaster:
                     for key in feed.due(now):
                         kind, job_id = key
                         if kind == "logs":
-                            messages.append((key, json.dumps({"type": "logs", "id": job_id})))
+                            messages.append((key, self.encode({"type": "logs", "id": job_id})))
                             continue
                         try:
                             record = self.service.store.get_job(job_id)
@@ -197,11 +204,11 @@ class EventBroadcaster:
                         if states.get(job_id) != record.state.value:
                             states[job_id] = record.state.value
                             cluster_stale = True  # capacity and queue change with job states
-                        messages.append((key, json.dumps({"type": "job", "job": record.to_json()})))
+                        messages.append((key, self.encode({"type": "job", "job": record.to_json()})))
                     if cluster_stale and now >= cluster_quiet_until:
                         # At most every cluster_interval, however busy the store is.
                         cluster_stale, cluster_quiet_until = False, now + self.cluster_interval
-                        text = json.dumps({"type": "cluster", "cluster": self.service.cluster()})
+                        text = self.encode({"type": "cluster", "cluster": self.service.cluster()})
                         if text != last_cluster:
                             if last_cluster is not None:
                                 messages.append((("cluster", ""), text))
@@ -306,7 +313,7 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         # Subscribe before taking the snapshot, so no change falls between the two.
         app.broadcaster.subscribe(subscriber)
         try:
-            snapshot = await app.run(lambda: json.dumps(app.broadcaster.snapshot()))
+            snapshot = await app.run(lambda: app.broadcaster.encode(app.broadcaster.snapshot()))
             await self.write_message(snapshot)
         except WebSocketClosedError:
             app.broadcaster.unsubscribe(subscriber)

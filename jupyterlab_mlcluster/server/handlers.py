@@ -221,6 +221,10 @@ class LogsHandler(MLClusterHandler):
             lines, cursor = service.logs(
                 job_id, rank, cursor, max_bytes=FOLLOW_READ_BYTES, tail=tail
             )
+            if lines:
+                # Where to resume after this batch, should the stream break: a client
+                # reconnects with `since=<cursor>` instead of reloading everything.
+                lines[-1] = {**lines[-1], "cursor": cursor}
             return ndjson(lines), cursor, final
 
         self.set_header("Content-Type", "application/x-ndjson")

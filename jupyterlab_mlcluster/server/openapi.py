@@ -275,6 +275,10 @@ def _schemas(max_workers: int) -> dict[str, Any]:
                 "ts": {"type": "string", "format": "date-time"},
                 "stream": {"enum": ["stdout", "stderr", "system"]},
                 "line": {"type": "string"},
+                "cursor": {
+                    "type": "string",
+                    "description": "On the last line of each streamed batch (follow=true): pass as `since` to resume after it.",
+                },
             },
             "required": ["rank", "ts", "stream", "line"],
         },
@@ -389,7 +393,9 @@ def _schemas(max_workers: int) -> dict[str, Any]:
             "required": ["notebooks"],
         },
         "Event": {
-            "description": "One websocket message of /events (a JSON text frame).",
+            "description": "One websocket message of /events (a JSON text frame). Every message also "
+            "carries `seq`, an integer that grows with the time the message was made: a client may drop "
+            "a message whose seq is below one it already applied (e.g. below the snapshot's).",
             "oneOf": [
                 {
                     "type": "object",
