@@ -69,7 +69,8 @@ async def test_snapshot_then_live_job_events(api, mlc, jp_ws_fetch):
     assert "running" in states
     final = seen[-1]["job"]
     assert [r["state"] for r in final["ranks"]] == ["succeeded", "succeeded"]
-    assert any(m == {"type": "logs", "id": job["id"]} for m in seen), "log hints are pushed"
+    assert any(m["type"] == "logs" and m["id"] == job["id"] for m in seen), "log hints are pushed"
+    assert [m["seq"] for m in seen] == sorted(m["seq"] for m in seen) and seen[0]["seq"] > snapshot["seq"]
     clusters = [m["cluster"] for m in seen if m["type"] == "cluster"]
     assert any(c["capacity"]["cpus"]["free"] < c["capacity"]["cpus"]["total"] for c in clusters), (
         clusters
@@ -84,7 +85,7 @@ async def test_snapshot_then_live_job_events(api, mlc, jp_ws_fetch):
 
     status, _, _ = await api("DELETE", "jobs", job["id"], params={"purge": "true"})
     assert status == 204
-    await read_until(ws, lambda m: m == {"type": "deleted", "id": job["id"]})
+    await read_until(ws, lambda m: m["type"] == "deleted" and m["id"] == job["id"])
     ws.close()
 
 
