@@ -96,6 +96,12 @@ class MLClusterApp(ExtensionApp):
         "ms on a slow machine). Frozen objects are not scanned; new ones are collected as usual.",
     ).tag(config=True)
 
+    warm_pool_prestart = Bool(
+        True,
+        help="Start the local warm pool (MLClusterConfig.warm_pool) in the background when the "
+        "server starts, so the first %%distributed cell of the session starts warm too.",
+    ).tag(config=True)
+
     notebook_namespace = Unicode(
         "",
         help="Namespace of the users' Notebook objects ('' = MLClusterConfig.kubernetes_namespace, "
@@ -149,6 +155,11 @@ class MLClusterApp(ExtensionApp):
                 "mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped
             )
         self.broadcaster.ensure_started()
+        if self.warm_pool_prestart and self.mlconfig.warm_pool:
+            from ..backends.local import warmpool
+
+            # Fire and forget: it takes seconds (import torch) in its own process.
+            self.executor.submit(warmpool.ensure_zygote, self.mlconfig, False)
         if self.freeze_gc_on_start:
             gc.freeze()
 
