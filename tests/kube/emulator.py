@@ -280,7 +280,7 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
         group = request.url.path.strip('/').split('/')[1]
         versions = self._catalogue.groups().get(group)
         if not group or not versions:
-            raise kmock.KubernetesResourceNotFoundError()
+            raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
         return {'kind': 'APIGroup', 'apiVersion': 'v1', **self._group_doc(group, versions)}
 
     async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
@@ -288,7 +288,7 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
         group, version = ('', parts[1]) if parts[0] == 'api' else (parts[1], parts[2])
         types = [r for r in self._catalogue.all() if (r.group, r.version) == (group, version)]
         if not types:
-            raise kmock.KubernetesResourceNotFoundError()
+            raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
         return {'kind': 'APIResourceList', 'apiVersion': 'v1',
                 'groupVersion': f'{group}/{version}' if group else version,
                 'resources': [e for r in sorted(types, key=lambda r: r.plural)
@@ -516,7 +516,7 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
             obj.update(pruned)
             causes = validation.validate_custom(obj, rtype.schema)
         else:
-            causes = validation.validate_builtin(obj)
+            causes = validation.validate_builtin(obj) + rules.value_errors(rtype.group_resource, obj)
         causes += rules.metadata_errors(rtype.group_resource, obj['metadata'])
         if old is not None:
             causes += rules.immutable_errors(rtype.group_resource, old, obj)
@@ -575,6 +575,7 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
             obj.pop('status', None)
         self._new_object_meta(obj)
         rules.apply_create_defaults(rtype.group_resource, obj)
+        rules.apply_defaults(rtype.group_resource, obj)
         warnings = self._admit(rtype, obj, None, request.params)
         existing = self._store.get(rtype.group_resource, (ns or '', meta['name']))
         if existing is not None:
@@ -633,6 +634,7 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
                 raise invalid(rtype, name, [validation.Cause(
                     'metadata.finalizers', f'Forbidden: no new finalizers can be added if the '
                     f'object is being deleted, found new finalizers {sorted(added)}')])
+        rules.apply_defaults(rtype.group_resource, new)
         warnings = self._admit(rtype, new, old, params)
         meta['resourceVersion'] = old['metadata']['resourceVersion']
         if _without_rv(new) == _without_rv(old):

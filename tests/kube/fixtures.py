@@ -6,6 +6,7 @@ anything imports ``kubernetes``: importing it writes the session kubeconfig and 
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -38,6 +39,7 @@ _SESSION_DIR = Path(tempfile.mkdtemp(prefix='kube-emulator-'))
 SESSION_PORT = _free_port()
 SESSION_KUBECONFIG = write_kubeconfig(_SESSION_DIR / 'kubeconfig.yaml', f'http://127.0.0.1:{SESSION_PORT}')
 os.environ['KUBECONFIG'] = str(SESSION_KUBECONFIG)
+logging.getLogger('aiohttp.access').setLevel(logging.WARNING)  # one line per API request otherwise
 
 
 @dataclass

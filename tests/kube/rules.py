@@ -99,6 +99,116 @@ def apply_create_defaults(group_resource: tuple[str, str], obj: dict[str, Any]) 
         obj['status'] = {'phase': 'Pending'}
 
 
+_TEMPLATE_KINDS = {('apps', 'statefulsets'), ('apps', 'deployments'), ('apps', 'replicasets'),
+                   ('apps', 'daemonsets'), ('batch', 'jobs')}
+
+
+def _probe_defaults(probe: dict[str, Any]) -> None:
+    for key, value in (('timeoutSeconds', 1), ('periodSeconds', 10), ('successThreshold', 1),
+                       ('failureThreshold', 3)):
+        probe.setdefault(key, value)
+    if isinstance(probe.get('httpGet'), dict):
+        probe['httpGet'].setdefault('scheme', 'HTTP')
+
+
+def _pod_spec_defaults(spec: dict[str, Any], restart_policy: str) -> None:
+    spec.setdefault('restartPolicy', restart_policy)
+    spec.setdefault('dnsPolicy', 'ClusterFirst')
+    spec.setdefault('schedulerName', 'default-scheduler')
+    spec.setdefault('terminationGracePeriodSeconds', 30)
+    spec.setdefault('securityContext', {})
+    for container in [*spec.get('containers', []), *spec.get('initContainers', [])]:
+        if not isinstance(container, dict):
+            continue
+        image = str(container.get('image', ''))
+        tag = image.rsplit('/', 1)[-1].partition(':')[2]
+        container.setdefault('imagePullPolicy', 'Always' if tag in ('', 'latest') else 'IfNotPresent')
+        container.setdefault('terminationMessagePath', '/dev/termination-log')
+        container.setdefault('terminationMessagePolicy', 'File')
+        for port in container.get('ports') or []:
+            port.setdefault('protocol', 'TCP')
+        for probe in ('livenessProbe', 'readinessProbe', 'startupProbe'):
+            if isinstance(container.get(probe), dict):
+                _probe_defaults(container[probe])
+
+
+def apply_defaults(group_resource: tuple[str, str], obj: dict[str, Any]) -> None:
+    """Field defaults the apiserver fills on every write (a subset), so stored objects carry
+    more than clients sent, as on a real cluster (controllers must not see that as drift)."""
+    spec = obj.get('spec')
+    if not isinstance(spec, dict):
+        return
+    if group_resource == ('', 'pods'):
+        _pod_spec_defaults(spec, 'Always')
+    elif group_resource in _TEMPLATE_KINDS and isinstance((spec.get('template') or {}).get('spec'), dict):
+        _pod_spec_defaults(spec['template']['spec'],
+                           'Never' if group_resource == ('batch', 'jobs') else 'Always')
+        if group_resource == ('apps', 'statefulsets'):
+            spec.setdefault('revisionHistoryLimit', 10)
+            spec.setdefault('persistentVolumeClaimRetentionPolicy',
+                            {'whenDeleted': 'Retain', 'whenScaled': 'Retain'})
+    elif group_resource == ('', 'services'):
+        for port in spec.get('ports') or []:
+            port.setdefault('protocol', 'TCP')
+            port.setdefault('targetPort', port.get('port'))
+
+
+_CONTAINER_VALUES = {
+    'imagePullPolicy': ('Always', 'IfNotPresent', 'Never'),
+    'terminationMessagePolicy': ('File', 'FallbackToLogsOnError'),
+}
+_POD_VALUES = {
+    'restartPolicy': ('Always', 'OnFailure', 'Never'),
+    'dnsPolicy': ('ClusterFirstWithHostNet', 'ClusterFirst', 'Default', 'None'),
+}
+_PROTOCOLS = ('TCP', 'UDP', 'SCTP')
+
+
+def _supported(causes: list[Cause], path: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        causes.append(Cause(path, f'Unsupported value: {value!r}: supported values: '
+                                  + ', '.join(f'"{v}"' for v in allowed), 'FieldValueNotSupported'))
+
+
+def _pod_spec_value_errors(spec: Mapping[str, Any], path: str) -> list[Cause]:
+    causes: list[Cause] = []
+    for key, allowed in _POD_VALUES.items():
+        _supported(causes, f'{path}.{key}', spec.get(key), allowed)
+    for group in ('containers', 'initContainers'):
+        for index, container in enumerate(spec.get(group) or []):
+            where = f'{path}.{group}[{index}]'
+            for key, allowed in _CONTAINER_VALUES.items():
+                _supported(causes, f'{where}.{key}', container.get(key), allowed)
+            for number, port in enumerate(container.get('ports') or []):
+                _supported(causes, f'{where}.ports[{number}].protocol', port.get('protocol'), _PROTOCOLS)
+    return causes
+
+
+def value_errors(group_resource: tuple[str, str], obj: Mapping[str, Any]) -> list[Cause]:
+    """Enumerated fields the apiserver checks in code (the OpenAPI schemas only describe them)."""
+    spec = obj.get('spec')
+    if not isinstance(spec, Mapping):
+        return []
+    causes: list[Cause] = []
+    if group_resource == ('', 'pods'):
+        causes += _pod_spec_value_errors(spec, 'spec')
+    elif group_resource in _TEMPLATE_KINDS and isinstance((spec.get('template') or {}).get('spec'), Mapping):
+        causes += _pod_spec_value_errors(spec['template']['spec'], 'spec.template.spec')
+    if group_resource == ('', 'services'):
+        _supported(causes, 'spec.type', spec.get('type'), ('ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName'))
+        for number, port in enumerate(spec.get('ports') or []):
+            _supported(causes, f'spec.ports[{number}].protocol', port.get('protocol'), _PROTOCOLS)
+    if group_resource == ('', 'persistentvolumeclaims'):
+        for number, mode in enumerate(spec.get('accessModes') or []):
+            _supported(causes, f'spec.accessModes[{number}]', mode,
+                       ('ReadWriteOnce', 'ReadOnlyMany', 'ReadWriteMany', 'ReadWriteOncePod'))
+    if group_resource == ('apps', 'statefulsets'):
+        _supported(causes, 'spec.podManagementPolicy', spec.get('podManagementPolicy'), ('OrderedReady', 'Parallel'))
+    if group_resource == ('batch', 'jobs'):
+        _supported(causes, 'spec.completionMode', spec.get('completionMode'), ('NonIndexed', 'Indexed'))
+    return causes
+
+
 # Kind -> spec fields that may change after create (everything else in spec is immutable).
 _MUTABLE_SPEC = {
     ('apps', 'statefulsets'): {'replicas', 'template', 'updateStrategy', 'minReadySeconds',
