@@ -118,14 +118,15 @@ class NotebookController:
         return self._locks.setdefault(key, asyncio.Lock())
 
     # -- indexes (kopf keeps them current from its watches) --------------------------------
+    # Index values are read, never changed: a shallow copy of each event's fresh body will do.
     @staticmethod
     def index_notebook(namespace: str, name: str, body: Mapping[str, Any], **_: Any) -> dict[NotebookKey, Any]:
-        return {(namespace, name): _raw(body)}
+        return {(namespace, name): dict(body)}
 
     @staticmethod
     def index_owned(namespace: str, labels: Mapping[str, str], body: Mapping[str, Any],
                     **_: Any) -> dict[NotebookKey, Any]:
-        return {(namespace, labels[objects.LABEL_NOTEBOOK]): _raw(body)}
+        return {(namespace, labels[objects.LABEL_NOTEBOOK]): dict(body)}
 
     # -- reconciling ---------------------------------------------------------------------
     async def on_notebook(self, body: Mapping[str, Any], logger: logging.Logger, **kwargs: Any) -> None:
@@ -209,7 +210,6 @@ class NotebookController:
             if exc.status != 404:  # the notebook went away meanwhile
                 raise
         self._written[key] = status
-        notebook['status'] = status
 
     def _notebook(self, indexes: Mapping[str, Any], namespace: str, name: str) -> dict[str, Any] | None:
         notebook = _one(indexes.get('notebooks'), (namespace, name))
@@ -244,12 +244,6 @@ class NotebookController:
                 await self._write_status(notebook, kwargs)
             except ApiError as exc:
                 logger.warning('Could not update the status of %s: %s', notebook['metadata']['name'], exc)
-
-    async def on_notebook_gone(self, type: str | None, namespace: str, name: str, **_: Any) -> None:
-        if type == 'DELETED':
-            self._locks.pop((namespace, name), None)
-            self._written.pop((namespace, name), None)
-            self._errors.pop((namespace, name), None)
 
     # -- spawn progress: pod events re-issued on the Notebook ------------------------------
     async def on_event(self, type: str | None, body: Mapping[str, Any], namespace: str,
@@ -289,7 +283,12 @@ class NotebookController:
 
     async def resync_all(self) -> None:
         """Level-based safety net: reconcile every notebook (drift a watch may have missed)."""
-        for notebook in self._live_notebooks():
+        notebooks = self._live_notebooks()
+        present = {(nb['metadata']['namespace'], nb['metadata']['name']) for nb in notebooks}
+        for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
+            for key in [key for key in memory if key not in present]:
+                del memory[key]
+        for notebook in notebooks:
             meta = notebook['metadata']
             logger = logging.LoggerAdapter(log, {'notebook': f"{meta['namespace']}/{meta['name']}"})
             self._written.pop((meta['namespace'], meta['name']), None)
@@ -378,7 +377,6 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
         kopf.on.event('', 'v1', 'events', registry=registry, id='mirror_events')(controller.on_event)
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorator(*notebooks, registry=registry, id='reconcile', backoff=config.retry_delay)(controller.on_notebook)
-    kopf.on.event(*notebooks, registry=registry, id='forget')(controller.on_notebook_gone)
     return registry
 
 

@@ -104,9 +104,10 @@ async def kube_aio_api(kube_cluster: KubeCluster) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-def kube(kube_cluster: KubeCluster) -> Kube:
+def kube(kube_cluster: KubeCluster) -> Iterator[Kube]:
     """Helpers: generic REST, install_crd, set_pod_phase, run_statefulset, append_log, ..."""
-    return Kube(kube_cluster.url, kube_cluster.thread)
+    yield Kube(kube_cluster.url, kube_cluster.thread)
+    kube_cluster.thread.call(lambda emulator: emulator.remove_reactions())  # faults a test added
 
 
 @pytest.fixture

@@ -378,20 +378,29 @@ def test_sigkilled_during_a_burst_of_creates_converges(kube: Kube, kube_namespac
     def burst() -> None:
         for index, name in enumerate(names):
             create_notebook(kube, kube_namespace, name=name, workspace='1Gi' if index % 3 == 0 else None)
-            time.sleep(rng.uniform(0, 0.04))
+            time.sleep(rng.uniform(0.02, 0.08))
         for name in deleted:  # deletions while the controller may be dead or half-way
             kube.delete(NB, 'Notebook', name, kube_namespace)
         done.set()
 
+    def made() -> int:
+        return len(kube.list('apps/v1', 'StatefulSet', kube_namespace))
+
     kills = 0
+    progress = []  # StatefulSets made so far, at each kill
     try:
         pid = zygote.spawn(argv, tmp_path / 'controller.log')
         creator = threading.Thread(target=burst)
         creator.start()
         while not done.is_set() or kills < 4:
-            time.sleep(rng.uniform(0.2, 1.2))
+            # Once this controller is busy (it made something), kill it at a random moment.
+            before = made()
+            with contextlib.suppress(TimeoutError):
+                kube.wait_for(lambda: made() > before, timeout=10, interval=0.02)
+            time.sleep(rng.uniform(0, 0.3))
             zygote.kill(pid)  # SIGKILL: no cleanup, no finally, no flushed state
             kills += 1
+            progress.append(made())
             pid = zygote.spawn(argv, tmp_path / 'controller.log')
         creator.join()
 
@@ -417,6 +426,7 @@ def test_sigkilled_during_a_burst_of_creates_converges(kube: Kube, kube_namespac
             assert [r['uid'] for r in refs if r['kind'] == 'Notebook'] and all(r['uid'] in uids for r in refs), \
                 (kind, child['metadata']['name'], seed)
     assert kills >= 4
+    assert any(0 < made < len(names) for made in progress), (progress, seed)  # killed mid-work
 
 
 # --- least privilege, CLI, shipped manifests -----------------------------------------------------
