@@ -62,12 +62,11 @@ def main() -> int:
 
     log = open(os.environ.get('BENCH_LOG', Path(tempfile.mkdtemp()) / 'controller.log'), 'w')
     controller = subprocess.Popen(
-        [sys.executable, '-m', 'notebook_controller', f'--kubeconfig={cluster.kubeconfig}',
+        [sys.executable, *os.environ.get('BENCH_PYTHON_ARGS', '').split(), '-m', 'notebook_controller', f'--kubeconfig={cluster.kubeconfig}',
          '--no-culling', f'--log-level={os.environ.get("BENCH_LOG_LEVEL", "WARNING")}'],
         cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT)}, stdout=log, stderr=log)
     process = psutil.Process(controller.pid)
     try:
-        started = time.monotonic()
         kube.create(objects.notebook_resource('warmup', 'warmup', 'bench', workspace_size=None))
         warmup = wait(lambda: kube.find('security.istio.io/v1', 'AuthorizationPolicy', 'warmup', 'warmup'),
                       timeout=120, interval=0.1)

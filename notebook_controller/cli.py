@@ -57,7 +57,8 @@ class ControllerApp(Application):
         if config.kubeconfig:
             os.environ['KUBECONFIG'] = config.kubeconfig  # kopf's own login reads it
         level = getattr(logging, config.log_level.upper(), logging.INFO)
-        kopf.configure(verbose=level <= logging.INFO, debug=level <= logging.DEBUG)
+        # kopf has three levels: debug (DEBUG), default (INFO), quiet (WARNING).
+        kopf.configure(debug=level <= logging.DEBUG, quiet=level >= logging.WARNING)
         kopf.run(registry=build_registry(config), settings=build_settings(config),
                  standalone=True, clusterwide=not config.namespaces, namespaces=config.namespaces,
                  liveness_endpoint=self.liveness_endpoint or None)

@@ -323,7 +323,7 @@ def contains(actual: Any, desired: Any) -> bool:
         return isinstance(actual, Mapping) and all(contains(actual.get(k), v) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(actual, list) and len(actual) == len(desired)
-                and all(contains(a, d) for a, d in zip(actual, desired)))
+                and all(contains(a, d) for a, d in zip(actual, desired, strict=True)))
     return actual == desired or (isinstance(actual, (int, float)) and str(actual) == str(desired))
 
 

@@ -41,6 +41,10 @@ _FIELD_SELECTORS: dict[tuple[str, str], frozenset[str]] = {
     ('batch', 'jobs'): frozenset({'status.successful'}),
     ('apps', 'replicasets'): frozenset({'status.replicas'}),
 }
+# Resources the API server itself gives special behaviour.
+CRDS = ('apiextensions.k8s.io', 'customresourcedefinitions')
+NAMESPACES = ('', 'namespaces')
+PODS = ('', 'pods')
 _VERSION_RE = re.compile(r'^v(\d+)(?:(alpha|beta)(\d+))?$')
 
 

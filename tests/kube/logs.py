@@ -8,8 +8,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import aiohttp.web
+
+from .catalogue import PODS, ResourceType
+from .protocol import bad_request
+from .store import Store
 
 LogKey = tuple[str, str, str]  # namespace, pod, container
 
@@ -53,8 +60,8 @@ class LogQuery:
             lines = [line for line in lines if line.time >= self.since_time]
         if self.tail_lines is not None:
             lines = lines[-self.tail_lines:] if self.tail_lines else []
-        text = ''.join(f'{rfc3339_nano(l.time)} {l.text}' if self.timestamps else l.text
-                       for l in lines)
+        text = ''.join(f'{rfc3339_nano(line.time)} {line.text}' if self.timestamps else line.text
+                       for line in lines)
         return text[:self.limit_bytes] if self.limit_bytes is not None else text
 
 
@@ -96,3 +103,79 @@ def container_state(pod: dict[str, Any], container: str) -> str:
                     return name
     phase = (pod.get('status') or {}).get('phase', 'Pending')
     return {'Pending': 'waiting', 'Running': 'running'}.get(phase, 'terminated')
+
+
+class PodLogEndpoint:
+    """``GET pods/{name}/log`` of RealisticKubernetes, and the helper that writes log text."""
+
+    _store: Store
+    _logs: PodLogs | None
+    _closing: bool
+
+    if TYPE_CHECKING:  # provided by the other parts of RealisticKubernetes
+        def _require(self, rtype: ResourceType, ns: str | None, name: str) -> dict[str, Any]: ...
+
+    async def _pod_log(self, raw: aiohttp.web.BaseRequest, rtype: ResourceType, ns: str, name: str,
+                       params: Mapping[str, str]) -> aiohttp.web.StreamResponse:
+        pod = self._require(rtype, ns, name)
+        container = self._log_container(pod, params.get('container'))
+        if container_state(pod, container) == 'waiting':
+            raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: '
+                              f'ContainerCreating')
+        try:
+            query = LogQuery.from_params(dict(params))
+        except ValueError as exc:
+            raise bad_request(f'invalid log options: {exc}') from None
+        assert self._logs is not None
+        key = (ns, name, container)
+        if params.get('follow') not in ('true', '1'):
+            return aiohttp.web.Response(status=200, text=query.render(self._logs.lines(key)),
+                                        content_type='text/plain')
+        response = aiohttp.web.StreamResponse(status=200)
+        response.content_type = 'text/plain'
+        try:
+            await response.prepare(raw)
+            sent = 0
+            while not self._closing:
+                lines = self._logs.lines(key)
+                if sent == 0 and query.tail_lines is not None:
+                    sent = max(0, len(lines) - query.tail_lines)
+                    query = LogQuery(query.timestamps, query.since_time, None, None)
+                if len(lines) > sent:
+                    await response.write(query.render(lines[sent:]).encode())
+                    sent = len(lines)
+                current = self._store.get(PODS, (ns, name))
+                if current is None or container_state(current, container) == 'terminated':
+                    break
+                if raw.transport is None or raw.transport.is_closing():
+                    return response
+                async with self._logs.changed:
+                    try:
+                        await asyncio.wait_for(self._logs.changed.wait(), timeout=1.0)
+                    except asyncio.TimeoutError:
+                        pass
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    @staticmethod
+    def _log_container(pod: Mapping[str, Any], requested: str | None) -> str:
+        name = pod['metadata']['name']
+        containers = [c['name'] for c in pod.get('spec', {}).get('containers', [])]
+        if requested is None:
+            if len(containers) != 1:
+                raise bad_request(f'a container name must be specified for pod {name}, choose one '
+                                  f'of: [{" ".join(containers)}]')
+            return containers[0]
+        if requested not in containers + [c['name'] for c in pod.get('spec', {}).get('initContainers', [])]:
+            raise bad_request(f'container {requested} is not valid for pod {name}')
+        return requested
+
+    async def append_log(self, namespace: str, pod: str, text: str, container: str | None = None,
+                         when: datetime.datetime | None = None) -> None:
+        obj = self._store.get(PODS, (namespace, pod))
+        if obj is None:
+            raise KeyError(f'no pod {namespace}/{pod}')
+        assert self._logs is not None
+        await self._logs.append((namespace, pod, self._log_container(obj, container)), text, when)

@@ -109,10 +109,10 @@ def json_patch(target: dict[str, Any], ops: Any) -> dict[str, Any]:
     try:
         return jsonpatch.JsonPatch(ops).apply(target)
     except jsonpatch.JsonPatchTestFailed as exc:
-        raise PatchError(f'the server rejected our request due to an error in our request: {exc}')
+        raise PatchError(f'the server rejected our request due to an error in our request: {exc}') from None
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError,
             TypeError) as exc:
-        raise PatchError(f'the server rejected our request due to an error in our request: {exc}')
+        raise PatchError(f'the server rejected our request due to an error in our request: {exc}') from None
 
 
 def apply_patch(content_type: str, target: dict[str, Any], patch: Any) -> dict[str, Any]:

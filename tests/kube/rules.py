@@ -56,9 +56,9 @@ def _qualified_key_errors(key: str) -> list[str]:
 def metadata_errors(group_resource: tuple[str, str], meta: Mapping[str, Any]) -> list[Cause]:
     causes = [Cause('metadata.name', msg) for msg in name_errors(group_resource, meta.get('name', ''))]
     for key, value in (meta.get('labels') or {}).items():
-        causes += [Cause(f'metadata.labels', msg) for msg in _qualified_key_errors(key)]
+        causes += [Cause('metadata.labels', msg) for msg in _qualified_key_errors(key)]
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            causes.append(Cause(f'metadata.labels', f'Invalid value: {value!r}: a valid label must '
+            causes.append(Cause('metadata.labels', f'Invalid value: {value!r}: a valid label must '
                                 'be an empty string or consist of alphanumeric characters, '
                                 "'-', '_' or '.' (63 characters max)"))
     annotations = meta.get('annotations') or {}

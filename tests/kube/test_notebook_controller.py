@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -396,7 +394,7 @@ def test_sigkilled_during_a_burst_of_creates_converges(kube: Kube, kube_namespac
             # Once this controller is busy (it made something), kill it at a random moment.
             before = made()
             with contextlib.suppress(TimeoutError):
-                kube.wait_for(lambda: made() > before, timeout=10, interval=0.02)
+                kube.wait_for(lambda before=before: made() > before, timeout=10, interval=0.02)
             time.sleep(rng.uniform(0, 0.3))
             zygote.kill(pid)  # SIGKILL: no cleanup, no finally, no flushed state
             kills += 1
