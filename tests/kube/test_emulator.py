@@ -380,6 +380,39 @@ def test_merge_strategic_and_json_patches(kube: Kube, kube_namespace: str) -> No
     assert exc.value.status == 415
 
 
+def test_strategic_merge_is_for_builtins_only(kube: Kube, kube_namespace: str) -> None:
+    kube.install_crd(widget_crd())
+    kube.create(widget('smp'), kube_namespace)
+    with pytest.raises(KubeApiError) as exc:
+        kube.patch('example.com/v1', 'Widget', 'smp', {'spec': {'size': 2}}, kube_namespace,
+                   content_type='application/strategic-merge-patch+json')
+    assert exc.value.status == 415
+
+
+def test_server_side_defaults_and_supported_values(kube: Kube, kube_namespace: str) -> None:
+    created = kube.create({**pod('d'), 'spec': {'containers': [
+        {'name': 'c', 'image': 'python:3.12', 'ports': [{'containerPort': 80}],
+         'readinessProbe': {'httpGet': {'path': '/', 'port': 80}}},
+        {'name': 'latest', 'image': 'python'}]}}, kube_namespace)
+    spec = created['spec']
+    assert (spec['restartPolicy'], spec['dnsPolicy'], spec['schedulerName']) == ('Always', 'ClusterFirst', 'default-scheduler')
+    first, second = spec['containers']
+    assert (first['imagePullPolicy'], second['imagePullPolicy']) == ('IfNotPresent', 'Always')
+    assert first['ports'] == [{'containerPort': 80, 'protocol': 'TCP'}]
+    assert first['readinessProbe'] == {'httpGet': {'path': '/', 'port': 80, 'scheme': 'HTTP'}, 'timeoutSeconds': 1,
+                                       'periodSeconds': 10, 'successThreshold': 1, 'failureThreshold': 3}
+    service = kube.create({'apiVersion': 'v1', 'kind': 'Service', 'metadata': {'name': 'svc'},
+                           'spec': {'selector': {'a': 'b'}, 'ports': [{'port': 80}]}}, kube_namespace)
+    assert service['spec']['ports'] == [{'port': 80, 'protocol': 'TCP', 'targetPort': 80}]
+    assert service['spec']['type'] == 'ClusterIP' and service['spec']['clusterIP'].startswith('10.')
+    for field, value in (('imagePullPolicy', 'Sometimes'), ('terminationMessagePolicy', 'Maybe')):
+        bad = pod('bad')
+        bad['spec']['containers'][0][field] = value
+        with pytest.raises(KubeApiError) as exc:
+            kube.create(bad, kube_namespace)
+        assert exc.value.status == 422 and 'supported values' in exc.value.body['message']
+
+
 def test_pods_are_immutable_beyond_images(kube: Kube, kube_namespace: str) -> None:
     kube.create(pod('m', containers=('a', 'b')), kube_namespace)
     with pytest.raises(KubeApiError) as exc:

@@ -241,6 +241,11 @@ class Writes:
         except ValueError as exc:
             raise bad_request(f'the body of the request was in an unknown format: {exc}') from None
         content_type = request.headers.get('Content-Type', '')
+        if rtype.crd_name is not None and content_type.startswith(patching.STRATEGIC_MERGE_PATCH):
+            # Custom resources have no patch strategies to merge by (as on a real server).
+            raise ApiError(415, 'UnsupportedMediaType', 'the body of the request was in an unknown '
+                           f'format - accepted media types include: {patching.JSON_PATCH}, '
+                           f'{patching.MERGE_PATCH}, {patching.APPLY_PATCH[0]}')
         try:
             patched = patching.apply_patch(content_type, copy.deepcopy(old), patch)
         except patching.PatchError as exc:
