@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -41,6 +42,8 @@ from .writes import Writes
 
 T = TypeVar('T')
 SERVER_VERSION = {'major': '1', 'minor': '33', 'gitVersion': 'v1.33.0+kmock-realistic',
+                  'gitCommit': '60a317eadfcb839692a5b8d8b05a8dc8b2eb0b7b', 'gitTreeState': 'clean',
+                  'buildDate': '2025-04-23T13:07:02Z', 'goVersion': 'go1.24.2', 'compiler': 'gc',
                   'platform': 'linux/amd64'}
 
 
@@ -80,6 +83,14 @@ class RealisticKubernetes(Reads, Writes, Deletion, PodLogEndpoint, kmock.Kuberne
             self._store.put(NAMESPACES, namespace)
         # Above kmock's own loose fallbacks, below anything a test declares.
         (self.fallback ** 1)[self._is_resource_request] << self._serve_realistically
+        # Real API servers answer discovery paths with a trailing slash too (the Python
+        # client's VersionApi, CoreApi and CoreV1Api ask for /version/, /api/, /api/v1/).
+        self.fallback['get /version/'] << self._serve_server_version
+        self.fallback['get /api/'] << self._serve_api
+        self.fallback['get /apis/'] << self._serve_apis
+        self.fallback['get', re.compile(r'/api/[^/]+/')] << self._serve_version
+        self.fallback['get', re.compile(r'/apis/[^/]+/')] << self._serve_group
+        self.fallback['get', re.compile(r'/apis/[^/]+/[^/]+/')] << self._serve_version
         self._own_payloads = frozenset(id(payload) for payload in self._payloads)
 
     # -- kmock plumbing --------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -599,6 +600,9 @@ def test_builtin_discovery(kube: Kube) -> None:
     core = {r['name'] for r in kube.request('GET', '/api/v1')['resources']}
     assert {'pods', 'pods/status', 'pods/log', 'services', 'events', 'namespaces'} <= core
     assert kube.request('GET', '/version')['minor'] == '33'
+    for path in ('/version/', '/api/', '/apis/', '/api/v1/', '/apis/apps/', '/apis/apps/v1/'):
+        assert kube.request('GET', path), path  # trailing slashes, as real servers answer
+    assert kubernetes.client.VersionApi(kubernetes.config.new_client_from_config(os.environ['KUBECONFIG'])).get_code().minor == '33'
 
 
 def test_istio_versions_are_whatever_the_test_installs(fresh_kube: Any) -> None:
