@@ -1,6 +1,6 @@
 # First: importing the emulator fixtures points $KUBECONFIG at the emulator, and the kubernetes
 # client reads that variable when it is imported (kopf and the controller import it).
-from tests.kube.fixtures import *  # noqa: F401,F403,I001
+from tests.kube.fixtures import *  # noqa: F403, I001
 
 from collections.abc import Callable
 from typing import Any

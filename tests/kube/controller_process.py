@@ -6,6 +6,7 @@ imported everything. Each child is a real, separate process (own session, own ev
 running ``notebook_controller.cli.run_controller(argv)``, exactly what ``mlcluster controller``
 runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-_ZYGOTE = r'''
+_ZYGOTE = r"""
 import json, os, signal, sys
 import notebook_controller.cli, notebook_controller.handlers  # the slow imports, once
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
@@ -36,20 +37,25 @@ for line in sys.stdin:
             os._exit(code)
     sys.stdout.write(f'{pid}\n')
     sys.stdout.flush()
-'''
+"""
 
 
 class ControllerZygote:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         root = Path(__file__).resolve().parents[2]
         self.process = subprocess.Popen(
-            [sys.executable, '-c', _ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, cwd=root, env={**os.environ, 'PYTHONPATH': str(root), **(env or {})})
+            [sys.executable, "-c", _ZYGOTE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        )
         self.children: list[int] = []
 
     def spawn(self, argv: list[str], log: Path) -> int:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({'argv': argv, 'log': str(log)}) + '\n')
+        self.process.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
         self.process.stdin.flush()
         pid = int(self.process.stdout.readline())
         self.children.append(pid)
