@@ -635,60 +635,21 @@ def notebook_of_event(event: Mapping[str, Any]) -> str | None:
     return None
 
 
-def mirrored_event(
-    notebook: Mapping[str, Any], event: Mapping[str, Any], now: datetime.datetime
-) -> dict[str, Any]:
-    """The event re-issued on the Notebook; its name derives from the source event's uid, so
-    re-issuing after a restart updates the same event instead of adding a duplicate."""
-    meta = notebook["metadata"]
-    involved = event["involvedObject"]
-    digest = hashlib.sha1(event["metadata"]["uid"].encode()).hexdigest()[:16]
-    stamp = rfc3339(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{meta['name']}.{digest}",
-            "namespace": meta["namespace"],
-            "labels": _labels(meta["name"]),
-        },
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
-        "reason": event.get("reason") or "Unknown",
-        "message": f"{involved.get('kind')} {involved.get('name')}: {event.get('message', '')}",
-        "type": event.get("type") or "Normal",
-        "count": int(event.get("count") or 1),
-        "firstTimestamp": event.get("firstTimestamp") or stamp,
-        "lastTimestamp": event.get("lastTimestamp") or stamp,
-        "source": {"component": MANAGED_BY},
-        "reportingComponent": MANAGED_BY,
-        "reportingInstance": MANAGED_BY,
-    }
-
-
-def notebook_event(
+def _notebook_event(
     notebook: Mapping[str, Any],
+    naming: dict[str, str],
     reason: str,
     message: str,
-    now: datetime.datetime,
-    type: str = "Normal",
+    type: str,
+    count: int,
+    first: str,
+    last: str,
 ) -> dict[str, Any]:
-    """An event the controller itself reports on a Notebook (e.g. Culled)."""
     meta = notebook["metadata"]
-    stamp = rfc3339(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {
-            "generateName": f"{meta['name']}.",
-            "namespace": meta["namespace"],
-            "labels": _labels(meta["name"]),
-        },
+        "metadata": {**naming, "namespace": meta["namespace"], "labels": _labels(meta["name"])},
         "involvedObject": {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -699,10 +660,51 @@ def notebook_event(
         "reason": reason,
         "message": message,
         "type": type,
-        "count": 1,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
+        "count": count,
+        "firstTimestamp": first,
+        "lastTimestamp": last,
         "source": {"component": MANAGED_BY},
         "reportingComponent": MANAGED_BY,
         "reportingInstance": MANAGED_BY,
     }
+
+
+def mirrored_event(
+    notebook: Mapping[str, Any], event: Mapping[str, Any], now: datetime.datetime
+) -> dict[str, Any]:
+    """The event re-issued on the Notebook; its name derives from the source event's uid, so
+    re-issuing after a restart updates the same event instead of adding a duplicate."""
+    involved = event["involvedObject"]
+    digest = hashlib.sha1(event["metadata"]["uid"].encode()).hexdigest()[:16]
+    stamp = rfc3339(now)
+    return _notebook_event(
+        notebook,
+        {"name": f"{notebook['metadata']['name']}.{digest}"},
+        reason=event.get("reason") or "Unknown",
+        message=f"{involved.get('kind')} {involved.get('name')}: {event.get('message', '')}",
+        type=event.get("type") or "Normal",
+        count=int(event.get("count") or 1),
+        first=event.get("firstTimestamp") or stamp,
+        last=event.get("lastTimestamp") or stamp,
+    )
+
+
+def notebook_event(
+    notebook: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    type: str = "Normal",
+) -> dict[str, Any]:
+    """An event the controller itself reports on a Notebook (e.g. Culled)."""
+    stamp = rfc3339(now)
+    return _notebook_event(
+        notebook,
+        {"generateName": f"{notebook['metadata']['name']}."},
+        reason,
+        message,
+        type,
+        count=1,
+        first=stamp,
+        last=stamp,
+    )

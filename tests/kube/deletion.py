@@ -184,6 +184,16 @@ class Deletion:
             for name in list(self._gc_namespaces):
                 progress |= self._finish_namespace(name)
 
+    def _start_deleting(self, refs: list[tuple[GroupResource, Key]], policy: str) -> bool:
+        """Delete those of ``refs`` not already being deleted; whether any was."""
+        changed = False
+        for gr, key in refs:
+            obj = self._store.get(gr, key)
+            if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+                self._delete(gr, key, policy)
+                changed = True
+        return changed
+
     def _finish_foreground(self, gr: GroupResource, key: Key) -> bool:
         obj = self._store.get(gr, key)
         if obj is None or "foregroundDeletion" not in (obj["metadata"].get("finalizers") or []):
@@ -191,13 +201,7 @@ class Deletion:
             return False
         dependents = self._store.dependents_of(obj["metadata"]["uid"])
         if dependents:
-            changed = False
-            for dep_gr, dep_key in dependents:
-                dep = self._store.get(dep_gr, dep_key)
-                if dep is not None and not dep["metadata"].get("deletionTimestamp"):
-                    self._delete(dep_gr, dep_key, "Foreground")
-                    changed = True
-            return changed
+            return self._start_deleting(dependents, "Foreground")
         self._gc_foreground.discard((gr, key))
         released = copy.deepcopy(obj)
         released["metadata"]["finalizers"] = [
@@ -216,13 +220,7 @@ class Deletion:
             return False
         refs = self._store.namespaced_refs(name)
         if refs:
-            changed = False
-            for gr, key in refs:
-                obj = self._store.get(gr, key)
-                if obj is not None and not obj["metadata"].get("deletionTimestamp"):
-                    self._delete(gr, key, "Background")
-                    changed = True
-            return changed
+            return self._start_deleting(refs, "Background")
         self._gc_namespaces.discard(name)
         if not namespace["metadata"].get("finalizers"):
             self._remove(NAMESPACES, ("", name))
