@@ -150,6 +150,16 @@ def notebook_crd() -> dict[str, Any]:
                             "type": "object",
                             "description": "A per-user JupyterLab server behind Istio.",
                             "properties": {"spec": SPEC_SCHEMA, "status": STATUS_SCHEMA},
+                            # Names become a Service (DNS-1035) and '<name>-0' pods with a
+                            # controller-revision-hash label (63 max): the API refuses others.
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": "self.metadata.name.size() <= 52 && self.metadata"
+                                    ".name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                                    "message": "notebook names are at most 52 lower-case "
+                                    "letters, digits and '-', starting with a letter",
+                                }
+                            ],
                         }
                     },
                 }

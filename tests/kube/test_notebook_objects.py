@@ -140,6 +140,7 @@ def test_crd_is_valid_and_accepts_what_the_builder_makes() -> None:
         "Age",
     ]
     schema = version["schema"]["openAPIV3Schema"]
+    assert "self.metadata.name.size() <= 52" in schema["x-kubernetes-validations"][0]["rule"]
     nb = notebook()
     pruned, unknown = prune_and_default(nb, schema)
     assert unknown == [] and pruned["spec"]["workspace"]["mountPath"] == "/home/jovyan"
