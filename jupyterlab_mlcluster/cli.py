@@ -58,15 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
     pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
     pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
 
-    controller = sub.add_parser("controller", help="run the notebook-controller (Kubernetes)", add_help=False)
-    controller.add_argument("rest", nargs=argparse.REMAINDER)
-
-    manifests = sub.add_parser("manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects")
-    manifests.add_argument("rest", nargs=argparse.REMAINDER)
+    # Listed for --help; main() hands them to the notebook-controller's own applications.
+    sub.add_parser("controller", help="run the notebook-controller (Kubernetes); --help for its options")
+    sub.add_parser("manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects as YAML")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The cluster-side commands are traitlets applications with options of their own.
+    if argv and argv[0] == "controller":
+        from notebook_controller.cli import run_controller
+
+        return run_controller(argv[1:])
+    if argv and argv[0] == "manifests":
+        from notebook_controller.cli import print_manifests
+
+        return print_manifests(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return {
@@ -75,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "pool": cmd_pool,
-            "controller": cmd_controller,
-            "manifests": cmd_manifests,
         }[args.command](args)
     except (SpecError, ValueError) as exc:
         print(f"mlcluster: error: {exc}", file=sys.stderr)
@@ -262,21 +268,6 @@ def cmd_pool(args: argparse.Namespace) -> int:
         f"up {status['uptime']:.0f}s"
     )
     return 0
-
-
-# -- cluster side ------------------------------------------------------------------------------
-
-
-def cmd_controller(args: argparse.Namespace) -> int:
-    from notebook_controller.cli import run_controller
-
-    return run_controller(list(args.rest))
-
-
-def cmd_manifests(args: argparse.Namespace) -> int:
-    from .manifests import main as manifests_main
-
-    return manifests_main(list(args.rest))
 
 
 if __name__ == "__main__":

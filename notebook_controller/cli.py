@@ -118,7 +118,24 @@ class ManifestsApp(Application):
         sys.stdout.write(yaml.safe_dump_all(all_manifests(**options), sort_keys=False))
 
 
+def _unknown_options(app: Application, argv: list[str]) -> list[str]:
+    """traitlets only warns about an unknown --option; a typo must not be silently ignored."""
+    known = {str(k) for k in app.aliases} | {str(k) for k in app.flags}
+    known |= {"help", "help-all", "version", "show-config", "show-config-json", "debug"}
+    unknown = []
+    for arg in argv:
+        if arg.startswith("-"):
+            name = arg.lstrip("-").split("=", 1)[0]
+            if name not in known and "." not in name:  # --Class.trait=value is always allowed
+                unknown.append(arg)
+    return unknown
+
+
 def _run(app: Application, argv: list[str]) -> int:
+    unknown = _unknown_options(app, argv)
+    if unknown:
+        sys.stderr.write(f"{app.name}: unknown option(s): {' '.join(unknown)} (see --help)\n")
+        return 2
     try:
         app.initialize(argv)
         app.start()
