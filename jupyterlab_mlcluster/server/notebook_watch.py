@@ -109,6 +109,9 @@ class ListWatch:
                     resource_version = None
                     continue
                 except ApiException as exc:
+                    resource_version = None  # list again: the watch may have missed changes
+                    if exc.status == 410:
+                        continue
                     # e.g. 404 while the Notebook CRD is not installed, 403 without RBAC.
                     log.warning(
                         "mlcluster: cannot follow %s: %s %s; trying again in %.0f s",
@@ -117,7 +120,6 @@ class ListWatch:
                         exc.reason,
                         delay,
                     )
-                    resource_version = None
                 except (HTTPError, OSError, ValueError) as exc:
                     if self.stopping.is_set():
                         break

@@ -17,7 +17,6 @@ from jupyterlab_mlcluster.server.kube import NO_CLUSTER
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
 from jupyterlab_mlcluster.server.notebooks import (
     OWNER_LABEL,
-    InvalidNotebook,
     notebook_name_error,
     notebook_view,
     owner_label,
