@@ -165,11 +165,13 @@ class MLClusterApp(ExtensionApp):
             max_rate=self.event_max_rate,
             snapshot_limit=self.snapshot_limit,
         )
-        kube = KubeConnection(self.notebook_namespace or self.mlconfig.kubernetes_namespace)
+        namespace = self.notebook_namespace or self.mlconfig.kubernetes_namespace
         self.notebook_feed = NotebookFeed(self.broadcaster.publish_to_user)
-        self.notebook_watch = NotebookWatch(kube, self.notebook_feed)
+        # Connections of their own: the watch's looking for a cluster in the background must
+        # not decide what a REST call finds (each looks again when it needs to).
+        self.notebook_watch = NotebookWatch(KubeConnection(namespace), self.notebook_feed)
         self.notebooks = NotebookService(
-            kube,
+            KubeConnection(namespace),
             image=self.notebook_image or self.mlconfig.kubernetes_image,
             quota=self.notebook_quota,
             progress=self.notebook_feed.progress,

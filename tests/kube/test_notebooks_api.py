@@ -27,12 +27,20 @@ from jupyterlab_mlcluster.server.kube import NO_CLUSTER, KubeConnection
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
 from jupyterlab_mlcluster.server.notebook_watch import ListWatch, request_notebooks
 from jupyterlab_mlcluster.server.notebooks import OWNER_LABEL
+from jupyterlab_mlcluster.server.openapi import Validators, build_document
 from notebook_controller.objects import notebook_resource
 from tests.kube.controller_support import NB, install_crds, wait_owned
 from tests.kube.helpers import Kube
 
 ALICE, BOB = "alice@example.com", "bob@example.com"
 IMAGE = "quay.io/jupyter/base-notebook:2026-01-01"
+VALIDATORS = Validators(build_document(max_workers=1))
+
+
+def documented(schema: str, value: Any) -> Any:
+    """`value`, after checking it is what the OpenAPI document says a `schema` is."""
+    VALIDATORS.check({"$ref": f"#/components/schemas/{schema}"}, value, schema)
+    return value
 
 
 @pytest.fixture
@@ -108,7 +116,7 @@ class User:
             assert text is not None, "websocket closed"
             message = json.loads(text)
             if message["type"].startswith("notebook"):
-                self.seen.append(message)
+                self.seen.append(documented("Event", message))
                 if predicate(message):
                     return message
 
@@ -193,6 +201,7 @@ def test_spawn_progress_stop_start_delete_and_isolation(
                 },
             )
             assert status == 201, made
+            documented("Notebook", made)
             assert response.headers["Location"].endswith("/mlcluster/api/notebooks/nb1")
             assert made["owner"] == ALICE and made["phase"] == "starting" and not made["ready"]
             assert made["url"] == f"/notebook/{kube_namespace}/nb1/"
@@ -218,7 +227,10 @@ def test_spawn_progress_stop_start_delete_and_isolation(
             progress = await alice.until(notebook("nb1", "starting", "Pulling image"))
             assert progress["notebook"]["message"] == f'Pod nb1-0: Pulling image "{IMAGE}"'
             status, got, _ = await alice.call("GET", "notebooks", "nb1")
-            assert got["message"] == progress["notebook"]["message"], "REST shows it too"
+            assert (
+                status == 200
+                and documented("Notebook", got)["message"] == progress["notebook"]["message"]
+            ), "REST shows it too"
 
             await blocking(kube.run_statefulset, kube_namespace, "nb1")  # Running and Ready
             ready = await alice.until(notebook("nb1", "ready"))
@@ -274,7 +286,7 @@ def test_spawn_progress_stop_start_delete_and_isolation(
             assert status == 201 and mine["owner"] == BOB
             await bob.until(notebook("nb2"))
             status, listed, _ = await alice.call("GET", "notebooks")
-            assert [n["name"] for n in listed["notebooks"]] == ["nb1"]
+            assert [n["name"] for n in documented("NotebookList", listed)["notebooks"]] == ["nb1"]
 
             # Delete: the Notebook goes after what it owns (foreground), then alice is told.
             status, _, _ = await alice.call("DELETE", "notebooks", "nb1")
