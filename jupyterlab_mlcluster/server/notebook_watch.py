@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ Request = Callable[..., Any]
 CONNECT_TIMEOUT = 10.0
 LIST_TIMEOUT = 60.0
 MAX_RETRY_DELAY = 60.0
+MIN_WATCH_SECONDS = 1.0
 
 
 class Gone(Exception):
@@ -82,6 +84,7 @@ class ListWatch:
         self._lock = threading.Lock()
         self._response: Any = None
         self.lists = 0  # how many times it listed (a relist after 410 counts)
+        self._problem: str | None = None  # the API's last refusal, logged once
 
     def run(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -101,9 +104,12 @@ class ListWatch:
                     namespace = self.connection.namespace()
                     if resource_version is None:
                         resource_version = self._list(api, namespace)
+                    started = time.monotonic()
                     resource_version = self._watch(api, namespace, resource_version)
-                    delay = 1.0
-                    continue
+                    if time.monotonic() - started > MIN_WATCH_SECONDS:
+                        delay, self._problem = 1.0, None
+                        continue
+                    # A watch the server ends at once, again and again, must not spin.
                 except Gone as exc:
                     log.info("mlcluster: listing %s again (%s)", self.what, exc)
                     resource_version = None
@@ -112,18 +118,20 @@ class ListWatch:
                     resource_version = None  # list again: the watch may have missed changes
                     if exc.status == 410:
                         continue
-                    # e.g. 404 while the Notebook CRD is not installed, 403 without RBAC.
-                    log.warning(
-                        "mlcluster: cannot follow %s: %s %s; trying again in %.0f s",
-                        self.what,
-                        exc.status,
-                        exc.reason,
-                        delay,
-                    )
+                    # e.g. 404 while the Notebook CRD is not installed, 403 without RBAC:
+                    # said once, not every minute.
+                    problem = f"{exc.status} {exc.reason}"
+                    level = logging.DEBUG if problem == self._problem else logging.WARNING
+                    log.log(level, "mlcluster: cannot follow %s: %s", self.what, problem)
+                    self._problem = problem
                 except (HTTPError, OSError, ValueError) as exc:
                     if self.stopping.is_set():
                         break
                     log.info("mlcluster: %s watch interrupted (%s); resuming", self.what, exc)
+                except Exception:
+                    # Whatever it was, the thread must not die: /events would go quiet for good.
+                    log.exception("mlcluster: following %s failed; listing again", self.what)
+                    resource_version = None
                 self.stopping.wait(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY)
         finally:
