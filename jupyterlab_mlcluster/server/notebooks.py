@@ -14,7 +14,7 @@ import datetime
 import hashlib
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from notebook_controller.crd import GROUP, PLURAL, VERSION
@@ -138,7 +138,7 @@ class NotebookService:
         *,
         image: str = "",
         quota: int = 0,
-        progress: Any = None,
+        progress: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
     ):
         self.connection = connection
         self.image = image
