@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -25,6 +25,10 @@ from ..config import MLClusterConfig
 from ..jobs.service import JobService
 from .events import EventBroadcaster, EventsHandler
 from .handlers import REST_HANDLERS
+from .identity import calling_user
+from .kube import KubeConnection
+from .notebook_feed import NotebookFeed
+from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService
 from .openapi import API_PREFIX, Validators, build_document
 
@@ -111,7 +115,38 @@ class MLClusterApp(ExtensionApp):
     notebook_image = Unicode(
         "",
         help="Image of spawned notebook servers when a request names none ('' = "
-        "MLClusterConfig.kubernetes_image).",
+        "MLClusterConfig.kubernetes_image; if that is empty too, the notebook-controller's "
+        "ControllerConfig.default_image).",
+    ).tag(config=True)
+
+    notebook_quota = Int(
+        3,
+        help="Most notebook servers one user may have (stopped ones count: they keep their "
+        "workspace volume; ones being deleted do not); 0 means no limit. Spawning one more is "
+        "refused with 403 and a message saying so.",
+    ).tag(config=True)
+
+    trust_identity_header = Bool(
+        False,
+        help="Take the caller's identity (the owner of the notebook servers it sees and spawns) "
+        "from `identity_header` instead of the Jupyter Server identity provider. Only for a "
+        "server that sits behind an authenticating proxy which sets that header on every "
+        "request (and drops any the client sent): anyone who reaches the server some other way "
+        "could claim any identity. A request without the header is refused (403).",
+    ).tag(config=True)
+
+    identity_header = Unicode(
+        "kubeflow-userid",
+        help="Request header carrying the authenticated user's identity when "
+        "trust_identity_header is on (Kubeflow's default; the notebook-controller's "
+        "ControllerConfig.owner_header must name the same header).",
+    ).tag(config=True)
+
+    identity_header_prefix = Unicode(
+        "",
+        help="Prefix the proxy puts before the identity in identity_header (Kubeflow's "
+        "userid-prefix, e.g. 'accounts.google.com:'); removed to give the owner, as the "
+        "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
     # -- setup ------------------------------------------------------------------------------
@@ -130,9 +165,16 @@ class MLClusterApp(ExtensionApp):
             max_rate=self.event_max_rate,
             snapshot_limit=self.snapshot_limit,
         )
+        namespace = self.notebook_namespace or self.mlconfig.kubernetes_namespace
+        self.notebook_feed = NotebookFeed(self.broadcaster.publish_to_user)
+        # Connections of their own: the watch's looking for a cluster in the background must
+        # not decide what a REST call finds (each looks again when it needs to).
+        self.notebook_watch = NotebookWatch(KubeConnection(namespace), self.notebook_feed)
         self.notebooks = NotebookService(
-            namespace=self.notebook_namespace or self.mlconfig.kubernetes_namespace,
+            KubeConnection(namespace),
             image=self.notebook_image or self.mlconfig.kubernetes_image,
+            quota=self.notebook_quota,
+            progress=self.notebook_feed.progress,
         )
         # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
@@ -155,6 +197,7 @@ class MLClusterApp(ExtensionApp):
                 "mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped
             )
         self.broadcaster.ensure_started()
+        self.notebook_watch.start()  # publishes through the broadcaster, so after it
         if self.warm_pool_prestart and self.mlconfig.warm_pool:
             from ..backends.local import warmpool
 
@@ -167,6 +210,16 @@ class MLClusterApp(ExtensionApp):
         """Run blocking work in the extension's executor."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def user_identity(self, current_user: Any, headers: Mapping[str, str]) -> str:
+        """Who a request comes from, for notebook servers; IdentityError if it cannot say."""
+        return calling_user(
+            current_user,
+            headers,
+            trust_header=self.trust_identity_header,
+            header=self.identity_header,
+            prefix=self.identity_header_prefix,
+        )
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -184,6 +237,7 @@ class MLClusterApp(ExtensionApp):
                     )
             except Exception:
                 self.log.exception("mlcluster: cancelling jobs on shutdown failed")
+        await asyncio.to_thread(self.notebook_watch.stop)
         await self.broadcaster.stop()
         await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
 

@@ -5,6 +5,9 @@ loads what changed, encodes each message once, and hands it to the event loop, w
 offers it to every subscriber. Subscribers keep only the newest message per subject
 (a job, its logs, the cluster), so a slow client gets fewer, fresher messages instead
 of an ever-growing backlog; and nothing on the event loop touches SQLite or files.
+
+Notebook servers come from another source (`notebook_watch.py`, through `publish_to_user`),
+and each message about one goes only to the websockets of its owner.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from ..jobs.store import UnknownJob
 from ..jobs.watch import StoreWatcher
+from .identity import IdentityError
 
 if TYPE_CHECKING:
     from ..jobs.service import JobService
@@ -36,10 +40,12 @@ log = logging.getLogger(__name__)
 
 
 class Subscriber:
-    """One consumer of events: the newest pending message per subject, in arrival order."""
+    """One consumer of events: the newest pending message per subject, in arrival order.
+    `user` is whose notebook servers it hears about (None: nobody's)."""
 
-    def __init__(self, send: Callable[[str], Any]):
+    def __init__(self, send: Callable[[str], Any], user: str | None = None):
         self._send = send
+        self.user = user
         self._pending: OrderedDict[Key, str] = OrderedDict()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -139,6 +145,16 @@ class EventBroadcaster:
         """`with broadcaster.job_changed(id) as changed: await changed.wait()` wakes on any
         change of that job (state, ranks, new log lines); used to follow logs without polling."""
         return _JobWaiter(self, job_id)
+
+    def publish_to_user(self, user: str, name: str, message: dict[str, Any]) -> None:
+        """Any thread: a message about the notebook server `name`, for `user`'s subscribers
+        only. Messages about one notebook replace each other while they wait to be sent."""
+        self._call_soon(self._publish_to_user, user, ("notebook", name), self.encode(message))
+
+    def _publish_to_user(self, user: str, key: Key, text: str) -> None:
+        for subscriber in list(self._subscribers):
+            if subscriber.user == user:
+                subscriber.offer(key, text)
 
     def _publish(self, messages: list[tuple[Key, str]], touched: set[str]) -> None:
         for job_id in touched:
@@ -308,7 +324,11 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         super().open()  # WebSocketMixin: keep-alive pings
         app = self.settings["mlcluster"]
-        subscriber = Subscriber(self.write_message)
+        try:
+            user: str | None = app.user_identity(self.current_user, self.request.headers)
+        except IdentityError:
+            user = None  # jobs only: without an identity, no notebook servers are its own
+        subscriber = Subscriber(self.write_message, user)
         self.subscriber = subscriber
         # Subscribe before taking the snapshot, so no change falls between the two.
         app.broadcaster.subscribe(subscriber)

@@ -24,12 +24,14 @@ from tornado.iostream import StreamClosedError
 from ..jobs.model import JobSpec, JobState, SpecError
 from ..jobs.store import UnknownJob
 from ..runtime.payload import Payload, PayloadError
+from .identity import IdentityError
+from .kube import ClusterUnavailable, KubernetesApiError, kubernetes_problem
 from .notebooks import (
-    ClusterUnavailable,
-    KubernetesApiError,
+    InvalidNotebook,
     NotebookExists,
     NotebookNotFound,
-    kubernetes_problem,
+    QuotaExceeded,
+    notebook_name_error,
 )
 from .openapi import API_PREFIX, JOB_REF_PATTERN, NOTEBOOK_NAME_PATTERN, RequestError
 
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _JOB_REF = re.compile(JOB_REF_PATTERN.replace("$", r"\Z"))
-_NOTEBOOK_NAME = re.compile(NOTEBOOK_NAME_PATTERN.replace("$", r"\Z"))
+_NOTEBOOK_NAME = re.compile(NOTEBOOK_NAME_PATTERN)
 FOLLOW_READ_BYTES = 64 * 1024
 PAGE_READ_BYTES = 1024 * 1024
 
@@ -359,22 +361,31 @@ class OpenAPIHandler(MLClusterHandler):
 
 
 class NotebookHandlerBase(MLClusterHandler):
-    async def call(self, method: str, *args: Any) -> Any:
-        service = self.app.notebooks
-        if args and isinstance(args[0], str) and not _NOTEBOOK_NAME.match(args[0]):
-            raise web.HTTPError(404, f"you have no notebook server named {args[0]!r}")
+    """The caller's own notebook servers. Another user's look exactly like missing ones (404),
+    so nobody learns which names others use."""
+
+    def owner(self) -> str:
         try:
-            return await self.run(getattr(service, method), self.user_name(), *args)
-        except ClusterUnavailable as exc:
-            raise web.HTTPError(503, str(exc)) from None
+            return self.app.user_identity(self.current_user, self.request.headers)
+        except IdentityError as exc:
+            raise web.HTTPError(403, str(exc)) from None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        owner = self.owner()
+        try:
+            return await self.run(getattr(self.app.notebooks, method), owner, *args)
+        except InvalidNotebook as exc:
+            raise web.HTTPError(400, str(exc)) from None
         except NotebookNotFound as exc:
             raise web.HTTPError(404, str(exc)) from None
         except NotebookExists as exc:
             raise web.HTTPError(409, str(exc)) from None
+        except QuotaExceeded as exc:
+            raise web.HTTPError(403, str(exc)) from None
+        except ClusterUnavailable as exc:
+            raise web.HTTPError(503, str(exc)) from None
         except KubernetesApiError as exc:
             raise web.HTTPError(502, str(exc)) from None
-        except ValueError as exc:
-            raise web.HTTPError(400, str(exc)) from None
 
 
 class NotebooksHandler(NotebookHandlerBase):
@@ -388,44 +399,79 @@ class NotebooksHandler(NotebookHandlerBase):
     @web.authenticated
     @authorized("write")
     async def post(self) -> None:
-        body = self.json_body()
-        created = await self.call("create", body)
+        created = await self.call("create", self.spawn_request())
         self.set_header("Location", self.api_url("notebooks", created["name"]))
         self.send(created, status=201)
 
+    def spawn_request(self) -> dict[str, Any]:
+        """The validated body; a bad name is refused in the name validator's own words."""
+        try:
+            return self.json_body()
+        except web.HTTPError:
+            name = _json_field(self.request.body, "name")
+            problem = notebook_name_problem(name) if isinstance(name, str) else None
+            if problem:
+                raise web.HTTPError(400, f"name: {problem}") from None
+            raise
 
-class NotebookHandler(NotebookHandlerBase):
+
+class NamedNotebookHandler(NotebookHandlerBase):
+    async def call_named(self, method: str, name: str) -> Any:
+        problem = notebook_name_problem(name)
+        if problem:
+            raise web.HTTPError(400, problem)
+        return await self.call(method, name)
+
+
+class NotebookHandler(NamedNotebookHandler):
     api_path = "/notebooks/{name}"
 
     @web.authenticated
     @authorized("read")
     async def get(self, name: str) -> None:
-        self.send(await self.call("get", name))
+        self.send(await self.call_named("get", name))
 
     @web.authenticated
     @authorized("write")
     async def delete(self, name: str) -> None:
-        await self.call("delete", name)
+        await self.call_named("delete", name)
         self.set_status(204)
         self.finish()
 
 
-class NotebookStopHandler(NotebookHandlerBase):
+class NotebookStopHandler(NamedNotebookHandler):
     api_path = "/notebooks/{name}/stop"
 
     @web.authenticated
     @authorized("write")
     async def post(self, name: str) -> None:
-        self.send(await self.call("stop", name))
+        self.send(await self.call_named("stop", name))
 
 
-class NotebookStartHandler(NotebookHandlerBase):
+class NotebookStartHandler(NamedNotebookHandler):
     api_path = "/notebooks/{name}/start"
 
     @web.authenticated
     @authorized("write")
     async def post(self, name: str) -> None:
-        self.send(await self.call("start", name))
+        self.send(await self.call_named("start", name))
+
+
+def notebook_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a notebook server: the controller's validator's words, or the API
+    document's pattern for what that validator's `$` lets through (a trailing newline)."""
+    if not _NOTEBOOK_NAME.fullmatch(name):
+        return notebook_name_error(name) or f"{name!r} is not a valid notebook name"
+    return None
+
+
+def _json_field(raw: bytes, key: str) -> Any:
+    """`key` of a JSON object body, or None when the body is no such thing."""
+    try:
+        value = json.loads(raw or b"null")
+    except (ValueError, RecursionError):
+        return None
+    return value.get(key) if isinstance(value, dict) else None
 
 
 REST_HANDLERS: list[type[MLClusterHandler]] = [

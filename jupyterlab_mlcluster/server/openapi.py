@@ -16,6 +16,8 @@ from typing import Any
 
 import jsonschema
 
+from notebook_controller.crd import SPEC_SCHEMA
+
 from .._version import __version__
 from ..jobs.model import BACKENDS, FRAMEWORKS, RESERVED_ENV, JobState, RankState
 
@@ -43,8 +45,14 @@ IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
 QUEUE_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 CURSOR_PATTERN = r"^[0-9]{1,6}:[0-9]{1,18}(,[0-9]{1,6}:[0-9]{1,18}){0,1023}$"
-# DNS-1123 label, short enough to leave room for the suffixes of the objects it names.
-NOTEBOOK_NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
+# What the notebook-controller accepts (notebook_controller.objects.notebook_name_error and the
+# CRD's rule): a DNS-1035 label of at most 52 characters, leaving room for '-0' and the
+# controller-revision-hash label of the notebook's pod.
+NOTEBOOK_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$"
+# Kubernetes quantities, as the notebook-controller's builder checks them.
+CPU_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?m?$"
+MEMORY_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+WORKSPACE_SIZE_PATTERN = SPEC_SCHEMA["properties"]["workspace"]["properties"]["size"]["pattern"]
 MAX_CODE_CHARS = 4 * 1024 * 1024
 
 
@@ -64,6 +72,18 @@ FORBIDDEN = _error("Not authenticated, or not authorized for this resource")
 UNKNOWN_JOB = _error("No such job (or not a valid job id)")
 NO_CLUSTER = _error("No Kubernetes cluster is configured for this server, or it cannot be reached")
 API_REFUSED = _error("The Kubernetes API refused the request (e.g. missing RBAC permissions)")
+
+NOTEBOOK_FORBIDDEN = _error(
+    "Not authenticated or authorized, or (when the server trusts an identity header) the "
+    "request has no identity"
+)
+_NAMED_NOTEBOOK_ERRORS = {
+    "400": _error("Not a valid notebook name"),
+    "403": NOTEBOOK_FORBIDDEN,
+    "404": _error("The user has no notebook server of that name (another user's counts as none)"),
+    "502": API_REFUSED,
+    "503": NO_CLUSTER,
+}
 
 JOB_REF = {
     "name": "id",
@@ -356,36 +376,85 @@ def _schemas(max_workers: int) -> dict[str, Any]:
         },
         "NotebookRequest": {
             "type": "object",
+            "description": "A notebook server to spawn for the calling user. Resources are "
+            "requests of its pod (memory and GPUs also its limits); unset ones are left to the "
+            "cluster's defaults.",
             "additionalProperties": False,
             "required": ["name"],
             "properties": {
                 "name": {"type": "string", "pattern": NOTEBOOK_NAME_PATTERN},
-                "image": {"type": "string", "pattern": IMAGE_PATTERN},
-                "cpus": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024},
-                "memory": {"type": "string", "pattern": MEMORY_PATTERN},
+                "image": {
+                    "type": "string",
+                    "pattern": IMAGE_PATTERN,
+                    "description": "Container image running JupyterLab (default: the "
+                    "server's MLClusterApp.notebook_image, else the controller's).",
+                },
+                "cpu": {
+                    "type": ["number", "string"],
+                    "exclusiveMinimum": 0,
+                    "maximum": 1024,
+                    "pattern": CPU_QUANTITY_PATTERN,
+                    "description": "CPUs: a number (0.5) or a Kubernetes quantity ('500m').",
+                },
+                "memory": {
+                    "type": "string",
+                    "pattern": MEMORY_QUANTITY_PATTERN,
+                    "description": "Memory, a Kubernetes quantity such as '4Gi'.",
+                },
                 "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
                 "workspace_size": {
                     "type": "string",
-                    "pattern": MEMORY_PATTERN,
-                    "description": "Size of a persistent workspace volume (none if absent).",
+                    "pattern": WORKSPACE_SIZE_PATTERN,
+                    "description": "Size of a persistent workspace volume, e.g. '10Gi' (none if "
+                    "absent); it is kept while the server is stopped.",
                 },
             },
         },
         "Notebook": {
             "type": "object",
+            "description": "A notebook server as its owner sees it.",
+            "additionalProperties": False,
             "properties": {
                 "name": {"type": "string"},
                 "namespace": {"type": "string"},
                 "owner": NULLABLE_STRING,
-                "image": NULLABLE_STRING,
-                "phase": {"type": "string", "description": "Readable phase from the controller."},
+                "phase": {
+                    "type": "string",
+                    "description": "starting, ready, stopped, deleting or 'error: <why>'.",
+                },
                 "ready": {"type": "boolean"},
                 "stopped": {"type": "boolean"},
-                "url": NULLABLE_STRING,
+                "url": {"type": "string", "description": "/notebook/<namespace>/<name>/"},
+                "message": {
+                    "type": "string",
+                    "description": "What is happening: while it spawns, the latest event of its "
+                    "pod (scheduling, image pull, ...); otherwise the controller's status message.",
+                },
                 "created": NULLABLE_TIME,
-                "conditions": {"type": "array", "items": {"type": "object"}},
+                "last_activity": {**NULLABLE_TIME, "description": "As culling last saw it."},
+                "image": NULLABLE_STRING,
+                "cpu": NULLABLE_STRING,
+                "memory": NULLABLE_STRING,
+                "gpus": {"type": "integer", "minimum": 0},
+                "workspace_size": NULLABLE_STRING,
             },
-            "required": ["name", "namespace", "owner", "phase", "ready", "stopped", "url"],
+            "required": [
+                "name",
+                "namespace",
+                "owner",
+                "phase",
+                "ready",
+                "stopped",
+                "url",
+                "message",
+                "created",
+                "last_activity",
+                "image",
+                "cpu",
+                "memory",
+                "gpus",
+                "workspace_size",
+            ],
         },
         "NotebookList": {
             "type": "object",
@@ -628,7 +697,9 @@ def _paths() -> dict[str, Any]:
                 "operationId": "events",
                 "summary": "Websocket: a snapshot, then job, cluster and notebook changes as they happen",
                 "description": "Each text frame is one JSON Event (see components.schemas.Event). "
-                "Job events are coalesced to at most 10 per second per job.",
+                "Job events are coalesced to at most 10 per second per job. Notebook events go "
+                "only to the notebook server's owner (the caller's identity, as for "
+                "/notebooks); the snapshot has none: list them with GET /notebooks.",
                 "x-websocket": True,
                 "responses": {
                     "101": {"description": "Switching to the websocket protocol"},
@@ -652,8 +723,8 @@ def _paths() -> dict[str, Any]:
                 "operationId": "listNotebooks",
                 "summary": "The calling user's notebook servers",
                 "responses": {
-                    "200": _json(_ref("NotebookList"), "The user's notebook servers"),
-                    "403": FORBIDDEN,
+                    "200": _json(_ref("NotebookList"), "The user's notebook servers, by name"),
+                    "403": NOTEBOOK_FORBIDDEN,
                     "502": API_REFUSED,
                     "503": NO_CLUSTER,
                 },
@@ -661,6 +732,9 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "operationId": "createNotebook",
                 "summary": "Spawn a notebook server owned by the calling user",
+                "description": "Returns at once; the notebook-controller then makes its pod, "
+                "service and routes, and /events reports its progress (phase starting, then "
+                "ready; `message` follows its pod's events).",
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("NotebookRequest")}},
@@ -670,8 +744,11 @@ def _paths() -> dict[str, Any]:
                         **_json(_ref("Notebook"), "The new notebook server"),
                         "headers": {"Location": {"schema": {"type": "string"}}},
                     },
-                    "400": _error("Invalid body"),
-                    "403": FORBIDDEN,
+                    "400": _error("Invalid body (e.g. a name the controller cannot use)"),
+                    "403": _error(
+                        "Not authenticated or authorized, no identity header (trusted-header "
+                        "mode), or the user already has MLClusterApp.notebook_quota servers"
+                    ),
                     "409": _error("A notebook server of that name exists"),
                     "502": API_REFUSED,
                     "503": NO_CLUSTER,
@@ -684,20 +761,19 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getNotebook",
                 "responses": {
                     "200": _json(_ref("Notebook"), "The notebook server"),
-                    "403": FORBIDDEN,
-                    "404": _error("The user has no notebook server of that name"),
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
+                    **_NAMED_NOTEBOOK_ERRORS,
                 },
             },
             "delete": {
                 "operationId": "deleteNotebook",
+                "summary": "Delete a notebook server, with everything the controller made for it "
+                "(its workspace volume too)",
                 "responses": {
-                    "204": {"description": "Deleted (with everything the controller made for it)"},
-                    "403": FORBIDDEN,
-                    "404": _error("The user has no notebook server of that name"),
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
+                    "204": {
+                        "description": "Being deleted (it lingers, phase deleting, until what "
+                        "it owns is gone)"
+                    },
+                    **_NAMED_NOTEBOOK_ERRORS,
                 },
             },
         },
@@ -705,14 +781,12 @@ def _paths() -> dict[str, Any]:
             "parameters": [NOTEBOOK_REF],
             "post": {
                 "operationId": "stopNotebook",
+                "summary": "Stop a notebook server (its pod goes; its workspace volume stays)",
                 "responses": {
                     "200": _json(
                         _ref("Notebook"), "Stopping (annotation mlcluster.io/stopped set)"
                     ),
-                    "403": FORBIDDEN,
-                    "404": _error("The user has no notebook server of that name"),
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
+                    **_NAMED_NOTEBOOK_ERRORS,
                 },
             },
         },
@@ -724,10 +798,7 @@ def _paths() -> dict[str, Any]:
                     "200": _json(
                         _ref("Notebook"), "Starting (annotation mlcluster.io/stopped removed)"
                     ),
-                    "403": FORBIDDEN,
-                    "404": _error("The user has no notebook server of that name"),
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
+                    **_NAMED_NOTEBOOK_ERRORS,
                 },
             },
         },

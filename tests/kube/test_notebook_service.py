@@ -1,7 +1,5 @@
-"""The server extension's per-user NotebookService against the emulator, with the controller.
-
-NotebookService (jupyterlab_mlcluster.server.notebooks) is the lead's; its pure builders are
-tested beside it, and this is where its API calls meet a (realistic) API server.
+"""The server extension's per-user NotebookService against the emulator, with the controller,
+called directly (no HTTP; the REST API and /events are in test_notebooks_api.py).
 """
 
 from __future__ import annotations
@@ -10,25 +8,22 @@ from typing import Any
 
 import pytest
 
+from jupyterlab_mlcluster.server import notebooks
+from jupyterlab_mlcluster.server.kube import KubeConnection
 from tests.kube.controller_support import NB, wait_owned, wait_phase
 from tests.kube.helpers import Kube
-
-notebooks = pytest.importorskip(
-    "jupyterlab_mlcluster.server.notebooks",
-    reason="the server extension (NotebookService) is not in this checkout",
-)
 
 
 def test_users_manage_only_their_own_notebook_servers(
     kube: Kube, kube_namespace: str, controller: Any
 ) -> None:
     service = notebooks.NotebookService(
-        namespace=kube_namespace, image="quay.io/jupyter/base-notebook:latest"
+        KubeConnection(kube_namespace), image="quay.io/jupyter/base-notebook:latest"
     )
     alice, bob = "alice@example.com", "bob"
     with controller():
         made = service.create(
-            alice, {"name": "nb1", "cpus": 2, "memory": "4Gi", "workspace_size": "1Gi"}
+            alice, {"name": "nb1", "cpu": 2, "memory": "4Gi", "workspace_size": "1Gi"}
         )
         assert made["name"] == "nb1" and made["owner"] == alice and not made["ready"]
         service.create(bob, {"name": "nb2"})
