@@ -55,7 +55,7 @@ def notebook_name_error(name: str) -> str | None:
         return "a notebook name is required"
     if len(name) > MAX_NAME_LENGTH:
         return f"notebook names are at most {MAX_NAME_LENGTH} characters (got {len(name)})"
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         return (
             "notebook names use lower-case letters, digits and '-', start with a letter "
             f"and end with a letter or digit (got {name!r})"
