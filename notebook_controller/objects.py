@@ -111,7 +111,7 @@ class IstioVersions:
 
 def _quantity(value: Any, pattern: re.Pattern[str], what: str) -> str:
     text = str(value).strip()
-    if not pattern.match(text):
+    if not pattern.fullmatch(text):
         raise InvalidNotebook(
             f"{what} must be a Kubernetes quantity such as "
             f"{'2 or 500m' if what == 'cpu' else '4Gi'} (got {value!r})"

@@ -91,7 +91,7 @@ class MLClusterHandler(APIHandler):
     async def job(self, ref: str) -> JobRecord:
         """The job an `{id}` names (an id, or a name: the newest job with it) or 404.
         A malformed reference is refused before anything looks at the store."""
-        if not _JOB_REF.match(ref):
+        if not _JOB_REF.fullmatch(ref):
             raise web.HTTPError(404, f"no job {ref!r}")
         try:
             return await self.run(self.app.service.get, ref)
