@@ -4,12 +4,14 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { CommandIds, PALETTE_CATEGORY, addCommands } from './commands';
 import { clusterIcon } from './icons';
 import { MlclusterApi } from './model/api';
+import { SessionRef, notebookPath } from './model/origin';
 import { PanelStore, RefreshMode, StoreOptions } from './model/store';
 import { serverTransport } from './transport';
 import { SidebarPanel } from './widgets/SidebarPanel';
@@ -80,8 +82,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
       api,
       commands: app.commands,
       settings: initial,
+      notebookPath: origin => {
+        const sessions: SessionRef[] = Array.from(
+          app.serviceManager.sessions.running(),
+          session => ({
+            path: session.path,
+            kernelId: session.kernel?.id ?? null
+          })
+        );
+        return notebookPath(
+          origin,
+          sessions,
+          PageConfig.getOption('serverRoot')
+        );
+      },
       openNotebook: docManager
-        ? path => docManager.openOrReveal(path)
+        ? path => void docManager.openOrReveal(path)
         : undefined
     });
     panel.id = PANEL_ID;

@@ -1,4 +1,5 @@
 import {
+  asSentence,
   formatAge,
   formatBytes,
   formatDuration,
@@ -138,5 +139,15 @@ describe('rank summary', () => {
     expect(jobProgress(job)).toBe(0.25);
     job.ranks[0].progress = { step: 500, total: 100 };
     expect(jobProgress(job)).toBe(1);
+  });
+});
+
+describe('messages', () => {
+  it('read as sentences', () => {
+    expect(asSentence('no Kubernetes cluster is configured')).toBe(
+      'No Kubernetes cluster is configured'
+    );
+    expect(asSentence('Already one.')).toBe('Already one.');
+    expect(asSentence('')).toBe('');
   });
 });

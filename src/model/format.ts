@@ -153,3 +153,8 @@ export function jobProgress(job: Pick<Job, 'ranks'>): number | null {
   }
   return null;
 }
+
+/** A message as a sentence: first letter upper case ("no cluster..." -> "No cluster..."). */
+export function asSentence(message: string): string {
+  return message.charAt(0).toUpperCase() + message.slice(1);
+}

@@ -164,6 +164,7 @@ export function LogViewer({ job }: { job: Job }) {
   return (
     <div className="jp-mlc-logs">
       <div className="jp-mlc-logs-toolbar">
+        <h4 className="jp-mlc-subtitle">Logs</h4>
         <label>
           <span className="jp-mlc-visually-hidden">Show logs of</span>
           <select

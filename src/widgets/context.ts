@@ -4,6 +4,7 @@ import * as React from 'react';
 
 import { MlclusterApi } from '../model/api';
 import { PanelStore } from '../model/store';
+import { JobOrigin } from '../model/types';
 
 export interface PanelSettings {
   /** Lines the log viewer keeps (older ones are dropped). */
@@ -22,7 +23,9 @@ export interface PanelContextValue {
   api: MlclusterApi;
   commands: CommandRegistry;
   settings: PanelSettings;
-  /** Reveal the notebook a job came from; undefined where no document manager exists. */
+  /** The path JupyterLab opens for the notebook a job came from, or null (see model/origin). */
+  notebookPath?: (origin: JobOrigin | null | undefined) => string | null;
+  /** Reveal that notebook (open it, or bring its tab forward); undefined where no document manager exists. */
   openNotebook?: (path: string) => void;
 }
 

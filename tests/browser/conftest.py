@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from .lab import CHROMIUM, browser_page, open_lab, running_lab
+from .lab import ARTIFACTS, CHROMIUM, browser_page, open_lab, running_lab, save_failure_screenshot
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT = REPO / "labextension"
-ARTIFACTS = Path(os.environ.get("MLCLUSTER_ARTIFACTS", REPO / "artifacts")) / "browser"
 
 
 def pytest_collection_modifyitems(items):
@@ -43,9 +42,10 @@ def lab(tmp_path_factory, labextension_path):
 
 
 @pytest.fixture
-def page(lab):
+def page(lab, request):
     with browser_page(width=1280, height=860) as p:
         yield p
+        save_failure_screenshot(request, p)
 
 
 @pytest.fixture
@@ -59,3 +59,11 @@ def lab_page(lab, page):
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, so fixtures can tell that a test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report

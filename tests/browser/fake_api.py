@@ -148,7 +148,7 @@ class FakeApi:
             if parts[2:] == ["logs"]:
                 return self._logs(job_id, query)
             if parts[2:] == ["metrics"]:
-                return 200, json.dumps(self.metrics.get(job_id, {"ranks": {}})), as_json
+                return 200, json.dumps(self.metrics.get(job_id, {"id": job_id, "ranks": []})), as_json
         if parts[0] == "notebooks":
             if self.notebooks is None:
                 message = "No Kubernetes cluster is configured: notebook servers need the kubernetes backend."

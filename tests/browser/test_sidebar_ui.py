@@ -30,12 +30,14 @@ def jobs_fixture() -> FakeApi:
         api.jobs[j["id"]] = j
     api.cluster["queue"] = ["j2"]
     api.logs["j1"] = log_lines(100_000, ranks=4)
-    api.metrics["j1"] = {
-        "ranks": {
-            str(r): [{"ts": 1_700_000_000 + t, "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
-                      "memory_bytes": 3e8 + t * 1e6} for t in range(60)]
+    api.metrics["j1"] = {  # the server's JobMetrics shape (openapi.py)
+        "id": "j1",
+        "ranks": [
+            {"rank": r, "current": {},
+             "series": [{"ts": 1_700_000_000 + t, "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
+                         "memory_bytes": 3e8 + t * 1e6} for t in range(60)]}
             for r in range(3)
-        }
+        ],
     }
     return api
 
