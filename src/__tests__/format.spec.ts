@@ -1,5 +1,7 @@
 import {
   asSentence,
+  elapsedLabel,
+  exitText,
   formatAge,
   formatBytes,
   formatDuration,
@@ -149,5 +151,31 @@ describe('messages', () => {
     );
     expect(asSentence('Already one.')).toBe('Already one.');
     expect(asSentence('')).toBe('');
+  });
+});
+
+describe('rank exits and job times', () => {
+  it('say how a rank ended only when it matters', () => {
+    expect(exitText(null)).toBe('');
+    expect(exitText(undefined)).toBe('');
+    expect(exitText(0)).toBe('');
+    expect(exitText(1)).toBe('exit 1');
+    expect(exitText(-15)).toBe('signal 15');
+  });
+
+  it('name the time a job waited or ran', () => {
+    const at = '2026-11-22T12:00:00.000Z';
+    expect(
+      elapsedLabel({ state: 'queued', started: null, finished: null })
+    ).toBe('Waiting');
+    expect(
+      elapsedLabel({ state: 'cancelled', started: null, finished: at })
+    ).toBe('Waited');
+    expect(
+      elapsedLabel({ state: 'running', started: at, finished: null })
+    ).toBe('Elapsed');
+    expect(elapsedLabel({ state: 'failed', started: at, finished: at })).toBe(
+      'Duration'
+    );
   });
 });

@@ -2,6 +2,8 @@ import * as React from 'react';
 
 import { CommandIds } from '../commands';
 import {
+  elapsedLabel,
+  exitText,
   formatBytes,
   formatDuration,
   formatPercent,
@@ -106,8 +108,10 @@ function RankRow({ rank, history }: { rank: Rank; history: MetricsHistory }) {
       <div className="jp-mlc-rank-head">
         <span className="jp-mlc-rank-id">rank {rank.rank}</span>
         <StateBadge state={rank.state} />
-        {rank.exit_code !== null && rank.exit_code !== undefined && (
-          <span className="jp-mlc-hint">exit {rank.exit_code}</span>
+        {exitText(rank.exit_code) && (
+          <span className="jp-mlc-hint jp-mlc-rank-exit">
+            {exitText(rank.exit_code)}
+          </span>
         )}
         {rank.host && (
           <span className="jp-mlc-hint jp-mlc-rank-host" title={rank.host}>
@@ -244,7 +248,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
           {job.backend}
           {job.framework ? ` · ${job.framework}` : ''}
         </Field>
-        <Field label={job.started ? 'Elapsed' : 'Waiting'}>{elapsed}</Field>
+        <Field label={elapsedLabel(job)}>{elapsed}</Field>
         <NotebookField job={job} />
         <Field label="Id">
           <code>{job.id}</code>

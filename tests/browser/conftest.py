@@ -25,7 +25,9 @@ def labextension_path(tmp_path_factory) -> Path:
     """A JUPYTER_PATH entry holding this checkout's built sidebar, whatever else is installed."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         # A failure, not a skip: the sidebar's main path is only tested here.
-        pytest.fail(f"no chromium at {CHROMIUM} (apt-get install chromium, or set MLCLUSTER_CHROMIUM)")
+        pytest.fail(
+            f"no chromium at {CHROMIUM} (apt-get install chromium, or set MLCLUSTER_CHROMIUM)"
+        )
     if not (BUILT / "package.json").exists():
         pytest.fail("labextension/ is not built: run `jlpm install && jlpm build` first")
     path = tmp_path_factory.mktemp("jupyter-path")
@@ -34,10 +36,20 @@ def labextension_path(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def lab_env(labextension_path) -> dict[str, str]:
+    """Environment of the labs the tests start: this checkout's sidebar and Python package
+    (server extension, kernels' magics, job supervisors), whatever is installed."""
+    return {
+        "JUPYTER_PATH": str(labextension_path),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, labextension_path):
+def lab(tmp_path_factory, lab_env):
     root = tmp_path_factory.mktemp("lab-root")
-    with running_lab(root, env={"JUPYTER_PATH": str(labextension_path)}) as server:
+    with running_lab(root, env=lab_env) as server:
         yield server
 
 

@@ -27,6 +27,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = os.environ.get("MLCLUSTER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -40,7 +44,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 #: Screenshots of every run (CI keeps them); MLCLUSTER_ARTIFACTS moves them.
-ARTIFACTS = Path(os.environ.get("MLCLUSTER_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts")) / "browser"
+ARTIFACTS = (
+    Path(os.environ.get("MLCLUSTER_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts"))
+    / "browser"
+)
 SIDEBAR_ID = "jupyterlab-mlcluster-sidebar"
 SIDEBAR = f"#{SIDEBAR_ID}"
 LIGHT_THEME = "JupyterLab Light"
@@ -83,7 +90,9 @@ class Lab:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url + path.lstrip("/"), data=data, method=method, headers=headers)
+        req = urllib.request.Request(
+            self.url + path.lstrip("/"), data=data, method=method, headers=headers
+        )
         try:
             with _DIRECT.open(req, timeout=10) as resp:
                 return resp.status, resp.read()
@@ -178,7 +187,7 @@ def stop_process_group(process: subprocess.Popen, grace: float = 10.0) -> None:
 @contextlib.contextmanager
 def browser_page(
     *, width: int = 1400, height: int = 900, color_scheme: str = "light"
-) -> Iterator["playwright.sync_api.Page"]:  # noqa: F821
+) -> Iterator[Page]:
     """A fresh headless chromium page; browser console errors are kept on `page.console_errors`."""
     from playwright.sync_api import sync_playwright
 
@@ -221,6 +230,8 @@ def sidebar_tab_selector() -> str:
 def open_sidebar(page, timeout: float = 30_000):
     """Show the Distributed jobs panel (click its tab unless it is already open: the restored
     layout may have it open, and clicking the current tab would collapse it)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     panel = page.locator(SIDEBAR)
     tab = page.locator(sidebar_tab_selector())
     tab.wait_for(timeout=timeout)
@@ -230,8 +241,8 @@ def open_sidebar(page, timeout: float = 30_000):
         tab.click()
         try:
             panel.wait_for(state="visible", timeout=3_000)
-        except Exception:  # a restore raced the click and collapsed it again: once more
-            continue
+        except PlaywrightTimeout:  # a restore raced the click and collapsed it again: once more
+            pass
     panel.wait_for(state="visible", timeout=timeout)
     return panel
 
@@ -252,9 +263,7 @@ def set_theme(page, theme: str) -> None:
     page.click('.lm-Menu-itemLabel:text-is("Theme")')
     page.click(f'.lm-Menu-itemLabel:text-is("{theme}")')
     light = "true" if theme == LIGHT_THEME else "false"
-    page.wait_for_selector(
-        f'body[data-jp-theme-light="{light}"]', state="attached", timeout=30_000
-    )
+    page.wait_for_selector(f'body[data-jp-theme-light="{light}"]', state="attached", timeout=30_000)
     page.wait_for_timeout(300)  # the new theme's CSS variables settle
 
 
@@ -265,10 +274,18 @@ def notebook_json(cells: list[str]) -> dict:
     """An nbformat 4 notebook of code cells, for a Python 3 kernel."""
     return {
         "cells": [
-            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": c,
+                "outputs": [],
+                "execution_count": None,
+            }
             for c in cells
         ],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
         "nbformat": 4,
         "nbformat_minor": 5,
     }
@@ -302,7 +319,9 @@ def run_cell(page, index: int) -> None:
 DOCS_IMG = os.environ.get("MLCLUSTER_DOCS_IMG")
 
 
-def save_docs_image(page, name: str, artifacts: Path, clip: dict | None = None, locator=None) -> None:
+def save_docs_image(
+    page, name: str, artifacts: Path, clip: dict | None = None, locator=None
+) -> None:
     """Save a screenshot to the artifacts, and to the README's images when asked
     (MLCLUSTER_DOCS_IMG); `clip` (page coordinates) or `locator` crops it."""
     targets = [artifacts / name]

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from .fake_api import FakeApi, job, log_lines
-from .lab import DARK_THEME, SIDEBAR, open_sidebar, run_palette_command, set_theme, wait_for_lab
+from .lab import DARK_THEME, SIDEBAR, open_lab, open_sidebar, run_palette_command, set_theme
 
 
 def jobs_fixture() -> FakeApi:
@@ -20,11 +20,25 @@ def jobs_fixture() -> FakeApi:
     running["ranks"][3]["state"] = "starting"
     running["ranks"][0]["progress"] = {"step": 40, "total": 100, "desc": "epoch 2"}
     running["origin"] = {"kind": "kernel", "notebook": "train.ipynb"}
-    queued = job("j2", "sweep-lr-3e-4", "queued", 8, created="2026-11-22T01:05:00.000Z", queue_position=0,
-                 reason="waiting for 8 CPU slots (6 free)")
-    failed = job("j3", "eval", "failed", 2, rank_states=["cancelled", "failed"],
-                 created="2026-11-22T00:30:00.000Z", failed_rank=1,
-                 error='Traceback (most recent call last):\n  File "<cell>", line 3, in <module>\nZeroDivisionError: division by zero')
+    queued = job(
+        "j2",
+        "sweep-lr-3e-4",
+        "queued",
+        8,
+        created="2026-11-22T01:05:00.000Z",
+        queue_position=0,
+        reason="waiting for 8 CPU slots (6 free)",
+    )
+    failed = job(
+        "j3",
+        "eval",
+        "failed",
+        2,
+        rank_states=["cancelled", "failed"],
+        created="2026-11-22T00:30:00.000Z",
+        failed_rank=1,
+        error='Traceback (most recent call last):\n  File "<cell>", line 3, in <module>\nZeroDivisionError: division by zero',
+    )
     done = job("j4", "prep-data", "succeeded", 2, created="2026-11-22T00:10:00.000Z")
     for j in (running, queued, failed, done):
         api.jobs[j["id"]] = j
@@ -33,9 +47,18 @@ def jobs_fixture() -> FakeApi:
     api.metrics["j1"] = {  # the server's JobMetrics shape (openapi.py)
         "id": "j1",
         "ranks": [
-            {"rank": r, "current": {},
-             "series": [{"ts": 1_700_000_000 + t, "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
-                         "memory_bytes": 3e8 + t * 1e6} for t in range(60)]}
+            {
+                "rank": r,
+                "current": {},
+                "series": [
+                    {
+                        "ts": 1_700_000_000 + t,
+                        "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
+                        "memory_bytes": 3e8 + t * 1e6,
+                    }
+                    for t in range(60)
+                ],
+            }
             for r in range(3)
         ],
     }
@@ -43,14 +66,18 @@ def jobs_fixture() -> FakeApi:
 
 
 @pytest.fixture
-def api(lab_page) -> FakeApi:
+def api(lab, page) -> FakeApi:
+    """The canned API, routed before JupyterLab loads so the panel starts against it."""
     fake = jobs_fixture()
-    fake.install(lab_page)
-    # Routing applies to requests made from now on: reload so the panel starts against it.
-    lab_page.console_errors.clear()  # type: ignore[attr-defined]
-    lab_page.reload()
-    wait_for_lab(lab_page)
+    fake.install(page)
+    open_lab(page, lab)
     return fake
+
+
+@pytest.fixture
+def lab_page(page, api):
+    """The page with JupyterLab loaded against the canned API."""
+    return page
 
 
 def rows(page):
@@ -74,8 +101,11 @@ def test_job_list_is_live(lab_page, api, artifacts):
     page.screenshot(path=artifacts / "sidebar-jobs.png")
 
     # A job event changes one row; a deleted event removes one.
-    finished = dict(api.jobs["j1"], state="succeeded",
-                    ranks=[dict(r, state="succeeded", exit_code=0) for r in api.jobs["j1"]["ranks"]])
+    finished = dict(
+        api.jobs["j1"],
+        state="succeeded",
+        ranks=[dict(r, state="succeeded", exit_code=0) for r in api.jobs["j1"]["ranks"]],
+    )
     api.push({"type": "job", "job": finished})
     page.wait_for_selector(f'{SIDEBAR} [data-job-id="j1"] .jp-mlc-state-succeeded')
     assert "4/4 succeeded" in page.locator(f'{SIDEBAR} [data-job-id="j1"]').inner_text()
@@ -116,7 +146,9 @@ def test_keyboard_opens_detail_with_ranks_metrics_and_virtualised_logs(lab_page,
     # 100k log lines: all loaded, few in the DOM
     count = detail.locator(".jp-mlc-logs-count")
     page.wait_for_function(
-        "el => el.textContent.startsWith('100,000 lines')", arg=count.element_handle(), timeout=30_000
+        "el => el.textContent.startsWith('100,000 lines')",
+        arg=count.element_handle(),
+        timeout=30_000,
     )
     rendered = detail.locator(".jp-mlc-log-row").count()
     assert 0 < rendered < 120, rendered
@@ -207,30 +239,52 @@ def test_notebook_servers_without_a_cluster(lab_page, api, artifacts):
     assert "notebook servers need the kubernetes backend" in section.inner_text()
 
 
-def test_notebook_servers_spawn_progress(lab_page, artifacts):
-    page = lab_page
+def test_notebook_servers_spawn_progress(lab, page, artifacts):
     fake = jobs_fixture()
     fake.notebooks = [
-        {"name": "alice-lab", "phase": "Running", "ready": True, "url": "/notebook/team/alice-lab/",
-         "created": "2026-11-22T00:00:00.000Z"},
-        {"name": "gpu-box", "phase": "Pending", "message": "Pulling image jupyter/pytorch-notebook"},
+        {
+            "name": "alice-lab",
+            "phase": "Running",
+            "ready": True,
+            "url": "/notebook/team/alice-lab/",
+            "created": "2026-11-22T00:00:00.000Z",
+        },
+        {
+            "name": "gpu-box",
+            "phase": "Pending",
+            "message": "Pulling image jupyter/pytorch-notebook",
+        },
         {"name": "old", "phase": "Stopped", "stopped": True},
     ]
     fake.install(page)
-    page.reload()
-    wait_for_lab(page)
+    open_lab(page, lab)
     open_sidebar(page)
     nbs = page.locator(f"{SIDEBAR} .jp-mlc-nb")
     nbs.first.wait_for()
     assert nbs.count() == 3
     assert "Pulling image" in page.locator(f"{SIDEBAR} .jp-mlc-nb-starting").inner_text()
-    assert page.get_by_role("link", name="Open notebook server alice-lab in a new tab").get_attribute(
-        "href") == "/notebook/team/alice-lab/"
+    assert (
+        page.get_by_role("link", name="Open notebook server alice-lab in a new tab").get_attribute(
+            "href"
+        )
+        == "/notebook/team/alice-lab/"
+    )
     assert page.get_by_role("button", name="Start notebook server old").is_visible()
-    fake.push({"type": "notebook", "notebook": {"name": "gpu-box", "phase": "Running", "ready": True,
-                                               "url": "/notebook/team/gpu-box/"}})
+    fake.push(
+        {
+            "type": "notebook",
+            "notebook": {
+                "name": "gpu-box",
+                "phase": "Running",
+                "ready": True,
+                "url": "/notebook/team/gpu-box/",
+            },
+        }
+    )
     page.wait_for_selector(f"{SIDEBAR} .jp-mlc-nb-ready >> text=gpu-box")
-    page.locator(f"{SIDEBAR} .jp-mlc-notebooks").screenshot(path=artifacts / "sidebar-notebooks.png")
+    page.locator(f"{SIDEBAR} .jp-mlc-notebooks").screenshot(
+        path=artifacts / "sidebar-notebooks.png"
+    )
 
 
 def test_palette_commands(lab_page, api):
@@ -253,7 +307,9 @@ def test_dark_theme_is_legible(lab_page, api, artifacts):
     open_sidebar(page)
     rows(page).nth(0).click()
     page.locator(f"{SIDEBAR} .jp-mlc-detail").wait_for()
-    page.wait_for_selector(f'{SIDEBAR} .jp-mlc-logs-count:has-text("100,000 lines")', timeout=30_000)
+    page.wait_for_selector(
+        f'{SIDEBAR} .jp-mlc-logs-count:has-text("100,000 lines")', timeout=30_000
+    )
     set_theme(page, DARK_THEME)
     # the re-layout of a theme change does not stop the log from following
     assert page.get_by_role("button", name="Jump to the newest log line").count() == 0
