@@ -62,10 +62,11 @@ function MetricCell({
   format: (v: number | null | undefined) => string;
   max?: number;
 }) {
+  // A live value while the rank runs; afterwards only a history worth drawing.
   const value =
     rank.state === 'running' ? (rank.metrics?.[name] ?? null) : null;
   const values = presentValues(history[rank.rank], name);
-  if (value === null && values.length === 0) {
+  if (value === null && values.length < 2) {
     return null;
   }
   return (
