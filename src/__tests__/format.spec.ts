@@ -2,6 +2,7 @@ import {
   asSentence,
   elapsedLabel,
   exitText,
+  failedRankPrefix,
   formatAge,
   formatBytes,
   formatDuration,
@@ -176,6 +177,27 @@ describe('rank exits and job times', () => {
     ).toBe('Elapsed');
     expect(elapsedLabel({ state: 'failed', started: at, finished: at })).toBe(
       'Duration'
+    );
+  });
+});
+
+describe('failure banner', () => {
+  it('names the failed rank unless the error already does', () => {
+    expect(failedRankPrefix({ failed_rank: 2, error: 'OOMKilled' })).toBe(
+      'Rank 2: '
+    );
+    expect(
+      failedRankPrefix({
+        failed_rank: 1,
+        error: 'rank 1 failed: ZeroDivisionError'
+      })
+    ).toBe('');
+    // "rank 12" is not rank 1
+    expect(failedRankPrefix({ failed_rank: 1, error: 'rank 12 failed' })).toBe(
+      'Rank 1: '
+    );
+    expect(failedRankPrefix({ failed_rank: null, error: 'timed out' })).toBe(
+      ''
     );
   });
 });

@@ -179,3 +179,15 @@ export function elapsedLabel(
   }
   return job.finished ? 'Duration' : 'Elapsed';
 }
+
+/** "Rank 2: " before a failed job's error, unless the error already names that rank. */
+export function failedRankPrefix(
+  job: Pick<Job, 'error' | 'failed_rank'>
+): string {
+  const rank = job.failed_rank;
+  if (typeof rank !== 'number') {
+    return '';
+  }
+  const named = new RegExp(`\\brank ${rank}\\b`, 'i').test(job.error ?? '');
+  return named ? '' : `Rank ${rank}: `;
+}

@@ -4,6 +4,7 @@ import { CommandIds } from '../commands';
 import {
   elapsedLabel,
   exitText,
+  failedRankPrefix,
   formatBytes,
   formatDuration,
   formatPercent,
@@ -234,9 +235,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
       </div>
       {job.error && (
         <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
-          {typeof job.failed_rank === 'number' && (
-            <strong>Rank {job.failed_rank}: </strong>
-          )}
+          {failedRankPrefix(job) && <strong>{failedRankPrefix(job)}</strong>}
           <pre className="jp-mlc-error-text">{job.error}</pre>
         </div>
       )}
