@@ -7,6 +7,7 @@ import { ICommandPalette } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { DockPanel } from '@lumino/widgets';
 
 import { CommandIds, PALETTE_CATEGORY, addCommands } from './commands';
 import { clusterIcon } from './icons';
@@ -34,7 +35,8 @@ function readSettings(settings: ISettingRegistry.ISettings | null): Settings {
     refresh: get<RefreshMode>('refresh', 'live'),
     pollInterval: get('pollInterval', 5),
     logTailLines: get('logTailLines', DEFAULT_SETTINGS.logTailLines),
-    followLogs: get('followLogs', DEFAULT_SETTINGS.followLogs)
+    followLogs: get('followLogs', DEFAULT_SETTINGS.followLogs),
+    revealNotebook: get('revealNotebook', DEFAULT_SETTINGS.revealNotebook)
   };
 }
 
@@ -98,6 +100,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
       },
       openNotebook: docManager
         ? path => void docManager.openOrReveal(path)
+        : undefined,
+      showOpenNotebook: docManager
+        ? path => {
+            const widget = docManager.findWidget(path);
+            if (!widget) {
+              return false;
+            }
+            // selectWidget shows the tab without activating it: activating would move the
+            // keyboard focus out of the panel the user is working in.
+            if (widget.parent instanceof DockPanel) {
+              widget.parent.selectWidget(widget);
+            } else {
+              app.shell.activateById(widget.id);
+            }
+            return true;
+          }
         : undefined
     });
     panel.id = PANEL_ID;

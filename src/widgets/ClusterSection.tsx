@@ -29,7 +29,7 @@ function CapacityBar({
   }
   const used = Math.max(0, capacity.total - capacity.free);
   const fraction = capacity.total > 0 ? used / capacity.total : 0;
-  const text = `${format(used)} of ${format(capacity.total)} in use`;
+  const text = `${format(used)} of ${format(capacity.total)} allocated`;
   return (
     <div className="jp-mlc-capacity">
       <div className="jp-mlc-capacity-label">

@@ -44,11 +44,18 @@ export function ProgressBar({
 }
 
 function JobRow({ job, now }: { job: Job; now: number }) {
-  const { store, commands } = usePanel();
+  const { store, commands, settings, notebookPath, showOpenNotebook } =
+    usePanel();
   const ranks = rankSummary(job);
   const age = formatAge(job.created, now);
   const notebook = notebookName(job.origin);
-  const open = () => store.select(job.id);
+  const open = () => {
+    store.select(job.id);
+    const path = settings.revealNotebook ? notebookPath?.(job.origin) : null;
+    if (path) {
+      showOpenNotebook?.(path);
+    }
+  };
   const onKeyDown = (event: React.KeyboardEvent) => {
     if (event.key === 'Enter' || event.key === ' ') {
       event.preventDefault();

@@ -11,11 +11,14 @@ export interface PanelSettings {
   logTailLines: number;
   /** Follow (stream) logs of running jobs. */
   followLogs: boolean;
+  /** Opening a job brings its notebook's tab forward when that notebook is open. */
+  revealNotebook: boolean;
 }
 
 export const DEFAULT_SETTINGS: PanelSettings = {
   logTailLines: 100000,
-  followLogs: true
+  followLogs: true,
+  revealNotebook: true
 };
 
 export interface PanelContextValue {
@@ -25,8 +28,10 @@ export interface PanelContextValue {
   settings: PanelSettings;
   /** The path JupyterLab opens for the notebook a job came from, or null (see model/origin). */
   notebookPath?: (origin: JobOrigin | null | undefined) => string | null;
-  /** Reveal that notebook (open it, or bring its tab forward); undefined where no document manager exists. */
+  /** Open that notebook, or bring its tab forward; undefined where no document manager exists. */
   openNotebook?: (path: string) => void;
+  /** Bring that notebook's tab forward if it is open, without taking the focus; false if it is not open. */
+  showOpenNotebook?: (path: string) => boolean;
 }
 
 export const PanelContext = React.createContext<PanelContextValue | null>(null);

@@ -52,7 +52,7 @@ def test_monitor_renders_live_and_final(notebook_lab, artifacts, service):
         page.screenshot(path=str(artifacts / "monitor-running-page.png"))
         # The README's picture: the cell and its live monitor.
         cell_input = page.locator(".jp-Notebook .jp-Cell .jp-InputArea").first
-        save_docs_image(page, "monitor.png", artifacts, clip=box_union(cell_input, monitor, pad=6))
+        save_docs_image(page, "monitor.png", artifacts, clip=box_union(cell_input, monitor, pad=2))
         page.wait_for_selector(".mlcluster-monitor .mlc-state-succeeded", timeout=120_000)
         page.wait_for_function(
             "document.querySelectorAll(\".mlcluster-monitor tr.mlc-rank[data-state='succeeded']\").length === 4",

@@ -205,19 +205,27 @@ def show_list(page, server):
 
 def ensure_notebook(page, server, path: str) -> None:
     """This notebook open (and its kernel idle) in the page, loading the lab if needed."""
-    current = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
-    if current.count() == 0 or current.first.inner_text().strip() != path:
+    current = page.evaluate(f"{CURRENT_TAB}?.textContent.trim() ?? null")
+    if current != path:
         open_notebook(page, server.lab, path)
     else:
         wait_for_kernel_idle(page)
 
 
-def current_tab_title(page) -> str:
-    return (
-        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
-        .first.inner_text()
-        .strip()
+CURRENT_TAB = "document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current')"
+
+
+def wait_current_tab(page, title: str) -> None:
+    """Wait until the main area's current tab is this one."""
+    page.wait_for_function(
+        f"{CURRENT_TAB}?.textContent.trim() === {json.dumps(title)}", timeout=10_000
     )
+
+
+def show_launcher(page) -> None:
+    """A new Launcher in front of whatever the main area showed."""
+    run_palette_command(page, "New Launcher")
+    wait_current_tab(page, "Launcher")
 
 
 # -- tests ----------------------------------------------------------------------------------------
@@ -247,7 +255,7 @@ def test_screenshots_of_real_jobs(server, page, jobs, artifacts):
     assert "rank 1 failed" in row(page, "eval").inner_text()
     assert "2/2 succeeded" in row(page, "prep-data").inner_text()
     assert "queued" in row(page, "sweep-lr-3e-4").inner_text()
-    assert "4 of 8 in use" in panel.locator(".jp-mlc-cluster").inner_text()
+    assert "4 of 8 allocated" in panel.locator(".jp-mlc-cluster").inner_text()
     page.locator(".mlcluster-monitor").wait_for()
     # Some progress and metric history to show (more of it for the README's pictures).
     page.wait_for_timeout(12_000 if DOCS_IMG else 2_000)
@@ -316,9 +324,13 @@ def test_notebook_cell_shows_up_live_and_reveals_its_notebook(server, page, arti
         .endswith("0")
     )
 
+    # Another tab in front: opening the job brings its notebook back, focus stays in the panel.
+    show_launcher(page)
     hello.click()
     detail = panel.locator(".jp-mlc-detail")
     detail.wait_for()
+    wait_current_tab(page, "e2e.ipynb")
+    assert page.evaluate(f"document.querySelector('{SIDEBAR}').contains(document.activeElement)")
     assert detail.locator(".jp-mlc-rank-succeeded").count() == 2
     assert detail.locator(".jp-mlc-rank-exit").count() == 0  # clean exits go without saying
     # a finished job's sparklines come from its stored metric history (GET .../metrics)
@@ -330,18 +342,10 @@ def test_notebook_cell_shows_up_live_and_reveals_its_notebook(server, page, arti
     detail.locator(".jp-mlc-logs-status", has_text="complete").wait_for()
     page.screenshot(path=artifacts / "e2e-job-detail.png")
 
-    # Another tab in front, then the job's notebook link brings the notebook back.
-    run_palette_command(page, "New Launcher")
-    page.wait_for_function(
-        "document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current')"
-        "?.textContent.includes('Launcher')"
-    )
+    # The notebook's name in the details opens it too.
+    show_launcher(page)
     detail.get_by_role("button", name="Open notebook e2e.ipynb").click()
-    page.wait_for_function(
-        "document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current')"
-        "?.textContent.trim() === 'e2e.ipynb'"
-    )
-    assert current_tab_title(page) == "e2e.ipynb"
+    wait_current_tab(page, "e2e.ipynb")
     # every request of the panel worked, but the notebook servers' deliberate 503
     errors = [e for e in page.console_errors if "503 (Service Unavailable)" not in e]
     assert not errors, errors

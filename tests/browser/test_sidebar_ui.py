@@ -97,7 +97,7 @@ def test_job_list_is_live(lab_page, api, artifacts):
     assert "queued (#1)" in rows(page).nth(1).inner_text()
     assert "rank 1 failed" in rows(page).nth(2).inner_text()
     assert page.locator(f"{SIDEBAR} .jp-mlc-queue-list").inner_text().startswith("sweep-lr-3e-4")
-    assert "6 of 16 in use" in page.locator(f"{SIDEBAR} .jp-mlc-cluster").inner_text()
+    assert "6 of 16 allocated" in page.locator(f"{SIDEBAR} .jp-mlc-cluster").inner_text()
     page.screenshot(path=artifacts / "sidebar-jobs.png")
 
     # A job event changes one row; a deleted event removes one.
