@@ -43,7 +43,18 @@ export function ProgressBar({
   );
 }
 
-function JobRow({ job, now }: { job: Job; now: number }) {
+function JobRow({
+  job,
+  now,
+  tabbable,
+  onFocus
+}: {
+  job: Job;
+  now: number;
+  /** The one row Tab stops at; arrows move between rows (a roving tab stop). */
+  tabbable: boolean;
+  onFocus: () => void;
+}) {
   const { store, commands, settings, notebookPath, showOpenNotebook } =
     usePanel();
   const ranks = rankSummary(job);
@@ -70,11 +81,12 @@ function JobRow({ job, now }: { job: Job; now: number }) {
       <div
         className={`jp-mlc-job-row jp-mlc-job-${job.state}`}
         role="button"
-        tabIndex={0}
+        tabIndex={tabbable ? 0 : -1}
         data-job-id={job.id}
         aria-label={`Job ${job.name}: ${job.state}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
         onClick={open}
         onKeyDown={onKeyDown}
+        onFocus={onFocus}
       >
         <div className="jp-mlc-job-row-main">
           <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
@@ -114,6 +126,13 @@ export function JobList({
   focusId?: string | null;
 }) {
   const list = React.useRef<HTMLUListElement>(null);
+  const [focusedId, setFocusedId] = React.useState<string | null>(
+    focusId ?? null
+  );
+  // Tab enters the list at the row last focused (while it exists), else at the first.
+  const tabStop = jobs.some(job => job.id === focusedId)
+    ? focusedId
+    : (jobs[0]?.id ?? null);
   React.useEffect(() => {
     if (focusId) {
       list.current
@@ -155,7 +174,13 @@ export function JobList({
       onKeyDown={onKeyDown}
     >
       {jobs.map(job => (
-        <JobRow key={job.id} job={job} now={now} />
+        <JobRow
+          key={job.id}
+          job={job}
+          now={now}
+          tabbable={job.id === tabStop}
+          onFocus={() => setFocusedId(job.id)}
+        />
       ))}
     </ul>
   );

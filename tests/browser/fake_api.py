@@ -95,6 +95,13 @@ class FakeApi:
         page.route(API, self._handle)
         page.route_web_socket(EVENTS, self._on_socket)
 
+    def take_over(self, other: FakeApi) -> None:
+        """Answer from now on with another fake's canned state (the routes stay installed)."""
+        with self._lock:
+            self.jobs, self.cluster, self.notebooks = other.jobs, other.cluster, other.notebooks
+            self.logs, self.metrics = other.logs, other.metrics
+            self.requests.clear()
+
     # -- websocket ---------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:

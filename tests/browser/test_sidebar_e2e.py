@@ -439,6 +439,11 @@ def test_job_list_is_keyboard_operable(server, page):
     assert focused() == first
     page.keyboard.press("ArrowUp")
     assert focused() == second
+    # The list is one Tab stop: Tab leaves it, Shift+Tab comes back to the same row.
+    page.keyboard.press("Tab")
+    assert focused() is None
+    page.keyboard.press("Shift+Tab")
+    assert focused() == second
 
     # Enter opens the details (focus on their heading), Escape comes back to the same row.
     page.keyboard.press("Enter")

@@ -11,7 +11,17 @@ import json
 import pytest
 
 from .fake_api import FakeApi, job, log_lines
-from .lab import DARK_THEME, SIDEBAR, open_lab, open_sidebar, run_palette_command, set_theme
+from .lab import (
+    DARK_THEME,
+    LIGHT_THEME,
+    SIDEBAR,
+    browser_page,
+    open_lab,
+    open_sidebar,
+    run_palette_command,
+    save_failure_screenshot,
+    set_theme,
+)
 
 
 def jobs_fixture() -> FakeApi:
@@ -65,19 +75,43 @@ def jobs_fixture() -> FakeApi:
     return api
 
 
-@pytest.fixture
-def api(lab, page) -> FakeApi:
-    """The canned API, routed before JupyterLab loads so the panel starts against it."""
-    fake = jobs_fixture()
-    fake.install(page)
-    open_lab(page, lab)
-    return fake
+@pytest.fixture(scope="module")
+def shared_page(lab):
+    """One page for the module, its API routed to a fake before JupyterLab loads (loading
+    JupyterLab is the slow part of a browser test); each test resets the fake's state."""
+    with browser_page(width=1280, height=860) as page:
+        fake = jobs_fixture()
+        fake.install(page)
+        open_lab(page, lab)
+        yield page, fake
 
 
 @pytest.fixture
-def lab_page(page, api):
-    """The page with JupyterLab loaded against the canned API."""
-    return page
+def api(shared_page, request) -> FakeApi:
+    """The canned API in its initial state, and the panel showing it afresh: no dialog, the
+    job list, a new snapshot (the event stream is dropped, so the panel reconnects)."""
+    page, fake = shared_page
+    fake.take_over(jobs_fixture())
+    while page.locator(".jp-Dialog").count():
+        page.keyboard.press("Escape")
+    open_sidebar(page)
+    back = page.locator(SIDEBAR).get_by_role("button", name="Back to all jobs")
+    if back.count():
+        back.first.click()
+    fake.drop_connections()
+    page.wait_for_selector(f"{SIDEBAR} .jp-mlc-connection-live")
+    page.wait_for_function(
+        f"document.querySelectorAll('{SIDEBAR} .jp-mlc-job-row').length === {len(fake.jobs)}"
+    )
+    page.console_errors.clear()  # type: ignore[attr-defined]
+    yield fake
+    save_failure_screenshot(request, page)
+
+
+@pytest.fixture
+def lab_page(shared_page, api):
+    """The shared page, with the panel fresh against the canned API."""
+    return shared_page[0]
 
 
 def rows(page):
@@ -239,8 +273,8 @@ def test_notebook_servers_without_a_cluster(lab_page, api, artifacts):
     assert "notebook servers need the kubernetes backend" in section.inner_text()
 
 
-def test_notebook_servers_spawn_progress(lab, page, artifacts):
-    fake = jobs_fixture()
+def test_notebook_servers_spawn_progress(lab_page, api, artifacts):
+    page, fake = lab_page, api
     fake.notebooks = [
         {
             "name": "alice-lab",
@@ -256,9 +290,7 @@ def test_notebook_servers_spawn_progress(lab, page, artifacts):
         },
         {"name": "old", "phase": "Stopped", "stopped": True},
     ]
-    fake.install(page)
-    open_lab(page, lab)
-    open_sidebar(page)
+    fake.drop_connections()  # the panel lists notebook servers again when it reconnects
     nbs = page.locator(f"{SIDEBAR} .jp-mlc-nb")
     nbs.first.wait_for()
     assert nbs.count() == 3
@@ -302,7 +334,7 @@ def test_palette_commands(lab_page, api):
     dialog.get_by_role("button", name="Cancel").first.click()
 
 
-def test_dark_theme_is_legible(lab_page, api, artifacts):
+def test_dark_theme_is_legible(lab_page, api, artifacts, request):
     page = lab_page
     open_sidebar(page)
     rows(page).nth(0).click()
@@ -311,6 +343,7 @@ def test_dark_theme_is_legible(lab_page, api, artifacts):
         f'{SIDEBAR} .jp-mlc-logs-count:has-text("100,000 lines")', timeout=30_000
     )
     set_theme(page, DARK_THEME)
+    request.addfinalizer(lambda: set_theme(page, LIGHT_THEME))  # the page is shared
     # the re-layout of a theme change does not stop the log from following
     assert page.get_by_role("button", name="Jump to the newest log line").count() == 0
     # text and background colours differ clearly in the panel's own elements
