@@ -4,12 +4,15 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { DockPanel } from '@lumino/widgets';
 
 import { CommandIds, PALETTE_CATEGORY, addCommands } from './commands';
 import { clusterIcon } from './icons';
 import { MlclusterApi } from './model/api';
+import { SessionRef, notebookPath } from './model/origin';
 import { PanelStore, RefreshMode, StoreOptions } from './model/store';
 import { serverTransport } from './transport';
 import { SidebarPanel } from './widgets/SidebarPanel';
@@ -32,7 +35,8 @@ function readSettings(settings: ISettingRegistry.ISettings | null): Settings {
     refresh: get<RefreshMode>('refresh', 'live'),
     pollInterval: get('pollInterval', 5),
     logTailLines: get('logTailLines', DEFAULT_SETTINGS.logTailLines),
-    followLogs: get('followLogs', DEFAULT_SETTINGS.followLogs)
+    followLogs: get('followLogs', DEFAULT_SETTINGS.followLogs),
+    revealNotebook: get('revealNotebook', DEFAULT_SETTINGS.revealNotebook)
   };
 }
 
@@ -80,8 +84,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
       api,
       commands: app.commands,
       settings: initial,
+      notebookPath: origin => {
+        const sessions: SessionRef[] = Array.from(
+          app.serviceManager.sessions.running(),
+          session => ({
+            path: session.path,
+            kernelId: session.kernel?.id ?? null
+          })
+        );
+        return notebookPath(
+          origin,
+          sessions,
+          PageConfig.getOption('serverRoot')
+        );
+      },
       openNotebook: docManager
-        ? path => docManager.openOrReveal(path)
+        ? path => void docManager.openOrReveal(path)
+        : undefined,
+      showOpenNotebook: docManager
+        ? path => {
+            const widget = docManager.findWidget(path);
+            if (!widget) {
+              return false;
+            }
+            // selectWidget shows the tab without activating it: activating would move the
+            // keyboard focus out of the panel the user is working in.
+            if (widget.parent instanceof DockPanel) {
+              widget.parent.selectWidget(widget);
+            } else {
+              app.shell.activateById(widget.id);
+            }
+            return true;
+          }
         : undefined
     });
     panel.id = PANEL_ID;

@@ -11,7 +11,10 @@ export function serverTransport(
     request: (path, init) =>
       ServerConnection.makeRequest(
         URLExt.join(settings.baseUrl, path),
-        init ?? {},
+        // JupyterLab's default, `no-store`, makes ServerConnection append a cache buster
+        // (`?1795317812852`) that the API rejects as an unknown query parameter. `no-cache`
+        // never serves a stored answer either: each request goes to the server.
+        { cache: 'no-cache', ...init },
         settings
       ),
     websocketUrl: path => {

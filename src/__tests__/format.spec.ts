@@ -1,4 +1,8 @@
 import {
+  asSentence,
+  elapsedLabel,
+  exitText,
+  failedRankPrefix,
   formatAge,
   formatBytes,
   formatDuration,
@@ -138,5 +142,62 @@ describe('rank summary', () => {
     expect(jobProgress(job)).toBe(0.25);
     job.ranks[0].progress = { step: 500, total: 100 };
     expect(jobProgress(job)).toBe(1);
+  });
+});
+
+describe('messages', () => {
+  it('read as sentences', () => {
+    expect(asSentence('no Kubernetes cluster is configured')).toBe(
+      'No Kubernetes cluster is configured'
+    );
+    expect(asSentence('Already one.')).toBe('Already one.');
+    expect(asSentence('')).toBe('');
+  });
+});
+
+describe('rank exits and job times', () => {
+  it('say how a rank ended only when it matters', () => {
+    expect(exitText(null)).toBe('');
+    expect(exitText(undefined)).toBe('');
+    expect(exitText(0)).toBe('');
+    expect(exitText(1)).toBe('exit 1');
+    expect(exitText(-15)).toBe('signal 15');
+  });
+
+  it('name the time a job waited or ran', () => {
+    const at = '2026-11-22T12:00:00.000Z';
+    expect(
+      elapsedLabel({ state: 'queued', started: null, finished: null })
+    ).toBe('Waiting');
+    expect(
+      elapsedLabel({ state: 'cancelled', started: null, finished: at })
+    ).toBe('Waited');
+    expect(
+      elapsedLabel({ state: 'running', started: at, finished: null })
+    ).toBe('Elapsed');
+    expect(elapsedLabel({ state: 'failed', started: at, finished: at })).toBe(
+      'Duration'
+    );
+  });
+});
+
+describe('failure banner', () => {
+  it('names the failed rank unless the error already does', () => {
+    expect(failedRankPrefix({ failed_rank: 2, error: 'OOMKilled' })).toBe(
+      'Rank 2: '
+    );
+    expect(
+      failedRankPrefix({
+        failed_rank: 1,
+        error: 'rank 1 failed: ZeroDivisionError'
+      })
+    ).toBe('');
+    // "rank 12" is not rank 1
+    expect(failedRankPrefix({ failed_rank: 1, error: 'rank 12 failed' })).toBe(
+      'Rank 1: '
+    );
+    expect(failedRankPrefix({ failed_rank: null, error: 'timed out' })).toBe(
+      ''
+    );
   });
 });

@@ -8,6 +8,29 @@ import {
 import { makeJob } from './helpers';
 
 describe('metrics history', () => {
+  it("reads the server's answer (OpenAPI JobMetrics)", () => {
+    const history = historyFromResponse({
+      id: 'j1',
+      ranks: [
+        {
+          rank: 0,
+          current: { cpu_percent: 12, memory_bytes: 7 },
+          series: [
+            { ts: 1795318178.5, cpu_percent: 10, memory_bytes: 5 },
+            { ts: 1795318179.5, cpu_percent: 12, memory_bytes: 7 }
+          ]
+        },
+        { rank: 1, current: {}, series: [] },
+        { rank: 'x', series: [{ ts: 1 }] }, // junk is skipped
+        { rank: 2, current: {}, series: null }
+      ]
+    });
+    expect(Object.keys(history)).toEqual(['0', '1']);
+    expect(history[0].ts).toEqual([1795318178500, 1795318179500]);
+    expect(presentValues(history[0], 'memory_bytes')).toEqual([5, 7]);
+    expect(history[1].ts).toEqual([]);
+  });
+
   it('reads the server history (epoch seconds or RFC 3339)', () => {
     const history = historyFromResponse({
       ranks: {
@@ -71,6 +94,20 @@ describe('metrics history', () => {
     expect(sparklinePoints([0, 50, 100], 60, 10, 100)).toBe(
       '0.0,10.0 30.0,5.0 60.0,0.0'
     );
-    expect(sparklinePoints([150], 60, 10, 100)).toBe('60.0,0.0'); // clamped to the scale
+    // low CPU stays low on a 0..100 scale
+    expect(sparklinePoints([5, 10], 60, 10, 100)).toBe('0.0,9.5 60.0,9.0');
+    // a value above max (250% CPU: several cores) raises the top instead of being cut
+    expect(sparklinePoints([125, 250], 60, 10, 100)).toBe('0.0,5.0 60.0,0.0');
+    expect(sparklinePoints([150], 60, 10, 100)).toBe('60.0,0.0');
+  });
+
+  it('sparklines without a fixed scale leave headroom above the largest value', () => {
+    // steady memory is a line below the top, not a full bar
+    expect(sparklinePoints([4, 4, 4], 60, 10)).toBe(
+      '0.0,2.0 30.0,2.0 60.0,2.0'
+    );
+    expect(sparklinePoints([0, 5], 60, 10)).toBe('0.0,10.0 60.0,2.0');
+    expect(sparklinePoints([0, 0], 60, 10)).toBe('0.0,10.0 60.0,10.0'); // all zero: flat at the bottom
+    expect(sparklinePoints([-3, 2], 60, 10)).toBe('0.0,10.0 60.0,2.0'); // never below the axis
   });
 });

@@ -1,5 +1,5 @@
 /** How numbers, times and jobs read in the sidebar. Pure functions. */
-import { Job, RankState } from './types';
+import { FINAL_JOB_STATES, Job, RankState } from './types';
 
 /** Seconds -> "45s", "3m 05s", "2h 04m", "3d 4h". Negative or missing -> "". */
 export function formatDuration(seconds: number | null | undefined): string {
@@ -152,4 +152,42 @@ export function jobProgress(job: Pick<Job, 'ranks'>): number | null {
     }
   }
   return null;
+}
+
+/** A message as a sentence: first letter upper case ("no cluster..." -> "No cluster..."). */
+export function asSentence(message: string): string {
+  return message.charAt(0).toUpperCase() + message.slice(1);
+}
+
+/**
+ * How a rank ended, when it says something: "" for none yet or a clean exit (0), "exit 1",
+ * "signal 15" (a negative code: the process was killed by that signal).
+ */
+export function exitText(code: number | null | undefined): string {
+  if (code === null || code === undefined || code === 0) {
+    return '';
+  }
+  return code < 0 ? `signal ${-code}` : `exit ${code}`;
+}
+
+/** What the detail view calls the job's time: waited so far, ran so far, or ran in all. */
+export function elapsedLabel(
+  job: Pick<Job, 'started' | 'finished' | 'state'>
+): string {
+  if (!job.started) {
+    return FINAL_JOB_STATES.has(job.state) ? 'Waited' : 'Waiting';
+  }
+  return job.finished ? 'Duration' : 'Elapsed';
+}
+
+/** "Rank 2: " before a failed job's error, unless the error already names that rank. */
+export function failedRankPrefix(
+  job: Pick<Job, 'error' | 'failed_rank'>
+): string {
+  const rank = job.failed_rank;
+  if (typeof rank !== 'number') {
+    return '';
+  }
+  const named = new RegExp(`\\brank ${rank}\\b`, 'i').test(job.error ?? '');
+  return named ? '' : `Rank ${rank}: `;
 }

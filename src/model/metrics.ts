@@ -77,22 +77,34 @@ function appendPoint(
   };
 }
 
+/** rank -> samples, from either form of the metrics answer (see historyFromResponse). */
+function samplesByRank(body: unknown): Array<[number, unknown]> {
+  const root = (body ?? {}) as Record<string, unknown>;
+  if (Array.isArray(root.ranks)) {
+    return root.ranks.map(entry => {
+      const e = (entry ?? {}) as Record<string, unknown>;
+      return [Number(e.rank), e.series] as [number, unknown];
+    });
+  }
+  const map = (
+    root.ranks && typeof root.ranks === 'object' ? root.ranks : root
+  ) as Record<string, unknown>;
+  return Object.entries(map).map(([key, samples]) => [Number(key), samples]);
+}
+
 /**
- * The body of `GET /jobs/{id}/metrics` -> history. Accepted: `{"ranks": {"0": [sample...]}}`
- * or the rank map itself, each sample `{"ts": epoch-seconds | RFC 3339, "cpu_percent": ..., ...}`.
+ * The body of `GET /jobs/{id}/metrics` -> history. The server's form (OpenAPI `JobMetrics`):
+ * `{"id": ..., "ranks": [{"rank": 0, "current": {...}, "series": [sample...]}]}`; a plain
+ * rank map `{"ranks": {"0": [sample...]}}` is read too. Each sample is
+ * `{"ts": epoch-seconds | RFC 3339, "cpu_percent": ..., ...}`.
  */
 export function historyFromResponse(
   body: unknown,
   maxPoints: number = DEFAULT_POINTS
 ): MetricsHistory {
-  const root = (body ?? {}) as Record<string, unknown>;
-  const ranks = (
-    root.ranks && typeof root.ranks === 'object' ? root.ranks : root
-  ) as Record<string, unknown>;
   const out: Record<number, Series> = {};
-  for (const [key, samples] of Object.entries(ranks)) {
-    const rank = Number(key);
-    if (!Number.isInteger(rank) || !Array.isArray(samples)) {
+  for (const [rank, samples] of samplesByRank(body)) {
+    if (!Number.isInteger(rank) || rank < 0 || !Array.isArray(samples)) {
       continue;
     }
     let series = emptySeries();
@@ -138,9 +150,15 @@ export function presentValues(
   return (series?.values[name] ?? []).filter((v): v is number => v !== null);
 }
 
+/** Room above the largest value of a series without a fixed scale. */
+export const HEADROOM = 1.25;
+
 /**
  * Polyline points for a sparkline `width` x `height`, y growing downwards.
- * `max` fixes the top of the scale (100 for percentages); otherwise the largest value.
+ *
+ * `max` is the top of the scale when no value exceeds it (100 for percentages; a rank using
+ * several cores, 250% CPU, raises it). Without `max`, the top is a quarter above the largest
+ * value: a steady series (memory, mostly) then reads as a steady line, not as a full bar.
  */
 export function sparklinePoints(
   values: number[],
@@ -151,12 +169,14 @@ export function sparklinePoints(
   if (values.length === 0) {
     return '';
   }
-  const top = max ?? Math.max(...values, 1e-9);
+  const largest = Math.max(...values, 0);
+  const top =
+    max !== undefined ? Math.max(max, largest) : largest * HEADROOM || 1;
   const step = values.length > 1 ? width / (values.length - 1) : 0;
   return values
     .map((v, i) => {
       const x = values.length > 1 ? i * step : width;
-      const y = height - (Math.min(Math.max(v, 0), top) / top) * height;
+      const y = height - (Math.max(v, 0) / top) * height;
       return `${x.toFixed(1)},${y.toFixed(1)}`;
     })
     .join(' ');

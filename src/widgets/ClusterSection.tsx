@@ -17,14 +17,24 @@ function CapacityBar({
   if (!capacity) {
     return null;
   }
+  if (capacity.total <= 0) {
+    return (
+      <div className="jp-mlc-capacity jp-mlc-capacity-none">
+        <div className="jp-mlc-capacity-label">
+          <span>{label}</span>
+          <span>none</span>
+        </div>
+      </div>
+    );
+  }
   const used = Math.max(0, capacity.total - capacity.free);
   const fraction = capacity.total > 0 ? used / capacity.total : 0;
-  const text = `${format(used)} of ${format(capacity.total)} in use`;
+  const text = `${format(used)} of ${format(capacity.total)} allocated`;
   return (
     <div className="jp-mlc-capacity">
       <div className="jp-mlc-capacity-label">
         <span>{label}</span>
-        <span>{capacity.total > 0 ? text : 'none'}</span>
+        <span>{text}</span>
       </div>
       <div
         className="jp-mlc-meter"
@@ -93,7 +103,11 @@ export function ClusterSection({ state }: { state: PanelState }) {
                   onKeyDown={onActivate(open)}
                 >
                   <span className="jp-mlc-job-name">{name}</span>
-                  {reason && <span className="jp-mlc-hint"> {reason}</span>}
+                  {reason && (
+                    <span className="jp-mlc-hint jp-mlc-queue-reason">
+                      {reason}
+                    </span>
+                  )}
                 </li>
               );
             })}

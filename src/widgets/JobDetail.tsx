@@ -2,6 +2,9 @@ import * as React from 'react';
 
 import { CommandIds } from '../commands';
 import {
+  elapsedLabel,
+  exitText,
+  failedRankPrefix,
   formatBytes,
   formatDuration,
   formatPercent,
@@ -15,6 +18,7 @@ import {
   mergeHistory,
   presentValues
 } from '../model/metrics';
+import { notebookName } from '../model/origin';
 import { isFinal } from '../model/reducer';
 import { Job, Rank } from '../model/types';
 import { ProgressBar, StateBadge } from './JobList';
@@ -59,76 +63,73 @@ function MetricCell({
   format: (v: number | null | undefined) => string;
   max?: number;
 }) {
-  const value = rank.metrics?.[name] ?? null;
+  // A live value while the rank runs; afterwards only a history worth drawing.
+  const value =
+    rank.state === 'running' ? (rank.metrics?.[name] ?? null) : null;
   const values = presentValues(history[rank.rank], name);
-  if (value === null && values.length === 0) {
+  if (value === null && values.length < 2) {
     return null;
   }
   return (
-    <span className="jp-mlc-metric">
-      <span className="jp-mlc-metric-label">{label}</span>
-      <span className="jp-mlc-metric-value">{format(value) || '–'}</span>
-      {values.length > 1 && (
-        <Sparkline
-          values={values}
-          max={max}
-          label={`${label} of rank ${rank.rank} over the last ${values.length} samples`}
-        />
-      )}
-    </span>
+    <div className="jp-mlc-metric">
+      <div className="jp-mlc-metric-head">
+        <span className="jp-mlc-metric-label">{label}</span>
+        <span className="jp-mlc-metric-value">{format(value) || '–'}</span>
+      </div>
+      <Sparkline
+        values={values}
+        max={max}
+        label={`${label} of rank ${rank.rank} over the last ${values.length} samples`}
+      />
+    </div>
   );
 }
+
+/** CPU and memory always; GPU only where a GPU reported something. */
+const METRICS: Array<{
+  name: MetricName;
+  label: string;
+  format: (v: number | null | undefined) => string;
+  max?: number;
+}> = [
+  { name: 'cpu_percent', label: 'CPU', format: formatPercent, max: 100 },
+  { name: 'memory_bytes', label: 'Memory', format: formatBytes },
+  { name: 'gpu_util', label: 'GPU', format: formatPercent, max: 100 },
+  { name: 'gpu_memory_bytes', label: 'GPU memory', format: formatBytes }
+];
 
 function RankRow({ rank, history }: { rank: Rank; history: MetricsHistory }) {
   const p = rank.progress;
   const progress = p && p.total ? p.step / p.total : null;
   return (
-    <li className="jp-mlc-rank" aria-label={`Rank ${rank.rank}: ${rank.state}`}>
+    <li
+      className={`jp-mlc-rank jp-mlc-rank-${rank.state}`}
+      aria-label={`Rank ${rank.rank}: ${rank.state}`}
+      data-rank={rank.rank}
+    >
       <div className="jp-mlc-rank-head">
         <span className="jp-mlc-rank-id">rank {rank.rank}</span>
         <StateBadge state={rank.state} />
-        {rank.exit_code !== null && rank.exit_code !== undefined && (
-          <span className="jp-mlc-hint">exit {rank.exit_code}</span>
+        {exitText(rank.exit_code) && (
+          <span className="jp-mlc-hint jp-mlc-rank-exit">
+            {exitText(rank.exit_code)}
+          </span>
         )}
         {rank.host && (
-          <span className="jp-mlc-hint jp-mlc-rank-host">{rank.host}</span>
+          <span className="jp-mlc-hint jp-mlc-rank-host" title={rank.host}>
+            {rank.host}
+          </span>
         )}
       </div>
       <div className="jp-mlc-rank-metrics">
-        <MetricCell
-          rank={rank}
-          history={history}
-          name="cpu_percent"
-          label="CPU"
-          format={formatPercent}
-        />
-        <MetricCell
-          rank={rank}
-          history={history}
-          name="memory_bytes"
-          label="Mem"
-          format={formatBytes}
-        />
-        <MetricCell
-          rank={rank}
-          history={history}
-          name="gpu_util"
-          label="GPU"
-          format={formatPercent}
-          max={100}
-        />
-        <MetricCell
-          rank={rank}
-          history={history}
-          name="gpu_memory_bytes"
-          label="GPU mem"
-          format={formatBytes}
-        />
+        {METRICS.map(m => (
+          <MetricCell key={m.name} rank={rank} history={history} {...m} />
+        ))}
       </div>
       {p && (
         <div className="jp-mlc-rank-progress">
           <ProgressBar value={progress} label={`Rank ${rank.rank} progress`} />
-          <span className="jp-mlc-hint">
+          <span className="jp-mlc-hint jp-mlc-rank-progress-text">
             {p.desc ? `${p.desc} ` : ''}
             {p.step}
             {p.total ? `/${p.total}` : ''}
@@ -154,12 +155,36 @@ function Field({
   );
 }
 
+function NotebookField({ job }: { job: Job }) {
+  const { notebookPath, openNotebook } = usePanel();
+  const name = notebookName(job.origin);
+  if (!name) {
+    return null;
+  }
+  const path = notebookPath?.(job.origin) ?? null;
+  return (
+    <Field label="Notebook">
+      {path && openNotebook ? (
+        <button
+          className="jp-mlc-link"
+          onClick={() => openNotebook(path)}
+          aria-label={`Open notebook ${path}`}
+          title={`Open ${path}`}
+        >
+          {path}
+        </button>
+      ) : (
+        <span title={job.origin?.notebook ?? undefined}>{name}</span>
+      )}
+    </Field>
+  );
+}
+
 export function JobDetail({ job, now }: { job: Job; now: number }) {
-  const { commands, openNotebook, store } = usePanel();
+  const { commands, store } = usePanel();
   const history = useMetrics(job);
   const heading = React.useRef<HTMLHeadingElement>(null);
   React.useEffect(() => heading.current?.focus(), [job.id]);
-  const notebook = job.origin?.notebook;
   const elapsed = formatDuration(jobElapsed(job, now));
 
   return (
@@ -207,22 +232,10 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         >
           Delete
         </button>
-        {notebook && openNotebook && (
-          <button
-            className="jp-mlc-button"
-            onClick={() => openNotebook(notebook)}
-            aria-label={`Open notebook ${notebook}`}
-            title={notebook}
-          >
-            Open notebook
-          </button>
-        )}
       </div>
       {job.error && (
         <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
-          {typeof job.failed_rank === 'number' && (
-            <strong>Rank {job.failed_rank}: </strong>
-          )}
+          {failedRankPrefix(job) && <strong>{failedRankPrefix(job)}</strong>}
           <pre className="jp-mlc-error-text">{job.error}</pre>
         </div>
       )}
@@ -235,13 +248,16 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
           {job.backend}
           {job.framework ? ` · ${job.framework}` : ''}
         </Field>
-        <Field label={job.started ? 'Elapsed' : 'Waiting'}>{elapsed}</Field>
+        <Field label={elapsedLabel(job)}>{elapsed}</Field>
+        <NotebookField job={job} />
         <Field label="Id">
           <code>{job.id}</code>
         </Field>
-        {notebook && <Field label="Notebook">{notebook}</Field>}
       </dl>
-      <ul className="jp-mlc-ranks" aria-label="Ranks">
+      <h4 className="jp-mlc-subtitle" id={`jp-mlc-ranks-${job.id}`}>
+        Ranks
+      </h4>
+      <ul className="jp-mlc-ranks" aria-labelledby={`jp-mlc-ranks-${job.id}`}>
         {job.ranks.map(rank => (
           <RankRow key={rank.rank} rank={rank} history={history} />
         ))}

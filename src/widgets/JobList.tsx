@@ -1,8 +1,11 @@
 import * as React from 'react';
 
+import { CommandIds } from '../commands';
 import { formatAge, jobProgress, rankSummary } from '../model/format';
+import { listMove } from '../model/navigation';
+import { notebookName } from '../model/origin';
 import { Job } from '../model/types';
-import { onActivate, usePanel } from './context';
+import { usePanel } from './context';
 
 export function StateBadge({ state }: { state: string }) {
   return (
@@ -40,21 +43,50 @@ export function ProgressBar({
   );
 }
 
-function JobRow({ job, now }: { job: Job; now: number }) {
-  const { store } = usePanel();
+function JobRow({
+  job,
+  now,
+  tabbable,
+  onFocus
+}: {
+  job: Job;
+  now: number;
+  /** The one row Tab stops at; arrows move between rows (a roving tab stop). */
+  tabbable: boolean;
+  onFocus: () => void;
+}) {
+  const { store, commands, settings, notebookPath, showOpenNotebook } =
+    usePanel();
   const ranks = rankSummary(job);
   const age = formatAge(job.created, now);
-  const open = () => store.select(job.id);
+  const notebook = notebookName(job.origin);
+  const open = () => {
+    store.select(job.id);
+    const path = settings.revealNotebook ? notebookPath?.(job.origin) : null;
+    if (path) {
+      showOpenNotebook?.(path);
+    }
+  };
+  const onKeyDown = (event: React.KeyboardEvent) => {
+    if (event.key === 'Enter' || event.key === ' ') {
+      event.preventDefault();
+      open();
+    } else if (event.key === 'Delete') {
+      event.preventDefault();
+      void commands.execute(CommandIds.deleteJob, { id: job.id });
+    }
+  };
   return (
     <li className="jp-mlc-job-row-item">
       <div
         className={`jp-mlc-job-row jp-mlc-job-${job.state}`}
         role="button"
-        tabIndex={0}
+        tabIndex={tabbable ? 0 : -1}
         data-job-id={job.id}
-        aria-label={`Job ${job.name}: ${job.state}, ${ranks}, ${job.backend} backend, created ${age} ago. Press Enter for details.`}
+        aria-label={`Job ${job.name}: ${job.state}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
         onClick={open}
-        onKeyDown={onActivate(open)}
+        onKeyDown={onKeyDown}
+        onFocus={onFocus}
       >
         <div className="jp-mlc-job-row-main">
           <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
@@ -65,6 +97,14 @@ function JobRow({ job, now }: { job: Job; now: number }) {
         <div className="jp-mlc-job-row-meta">
           <span className="jp-mlc-job-ranks">{ranks}</span>
           <span className="jp-mlc-job-backend">{job.backend}</span>
+          {notebook && (
+            <span
+              className="jp-mlc-job-notebook"
+              title={job.origin?.notebook ?? undefined}
+            >
+              {notebook}
+            </span>
+          )}
           <span className="jp-mlc-job-age" title={job.created}>
             {age}
           </span>
@@ -75,22 +115,72 @@ function JobRow({ job, now }: { job: Job; now: number }) {
   );
 }
 
-export function JobList({ jobs, now }: { jobs: Job[]; now: number }) {
+export function JobList({
+  jobs,
+  now,
+  focusId
+}: {
+  jobs: Job[];
+  now: number;
+  /** The row to focus when the list appears (the job whose details were just left). */
+  focusId?: string | null;
+}) {
+  const list = React.useRef<HTMLUListElement>(null);
+  const [focusedId, setFocusedId] = React.useState<string | null>(
+    focusId ?? null
+  );
+  // Tab enters the list at the row last focused (while it exists), else at the first.
+  const tabStop = jobs.some(job => job.id === focusedId)
+    ? focusedId
+    : (jobs[0]?.id ?? null);
+  React.useEffect(() => {
+    if (focusId) {
+      list.current
+        ?.querySelector<HTMLElement>(`[data-job-id="${CSS.escape(focusId)}"]`)
+        ?.focus();
+    }
+  }, []);
+
   if (jobs.length === 0) {
     return (
-      <div className="jp-mlc-empty">
+      <div className="jp-mlc-empty jp-mlc-empty-jobs">
         <p>No distributed jobs yet.</p>
         <p className="jp-mlc-hint">
           Put <code>%%distributed --workers 2</code> on top of a notebook cell
-          and run it; the job shows up here.
+          and run it: the job shows up here.
         </p>
       </div>
     );
   }
+
+  // Arrow keys, Home and End move between rows, as in JupyterLab's file browser.
+  const onKeyDown = (event: React.KeyboardEvent) => {
+    const rows = Array.from(
+      list.current?.querySelectorAll<HTMLElement>('.jp-mlc-job-row') ?? []
+    );
+    const current = rows.indexOf(document.activeElement as HTMLElement);
+    const next = listMove(event.key, current, rows.length);
+    if (next !== null) {
+      event.preventDefault();
+      rows[next].focus();
+    }
+  };
+
   return (
-    <ul className="jp-mlc-job-list" aria-label="Distributed jobs">
+    <ul
+      className="jp-mlc-job-list"
+      aria-label="Distributed jobs"
+      ref={list}
+      onKeyDown={onKeyDown}
+    >
       {jobs.map(job => (
-        <JobRow key={job.id} job={job} now={now} />
+        <JobRow
+          key={job.id}
+          job={job}
+          now={now}
+          tabbable={job.id === tabStop}
+          onFocus={() => setFocusedId(job.id)}
+        />
       ))}
     </ul>
   );

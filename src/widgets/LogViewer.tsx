@@ -163,6 +163,16 @@ export function LogViewer({ job }: { job: Job }) {
   const ranks = Array.from({ length: job.workers }, (_, i) => i);
   return (
     <div className="jp-mlc-logs">
+      <div className="jp-mlc-logs-head">
+        <h4 className="jp-mlc-subtitle">Logs</h4>
+        <span
+          className={`jp-mlc-logs-status jp-mlc-logs-status-${status.state}`}
+          title={status.error}
+        >
+          <span className="jp-mlc-state-dot" aria-hidden="true" />
+          {STATUS_TEXT[status.state]}
+        </span>
+      </div>
       <div className="jp-mlc-logs-toolbar">
         <label>
           <span className="jp-mlc-visually-hidden">Show logs of</span>
@@ -186,12 +196,6 @@ export function LogViewer({ job }: { job: Job }) {
           {count.toLocaleString()} lines
           {buffer.dropped > 0 &&
             ` (oldest ${buffer.dropped.toLocaleString()} dropped)`}
-        </span>
-        <span
-          className={`jp-mlc-logs-status jp-mlc-logs-status-${status.state}`}
-          title={status.error}
-        >
-          {STATUS_TEXT[status.state]}
         </span>
         {!stick && (
           <button

@@ -1,7 +1,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import * as React from 'react';
 
-import { formatAge } from '../model/format';
+import { asSentence, formatAge } from '../model/format';
 import { NotebookServer } from '../model/types';
 import { usePanel } from './context';
 
@@ -224,7 +224,7 @@ export function NotebooksSection({
         <p>
           <strong>No cluster configured.</strong>
         </p>
-        <p className="jp-mlc-hint">{error.message}</p>
+        <p className="jp-mlc-hint">{asSentence(error.message)}</p>
         <p className="jp-mlc-hint">
           Notebook servers run on Kubernetes; jobs still run on this machine.
         </p>

@@ -15,18 +15,23 @@ import {
   useStore
 } from './context';
 
+/** Which sections the user collapsed: kept while a job's details replace the sections. */
+const SectionsContext = React.createContext<{
+  collapsed: Readonly<Record<string, boolean>>;
+  toggle: (id: string) => void;
+}>({ collapsed: {}, toggle: () => undefined });
+
 function Section({
   id,
   title,
-  children,
-  initiallyOpen = true
+  children
 }: {
   id: string;
-  title: string;
+  title: React.ReactNode;
   children: React.ReactNode;
-  initiallyOpen?: boolean;
 }) {
-  const [open, setOpen] = React.useState(initiallyOpen);
+  const { collapsed, toggle } = React.useContext(SectionsContext);
+  const open = !collapsed[id];
   const bodyId = `jp-mlc-section-${id}`;
   return (
     <section className="jp-mlc-section" aria-labelledby={`${bodyId}-title`}>
@@ -35,7 +40,7 @@ function Section({
           className="jp-mlc-section-toggle"
           aria-expanded={open}
           aria-controls={bodyId}
-          onClick={() => setOpen(!open)}
+          onClick={() => toggle(id)}
         >
           <span className="jp-mlc-caret" aria-hidden="true">
             {open ? '▾' : '▸'}
@@ -111,9 +116,21 @@ function Panel() {
   useStore(store);
   const now = useNow(1000);
   const { state } = store;
+  const [collapsed, setCollapsed] = React.useState<Record<string, boolean>>({});
+  const sections = React.useMemo(
+    () => ({
+      collapsed,
+      toggle: (id: string) => setCollapsed(c => ({ ...c, [id]: !c[id] }))
+    }),
+    [collapsed]
+  );
   const selected = store.selectedJob;
   const jobs = sortedJobs(state.jobs);
   const selectedJob = selected ? state.jobs[selected] : undefined;
+  // Leaving a job's details puts focus back on its row, so keyboard users keep their place.
+  const lastSelected = React.useRef<string | null>(null);
+  const returnTo = selected ? null : lastSelected.current;
+  lastSelected.current = selected;
   const connection =
     store.mode === 'poll'
       ? store.problem
@@ -145,23 +162,25 @@ function Panel() {
           </button>
         </div>
       ) : (
-        <div className="jp-mlc-sections">
-          <Section id="jobs" title={`Jobs (${jobs.length})`}>
-            {state.synced || jobs.length ? (
-              <JobList jobs={jobs} now={now} />
-            ) : (
-              <div className="jp-mlc-hint">
-                {store.problem ? 'Jobs are unavailable.' : 'Loading…'}
-              </div>
-            )}
-          </Section>
-          <Section id="cluster" title="Cluster">
-            <ClusterSection state={state} />
-          </Section>
-          <Section id="notebooks" title="Notebook servers">
-            <NotebooksSection notebooks={state.notebooks} now={now} />
-          </Section>
-        </div>
+        <SectionsContext.Provider value={sections}>
+          <div className="jp-mlc-sections">
+            <Section id="jobs" title={`Jobs (${jobs.length})`}>
+              {state.synced || jobs.length ? (
+                <JobList jobs={jobs} now={now} focusId={returnTo} />
+              ) : (
+                <div className="jp-mlc-hint">
+                  {store.problem ? 'Jobs are unavailable.' : 'Loading…'}
+                </div>
+              )}
+            </Section>
+            <Section id="cluster" title="Cluster">
+              <ClusterSection state={state} />
+            </Section>
+            <Section id="notebooks" title="Notebook servers">
+              <NotebooksSection notebooks={state.notebooks} now={now} />
+            </Section>
+          </div>
+        </SectionsContext.Provider>
       )}
     </div>
   );

@@ -4,17 +4,21 @@ import * as React from 'react';
 
 import { MlclusterApi } from '../model/api';
 import { PanelStore } from '../model/store';
+import { JobOrigin } from '../model/types';
 
 export interface PanelSettings {
   /** Lines the log viewer keeps (older ones are dropped). */
   logTailLines: number;
   /** Follow (stream) logs of running jobs. */
   followLogs: boolean;
+  /** Opening a job brings its notebook's tab forward when that notebook is open. */
+  revealNotebook: boolean;
 }
 
 export const DEFAULT_SETTINGS: PanelSettings = {
   logTailLines: 100000,
-  followLogs: true
+  followLogs: true,
+  revealNotebook: true
 };
 
 export interface PanelContextValue {
@@ -22,8 +26,12 @@ export interface PanelContextValue {
   api: MlclusterApi;
   commands: CommandRegistry;
   settings: PanelSettings;
-  /** Reveal the notebook a job came from; undefined where no document manager exists. */
+  /** The path JupyterLab opens for the notebook a job came from, or null (see model/origin). */
+  notebookPath?: (origin: JobOrigin | null | undefined) => string | null;
+  /** Open that notebook, or bring its tab forward; undefined where no document manager exists. */
   openNotebook?: (path: string) => void;
+  /** Bring that notebook's tab forward if it is open, without taking the focus; false if it is not open. */
+  showOpenNotebook?: (path: string) => boolean;
 }
 
 export const PanelContext = React.createContext<PanelContextValue | null>(null);

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from .lab import CHROMIUM, browser_page, open_lab, running_lab
+from .lab import ARTIFACTS, CHROMIUM, browser_page, open_lab, running_lab, save_failure_screenshot
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT = REPO / "labextension"
-ARTIFACTS = Path(os.environ.get("MLCLUSTER_ARTIFACTS", REPO / "artifacts")) / "browser"
 
 
 def pytest_collection_modifyitems(items):
@@ -26,7 +25,9 @@ def labextension_path(tmp_path_factory) -> Path:
     """A JUPYTER_PATH entry holding this checkout's built sidebar, whatever else is installed."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         # A failure, not a skip: the sidebar's main path is only tested here.
-        pytest.fail(f"no chromium at {CHROMIUM} (apt-get install chromium, or set MLCLUSTER_CHROMIUM)")
+        pytest.fail(
+            f"no chromium at {CHROMIUM} (apt-get install chromium, or set MLCLUSTER_CHROMIUM)"
+        )
     if not (BUILT / "package.json").exists():
         pytest.fail("labextension/ is not built: run `jlpm install && jlpm build` first")
     path = tmp_path_factory.mktemp("jupyter-path")
@@ -35,17 +36,28 @@ def labextension_path(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def lab_env(labextension_path) -> dict[str, str]:
+    """Environment of the labs the tests start: this checkout's sidebar and Python package
+    (server extension, kernels' magics, job supervisors), whatever is installed."""
+    return {
+        "JUPYTER_PATH": str(labextension_path),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, labextension_path):
+def lab(tmp_path_factory, lab_env):
     root = tmp_path_factory.mktemp("lab-root")
-    with running_lab(root, env={"JUPYTER_PATH": str(labextension_path)}) as server:
+    with running_lab(root, env=lab_env) as server:
         yield server
 
 
 @pytest.fixture
-def page(lab):
+def page(lab, request):
     with browser_page(width=1280, height=860) as p:
         yield p
+        save_failure_screenshot(request, p)
 
 
 @pytest.fixture
@@ -59,3 +71,11 @@ def lab_page(lab, page):
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, so fixtures can tell that a test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report

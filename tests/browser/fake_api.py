@@ -95,6 +95,13 @@ class FakeApi:
         page.route(API, self._handle)
         page.route_web_socket(EVENTS, self._on_socket)
 
+    def take_over(self, other: FakeApi) -> None:
+        """Answer from now on with another fake's canned state (the routes stay installed)."""
+        with self._lock:
+            self.jobs, self.cluster, self.notebooks = other.jobs, other.cluster, other.notebooks
+            self.logs, self.metrics = other.logs, other.metrics
+            self.requests.clear()
+
     # -- websocket ---------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -126,9 +133,16 @@ class FakeApi:
         url = urlparse(request.url)
         path = API_PATH.search(url.path).group(1)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        # ServerConnection adds a bare timestamp to defeat caches; it is not a parameter.
-        params = "&".join(p for p in url.query.split("&") if p and not p.isdigit())
-        self.requests.append((request.method, path + (f"?{params}" if params else "")))
+        self.requests.append((request.method, path + (f"?{url.query}" if url.query else "")))
+        buster = [p for p in url.query.split("&") if p.isdigit()]
+        if buster:
+            # As the real API: unknown query parameters are refused, and that includes the
+            # bare timestamp ServerConnection appends to GETs under its default cache mode.
+            message = f"unknown query parameter(s): {', '.join(buster)}"
+            route.fulfill(
+                status=400, body=json.dumps({"message": message}), content_type="application/json"
+            )
+            return
         status, body, content_type = self._answer(request.method, path, query)
         route.fulfill(status=status, body=body, content_type=content_type)
 
@@ -148,7 +162,11 @@ class FakeApi:
             if parts[2:] == ["logs"]:
                 return self._logs(job_id, query)
             if parts[2:] == ["metrics"]:
-                return 200, json.dumps(self.metrics.get(job_id, {"ranks": {}})), as_json
+                return (
+                    200,
+                    json.dumps(self.metrics.get(job_id, {"id": job_id, "ranks": []})),
+                    as_json,
+                )
         if parts[0] == "notebooks":
             if self.notebooks is None:
                 message = "No Kubernetes cluster is configured: notebook servers need the kubernetes backend."
@@ -163,7 +181,11 @@ class FakeApi:
             body = "".join(json.dumps(line) + "\n" for line in lines[start:])
             return 200, body, "application/x-ndjson"
         page = lines[start : start + 50_000]
-        return 200, json.dumps({"lines": page, "cursor": f"0:{start + len(page)}"}), "application/json"
+        return (
+            200,
+            json.dumps({"lines": page, "cursor": f"0:{start + len(page)}"}),
+            "application/json",
+        )
 
 
 def log_lines(count: int, ranks: int = 2) -> list[dict[str, Any]]:

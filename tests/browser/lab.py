@@ -14,6 +14,7 @@ here). Override with MLCLUSTER_CHROMIUM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -26,6 +27,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = os.environ.get("MLCLUSTER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -38,6 +43,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: Screenshots of every run (CI keeps them); MLCLUSTER_ARTIFACTS moves them.
+ARTIFACTS = (
+    Path(os.environ.get("MLCLUSTER_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts"))
+    / "browser"
+)
 SIDEBAR_ID = "jupyterlab-mlcluster-sidebar"
 SIDEBAR = f"#{SIDEBAR_ID}"
 LIGHT_THEME = "JupyterLab Light"
@@ -68,10 +78,20 @@ class Lab:
         empty layout (`reset`), whatever an earlier page of the same server left open."""
         return f"{self.url}lab?reset&token={self.token}"
 
-    def api(self, path: str, method: str = "GET") -> tuple[int, bytes]:
-        """A plain authenticated request to the server (status, body), no exceptions."""
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+
+    def api(self, path: str, method: str = "GET", body: object = None) -> tuple[int, bytes]:
+        """A plain authenticated request to the server (status, body), no exceptions; `body`
+        is sent as JSON."""
+        headers = {"Authorization": f"token {self.token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
         req = urllib.request.Request(
-            self.url + path.lstrip("/"), method=method, headers={"Authorization": f"token {self.token}"}
+            self.url + path.lstrip("/"), data=data, method=method, headers=headers
         )
         try:
             with _DIRECT.open(req, timeout=10) as resp:
@@ -92,13 +112,19 @@ def running_lab(
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     timeout: float = 60.0,
+    port: int | None = None,
+    token: str | None = None,
 ) -> Iterator[Lab]:
     """Start `jupyter lab` on 127.0.0.1 (own process group), wait until it answers, stop it
     (and everything it started, e.g. kernels) afterwards. The server log goes to
-    `<root_dir>/.jupyter-lab.log`."""
+    `<root_dir>/.jupyter-lab.log` (appended: a restarted server keeps the earlier story).
+
+    `port` and `token` start it where an earlier server was, so that a page left open on the
+    old one can reconnect (its login cookie stays valid when JUPYTER_RUNTIME_DIR, which holds
+    the cookie secret, is the same)."""
     root = Path(root_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    port, token = free_port(), secrets.token_hex(16)
+    port, token = port or free_port(), token or secrets.token_hex(16)
     log_path = root / ".jupyter-lab.log"
     # Own settings and workspaces: a test's theme switch must not leak into the user's lab,
     # and the "get notified about Jupyter news?" toast must not cover the screenshots.
@@ -121,7 +147,7 @@ def running_lab(
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         *(extra_args or []),
     ]  # fmt: skip
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd,
             cwd=root,
@@ -161,7 +187,7 @@ def stop_process_group(process: subprocess.Popen, grace: float = 10.0) -> None:
 @contextlib.contextmanager
 def browser_page(
     *, width: int = 1400, height: int = 900, color_scheme: str = "light"
-) -> Iterator["playwright.sync_api.Page"]:  # noqa: F821
+) -> Iterator[Page]:
     """A fresh headless chromium page; browser console errors are kept on `page.console_errors`."""
     from playwright.sync_api import sync_playwright
 
@@ -204,6 +230,8 @@ def sidebar_tab_selector() -> str:
 def open_sidebar(page, timeout: float = 30_000):
     """Show the Distributed jobs panel (click its tab unless it is already open: the restored
     layout may have it open, and clicking the current tab would collapse it)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     panel = page.locator(SIDEBAR)
     tab = page.locator(sidebar_tab_selector())
     tab.wait_for(timeout=timeout)
@@ -213,8 +241,8 @@ def open_sidebar(page, timeout: float = 30_000):
         tab.click()
         try:
             panel.wait_for(state="visible", timeout=3_000)
-        except Exception:  # a restore raced the click and collapsed it again: once more
-            continue
+        except PlaywrightTimeout:  # a restore raced the click and collapsed it again: once more
+            pass
     panel.wait_for(state="visible", timeout=timeout)
     return panel
 
@@ -235,7 +263,93 @@ def set_theme(page, theme: str) -> None:
     page.click('.lm-Menu-itemLabel:text-is("Theme")')
     page.click(f'.lm-Menu-itemLabel:text-is("{theme}")')
     light = "true" if theme == LIGHT_THEME else "false"
-    page.wait_for_selector(
-        f'body[data-jp-theme-light="{light}"]', state="attached", timeout=30_000
-    )
+    page.wait_for_selector(f'body[data-jp-theme-light="{light}"]', state="attached", timeout=30_000)
     page.wait_for_timeout(300)  # the new theme's CSS variables settle
+
+
+# -- notebooks ------------------------------------------------------------------------------
+
+
+def notebook_json(cells: list[str]) -> dict:
+    """An nbformat 4 notebook of code cells, for a Python 3 kernel."""
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": c,
+                "outputs": [],
+                "execution_count": None,
+            }
+            for c in cells
+        ],
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def open_notebook(page, lab: Lab, path: str, timeout: float = 60_000) -> None:
+    """Load JupyterLab with only this notebook open and wait until its kernel is idle."""
+    page.goto(f"{lab.url}lab/tree/{path}?reset&token={lab.token}", timeout=timeout)
+    wait_for_lab(page, timeout)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout)
+    wait_for_kernel_idle(page, timeout)
+
+
+def wait_for_kernel_idle(page, timeout: float = 60_000) -> None:
+    page.wait_for_selector(".jp-StatusBar-Widget:has-text('| Idle')", timeout=timeout)
+
+
+def notebook_cell(page, index: int):
+    return page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)
+
+
+def run_cell(page, index: int) -> None:
+    """Run one cell as a user does: click into its editor, press Shift+Enter."""
+    notebook_cell(page, index).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+
+
+# -- screenshots ------------------------------------------------------------------------------
+
+#: Set by scripts/screenshots.sh: the README's images are written there (docs/img).
+DOCS_IMG = os.environ.get("MLCLUSTER_DOCS_IMG")
+
+
+def save_docs_image(
+    page, name: str, artifacts: Path, clip: dict | None = None, locator=None
+) -> None:
+    """Save a screenshot to the artifacts, and to the README's images when asked
+    (MLCLUSTER_DOCS_IMG); `clip` (page coordinates) or `locator` crops it."""
+    targets = [artifacts / name]
+    if DOCS_IMG:
+        Path(DOCS_IMG).mkdir(parents=True, exist_ok=True)
+        targets.append(Path(DOCS_IMG) / name)
+    for target in targets:
+        if locator is not None:
+            locator.screenshot(path=str(target))
+        else:
+            page.screenshot(path=str(target), clip=clip)
+
+
+def save_failure_screenshot(request, page) -> None:
+    """After a failed test (see the report hook in conftest.py), a picture of its page."""
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):  # the page may have gone with the failure
+            page.screenshot(path=str(ARTIFACTS / f"FAILED-{request.node.name}.png"))
+
+
+def box_union(*locators, pad: int = 0, max_width: int | None = None) -> dict:
+    """The page rectangle around these elements (for `save_docs_image(clip=...)`)."""
+    boxes = [loc.bounding_box() for loc in locators]
+    x0 = max(0, min(b["x"] for b in boxes) - pad)
+    y0 = max(0, min(b["y"] for b in boxes) - pad)
+    x1 = max(b["x"] + b["width"] for b in boxes) + pad
+    y1 = max(b["y"] + b["height"] for b in boxes) + pad
+    width = x1 - x0 if max_width is None else min(x1 - x0, max_width)
+    return {"x": x0, "y": y0, "width": width, "height": y1 - y0}

@@ -11,7 +11,17 @@ import json
 import pytest
 
 from .fake_api import FakeApi, job, log_lines
-from .lab import DARK_THEME, SIDEBAR, open_sidebar, run_palette_command, set_theme, wait_for_lab
+from .lab import (
+    DARK_THEME,
+    LIGHT_THEME,
+    SIDEBAR,
+    browser_page,
+    open_lab,
+    open_sidebar,
+    run_palette_command,
+    save_failure_screenshot,
+    set_theme,
+)
 
 
 def jobs_fixture() -> FakeApi:
@@ -20,35 +30,88 @@ def jobs_fixture() -> FakeApi:
     running["ranks"][3]["state"] = "starting"
     running["ranks"][0]["progress"] = {"step": 40, "total": 100, "desc": "epoch 2"}
     running["origin"] = {"kind": "kernel", "notebook": "train.ipynb"}
-    queued = job("j2", "sweep-lr-3e-4", "queued", 8, created="2026-11-22T01:05:00.000Z", queue_position=0,
-                 reason="waiting for 8 CPU slots (6 free)")
-    failed = job("j3", "eval", "failed", 2, rank_states=["cancelled", "failed"],
-                 created="2026-11-22T00:30:00.000Z", failed_rank=1,
-                 error='Traceback (most recent call last):\n  File "<cell>", line 3, in <module>\nZeroDivisionError: division by zero')
+    queued = job(
+        "j2",
+        "sweep-lr-3e-4",
+        "queued",
+        8,
+        created="2026-11-22T01:05:00.000Z",
+        queue_position=0,
+        reason="waiting for 8 CPU slots (6 free)",
+    )
+    failed = job(
+        "j3",
+        "eval",
+        "failed",
+        2,
+        rank_states=["cancelled", "failed"],
+        created="2026-11-22T00:30:00.000Z",
+        failed_rank=1,
+        error='Traceback (most recent call last):\n  File "<cell>", line 3, in <module>\nZeroDivisionError: division by zero',
+    )
     done = job("j4", "prep-data", "succeeded", 2, created="2026-11-22T00:10:00.000Z")
     for j in (running, queued, failed, done):
         api.jobs[j["id"]] = j
     api.cluster["queue"] = ["j2"]
     api.logs["j1"] = log_lines(100_000, ranks=4)
-    api.metrics["j1"] = {
-        "ranks": {
-            str(r): [{"ts": 1_700_000_000 + t, "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
-                      "memory_bytes": 3e8 + t * 1e6} for t in range(60)]
+    api.metrics["j1"] = {  # the server's JobMetrics shape (openapi.py)
+        "id": "j1",
+        "ranks": [
+            {
+                "rank": r,
+                "current": {},
+                "series": [
+                    {
+                        "ts": 1_700_000_000 + t,
+                        "cpu_percent": 50 + 40 * ((t * (r + 3)) % 7) / 7,
+                        "memory_bytes": 3e8 + t * 1e6,
+                    }
+                    for t in range(60)
+                ],
+            }
             for r in range(3)
-        }
+        ],
     }
     return api
 
 
+@pytest.fixture(scope="module")
+def shared_page(lab):
+    """One page for the module, its API routed to a fake before JupyterLab loads (loading
+    JupyterLab is the slow part of a browser test); each test resets the fake's state."""
+    with browser_page(width=1280, height=860) as page:
+        fake = jobs_fixture()
+        fake.install(page)
+        open_lab(page, lab)
+        yield page, fake
+
+
 @pytest.fixture
-def api(lab_page) -> FakeApi:
-    fake = jobs_fixture()
-    fake.install(lab_page)
-    # Routing applies to requests made from now on: reload so the panel starts against it.
-    lab_page.console_errors.clear()  # type: ignore[attr-defined]
-    lab_page.reload()
-    wait_for_lab(lab_page)
-    return fake
+def api(shared_page, request) -> FakeApi:
+    """The canned API in its initial state, and the panel showing it afresh: no dialog, the
+    job list, a new snapshot (the event stream is dropped, so the panel reconnects)."""
+    page, fake = shared_page
+    fake.take_over(jobs_fixture())
+    while page.locator(".jp-Dialog").count():
+        page.keyboard.press("Escape")
+    open_sidebar(page)
+    back = page.locator(SIDEBAR).get_by_role("button", name="Back to all jobs")
+    if back.count():
+        back.first.click()
+    fake.drop_connections()
+    page.wait_for_selector(f"{SIDEBAR} .jp-mlc-connection-live")
+    page.wait_for_function(
+        f"document.querySelectorAll('{SIDEBAR} .jp-mlc-job-row').length === {len(fake.jobs)}"
+    )
+    page.console_errors.clear()  # type: ignore[attr-defined]
+    yield fake
+    save_failure_screenshot(request, page)
+
+
+@pytest.fixture
+def lab_page(shared_page, api):
+    """The shared page, with the panel fresh against the canned API."""
+    return shared_page[0]
 
 
 def rows(page):
@@ -68,12 +131,15 @@ def test_job_list_is_live(lab_page, api, artifacts):
     assert "queued (#1)" in rows(page).nth(1).inner_text()
     assert "rank 1 failed" in rows(page).nth(2).inner_text()
     assert page.locator(f"{SIDEBAR} .jp-mlc-queue-list").inner_text().startswith("sweep-lr-3e-4")
-    assert "6 of 16 in use" in page.locator(f"{SIDEBAR} .jp-mlc-cluster").inner_text()
+    assert "6 of 16 allocated" in page.locator(f"{SIDEBAR} .jp-mlc-cluster").inner_text()
     page.screenshot(path=artifacts / "sidebar-jobs.png")
 
     # A job event changes one row; a deleted event removes one.
-    finished = dict(api.jobs["j1"], state="succeeded",
-                    ranks=[dict(r, state="succeeded", exit_code=0) for r in api.jobs["j1"]["ranks"]])
+    finished = dict(
+        api.jobs["j1"],
+        state="succeeded",
+        ranks=[dict(r, state="succeeded", exit_code=0) for r in api.jobs["j1"]["ranks"]],
+    )
     api.push({"type": "job", "job": finished})
     page.wait_for_selector(f'{SIDEBAR} [data-job-id="j1"] .jp-mlc-state-succeeded')
     assert "4/4 succeeded" in page.locator(f'{SIDEBAR} [data-job-id="j1"]').inner_text()
@@ -114,7 +180,9 @@ def test_keyboard_opens_detail_with_ranks_metrics_and_virtualised_logs(lab_page,
     # 100k log lines: all loaded, few in the DOM
     count = detail.locator(".jp-mlc-logs-count")
     page.wait_for_function(
-        "el => el.textContent.startsWith('100,000 lines')", arg=count.element_handle(), timeout=30_000
+        "el => el.textContent.startsWith('100,000 lines')",
+        arg=count.element_handle(),
+        timeout=30_000,
     )
     rendered = detail.locator(".jp-mlc-log-row").count()
     assert 0 < rendered < 120, rendered
@@ -205,30 +273,50 @@ def test_notebook_servers_without_a_cluster(lab_page, api, artifacts):
     assert "notebook servers need the kubernetes backend" in section.inner_text()
 
 
-def test_notebook_servers_spawn_progress(lab_page, artifacts):
-    page = lab_page
-    fake = jobs_fixture()
+def test_notebook_servers_spawn_progress(lab_page, api, artifacts):
+    page, fake = lab_page, api
     fake.notebooks = [
-        {"name": "alice-lab", "phase": "Running", "ready": True, "url": "/notebook/team/alice-lab/",
-         "created": "2026-11-22T00:00:00.000Z"},
-        {"name": "gpu-box", "phase": "Pending", "message": "Pulling image jupyter/pytorch-notebook"},
+        {
+            "name": "alice-lab",
+            "phase": "Running",
+            "ready": True,
+            "url": "/notebook/team/alice-lab/",
+            "created": "2026-11-22T00:00:00.000Z",
+        },
+        {
+            "name": "gpu-box",
+            "phase": "Pending",
+            "message": "Pulling image jupyter/pytorch-notebook",
+        },
         {"name": "old", "phase": "Stopped", "stopped": True},
     ]
-    fake.install(page)
-    page.reload()
-    wait_for_lab(page)
-    open_sidebar(page)
+    fake.drop_connections()  # the panel lists notebook servers again when it reconnects
     nbs = page.locator(f"{SIDEBAR} .jp-mlc-nb")
     nbs.first.wait_for()
     assert nbs.count() == 3
     assert "Pulling image" in page.locator(f"{SIDEBAR} .jp-mlc-nb-starting").inner_text()
-    assert page.get_by_role("link", name="Open notebook server alice-lab in a new tab").get_attribute(
-        "href") == "/notebook/team/alice-lab/"
+    assert (
+        page.get_by_role("link", name="Open notebook server alice-lab in a new tab").get_attribute(
+            "href"
+        )
+        == "/notebook/team/alice-lab/"
+    )
     assert page.get_by_role("button", name="Start notebook server old").is_visible()
-    fake.push({"type": "notebook", "notebook": {"name": "gpu-box", "phase": "Running", "ready": True,
-                                               "url": "/notebook/team/gpu-box/"}})
+    fake.push(
+        {
+            "type": "notebook",
+            "notebook": {
+                "name": "gpu-box",
+                "phase": "Running",
+                "ready": True,
+                "url": "/notebook/team/gpu-box/",
+            },
+        }
+    )
     page.wait_for_selector(f"{SIDEBAR} .jp-mlc-nb-ready >> text=gpu-box")
-    page.locator(f"{SIDEBAR} .jp-mlc-notebooks").screenshot(path=artifacts / "sidebar-notebooks.png")
+    page.locator(f"{SIDEBAR} .jp-mlc-notebooks").screenshot(
+        path=artifacts / "sidebar-notebooks.png"
+    )
 
 
 def test_palette_commands(lab_page, api):
@@ -246,13 +334,16 @@ def test_palette_commands(lab_page, api):
     dialog.get_by_role("button", name="Cancel").first.click()
 
 
-def test_dark_theme_is_legible(lab_page, api, artifacts):
+def test_dark_theme_is_legible(lab_page, api, artifacts, request):
     page = lab_page
     open_sidebar(page)
     rows(page).nth(0).click()
     page.locator(f"{SIDEBAR} .jp-mlc-detail").wait_for()
-    page.wait_for_selector(f'{SIDEBAR} .jp-mlc-logs-count:has-text("100,000 lines")', timeout=30_000)
+    page.wait_for_selector(
+        f'{SIDEBAR} .jp-mlc-logs-count:has-text("100,000 lines")', timeout=30_000
+    )
     set_theme(page, DARK_THEME)
+    request.addfinalizer(lambda: set_theme(page, LIGHT_THEME))  # the page is shared
     # the re-layout of a theme change does not stop the log from following
     assert page.get_by_role("button", name="Jump to the newest log line").count() == 0
     # text and background colours differ clearly in the panel's own elements
