@@ -207,7 +207,7 @@ class WidgetView:
             message = f"<span style='opacity:0.8'>{html.escape(record.reason or 'cancelled')}</span>"
         self.message.value = message
         if record.final:
-            self.cancel.disabled = True
+            self.close()
         self.table.value = rank_table(record, self.has_gpus)
 
     def update_logs(self, outputs: RankOutputs, ranks: set[int]) -> None:
@@ -221,7 +221,9 @@ class WidgetView:
             )
 
     def close(self) -> None:
+        """The job is over: nothing left to cancel."""
         self.cancel.disabled = True
+        self.cancel.layout.display = "none"
 
 
 def progress_bar(fraction: float | None, state: str) -> str:

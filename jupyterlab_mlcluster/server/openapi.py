@@ -911,9 +911,14 @@ class Validators:
         """Query parameters of an operation, converted to their schema types and validated.
 
         Unknown ones are refused (a misspelt filter must not silently match everything),
-        except those every Jupyter API takes (token, _xsrf, no_track_activity)."""
+        except those every Jupyter API takes (token, _xsrf, no_track_activity) and the
+        all-digit cache-buster JupyterLab's ServerConnection appends to GETs (`?1795317812852`)."""
         declared = [p for p in self.parameters(path, method) if p["in"] == "query"]
-        unknown = sorted(set(arguments) - {p["name"] for p in declared} - JUPYTER_QUERY_PARAMETERS)
+        unknown = sorted(
+            name
+            for name in set(arguments) - {p["name"] for p in declared} - JUPYTER_QUERY_PARAMETERS
+            if not (name.isdigit() and not arguments[name][0])
+        )
         if unknown:
             takes = ", ".join(p["name"] for p in declared) or "none"
             raise RequestError(

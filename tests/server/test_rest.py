@@ -614,3 +614,10 @@ def test_the_job_schema_is_the_engines_job_shape():
     )
     assert set(shape) == set(schemas["Job"]["properties"]) == set(schemas["Job"]["required"])
     assert set(shape["ranks"][0]) == set(schemas["Rank"]["properties"])
+
+
+async def test_jupyterlab_cache_buster_is_accepted_but_typos_are_not(api):
+    code, page, _ = await api("GET", "jobs", params={"1795317812852": ""})
+    assert code == 200 and page["jobs"] == []
+    code, body, _ = await api("GET", "jobs", params={"stat": "running"})
+    assert code == 400 and "unknown query parameter(s): stat" in body["message"]
