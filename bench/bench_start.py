@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -42,19 +43,16 @@ USER_CODE = textwrap.dedent(
     _x = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(_x)
     assert _x.item() == sum(range(1, dist.get_world_size() + 1))
-    print("MLCB", dist.get_rank(), _T0, _t.time(), flush=True)
+    import os as _os  # one write per line: ranks that share a pipe or file never interleave
+    _os.write(1, f"MLCB {dist.get_rank()} {_T0} {_t.time()}\\n".encode())
     dist.destroy_process_group()
     """
 )
 
 
 def parse_marks(text: str) -> list[tuple[float, float]]:
-    marks = []
-    for line in text.splitlines():
-        if "MLCB" in line:
-            _, rank, start, done = line[line.index("MLCB") :].split()[:4]
-            marks.append((float(start), float(done)))
-    return marks
+    # findall, not per line: ranks sharing one pipe (torchrun) can land on the same line
+    return [(float(a), float(b)) for _, a, b in re.findall(r"MLCB (\d+) ([\d.]+) ([\d.]+)", text)]
 
 
 def summarize(t0: float, marks: list[tuple[float, float]], t_end: float, workers: int) -> dict[str, float]:
@@ -87,7 +85,7 @@ def fn():
     exec(USER_CODE, {"__name__": "__main__"})
 for i in range(runs + 1):
     # the forked ranks write to our stdout file descriptor: capture it at the fd level
-    with tempfile.TemporaryFile("w+") as cap:
+    with tempfile.TemporaryFile("a+") as cap:  # O_APPEND: 4 forked writers, no overwrites
         saved = os.dup(1)
         os.dup2(cap.fileno(), 1)
         try:
@@ -208,7 +206,10 @@ def main() -> int:
     for name, (driver, dargs, env) in methods.items():
         if name in skip:
             continue
-        runs = run_driver(driver, dargs, env)
+        try:
+            runs = run_driver(driver, dargs, env)
+        except RuntimeError as exc:
+            raise SystemExit(f"{name} failed:\n{exc}") from None
         results[name] = {k: statistics.median(r[k] for r in runs) for k in ("up", "ready", "total")}
         print(f"  {name:<18} done", file=sys.stderr, flush=True)
     _stop_pools(tmp / "pool")
