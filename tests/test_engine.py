@@ -328,3 +328,20 @@ def test_stdout_and_stderr_are_kept_apart_with_timestamps(service):
     lines = service.logs(job_id)[0]
     assert {(l["stream"], l["line"]) for l in lines} == {("stdout", "out"), ("stderr", "err")}
     assert all(l["ts"].endswith("Z") for l in lines)
+
+
+def test_the_submitters_settings_govern_its_job(store_dir):
+    """A server's c.MLClusterConfig (not in any config file) reaches the job's supervisor:
+    here a short kill grace period for a rank that ignores SIGTERM."""
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    svc = JobService(config=MLClusterConfig(kill_grace_period=0.3))
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('stubborn', flush=True)\ntime.sleep(300)"
+    job_id = submit(svc, code, workers=1)
+    wait_for(lambda: svc.logs(job_id)[0], timeout=60, message="the rank to start")
+    started = time.monotonic()
+    record = svc.cancel(job_id)
+    assert record.state == JobState.CANCELLED
+    assert time.monotonic() - started < 2.5, "the default 3 s grace period was used"
+    assert_no_job_processes(svc, timeout=5)

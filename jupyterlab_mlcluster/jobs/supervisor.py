@@ -189,14 +189,19 @@ def claim(store: JobStore, job_id: str) -> bool:
 
 
 def _submitter_config(store: JobStore, job_id: str):
-    """The settings the job was submitted with (over the config files, under them nothing)."""
+    """The settings the job was submitted with: every MLClusterConfig trait as the submitter
+    resolved it (its config files included), so the files need not be read again."""
     from traitlets.config import Config
 
+    from ..config import MLClusterConfig
+
     try:
-        snapshot = json.loads((store.job_dir(job_id) / "launch.json").read_text()).get("config") or {}
+        snapshot = json.loads((store.job_dir(job_id) / "launch.json").read_text()).get("config")
     except (OSError, ValueError):
-        snapshot = {}
-    return get_config(Config({"MLClusterConfig": snapshot}))
+        snapshot = None
+    if not snapshot:
+        return get_config()
+    return MLClusterConfig(config=Config({"MLClusterConfig": snapshot}))
 
 
 def supervise(store: JobStore, job_id: str, config=None) -> int:
