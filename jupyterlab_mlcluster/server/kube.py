@@ -69,6 +69,17 @@ def api_message(exc: Any) -> str:
         return str(exc.reason)
 
 
+def root_cause(exc: BaseException) -> str:
+    """The innermost reason of a connection failure ("[Errno 111] Connection refused"), not
+    urllib3's wrappers, whose words carry object addresses that differ at every attempt."""
+    while True:
+        inner = getattr(exc, "reason", None)
+        inner = inner if isinstance(inner, BaseException) else exc.__cause__
+        if inner is None:
+            return str(exc) or type(exc).__name__
+        exc = inner
+
+
 class KubeConnection:
     """API clients for the cluster, or ClusterUnavailable with the reason there is none."""
 
@@ -153,6 +164,8 @@ class KubeConnection:
             ) from None
         except (HTTPError, OSError) as exc:
             self.forget()
+            client = self._client
+            where = f" at {client.configuration.host}" if client is not None else ""
             raise ClusterUnavailable(
-                f"the Kubernetes API server cannot be reached: {exc}"
+                f"the Kubernetes API server{where} cannot be reached: {root_cause(exc)}"
             ) from None

@@ -133,6 +133,9 @@ def running_lab(
     news.parent.mkdir(parents=True, exist_ok=True)
     news.write_text('{"fetchNews": "false"}')
     lab_env = {
+        # No cluster unless a test names one: a $KUBECONFIG that an earlier test in this
+        # process pointed at its (since stopped) emulator must not leak into the server.
+        "KUBECONFIG": str(root / ".no-kubeconfig"),
         "JUPYTERLAB_SETTINGS_DIR": str(settings_dir),
         "JUPYTERLAB_WORKSPACES_DIR": str(root / ".lab-workspaces"),
         **(env or {}),
