@@ -25,6 +25,7 @@ import copy
 import datetime
 import json
 import random
+import re
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,6 +49,8 @@ CRDS: GroupResource = ('apiextensions.k8s.io', 'customresourcedefinitions')
 NAMESPACES: GroupResource = ('', 'namespaces')
 PODS: GroupResource = ('', 'pods')
 SERVER_VERSION = {'major': '1', 'minor': '33', 'gitVersion': 'v1.33.0+kmock-realistic',
+                  'gitCommit': '60a317eadfcb839692a5b8d8b05a8dc8b2eb0b7b', 'gitTreeState': 'clean',
+                  'buildDate': '2025-04-23T13:07:02Z', 'goVersion': 'go1.24.2', 'compiler': 'gc',
                   'platform': 'linux/amd64'}
 _NAME_ALPHABET = 'bcdfghjklmnpqrstvwxz2456789'  # what the apiserver uses for generateName
 
@@ -165,6 +168,12 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
             self._store.put(NAMESPACES, namespace)
         # Above kmock's own loose fallbacks, below anything a test declares.
         (self.fallback ** 1)[self._is_resource_request] << self._serve_realistically
+        # Real API servers answer discovery paths with a trailing slash too (the Python
+        # client's VersionApi, CoreApi and CoreV1Api ask for /version/, /api/, /api/v1/).
+        self.fallback['get /version/'] << self._serve_server_version
+        self.fallback['get /api/'] << self._serve_api
+        self.fallback['get /apis/'] << self._serve_apis
+        self.fallback['get', re.compile(r'/api/[^/]+/')] << self._serve_version
 
     # -- kmock plumbing --------------------------------------------------------------------
     async def __aenter__(self) -> 'RealisticKubernetes':
