@@ -233,6 +233,11 @@ def execute(payload: Payload) -> int:
 def main() -> None:
     complete_environment(os.environ)
     tie_to_supervisor()
+    if os.environ.get("MLCLUSTER_REPORT") == "stdout":
+        # Nobody samples a pod's rank from outside: it reports its own CPU/memory/GPU.
+        from .metrics import start_reporting
+
+        start_reporting()
     payload_path = os.environ.get("MLCLUSTER_PAYLOAD")
     if not payload_path:
         sys.exit("jupyterlab_mlcluster.runtime.worker: MLCLUSTER_PAYLOAD is not set")
