@@ -56,6 +56,7 @@ class ClusterPlayer:
         self.kube = kube
         self.namespace = namespace
         self.workdir = workdir
+        self.runs: list[RankRun] = []
 
     # -- finding the job ---------------------------------------------------------------------
     def job_object(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
@@ -229,6 +230,7 @@ class ClusterPlayer:
         process = subprocess.Popen([sys.executable, '-m', 'jupyterlab_mlcluster.runtime.worker'], env=env,
                                    cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         run = RankRun(pod_name, process)
+        self.runs.append(run)
 
         def pump() -> None:
             assert process.stdout is not None
@@ -254,6 +256,19 @@ class ClusterPlayer:
             if exc.status != 404:
                 raise
         return code
+
+    def kill_deleted(self) -> None:
+        """What a kubelet does for a deleted pod: stop its container."""
+        for run in self.runs:
+            if run.process.poll() is None and self.kube.find('v1', 'Pod', run.pod, self.namespace) is None:
+                run.process.kill()
+                run.wait(30)
+
+    def stop_all(self) -> None:
+        for run in self.runs:
+            if run.process.poll() is None:
+                run.process.kill()
+            run.wait(30)
 
     def play(self, job_id: str, *, finish_job: bool = True, timeout: float = 120) -> dict[int, RankRun]:
         """The whole happy story: pods created, scheduled, run for real, reported finished."""

@@ -99,15 +99,14 @@ class KubernetesBackend(Backend):
         return plan
 
     def _check_fits(self, spec: JobSpec, plan: JobPlan) -> None:
-        """A pod that needs more GPUs than any node has would wait forever: refuse it now
-        (when the nodes can be read at all)."""
+        """A pod that needs more GPUs than any GPU node has would wait forever: refuse it
+        now. Only when the nodes can be read and some have GPUs (an autoscaler may bring GPU
+        nodes up from none; the scheduler's reason will tell then)."""
         gpus_per_pod = spec.gpus_per_worker * plan.ranks_per_pod
-        if not gpus_per_pod:
+        gpu_nodes = [n for n in self._nodes() or [] if _gpus(n)] if gpus_per_pod else []
+        if not gpu_nodes:
             return
-        nodes = self._nodes()
-        if nodes is None:
-            return
-        most = max((_gpus(n) for n in nodes), default=0)
+        most = max(_gpus(n) for n in gpu_nodes)
         if gpus_per_pod > most:
             raise SpecError(
                 f"each pod needs {gpus_per_pod} GPU(s), but the largest node of this cluster has "
