@@ -269,3 +269,270 @@ def test_an_unschedulable_pod_is_a_readable_reason(k8s, player, kube, kube_names
     final = service.cancel(record.id)
     assert final.state == 'cancelled'
     assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+# -- restarts, timeout, a lost supervisor -------------------------------------------------------------
+
+RESTARTING_CELL = """
+import os
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print("attempt", attempt, flush=True)
+if attempt == 0 and os.environ["RANK"] == "0":
+    raise RuntimeError("flaky first attempt")
+attempt
+"""
+
+
+def test_max_restarts_recreates_the_job_and_the_second_attempt_succeeds(k8s, player, kube, kube_namespace):
+    service = k8s()
+    record = service.submit(spec_of(workers=2, max_restarts=1), code(RESTARTING_CELL))
+    first = player.resumed(record.id)
+    player.play(record.id, finish_job=False)
+    # The first attempt failed; its objects are deleted and the job object made again.
+    second = wait_for(lambda: (lambda j: j if j['metadata']['uid'] != first['metadata']['uid'] else None)(
+        player.job_object(record.id)), timeout=30, message='the second attempt')
+    assert second['metadata']['annotations']['mlcluster.io/attempt'] == '1'
+    assert service.store.get_job(record.id).restarts == 1
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == 'succeeded', final.error
+    assert (final.restarts, final.error, final.failed_rank) == (1, None, None)
+    assert service.result(record.id) == ('value', 1)
+    assert service.error_report(record.id) is None
+    lines, _ = service.logs(record.id, 0)
+    texts = [item['line'] for item in lines]
+    assert texts.index('attempt 0') < texts.index('attempt 1')
+    assert any('restarting all ranks (restart 1 of 1)' in t for t in texts)
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_timeout_stops_the_job(k8s, player, kube, kube_namespace):
+    service = k8s()
+    record = service.submit(spec_of(workers=1, timeout='2s'), code(SLEEPY_CELL))
+    job = player.resumed(record.id)
+    assert job['spec']['activeDeadlineSeconds'] == 2  # Kubernetes enforces it too
+    (pod,) = player.create_pods(job).values()
+    player.schedule(pod)
+    player.run_rank(pod)
+    started = time.monotonic()
+    final = service.wait(record.id, timeout=30)
+    player.kill_deleted()
+    assert final.state == 'failed' and final.error == 'timed out after 2s'
+    assert 1.5 < time.monotonic() - started < 10
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+GATED_CELL = """
+import os, time
+print("before", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+print("after", flush=True)
+"adopted"
+"""
+
+
+def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube, kube_namespace):
+    import signal
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code(GATED_CELL))
+    job = player.resumed(record.id)
+    (pod,) = player.create_pods(job).values()
+    player.schedule(pod)
+    run = player.run_rank(pod)
+    wait_for(lambda: log_text(service, record.id) == ['0:before'], message='the first line stored')
+    first = record_of(service, record.id).supervisor
+    os.kill(first['pid'], signal.SIGKILL)
+    wait_for(lambda: not _alive(first['pid']), message='the supervisor gone')
+    service.reap(force=True)  # any reader notices; the job lives on in the cluster: respawn
+    wait_for(lambda: (record_of(service, record.id).supervisor or {}).get('pid') not in (None, first['pid']),
+             message='a new supervisor')
+    wait_for(lambda: any('supervisor restarted' in item['line'] for item in service.logs(record.id, 0)[0]),
+             message='the adoption')
+    (player.workdir / 'go').touch()
+    player.end_rank(run)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == 'succeeded', final.error
+    assert service.result(record.id) == ('value', 'adopted')
+    # Adopted, not re-created; the log read again from its start, stored lines skipped.
+    creates = kube.on_emulator(lambda e: len(list(e['post', f'/apis/batch/v1/namespaces/{kube_namespace}/jobs'])))
+    assert creates == 1
+    assert log_text(service, record.id) == ['0:before', '0:after']
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- Kueue --------------------------------------------------------------------------------------------
+
+
+def test_kueue_admits_the_suspended_job(k8s, player, kube, kube_namespace):
+    service = k8s(kubernetes_gang='kueue')
+    with pytest.raises(SpecError, match='Kueue needs a queue'):
+        service.submit(spec_of(workers=1), code('1'))
+    record = service.submit(spec_of(workers=1, queue='team-a'), code('"admitted"'))
+    job = player.job_object(record.id)
+    assert job['metadata']['labels']['kueue.x-k8s.io/queue-name'] == 'team-a'
+    rec = wait_state(service, record.id, lambda r: r.reason and 'Kueue' in r.reason, message='the Kueue reason')
+    assert rec.state == 'queued'
+    assert rec.reason == 'waiting for Kueue to admit the job (queue team-a)'
+    time.sleep(0.5)
+    assert player.suspended(player.refresh(job))  # mlcluster leaves the resume to Kueue
+    kube.patch('batch/v1', 'Job', job['metadata']['name'], {'spec': {'suspend': False}}, kube_namespace)
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == 'succeeded' and service.result(record.id) == ('value', 'admitted')
+
+
+# -- refused at submit: nothing stored -------------------------------------------------------------
+
+
+def test_no_reachable_cluster_is_a_clear_error_and_nothing_is_stored(k8s, tmp_path, monkeypatch):
+    import socket
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    from tests.kube.fixtures import write_kubeconfig
+    monkeypatch.setenv('KUBECONFIG', str(write_kubeconfig(tmp_path / 'dead.yaml', f'http://127.0.0.1:{port}')))
+    service = k8s()
+    with pytest.raises(SpecError, match=rf'cannot reach the Kubernetes API server at http://127.0.0.1:{port}'):
+        service.submit(spec_of(workers=1), code('1'))
+    monkeypatch.setenv('KUBECONFIG', str(tmp_path / 'missing.yaml'))
+    with pytest.raises(SpecError, match='no Kubernetes cluster is configured'):
+        k8s().submit(spec_of(workers=1), code('1'))
+    assert service.store.list_jobs() == ([], 0)
+
+
+def test_submit_refuses_what_cannot_run(k8s, kube_namespace):
+    service = k8s(kubernetes_image='')
+    with pytest.raises(SpecError, match='no container image for the ranks: pass --image'):
+        service.submit(spec_of(workers=1), code('1'))
+    service = k8s()
+    with pytest.raises(SpecError, match=r'--priority 5: no PriorityClass is configured'):
+        service.submit(spec_of(workers=1, priority=5), code('1'))
+    with pytest.raises(SpecError, match='does not serve PodGroup'):
+        k8s(kubernetes_gang='volcano').submit(spec_of(workers=1), code('1'))
+    with pytest.raises(SpecError, match='does not serve PyTorchJob'):
+        k8s(kubernetes_engine='pytorchjob').submit(spec_of(workers=1), code('1'))
+    with pytest.raises(SpecError, match='workers must be at most 256'):
+        service.submit(spec_of(workers=1000), code('1'))
+    with pytest.raises(SpecError, match='env MLCLUSTER_PAYLOAD is set by mlcluster'):
+        service.submit(spec_of(workers=1, env={'MLCLUSTER_PAYLOAD': 'x'}), code('1'))
+    assert service.store.list_jobs() == ([], 0)
+
+
+def test_the_notebook_pods_own_image_is_the_default(k8s, player, kube, kube_namespace, monkeypatch):
+    kube.create({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'alice-notebook-0'},
+                 'spec': {'containers': [{'name': 'notebook', 'image': 'quay.io/alice/lab:7'},
+                                         {'name': 'istio-proxy', 'image': 'istio/proxyv2:1.24'}]}},
+                kube_namespace)
+    monkeypatch.setenv('POD_NAME', 'alice-notebook-0')  # the downward API
+    service = k8s(kubernetes_image='', kubernetes_priority_classes={'10': 'training-high'})
+    record = service.submit(spec_of(workers=1, priority=10), code('1'))
+    job = player.job_object(record.id)
+    pod_spec = job['spec']['template']['spec']
+    assert pod_spec['containers'][0]['image'] == 'quay.io/alice/lab:7'
+    assert pod_spec['priorityClassName'] == 'training-high'
+    # --image wins over the notebook's
+    other = service.submit(spec_of(workers=1, image='python:3.12'), code('1'))
+    assert player.job_object(other.id)['spec']['template']['spec']['containers'][0]['image'] == 'python:3.12'
+    for job_id in (record.id, other.id):
+        assert service.cancel(job_id).state == 'cancelled'
+
+
+# -- the cluster's capacity -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nodes(kube: Kube):
+    made = []
+
+    def node(name: str, cpu: str, memory: str, gpus: int = 0) -> None:
+        allocatable = {'cpu': cpu, 'memory': memory, 'pods': '110'}
+        if gpus:
+            allocatable['nvidia.com/gpu'] = str(gpus)
+        kube.create({'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': name}})
+        kube.patch('v1', 'Node', name, {'status': {'allocatable': allocatable, 'capacity': allocatable}},
+                   subresource='status')
+        made.append(name)
+    yield node
+    for name in made:
+        kube.delete('v1', 'Node', name)
+
+
+def test_cluster_capacity_from_nodes_and_pod_requests(k8s, nodes, kube, kube_namespace):
+    nodes('cpu-1', '8', '32Gi')
+    nodes('gpu-1', '31500m', '120Gi', gpus=4)
+    kube.create({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'busy'}, 'spec': {
+        'nodeName': 'gpu-1', 'containers': [{'name': 'c', 'image': 'i', 'resources': {
+            'requests': {'cpu': '2500m', 'memory': '8Gi'}, 'limits': {'nvidia.com/gpu': '3'}}}]}},
+        kube_namespace)
+    service = k8s()
+    backend = service.backend('kubernetes')
+    assert backend.cluster() == {
+        'gpus': {'total': 4, 'free': 1},
+        'cpus': {'total': 39.5, 'free': 37.0},
+        'memory': {'total': 152 * 2**30, 'free': 144 * 2**30},
+    }
+    assert backend.capacity() == {'cpus': 39.5, 'gpus': ['gpu-1/0', 'gpu-1/1', 'gpu-1/2', 'gpu-1/3'],
+                                  'memory': 152 * 2**30}
+    with pytest.raises(SpecError, match='each pod needs 8 GPU.s., but the largest node of this cluster has 4'):
+        service.submit(spec_of(workers=2, gpus_per_worker=8), code('1'))
+
+
+# -- metrics and progress ----------------------------------------------------------------------------
+
+WORKING_CELL = """
+import time
+from jupyterlab_mlcluster import progress
+data = bytearray(64 * 2**20)  # resident memory the reports must show
+for step in range(1, 4):
+    progress(step, 3, desc="epoch")
+    time.sleep(1.0)
+len(data)
+"""
+
+
+def test_the_runtime_reports_metrics_and_progress_through_the_pod_log(k8s, player, kube, kube_namespace):
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code(WORKING_CELL))
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == 'succeeded', final.error
+    assert final.ranks[0].progress == {'step': 3, 'total': 3, 'desc': 'epoch'}
+    (series,) = service.store.metrics_history(record.id).values()
+    assert series and all(s['memory_bytes'] > 64 * 2**20 for s in series)
+    assert all(s['gpu_util'] is None for s in series)  # no GPU here
+    assert log_text(service, record.id) == []  # reports are not log lines, nor are their blank lines
+
+
+@pytest.fixture
+def metrics_api(kube: Kube):
+    from tests.kube.crds import pod_metrics_crd
+    crd = pod_metrics_crd()
+    kube.install_crd(crd)
+    yield
+    kube.uninstall_crd(crd['metadata']['name'])
+
+
+def test_the_metrics_api_is_used_when_served(metrics_api, k8s, player, kube, kube_namespace):
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code(SLEEPY_CELL))
+    job = player.resumed(record.id)
+    (pod,) = player.create_pods(job).values()
+    player.schedule(pod)
+    player.run_rank(pod)
+    kube.create({'apiVersion': 'metrics.k8s.io/v1beta1', 'kind': 'PodMetrics',
+                 'metadata': {'name': pod, 'labels': {'mlcluster.io/job-id': record.id}},
+                 'timestamp': '2026-01-01T00:00:00Z', 'window': '15s',
+                 'containers': [{'name': 'worker', 'usage': {'cpu': '250m', 'memory': '64Mi'}}]}, kube_namespace)
+    rec = wait_state(service, record.id, lambda r: r.ranks[0].metrics.get('cpu_percent') == 25.0, timeout=20,
+                     message='metrics from the metrics API')
+    assert rec.ranks[0].metrics['memory_bytes'] == 64 * 2**20
+    assert service.cancel(record.id).state == 'cancelled'
