@@ -156,8 +156,8 @@ class KubernetesBackend(Backend):
         if self._nodes_seen is None or now - self._nodes_seen[0] > NODES_TTL:
             try:
                 conn = self.connection(probe=False)
-                listing = conn.core.list_node(_request_timeout=conn.request_timeout)
-                nodes: list[dict[str, Any]] | None = [conn.to_dict(n) for n in listing.items or []]
+                listing = client.raw(conn.core.list_node, _request_timeout=conn.request_timeout)
+                nodes: list[dict[str, Any]] | None = listing.get("items") or []
             except Exception as exc:  # noqa: BLE001 - forbidden or unreachable: no node facts
                 log.debug("cannot list nodes: %s", exc)
                 nodes = None
@@ -167,7 +167,8 @@ class KubernetesBackend(Backend):
     def _requested(self, node_names: set[str]) -> dict[str, float] | None:
         try:
             conn = self.connection(probe=False)
-            pods = conn.core.list_pod_for_all_namespaces(
+            pods = client.raw(
+                conn.core.list_pod_for_all_namespaces,
                 field_selector="status.phase!=Succeeded,status.phase!=Failed",
                 _request_timeout=conn.request_timeout,
             )
@@ -177,8 +178,7 @@ class KubernetesBackend(Backend):
         from kubernetes.utils import parse_quantity
 
         used = {"gpus": 0.0, "cpus": 0.0, "memory": 0.0}
-        for pod in pods.items or []:
-            pod = conn.to_dict(pod)
+        for pod in pods.get("items") or []:
             if (pod.get("spec") or {}).get("nodeName") not in node_names:
                 continue
             for container in pod["spec"].get("containers") or []:

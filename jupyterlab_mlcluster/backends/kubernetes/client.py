@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import time
@@ -116,10 +117,6 @@ class Connection:
         import kubernetes.client
 
         return kubernetes.client.CustomObjectsApi(self.api)
-
-    def to_dict(self, obj: Any) -> Any:
-        """A typed client model (V1Pod...) as the plain dict the API server sent."""
-        return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
 
 
 def in_cluster(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> bool:
@@ -301,76 +298,72 @@ def with_retries(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEM
 # --- generic calls on the kinds we manage -------------------------------------------------------
 
 
+def raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a generated client method for the JSON the API server sent (no typed model: the
+    objects here are the plain dicts objects.py builds and status.py reads; and decoding
+    into pydantic models costs time and chokes on what a model does not expect)."""
+    response = call(*args, _preload_content=False, **kwargs)
+    return json.loads(response.data) if response.data else {}
+
+
 class Resources:
-    """create / get / patch / delete / list for the KINDS, in one namespace, as dicts."""
+    """create / get / patch / delete / list for the KINDS, in one namespace, as dicts.
+
+    Built-in kinds through their typed API (`create_namespaced_secret`...), the others
+    through the custom-objects API; both return the server's JSON (see `raw`)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
         self.namespace = conn.namespace
         self._timeout = conn.request_timeout
 
-    def _typed_api(self, kind: Kind) -> Any | None:
-        return {"v1": self.conn.core, "batch/v1": self.conn.batch}.get(kind.api_version)
+    def _typed(self, kind: Kind, verb: str) -> Callable[..., Any] | None:
+        api = {"v1": self.conn.core, "batch/v1": self.conn.batch}.get(kind.api_version)
+        return getattr(api, f"{verb}_namespaced_{kind.snake}") if api is not None else None
+
+    def _custom(self, verb: str) -> Callable[..., Any]:
+        return getattr(self.conn.custom, f"{verb}_namespaced_custom_object")
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        kind = kind_of(obj)
-        typed = self._typed_api(kind)
+        kind, ns, t = kind_of(obj), self.namespace, self._timeout
+        typed = self._typed(kind, "create")
         if typed is not None:
-            created = getattr(typed, f"create_namespaced_{kind.snake}")(
-                self.namespace, obj, _request_timeout=self._timeout
-            )
-        else:
-            created = self.conn.custom.create_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, obj, _request_timeout=self._timeout
-            )
-        return self.conn.to_dict(created)
+            return raw(typed, ns, obj, _request_timeout=t)
+        return raw(self._custom("create"), kind.group, kind.version, ns, kind.plural, obj, _request_timeout=t)
 
     def get(self, kind: Kind, name: str) -> dict[str, Any] | None:
         """The object, or None if there is none."""
-        typed = self._typed_api(kind)
+        ns, t = self.namespace, self._timeout
+        typed = self._typed(kind, "read")
         try:
             if typed is not None:
-                found = getattr(typed, f"read_namespaced_{kind.snake}")(
-                    name, self.namespace, _request_timeout=self._timeout
-                )
-            else:
-                found = self.conn.custom.get_namespaced_custom_object(
-                    kind.group, kind.version, self.namespace, kind.plural, name, _request_timeout=self._timeout
-                )
+                return raw(typed, name, ns, _request_timeout=t)
+            return raw(self._custom("get"), kind.group, kind.version, ns, kind.plural, name, _request_timeout=t)
         except Exception as exc:
             if is_not_found(exc):
                 return None
             raise
-        return self.conn.to_dict(found)
 
     def patch(self, kind: Kind, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch."""
-        typed = self._typed_api(kind)
+        ns, t = self.namespace, self._timeout
+        typed = self._typed(kind, "patch")
         if typed is not None:
-            patched = getattr(typed, f"patch_namespaced_{kind.snake}")(
-                name, self.namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
-            )
-        else:
-            patched = self.conn.custom.patch_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, name, patch,
-                _content_type=MERGE_PATCH, _request_timeout=self._timeout,
-            )
-        return self.conn.to_dict(patched)
+            return raw(typed, name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=t)
+        return raw(self._custom("patch"), kind.group, kind.version, ns, kind.plural, name, patch,
+                   _content_type=MERGE_PATCH, _request_timeout=t)
 
     def delete(self, kind: Kind, name: str, propagation: str = FOREGROUND) -> bool:
         """Delete (foreground by default: the object stays until its dependents are gone).
         False if it was not there."""
-        typed = self._typed_api(kind)
+        ns, t = self.namespace, self._timeout
+        typed = self._typed(kind, "delete")
         try:
             if typed is not None:
-                getattr(typed, f"delete_namespaced_{kind.snake}")(
-                    name, self.namespace, propagation_policy=propagation, _request_timeout=self._timeout
-                )
+                raw(typed, name, ns, propagation_policy=propagation, _request_timeout=t)
             else:
-                self.conn.custom.delete_namespaced_custom_object(
-                    kind.group, kind.version, self.namespace, kind.plural, name,
-                    propagation_policy=propagation, _request_timeout=self._timeout,
-                )
+                raw(self._custom("delete"), kind.group, kind.version, ns, kind.plural, name,
+                    propagation_policy=propagation, _request_timeout=t)
         except Exception as exc:
             if is_not_found(exc):
                 return False
@@ -378,44 +371,43 @@ class Resources:
         return True
 
     def list(self, kind: Kind, label_selector: str | None = None) -> list[dict[str, Any]]:
-        listing = self.list_function(kind)(namespace=self.namespace, label_selector=label_selector)
-        return [self.conn.to_dict(item) for item in listing.items or []]
+        return self.list_function(kind)(self.namespace, label_selector=label_selector).items
 
-    def list_function(self, kind: Kind) -> Callable[..., Any]:
+    def list_function(self, kind: Kind) -> "Lister":
         """A list-and-watch function for `kubernetes.informer.SharedInformer` and
-        `kubernetes.watch.Watch`: the typed client's for built-in kinds (they return models),
-        an adapter giving custom-object lists the same `.items` / `.metadata` shape."""
-        typed = self._typed_api(kind)
+        `kubernetes.watch.Watch`, giving plain dicts."""
+        typed = self._typed(kind, "list")
         if typed is not None:
-            return getattr(typed, f"list_namespaced_{kind.snake}")
-        return CustomObjectLister(self.conn.custom, kind)
+            return Lister(typed)
+        custom = self._custom("list")
+
+        def list_custom(namespace: str, **kwargs: Any) -> Any:
+            return custom(kind.group, kind.version, namespace, kind.plural, **kwargs)
+
+        return Lister(list_custom)
 
 
-class CustomObjectLister:
-    """`list_namespaced_custom_object` for one kind, shaped like a typed list call.
+class Lister:
+    """A list call shaped for the informer, with plain dicts for objects.
 
-    The informer reads `.items` and `.metadata.resource_version` of a list; custom objects
-    come back as a dict. Watch calls (`watch=True`) pass the raw stream through untouched.
+    The informer reads `.items` and `.metadata.resource_version` of a list and hands the
+    same function to `Watch.stream`, which passes `_preload_content=False` and decodes the
+    events itself: with no return type to find here, into dicts.
     """
 
-    def __init__(self, custom_api: Any, kind: Kind):
-        self._api = custom_api
-        self._kind = kind
+    def __init__(self, list_call: Callable[..., Any]):
+        self._list = list_call
 
     def __call__(self, namespace: str, **kwargs: Any) -> Any:
-        kind = self._kind
-        result = self._api.list_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, **kwargs
-        )
-        if kwargs.get("watch") or kwargs.get("_preload_content") is False:
-            return result
-        return _Listing(result)
+        if kwargs.get("watch"):
+            return self._list(namespace, **kwargs)
+        return _Listing(raw(self._list, namespace, **kwargs))
 
 
 class _Listing:
-    def __init__(self, raw: dict[str, Any]):
-        self.items = raw.get("items") or []
-        self.metadata = _ListMeta((raw.get("metadata") or {}).get("resourceVersion"))
+    def __init__(self, listing: dict[str, Any]):
+        self.items: list[dict[str, Any]] = listing.get("items") or []
+        self.metadata = _ListMeta((listing.get("metadata") or {}).get("resourceVersion"))
 
 
 @dataclasses.dataclass
@@ -430,12 +422,11 @@ def served_kinds(conn: Connection, group_version: str) -> set[str]:
     """Kinds the cluster serves at `group_version` (API discovery); empty if none."""
     group, _, version = group_version.rpartition("/")
     try:
-        resources = conn.custom.get_api_resources(group, version, _request_timeout=conn.request_timeout)
+        resources = raw(conn.custom.get_api_resources, group, version, _request_timeout=conn.request_timeout)
     except Exception as exc:
         if status_of(exc) in (404, 503):  # 503: an aggregated API that is registered but down
             return set()
         raise
-    resources = conn.to_dict(resources)
     return {r["kind"] for r in resources.get("resources", []) if "/" not in r.get("name", "")}
 
 
@@ -446,9 +437,7 @@ def own_pod(conn: Connection) -> dict[str, Any] | None:
     if not name:
         return None
     try:
-        return conn.to_dict(
-            conn.core.read_namespaced_pod(name, conn.namespace, _request_timeout=conn.request_timeout)
-        )
+        return raw(conn.core.read_namespaced_pod, name, conn.namespace, _request_timeout=conn.request_timeout)
     except Exception as exc:  # noqa: BLE001 - 404 or 403: we just do not know our image
         log.debug("cannot read our own pod %s: %s", name, _short(exc))
         return None

@@ -31,6 +31,7 @@ from .client import (
     is_already_exists,
     kind_of,
     message_of,
+    raw,
     served_kinds,
     with_retries,
 )
@@ -329,7 +330,7 @@ class _Attempt:
     def _start_watches(self) -> None:
         from kubernetes.informer import ADDED, DELETED, ERROR, MODIFIED, SharedInformer
 
-        res, conn, put = self.run_.res, self.run_.conn, self.events.put
+        res, put = self.run_.res, self.events.put
         job_watch = SharedInformer(
             res.list_function(self.run_.kind),
             namespace=self.plan.namespace,
@@ -342,8 +343,8 @@ class _Attempt:
         )
         for name, informer in (("job", job_watch), ("pod", pod_watch)):
             for event in (ADDED, MODIFIED):
-                informer.add_event_handler(event, lambda obj, n=name: put((n, conn.to_dict(obj))))
-            informer.add_event_handler(DELETED, lambda obj, n=name: put((f"{n}_deleted", conn.to_dict(obj))))
+                informer.add_event_handler(event, lambda obj, n=name: put((n, obj)))
+            informer.add_event_handler(DELETED, lambda obj, n=name: put((f"{n}_deleted", obj)))
             informer.add_event_handler(ERROR, lambda exc, n=name: put(("watch_error", n, exc)))
             informer.start()
             self.informers.append(informer)
@@ -364,8 +365,8 @@ class _Attempt:
 
     def _follow(self) -> Outcome:
         ctx, spec = self.ctx, self.spec
+        changed = True
         while True:
-            self._pump(LOOP_TICK)
             reason = ctx.cancelled()
             if reason:
                 return Outcome("cancelled", reason)
@@ -377,16 +378,19 @@ class _Attempt:
                     f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster",
                     restartable=True,
                 )
-            obs = self._observe()
-            self._report(obs)
-            if obs.failure is not None:
-                if obs.failure.deadline:
-                    return Outcome("timeout", f"timed out after {_duration(spec.timeout or 0)}")
-                return Outcome("failed", obs.failure.message, obs.failure.rank, obs.failure.pod)
-            if obs.succeeded:
-                return Outcome("succeeded")
+            if changed:
+                obs = self._observe()
+                self._report(obs)
+                if obs.failure is not None:
+                    if obs.failure.deadline:
+                        return Outcome("timeout", f"timed out after {_duration(spec.timeout or 0)}")
+                    return Outcome("failed", obs.failure.message, obs.failure.rank, obs.failure.pod)
+                if obs.succeeded:
+                    return Outcome("succeeded")
+            else:
+                self._flush()
             self._ensure_log_streams()
-            self._flush()
+            changed = self._pump(LOOP_TICK)
 
     def _observe(self) -> Observation:
         return observe(
@@ -401,21 +405,23 @@ class _Attempt:
 
     def _report(self, obs: Observation) -> None:
         ctx = self.ctx
-        order = _STATE_ORDER[obs.state]
-        if order > self.state_order:  # within one attempt a job only moves forward
-            self.state_order = order
-            if obs.state != ctx.job.state:
-                fields: dict[str, Any] = {}
-                if obs.state == JobState.RUNNING and not ctx.job.started:
-                    ctx.job.started = fields["started"] = time.time()
-                ctx.set_state(obs.state, **fields)
-        ctx.set_reason(obs.reason)
+        # Ranks first: whoever sees the job's new state or reason sees its ranks' too.
         for rank in range(self.spec.workers):
             pr = obs.ranks.get(rank)
             fields = rank_fields(pr) if pr is not None else {"state": RankState.PENDING}
             if rank in self.started_ranks:
                 fields["state"] = later_rank_state(fields["state"], RankState.RUNNING)
             self._rank_update(rank, fields)
+        self._flush()
+        order = _STATE_ORDER[obs.state]
+        if order > self.state_order:  # within one attempt a job only moves forward
+            self.state_order = order
+            if obs.state != ctx.job.state:
+                job_fields: dict[str, Any] = {}
+                if obs.state == JobState.RUNNING and not ctx.job.started:
+                    ctx.job.started = job_fields["started"] = time.time()
+                ctx.set_state(obs.state, **job_fields)
+        ctx.set_reason(obs.reason)
 
     def _rank_update(self, rank: int, fields: dict[str, Any]) -> None:
         written = self.written.setdefault(rank, {})
@@ -426,7 +432,9 @@ class _Attempt:
 
     def _flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.pending_ranks and (force or now - self.last_flush >= RANK_FLUSH):
+        # A rank's state goes out at once (with the job's state and reason); progress waits.
+        urgent = force or any("state" in fields for fields in self.pending_ranks.values())
+        if self.pending_ranks and (urgent or now - self.last_flush >= RANK_FLUSH):
             self.ctx.set_ranks(self.pending_ranks)
             self.pending_ranks = {}
             self.last_flush = now
@@ -448,9 +456,9 @@ class _Attempt:
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         conn = self.run_.conn
         items = _quietly(
-            lambda: conn.custom.list_namespaced_custom_object(
-                "metrics.k8s.io", "v1beta1", self.plan.namespace, "pods",
-                label_selector=job_selector(self.ctx.job.id), _request_timeout=conn.request_timeout,
+            lambda: raw(
+                conn.custom.list_namespaced_custom_object, "metrics.k8s.io", "v1beta1", self.plan.namespace,
+                "pods", label_selector=job_selector(self.ctx.job.id), _request_timeout=conn.request_timeout,
             ).get("items", []),
             [],
         )
@@ -465,17 +473,19 @@ class _Attempt:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _pump(self, timeout: float) -> None:
+    def _pump(self, timeout: float) -> bool:
+        """Handle what arrived (waiting up to `timeout` for something); whether anything did."""
         try:
             item = self.events.get(timeout=timeout)
         except queue.Empty:
-            return
+            return False
         for _ in range(1000):  # then let the loop look at states again
             self._handle(item)
             try:
                 item = self.events.get_nowait()
             except queue.Empty:
-                return
+                break
+        return True
 
     def _handle(self, item: tuple) -> None:
         what = item[0]
