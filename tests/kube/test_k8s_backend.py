@@ -7,23 +7,26 @@ back from the job's Secrets and feeding its actual output as the pod log.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import assert_no_job_processes, wait_for
-from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError
+from helpers import wait_for
+from jupyterlab_mlcluster.jobs.model import SpecError
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.runtime.payload import Payload
-from tests.kube.crds import training_operator_crds
 from tests.kube.helpers import Kube
-from tests.kube.player import ClusterPlayer, objects_of
-
-IMAGE = 'registry.example.com/team/notebook:2.1'
+from tests.kube.jobs_fixtures import (  # noqa: F401 - fixtures
+    IMAGE,
+    code,
+    k8s,
+    log_text,
+    player,
+    spec_of,
+    training_operator,
+)
+from tests.kube.player import objects_of
 
 CELL = """
 import os
@@ -31,62 +34,6 @@ rank = int(os.environ["RANK"])
 print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
 {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "x": x}
 """
-
-
-def spec_of(**options: Any) -> JobSpec:
-    return JobSpec.from_options({'backend': 'kubernetes', **options})
-
-
-def code(source: str, **push: Any) -> Payload:
-    return Payload(kind='code', source=source, push=push)
-
-
-@pytest.fixture
-def k8s(store_dir: Path, kube_namespace: str):
-    """make(**MLClusterConfig settings) -> a JobService whose jobs go to this test's
-    namespace. Afterwards no job may be left running, in the cluster or on this machine."""
-    services: list[JobService] = []
-
-    def make(**settings: Any) -> JobService:
-        config = {'kubernetes_namespace': kube_namespace, 'kubernetes_image': IMAGE,
-                  # supervisors forked with the Kubernetes client already imported
-                  'warm_pool_modules': ['kubernetes'], **settings}
-        path = Path(os.environ['JUPYTER_CONFIG_DIR']) / 'jupyter_mlcluster_config.json'
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({'MLClusterConfig': config}))
-        service = JobService()
-        services.append(service)
-        return service
-
-    yield make
-    for service in services:
-        for record in service.store.list_jobs()[0]:
-            if not record.final:
-                service.cancel(record.id)
-        assert_no_job_processes(service)
-
-
-@pytest.fixture
-def player(kube: Kube, kube_namespace: str, tmp_path: Path):
-    node = ClusterPlayer(kube, kube_namespace, tmp_path / 'node')
-    yield node
-    node.stop_all()
-
-
-@pytest.fixture
-def training_operator(kube: Kube):
-    """The Training Operator's CRDs are served (for this test only)."""
-    crds = training_operator_crds()
-    for crd in crds:
-        kube.install_crd(crd)
-    yield
-    for crd in crds:
-        kube.uninstall_crd(crd['metadata']['name'])
-
-
-def log_text(service: JobService, job_id: str, rank: int | None = None) -> list[str]:
-    lines, _ = service.logs(job_id, rank)
-    return [f'{item["rank"]}:{item["line"]}' for item in lines if item['stream'] != 'system']
 
 
 # -- the Indexed Job path ------------------------------------------------------------------------
@@ -302,7 +249,7 @@ def test_max_restarts_recreates_the_job_and_the_second_attempt_succeeds(k8s, pla
     lines, _ = service.logs(record.id, 0)
     texts = [item['line'] for item in lines]
     assert texts.index('attempt 0') < texts.index('attempt 1')
-    assert any('restarting all ranks (restart 1 of 1)' in t for t in texts)
+    assert 'rank 0 failed: RuntimeError: flaky first attempt; restarting all ranks (restart 1 of 1)' in ''.join(texts)
     assert objects_of(kube, kube_namespace, record.id) == {}
 
 

@@ -27,9 +27,9 @@ from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser
 from .objects import split_packed_line
 
-# A system line written to every rank's log when a job's objects are created: lines after
-# the last one came from the current attempt's pods (what a resumed stream skips).
-ATTEMPT_MARKER = "[mlcluster] attempt "
+# In the system line written to every rank's log before a restart: lines after the last
+# one came from the current attempt's pods (what a resumed stream skips).
+RESTART_MARKER = "restarting all ranks"
 QUIET_STREAM_TIMEOUT = 3600.0
 
 
@@ -180,7 +180,7 @@ class PodOutput:
 
 
 def stored_line_counts(store: JobStore, job_id: str, workers: int) -> dict[int, int]:
-    """Per rank: the text lines stored since the current attempt's marker."""
+    """Per rank: the text lines stored since the current attempt began."""
     counts: dict[int, int] = {}
     for rank in range(workers):
         count, cursor = 0, None
@@ -190,7 +190,7 @@ def stored_line_counts(store: JobStore, job_id: str, workers: int) -> dict[int, 
                 break
             for item in lines:
                 if item["stream"] == "system":
-                    if item["line"].startswith(ATTEMPT_MARKER):
+                    if RESTART_MARKER in item["line"]:
                         count = 0
                 else:
                     count += 1

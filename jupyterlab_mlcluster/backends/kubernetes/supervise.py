@@ -35,7 +35,7 @@ from .client import (
     served_kinds,
     with_retries,
 )
-from .logs import ATTEMPT_MARKER, PodLogFollower, PodOutput, stored_line_counts
+from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
 from .objects import container_name, job_selector, pod_ranks, with_owner
 from .payload import split_payload
 from .plan import JobPlan, plan_objects
@@ -102,7 +102,7 @@ class JobRun:
             if outcome.kind == "failed" and outcome.restartable and attempt < self.spec.max_restarts:
                 attempt += 1
                 ctx.logs.system(
-                    f"[mlcluster] {outcome.message}; restarting all ranks "
+                    f"[mlcluster] {self._failure_text(outcome)}; {RESTART_MARKER} "
                     f"(restart {attempt} of {self.spec.max_restarts})"
                 )
                 self.store.update_job(ctx.job.id, restarts=attempt, error=None, failed_rank=None)
@@ -130,12 +130,17 @@ class JobRun:
         elif outcome.kind == "timeout":
             ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
         else:
-            rank = outcome.failed_rank
-            report = _read_error(self.store, job_id, rank) if rank is not None else None
-            error = outcome.message or "the job failed"
-            if report:
-                error = f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
-            ctx.set_state(JobState.FAILED, error=error, failed_rank=rank, reason=None)
+            ctx.set_state(
+                JobState.FAILED, error=self._failure_text(outcome), failed_rank=outcome.failed_rank, reason=None
+            )
+
+    def _failure_text(self, outcome: Outcome) -> str:
+        """The failing rank's exception when it reported one, else what its pod says."""
+        rank = outcome.failed_rank
+        report = _read_error(self.store, self.ctx.job.id, rank) if rank is not None else None
+        if report:
+            return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+        return outcome.message or "the job failed"
 
 
 def _read_error(store: JobStore, job_id: str, rank: int) -> dict[str, Any] | None:
@@ -233,9 +238,6 @@ class _Attempt:
             ctx.logs.system(f"[mlcluster] supervisor restarted: following {plan.kind} {run.name} again")
             job = existing
         else:
-            ctx.logs.system(
-                f"{ATTEMPT_MARKER}{self.number + 1}: creating {plan.kind} {run.name} in namespace {plan.namespace}"
-            )
             job = None
         objects = plan_objects(
             plan,
