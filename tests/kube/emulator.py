@@ -52,6 +52,7 @@ SERVER_VERSION = {'major': '1', 'minor': '33', 'gitVersion': 'v1.33.0+kmock-real
                   'gitCommit': '60a317eadfcb839692a5b8d8b05a8dc8b2eb0b7b', 'gitTreeState': 'clean',
                   'buildDate': '2025-04-23T13:07:02Z', 'goVersion': 'go1.24.2', 'compiler': 'gc',
                   'platform': 'linux/amd64'}
+MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the kube-apiserver's MaxRequestBodyBytes
 _NAME_ALPHABET = 'bcdfghjklmnpqrstvwxz2456789'  # what the apiserver uses for generateName
 
 
@@ -200,6 +201,8 @@ class RealisticKubernetes(kmock.KubernetesEmulator):
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # kmock 0.8 cannot parse some valid paths (e.g. GET /api/v1/namespaces), so resource
         # requests are parsed here and handed to kmock's dispatch as ordinary kmock Requests.
+        # Bodies up to the kube-apiserver's limit (aiohttp's default is 1 MiB).
+        raw = raw.clone(client_max_size=MAX_REQUEST_BYTES)
         body = await raw.read()
         try:
             data = json.loads(body) if body else None
