@@ -75,6 +75,21 @@ def wait_state(service: JobService, job_id: str, predicate, timeout: float = 30,
                     timeout=timeout, message=message)
 
 
+def test_a_large_payload_travels_in_several_secrets(k8s, player, kube, kube_namespace):
+    import hashlib
+    blob = os.urandom(5 * 2**20)  # incompressible: 7 Secrets of at most 768 KiB
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code('import hashlib\nhashlib.sha256(blob).hexdigest()', blob=blob))
+    player.resumed(record.id)
+    secrets = kube.list('v1', 'Secret', kube_namespace, label_selector=f'mlcluster.io/job-id={record.id}')
+    assert len(secrets) == 7 and all(s['immutable'] for s in secrets)
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == 'succeeded', final.error
+    assert service.result(record.id) == ('value', hashlib.sha256(blob).hexdigest())
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
 # -- the Training Operator path -------------------------------------------------------------------
 
 FAILING_CELL = """
