@@ -106,6 +106,8 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
             main.__dict__.update(runpy.run_module(payload.filename, run_name="__main__", alter_sys=True))
             value = None
         else:
+            if payload.argv:  # a script shipped as code (`mlcluster run --backend kubernetes`)
+                sys.argv = [payload.filename, *payload.argv]
             value = _exec_cell(payload.source, payload.filename, main.__dict__)
     finally:
         if saved_main is not None:

@@ -498,3 +498,33 @@ def test_the_metrics_api_is_used_when_served(metrics_api, k8s, player, kube, kub
                      message='metrics from the metrics API')
     assert rec.ranks[0].metrics['memory_bytes'] == 64 * 2**20
     assert service.cancel(record.id).state == 'cancelled'
+
+
+# -- the CLI, and a cancel while the supervisor is gone ----------------------------------------------
+
+
+def test_mlcluster_run_ships_the_script_to_the_cluster(k8s, player, kube, kube_namespace, tmp_path):
+    from helpers import run_cli
+    script = tmp_path / 'train.py'
+    script.write_text('import sys\nprint("args", sys.argv[1:])\n')
+    service = k8s()
+    done = run_cli('run', '--backend', 'kubernetes', '--workers', '1', '--no-wait', str(script), '--lr', '0.1')
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    player.play(job_id)
+    final = service.wait(job_id, timeout=60)
+    assert final.state == 'succeeded', final.error
+    assert log_text(service, job_id) == ["0:args ['--lr', '0.1']"]
+
+
+def test_cancel_after_the_supervisor_died_still_deletes_the_job(k8s, player, kube, kube_namespace):
+    import signal
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code(SLEEPY_CELL))
+    job = player.resumed(record.id)
+    supervisor = record_of(service, record.id).supervisor
+    os.kill(supervisor['pid'], signal.SIGKILL)
+    final = service.cancel(record.id)  # the reaper's cleanup_orphans deletes the job object
+    assert final.state == 'cancelled'
+    wait_for(lambda: objects_of(kube, kube_namespace, record.id) == {}, message='the objects gone')
+    assert kube.find('batch/v1', 'Job', job['metadata']['name'], kube_namespace) is None

@@ -156,8 +156,7 @@ class KubernetesBackend(Backend):
         if self._nodes_seen is None or now - self._nodes_seen[0] > NODES_TTL:
             try:
                 conn = self.connection(probe=False)
-                listing = client.raw(conn.core.list_node, _request_timeout=conn.request_timeout)
-                nodes: list[dict[str, Any]] | None = listing.get("items") or []
+                nodes: list[dict[str, Any]] | None = client.Lister(conn, client.kind_of("v1", "Node"))().items
             except Exception as exc:  # noqa: BLE001 - forbidden or unreachable: no node facts
                 log.debug("cannot list nodes: %s", exc)
                 nodes = None
@@ -167,10 +166,8 @@ class KubernetesBackend(Backend):
     def _requested(self, node_names: set[str]) -> dict[str, float] | None:
         try:
             conn = self.connection(probe=False)
-            pods = client.raw(
-                conn.core.list_pod_for_all_namespaces,
-                field_selector="status.phase!=Succeeded,status.phase!=Failed",
-                _request_timeout=conn.request_timeout,
+            pods = client.Lister(conn, client.kind_of("v1", "Pod"))(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed"
             )
         except Exception as exc:  # noqa: BLE001
             log.debug("cannot list pods cluster-wide: %s", exc)
@@ -178,7 +175,7 @@ class KubernetesBackend(Backend):
         from kubernetes.utils import parse_quantity
 
         used = {"gpus": 0.0, "cpus": 0.0, "memory": 0.0}
-        for pod in pods.get("items") or []:
+        for pod in pods.items:
             if (pod.get("spec") or {}).get("nodeName") not in node_names:
                 continue
             for container in pod["spec"].get("containers") or []:
@@ -202,6 +199,7 @@ class KubernetesBackend(Backend):
             pool_size=ctx.job.spec.workers + 8,
             probe=False,
         )
+        log.debug("connected to %s", conn.host)
         try:
             JobRun(ctx, plan, conn).run()
         finally:

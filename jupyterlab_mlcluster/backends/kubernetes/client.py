@@ -8,12 +8,17 @@ overrides either. Every problem reaching the cluster is a `SpecError` for the us
 
 Everything here is blocking (the sync `kubernetes` client): callers are the job's own
 supervisor process, or a submitting front end that already runs submit off its event loop.
+
+Requests go through the client's `ApiClient` (configuration, auth, token refresh, TLS,
+`ApiException`s) by path, as its DynamicClient does, not through the generated typed API
+classes: the first use of one of those imports a module of pydantic-annotated methods
+(CoreV1Api: about 2 s of CPU), in every kernel and supervisor; and the objects here are the
+plain JSON dicts that objects.py builds and status.py reads, not typed models.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -58,22 +63,28 @@ class Kind:
     def version(self) -> str:
         return self.api_version.rpartition("/")[2]
 
-    @property
-    def snake(self) -> str:
-        """The typed client's method suffix: Secret -> secret, Job -> job."""
-        return self.kind.lower()
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        path = f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
+        if namespace:
+            path += f"/namespaces/{namespace}"
+        path += f"/{self.plural}"
+        if name:
+            path += f"/{name}"
+        return f"{path}/{subresource}" if subresource else path
 
 
 KINDS = {
     (k.api_version, k.kind): k
     for k in (
         Kind("v1", "Pod", "pods"),
+        Kind("v1", "Node", "nodes"),
         Kind("v1", "Secret", "secrets"),
         Kind("v1", "Service", "services"),
         Kind("batch/v1", "Job", "jobs"),
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
         Kind("kubeflow.org/v1", "TFJob", "tfjobs"),
         Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups"),
+        Kind("metrics.k8s.io/v1beta1", "PodMetrics", "pods"),
     )
 }
 
@@ -100,23 +111,42 @@ class Connection:
     host: str
     request_timeout: float
 
-    @functools.cached_property
-    def core(self) -> Any:
-        import kubernetes.client
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        stream: bool = False,
+        timeout: Any = None,
+    ) -> Any:
+        """One API call: the decoded JSON answer, or with `stream` the open urllib3 response
+        (a watch, a followed log). Failures raise the client's ApiException (with .status)."""
+        from kubernetes.client.exceptions import ApiException
 
-        return kubernetes.client.CoreV1Api(self.api)
+        params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
+        serialized = self.api.param_serialize(
+            method,
+            path,
+            query_params=params,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized, _request_timeout=timeout or self.request_timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        if stream:
+            return response.response
+        response.read()
+        return json.loads(response.data) if response.data else {}
 
-    @functools.cached_property
-    def batch(self) -> Any:
-        import kubernetes.client
 
-        return kubernetes.client.BatchV1Api(self.api)
-
-    @functools.cached_property
-    def custom(self) -> Any:
-        import kubernetes.client
-
-        return kubernetes.client.CustomObjectsApi(self.api)
+def _query_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def in_cluster(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> bool:
@@ -203,11 +233,9 @@ def connect(
 
 def check_reachable(conn: Connection) -> None:
     """One GET /version; SpecError if the API server does not answer."""
-    import kubernetes.client
-
     timeout = conn.request_timeout
     try:
-        kubernetes.client.VersionApi(conn.api).get_code(_request_timeout=(min(3.0, timeout), timeout))
+        conn.request("GET", "/version", timeout=(min(3.0, timeout), timeout))
     except Exception as exc:  # noqa: BLE001 - any failure means: no usable cluster
         raise SpecError(f"cannot reach the Kubernetes API server at {conn.host}: {_short(exc)}") from None
 
@@ -298,47 +326,20 @@ def with_retries(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEM
 # --- generic calls on the kinds we manage -------------------------------------------------------
 
 
-def raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a generated client method for the JSON the API server sent (no typed model: the
-    objects here are the plain dicts objects.py builds and status.py reads; and decoding
-    into pydantic models costs time and chokes on what a model does not expect)."""
-    response = call(*args, _preload_content=False, **kwargs)
-    return json.loads(response.data) if response.data else {}
-
-
 class Resources:
-    """create / get / patch / delete / list for the KINDS, in one namespace, as dicts.
-
-    Built-in kinds through their typed API (`create_namespaced_secret`...), the others
-    through the custom-objects API; both return the server's JSON (see `raw`)."""
+    """create / get / patch / delete / list for the KINDS, in one namespace, as dicts."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
         self.namespace = conn.namespace
-        self._timeout = conn.request_timeout
-
-    def _typed(self, kind: Kind, verb: str) -> Callable[..., Any] | None:
-        api = {"v1": self.conn.core, "batch/v1": self.conn.batch}.get(kind.api_version)
-        return getattr(api, f"{verb}_namespaced_{kind.snake}") if api is not None else None
-
-    def _custom(self, verb: str) -> Callable[..., Any]:
-        return getattr(self.conn.custom, f"{verb}_namespaced_custom_object")
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        kind, ns, t = kind_of(obj), self.namespace, self._timeout
-        typed = self._typed(kind, "create")
-        if typed is not None:
-            return raw(typed, ns, obj, _request_timeout=t)
-        return raw(self._custom("create"), kind.group, kind.version, ns, kind.plural, obj, _request_timeout=t)
+        return self.conn.request("POST", kind_of(obj).path(self.namespace), body=obj)
 
     def get(self, kind: Kind, name: str) -> dict[str, Any] | None:
         """The object, or None if there is none."""
-        ns, t = self.namespace, self._timeout
-        typed = self._typed(kind, "read")
         try:
-            if typed is not None:
-                return raw(typed, name, ns, _request_timeout=t)
-            return raw(self._custom("get"), kind.group, kind.version, ns, kind.plural, name, _request_timeout=t)
+            return self.conn.request("GET", kind.path(self.namespace, name))
         except Exception as exc:
             if is_not_found(exc):
                 return None
@@ -346,24 +347,14 @@ class Resources:
 
     def patch(self, kind: Kind, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch."""
-        ns, t = self.namespace, self._timeout
-        typed = self._typed(kind, "patch")
-        if typed is not None:
-            return raw(typed, name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=t)
-        return raw(self._custom("patch"), kind.group, kind.version, ns, kind.plural, name, patch,
-                   _content_type=MERGE_PATCH, _request_timeout=t)
+        return self.conn.request("PATCH", kind.path(self.namespace, name), body=patch, content_type=MERGE_PATCH)
 
     def delete(self, kind: Kind, name: str, propagation: str = FOREGROUND) -> bool:
         """Delete (foreground by default: the object stays until its dependents are gone).
         False if it was not there."""
-        ns, t = self.namespace, self._timeout
-        typed = self._typed(kind, "delete")
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         try:
-            if typed is not None:
-                raw(typed, name, ns, propagation_policy=propagation, _request_timeout=t)
-            else:
-                raw(self._custom("delete"), kind.group, kind.version, ns, kind.plural, name,
-                    propagation_policy=propagation, _request_timeout=t)
+            self.conn.request("DELETE", kind.path(self.namespace, name), body=options)
         except Exception as exc:
             if is_not_found(exc):
                 return False
@@ -376,32 +367,32 @@ class Resources:
     def list_function(self, kind: Kind) -> "Lister":
         """A list-and-watch function for `kubernetes.informer.SharedInformer` and
         `kubernetes.watch.Watch`, giving plain dicts."""
-        typed = self._typed(kind, "list")
-        if typed is not None:
-            return Lister(typed)
-        custom = self._custom("list")
-
-        def list_custom(namespace: str, **kwargs: Any) -> Any:
-            return custom(kind.group, kind.version, namespace, kind.plural, **kwargs)
-
-        return Lister(list_custom)
+        return Lister(self.conn, kind)
 
 
 class Lister:
-    """A list call shaped for the informer, with plain dicts for objects.
+    """A list call shaped like the generated client's, for the informer and `Watch.stream`:
+    keyword arguments in the client's snake_case; a list answers with `.items` (dicts) and
+    `.metadata.resource_version`; a watch (`watch=True`) with the open response, whose
+    events `Watch` decodes, into dicts (there is no return type here to decode into)."""
 
-    The informer reads `.items` and `.metadata.resource_version` of a list and hands the
-    same function to `Watch.stream`, which passes `_preload_content=False` and decodes the
-    events itself: with no return type to find here, into dicts.
-    """
+    def __init__(self, conn: Connection, kind: Kind):
+        self._conn = conn
+        self._kind = kind
 
-    def __init__(self, list_call: Callable[..., Any]):
-        self._list = list_call
-
-    def __call__(self, namespace: str, **kwargs: Any) -> Any:
+    def __call__(self, namespace: str | None = None, **kwargs: Any) -> Any:
+        timeout = kwargs.pop("_request_timeout", None)
+        kwargs.pop("_preload_content", None)
+        query = {_camel(k): v for k, v in kwargs.items()}
+        path = self._kind.path(namespace)
         if kwargs.get("watch"):
-            return self._list(namespace, **kwargs)
-        return _Listing(raw(self._list, namespace, **kwargs))
+            return self._conn.request("GET", path, query=query, stream=True, timeout=timeout or (10.0, None))
+        return _Listing(self._conn.request("GET", path, query=query, timeout=timeout))
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 class _Listing:
@@ -422,7 +413,7 @@ def served_kinds(conn: Connection, group_version: str) -> set[str]:
     """Kinds the cluster serves at `group_version` (API discovery); empty if none."""
     group, _, version = group_version.rpartition("/")
     try:
-        resources = raw(conn.custom.get_api_resources, group, version, _request_timeout=conn.request_timeout)
+        resources = conn.request("GET", f"/apis/{group}/{version}" if group else f"/api/{version}")
     except Exception as exc:
         if status_of(exc) in (404, 503):  # 503: an aggregated API that is registered but down
             return set()
@@ -437,7 +428,7 @@ def own_pod(conn: Connection) -> dict[str, Any] | None:
     if not name:
         return None
     try:
-        return raw(conn.core.read_namespaced_pod, name, conn.namespace, _request_timeout=conn.request_timeout)
+        return conn.request("GET", kind_of("v1", "Pod").path(conn.namespace, name))
     except Exception as exc:  # noqa: BLE001 - 404 or 403: we just do not know our image
         log.debug("cannot read our own pod %s: %s", name, _short(exc))
         return None

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser
+from .client import Connection, kind_of
 from .objects import split_packed_line
 
 # In the system line written to every rank's log before a restart: lines after the last
@@ -37,14 +38,12 @@ class PodLogFollower:
     """A daemon thread following one container's log; it puts ("log", pod, bytes) items and
     finally ("log_end", pod, error or None) into `sink`."""
 
-    def __init__(self, core_api: Any, namespace: str, pod: str, container: str, sink: queue.Queue,
-                 connect_timeout: float = 10.0):
+    def __init__(self, conn: Connection, namespace: str, pod: str, container: str, sink: queue.Queue):
         self.pod = pod
-        self._core = core_api
-        self._namespace = namespace
+        self._conn = conn
+        self._path = kind_of("v1", "Pod").path(namespace, pod, "log")
         self._container = container
         self._sink = sink
-        self._connect_timeout = connect_timeout
         self._response: Any = None
         self.thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
 
@@ -55,15 +54,14 @@ class PodLogFollower:
     def _run(self) -> None:
         error: BaseException | None = None
         try:
-            self._response = self._core.read_namespaced_pod_log(
-                self.pod,
-                self._namespace,
-                container=self._container,
-                follow=True,
-                _preload_content=False,
+            self._response = self._conn.request(
+                "GET",
+                self._path,
+                query={"container": self._container, "follow": True},
+                stream=True,
                 # A rank may print nothing for hours: a read timeout that long only costs a
                 # resumed stream (see the module docstring).
-                _request_timeout=(self._connect_timeout, QUIET_STREAM_TIMEOUT),
+                timeout=(self._conn.request_timeout, QUIET_STREAM_TIMEOUT),
             )
             for chunk in self._response.stream(amt=None, decode_content=False):
                 if chunk:

@@ -31,12 +31,11 @@ from .client import (
     is_already_exists,
     kind_of,
     message_of,
-    raw,
     served_kinds,
     with_retries,
 )
 from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
-from .objects import container_name, job_selector, pod_ranks, with_owner
+from .objects import ANNOTATION_ATTEMPT, container_name, job_selector, object_name, pod_ranks, with_owner
 from .payload import split_payload
 from .plan import JobPlan, plan_objects
 from .status import (
@@ -83,8 +82,6 @@ class JobRun:
         self.store: JobStore = ctx.store
         self.res = Resources(conn)
         self.kind = kind_of(plan.api_version, plan.kind)
-        from .objects import object_name
-
         self.name = object_name(ctx.job.id, self.spec.name)
         self.metrics_api = plan.ranks_per_pod == 1 and "PodMetrics" in _quietly(
             lambda: served_kinds(conn, "metrics.k8s.io/v1beta1"), set()
@@ -248,18 +245,18 @@ class _Attempt:
             attempt=self.number,
         )
         if job is None:
+            log.debug("creating %s %s", plan.kind, run.name)
             job = self._create(objects.job)
         self.job, self.uid = job, job["metadata"]["uid"]
         for dependent in objects.dependents:
             self._create_dependent(with_owner(dependent, job))
         if objects.resume is not None and is_suspended(job, plan.engine):
             self.job = with_retries(self._resume(objects.resume), f"resume {run.name}")
+        log.debug("objects ready")
 
     def _ours(self, obj: dict[str, Any]) -> bool:
         """This attempt's object, alive (adopt it), not an earlier attempt's or one being deleted."""
         meta = obj.get("metadata") or {}
-        from .objects import ANNOTATION_ATTEMPT
-
         return not meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(
             ANNOTATION_ATTEMPT
         ) == str(self.number)
@@ -457,12 +454,9 @@ class _Attempt:
 
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         conn = self.run_.conn
+        pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))
         items = _quietly(
-            lambda: raw(
-                conn.custom.list_namespaced_custom_object, "metrics.k8s.io", "v1beta1", self.plan.namespace,
-                "pods", label_selector=job_selector(self.ctx.job.id), _request_timeout=conn.request_timeout,
-            ).get("items", []),
-            [],
+            lambda: pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items, []
         )
         usage: dict[int, dict[str, Any]] = {}
         for item in items:
@@ -536,7 +530,7 @@ class _Attempt:
                 skip = {r: self.adopted_skip.get(r, 0) for r in ranks}
             self.outputs[name] = PodOutput(ranks, skip)
             self.followers[name] = PodLogFollower(
-                self.run_.conn.core, self.plan.namespace, name, self.container, self.events
+                self.run_.conn, self.plan.namespace, name, self.container, self.events
             ).start()
 
     def _log_ended(self, pod_name: str, error: BaseException | None) -> None:
