@@ -200,6 +200,8 @@ def test_conflicts_are_retried(k8s, player, kube, kube_namespace):
     patches = kube.on_emulator(lambda e: len(list(e['patch', jobs_path])))
     posts = kube.on_emulator(lambda e: len(list(e['post', secrets_path])))
     assert (patches, posts) == (3, 2)  # two conflicts, then the resume; one, then the Secret
+    rereads = kube.on_emulator(lambda e: len(list(e['get', jobs_path])))
+    assert rereads >= 2  # the job object read again before each retry
     assert objects_of(kube, kube_namespace, record.id) == {}
 
 

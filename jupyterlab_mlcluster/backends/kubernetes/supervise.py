@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -83,8 +84,12 @@ class JobRun:
         self.res = Resources(conn)
         self.kind = kind_of(plan.api_version, plan.kind)
         self.name = object_name(ctx.job.id, self.spec.name)
-        self.metrics_api = plan.ranks_per_pod == 1 and "PodMetrics" in _quietly(
-            lambda: served_kinds(conn, "metrics.k8s.io/v1beta1"), set()
+
+    @functools.cached_property
+    def metrics_api(self) -> bool:
+        """Whether pod metrics come from the metrics API (asked once, when first needed)."""
+        return self.plan.ranks_per_pod == 1 and "PodMetrics" in _quietly(
+            lambda: served_kinds(self.conn, "metrics.k8s.io/v1beta1"), set()
         )
 
     def run(self) -> None:
@@ -301,13 +306,17 @@ class _Attempt:
 
     def _resume(self, patch: dict[str, Any]):
         res, kind, name, engine = self.run_.res, self.run_.kind, self.run_.name, self.plan.engine
+        tries = 0
 
         def resume() -> dict[str, Any]:
-            current = res.get(kind, name)  # re-read: a conflict may mean someone else moved it
-            if current is None:
-                raise KubeError(f"{kind.kind} {name} disappeared before it could start")
-            if not is_suspended(current, engine):
-                return current
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # after a conflict: re-read, someone else may have moved it on
+                current = res.get(kind, name)
+                if current is None:
+                    raise KubeError(f"{kind.kind} {name} disappeared before it could start")
+                if not is_suspended(current, engine):
+                    return current
             return res.patch(kind, name, patch)
 
         return resume
