@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from tests.kube.fixtures import start_cluster  # noqa: E402  (writes $KUBECONFIG first)
+from tests.kube.fixtures import start_cluster
 
 NAMESPACE = "bench"
 
@@ -122,7 +122,7 @@ def magic_case(runs: int, workers: int, watch: JobWatch) -> dict[str, list[float
     km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
     samples: dict[str, list[float]] = {"submit": [], "created": [], "ready": []}
     try:
-        quiet = lambda msg: None  # noqa: E731 - the cells' output is not what is measured
+        quiet = lambda msg: None
         kc.execute_interactive("import jupyterlab_mlcluster", timeout=60, output_hook=quiet)
         for i in range(runs + 1):
             known = {r.id for r in service.store.list_jobs()[0]}

@@ -1,2 +1,4 @@
 # The emulator fixtures; importing them first also points $KUBECONFIG at the emulator.
-from tests.kube.fixtures import *  # noqa: F401,F403
+# Then those of the Kubernetes job backend's tests (k8s, player, training_operator).
+from tests.kube.fixtures import *
+from tests.kube.jobs_fixtures import *

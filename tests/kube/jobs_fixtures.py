@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import assert_no_job_processes
+
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.runtime.payload import Payload

@@ -84,8 +84,11 @@ class ClusterPlayer:
     def resumed(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
         """The job object once mlcluster (or Kueue) has let it start."""
         job = self.job_object(job_id, timeout)
-        return self.kube.wait_for(lambda: (lambda j: j if not self.suspended(j) else None)(self.refresh(job)),
-                                  timeout=timeout, message='the job to be resumed')
+
+        def running() -> dict[str, Any] | None:
+            current = self.refresh(job)
+            return None if self.suspended(current) else current
+        return self.kube.wait_for(running, timeout=timeout, message='the job to be resumed')
 
     # -- the controllers -------------------------------------------------------------------
     def create_pods(self, job: dict[str, Any]) -> dict[int, str]:

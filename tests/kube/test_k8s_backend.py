@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 import pytest
-
 from helpers import wait_for
+
 from jupyterlab_mlcluster.jobs.model import SpecError
 from jupyterlab_mlcluster.jobs.service import JobService
 from tests.kube.helpers import Kube
-from tests.kube.jobs_fixtures import (  # noqa: F401 - fixtures
-    IMAGE,
-    code,
-    k8s,
-    log_text,
-    player,
-    spec_of,
-    training_operator,
-)
+from tests.kube.jobs_fixtures import IMAGE, code, log_text, spec_of
 from tests.kube.player import objects_of
 
 CELL = """
@@ -71,8 +62,11 @@ def record_of(service: JobService, job_id: str):
 
 
 def wait_state(service: JobService, job_id: str, predicate, timeout: float = 30, message: str = 'state'):
-    return wait_for(lambda: (lambda r: r if predicate(r) else None)(record_of(service, job_id)),
-                    timeout=timeout, message=message)
+    """The job's record, once `predicate(record)` holds."""
+    def matching():
+        record = record_of(service, job_id)
+        return record if predicate(record) else None
+    return wait_for(matching, timeout=timeout, message=message)
 
 
 def test_a_large_payload_travels_in_several_secrets(k8s, player, kube, kube_namespace):
@@ -253,8 +247,10 @@ def test_max_restarts_recreates_the_job_and_the_second_attempt_succeeds(k8s, pla
     first = player.resumed(record.id)
     player.play(record.id, finish_job=False)
     # The first attempt failed; its objects are deleted and the job object made again.
-    second = wait_for(lambda: (lambda j: j if j['metadata']['uid'] != first['metadata']['uid'] else None)(
-        player.job_object(record.id)), timeout=30, message='the second attempt')
+    def recreated():
+        job = player.job_object(record.id)
+        return job if job['metadata']['uid'] != first['metadata']['uid'] else None
+    second = wait_for(recreated, timeout=30, message='the second attempt')
     assert second['metadata']['annotations']['mlcluster.io/attempt'] == '1'
     assert service.store.get_job(record.id).restarts == 1
     player.play(record.id)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from jupyter_client.manager import start_new_kernel
-
 from helpers import wait_for
+from jupyter_client.manager import start_new_kernel
 from kernel_session import KernelSession, outputs, rank_texts
-from tests.kube.jobs_fixtures import k8s, player  # noqa: F401 - fixtures
+
 from tests.kube.player import objects_of
 
 CELL = """%%distributed --backend kubernetes --workers 2 --push x
@@ -65,7 +64,7 @@ def test_interrupting_the_kernel_cancels_the_job_in_the_cluster(k8s, player, ker
     wait_for(lambda: all(r.state == 'running' for r in service.store.get_job(job.id).ranks), timeout=60,
              message='both ranks running')
     kernel.km.interrupt_kernel()
-    msgs, reply = kernel.collect(msg_id, timeout=60)
+    _, reply = kernel.collect(msg_id, timeout=60)
     player.kill_deleted()
     assert reply['status'] == 'error'
     assert service.store.get_job(job.id).state == 'cancelled'

@@ -314,7 +314,7 @@ def with_retries(action: Callable[[], T], what: str, attempts: int = RETRY_ATTEM
     for attempt in range(attempts):
         try:
             return action()
-        except Exception as exc:  # noqa: BLE001 - sorted by _retryable
+        except Exception as exc:
             if not _retryable(exc) or attempt == attempts - 1:
                 raise
             log.debug("%s: %s; retrying in %.2fs", what, _short(exc), delay)
@@ -364,7 +364,7 @@ class Resources:
     def list(self, kind: Kind, label_selector: str | None = None) -> list[dict[str, Any]]:
         return self.list_function(kind)(self.namespace, label_selector=label_selector).items
 
-    def list_function(self, kind: Kind) -> "Lister":
+    def list_function(self, kind: Kind) -> Lister:
         """A list-and-watch function for `kubernetes.informer.SharedInformer` and
         `kubernetes.watch.Watch`, giving plain dicts."""
         return Lister(self.conn, kind)

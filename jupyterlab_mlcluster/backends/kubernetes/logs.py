@@ -47,7 +47,7 @@ class PodLogFollower:
         self._response: Any = None
         self.thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
 
-    def start(self) -> "PodLogFollower":
+    def start(self) -> PodLogFollower:
         self.thread.start()
         return self
 

@@ -51,7 +51,7 @@ class JobPlan:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "JobPlan":
+    def from_dict(cls, data: Mapping[str, Any]) -> JobPlan:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 

@@ -36,7 +36,14 @@ from .client import (
     with_retries,
 )
 from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
-from .objects import ANNOTATION_ATTEMPT, container_name, job_selector, object_name, pod_ranks, with_owner
+from .objects import (
+    ANNOTATION_ATTEMPT,
+    container_name,
+    job_selector,
+    object_name,
+    pod_ranks,
+    with_owner,
+)
 from .payload import split_payload
 from .plan import JobPlan, plan_objects
 from .status import (
@@ -209,7 +216,7 @@ class _Attempt:
     def run(self) -> Outcome:
         try:
             self._create_or_adopt()
-        except Exception as exc:  # noqa: BLE001 - the API refused: the job fails, nothing stays
+        except Exception as exc:
             outcome = Outcome(
                 "failed", f"could not create the job's Kubernetes objects: {message_of(exc)}", restartable=False
             )
@@ -462,7 +469,6 @@ class _Attempt:
             self.ctx.store.record_metrics(self.ctx.job.id, samples)
 
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
-        conn = self.run_.conn
         pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))
         items = _quietly(
             lambda: pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items, []
