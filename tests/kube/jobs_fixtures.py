@@ -1,8 +1,10 @@
 """Fixtures and helpers for tests of the Kubernetes job backend (imported by those tests)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from helpers import assert_no_job_processes
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.runtime.payload import Payload
-from tests.kube.crds import training_operator_crds
+from tests.kube.crds import pod_metrics_crd, podgroup_crd, training_operator_crds
 from tests.kube.helpers import Kube
 from tests.kube.player import ClusterPlayer
 
@@ -65,15 +67,37 @@ def player(kube: Kube, kube_namespace: str, tmp_path: Path):
     node.stop_all()
 
 
+@contextlib.contextmanager
+def served(kube: Kube, crds: list[dict[str, Any]]) -> Iterator[None]:
+    """These CRDs are installed (and served) for the duration."""
+    for crd in crds:
+        kube.install_crd(crd)
+    try:
+        yield
+    finally:
+        for crd in crds:
+            kube.uninstall_crd(crd['metadata']['name'])
+
+
 @pytest.fixture
 def training_operator(kube: Kube):
     """The Training Operator's CRDs are served (for this test only)."""
-    crds = training_operator_crds()
-    for crd in crds:
-        kube.install_crd(crd)
-    yield
-    for crd in crds:
-        kube.uninstall_crd(crd['metadata']['name'])
+    with served(kube, training_operator_crds()):
+        yield
+
+
+@pytest.fixture
+def volcano(kube: Kube):
+    """Volcano's PodGroup is served."""
+    with served(kube, [podgroup_crd()]):
+        yield
+
+
+@pytest.fixture
+def metrics_api(kube: Kube):
+    """The metrics API (metrics.k8s.io PodMetrics) is served."""
+    with served(kube, [pod_metrics_crd()]):
+        yield
 
 
 def log_text(service: JobService, job_id: str, rank: int | None = None) -> list[str]:

@@ -139,15 +139,6 @@ time.sleep(300)
 """
 
 
-@pytest.fixture
-def volcano(kube: Kube):
-    from tests.kube.crds import podgroup_crd
-    crd = podgroup_crd()
-    kube.install_crd(crd)
-    yield
-    kube.uninstall_crd(crd['metadata']['name'])
-
-
 def test_cancel_deletes_everything_including_the_podgroup(volcano, k8s, player, kube, kube_namespace):
     service = k8s(kubernetes_gang='volcano', kubernetes_queue='training')
     record = service.submit(spec_of(workers=2, cpus=2, memory='1Gi'), code(SLEEPY_CELL))
@@ -470,15 +461,6 @@ def test_the_runtime_reports_metrics_and_progress_through_the_pod_log(k8s, playe
     assert series and all(s['memory_bytes'] > 64 * 2**20 for s in series)
     assert all(s['gpu_util'] is None for s in series)  # no GPU here
     assert log_text(service, record.id) == []  # reports are not log lines, nor are their blank lines
-
-
-@pytest.fixture
-def metrics_api(kube: Kube):
-    from tests.kube.crds import pod_metrics_crd
-    crd = pod_metrics_crd()
-    kube.install_crd(crd)
-    yield
-    kube.uninstall_crd(crd['metadata']['name'])
 
 
 def test_the_metrics_api_is_used_when_served(metrics_api, k8s, player, kube, kube_namespace):
