@@ -280,7 +280,7 @@ while not os.path.exists("go"):
     time.sleep(0.05)
 print("after", flush=True)
 "adopted"
-"""
+"""  # waits for a file "go" in its working directory
 
 
 def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube, kube_namespace):
@@ -327,18 +327,34 @@ def test_kueue_admits_the_suspended_job(k8s, player, kube, kube_namespace):
     service = k8s(kubernetes_gang='kueue')
     with pytest.raises(SpecError, match='Kueue needs a queue'):
         service.submit(spec_of(workers=1), code('1'))
-    record = service.submit(spec_of(workers=1, queue='team-a'), code('"admitted"'))
+    record = service.submit(spec_of(workers=1, queue='team-a'), code(GATED_CELL))
     job = player.job_object(record.id)
+    name = job['metadata']['name']
     assert job['metadata']['labels']['kueue.x-k8s.io/queue-name'] == 'team-a'
     rec = wait_state(service, record.id, lambda r: r.reason and 'Kueue' in r.reason, message='the Kueue reason')
     assert rec.state == 'queued'
     assert rec.reason == 'waiting for Kueue to admit the job (queue team-a)'
     time.sleep(0.5)
     assert player.suspended(player.refresh(job))  # mlcluster leaves the resume to Kueue
-    kube.patch('batch/v1', 'Job', job['metadata']['name'], {'spec': {'suspend': False}}, kube_namespace)
+
+    # Kueue admits it; it runs; Kueue preempts it (suspends; the Job controller deletes the pods).
+    kube.patch('batch/v1', 'Job', name, {'spec': {'suspend': False}}, kube_namespace)
+    (pod,) = player.create_pods(player.resumed(record.id)).values()
+    player.schedule(pod)
+    player.run_rank(pod)
+    wait_state(service, record.id, lambda r: r.state == 'running', message='running')
+    kube.patch('batch/v1', 'Job', name, {'spec': {'suspend': True}}, kube_namespace)
+    kube.delete('v1', 'Pod', pod, kube_namespace)
+    player.kill_deleted()
+    rec = wait_state(service, record.id, lambda r: r.state == 'queued', message='queued again')
+    assert rec.reason == 'waiting for Kueue to admit the job (queue team-a)'
+
+    # Admitted again: new pods run it to the end.
+    (player.workdir / 'go').touch()
+    kube.patch('batch/v1', 'Job', name, {'spec': {'suspend': False}}, kube_namespace)
     player.play(record.id)
     final = service.wait(record.id, timeout=60)
-    assert final.state == 'succeeded' and service.result(record.id) == ('value', 'admitted')
+    assert final.state == 'succeeded' and service.result(record.id) == ('value', 'adopted')
 
 
 # -- refused at submit: nothing stored -------------------------------------------------------------

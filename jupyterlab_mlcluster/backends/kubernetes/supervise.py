@@ -429,7 +429,8 @@ class _Attempt:
             self._rank_update(rank, fields)
         self._flush()
         order = _STATE_ORDER[obs.state]
-        if order > self.state_order:  # within one attempt a job only moves forward
+        # Within one attempt a job only moves forward, unless Kueue suspends it again (preemption).
+        if order > self.state_order or (obs.suspended and order < self.state_order):
             self.state_order = order
             if obs.state != ctx.job.state:
                 job_fields: dict[str, Any] = {}
