@@ -96,9 +96,25 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """The Jupyter server extension (REST API, event stream); enabled by jupyter-config/."""
+    from .server.app import MLClusterApp
+
+    return [{"module": "jupyterlab_mlcluster.server.app", "app": MLClusterApp}]
+
+
 def __getattr__(name: str):
     if name == "Job":
         from .jobs.handle import Job
 
         return Job
     raise AttributeError(name)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where `jupyter labextension develop .` finds the built sidebar (a source checkout).
+
+    Installed wheels ship it under share/jupyter/labextensions instead (pyproject
+    shared-data), so this is only used for development installs.
+    """
+    return [{"src": "../labextension", "dest": "jupyterlab-mlcluster"}]

@@ -55,15 +55,26 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
 
-    controller = sub.add_parser("controller", help="run the notebook-controller (Kubernetes)", add_help=False)
-    controller.add_argument("rest", nargs=argparse.REMAINDER)
+    pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
+    pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
 
-    manifests = sub.add_parser("manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects")
-    manifests.add_argument("rest", nargs=argparse.REMAINDER)
+    # Listed for --help; main() hands them to the notebook-controller's own applications.
+    sub.add_parser("controller", help="run the notebook-controller (Kubernetes); --help for its options")
+    sub.add_parser("manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects as YAML")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The cluster-side commands are traitlets applications with options of their own.
+    if argv and argv[0] == "controller":
+        from notebook_controller.cli import run_controller
+
+        return run_controller(argv[1:])
+    if argv and argv[0] == "manifests":
+        from notebook_controller.cli import print_manifests
+
+        return print_manifests(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return {
@@ -71,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": cmd_jobs,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
-            "controller": cmd_controller,
-            "manifests": cmd_manifests,
+            "pool": cmd_pool,
         }[args.command](args)
     except (SpecError, ValueError) as exc:
         print(f"mlcluster: error: {exc}", file=sys.stderr)
@@ -234,19 +244,30 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- cluster side ------------------------------------------------------------------------------
+def cmd_pool(args: argparse.Namespace) -> int:
+    from .backends.local import warmpool
+    from .config import get_config
 
-
-def cmd_controller(args: argparse.Namespace) -> int:
-    from notebook_controller.cli import run_controller
-
-    return run_controller(list(args.rest))
-
-
-def cmd_manifests(args: argparse.Namespace) -> int:
-    from .manifests import main as manifests_main
-
-    return manifests_main(list(args.rest))
+    config = get_config()
+    if args.action == "start":
+        if warmpool.ensure_zygote(config) is None:
+            print("mlcluster: the warm pool did not come up (see its log in the pool directory)", file=sys.stderr)
+            return EXIT_FAILED
+    elif args.action == "stop":
+        print("stopped" if warmpool.stop(config) else "no warm pool is running")
+        return 0
+    status = warmpool.status(config)
+    if status is None:
+        print(f"no warm pool is running (enabled: {config.warm_pool}; it starts with the first job)")
+        return 0
+    mib = 1024 * 1024
+    uss = f", {status['uss_bytes'] / mib:.0f} MiB of its own (USS)" if status.get("uss_bytes") else ""
+    print(
+        f"warm pool pid {status['pid']}: modules {', '.join(status['modules']) or '-'}; "
+        f"memory {status['rss_bytes'] / mib:.0f} MiB RSS{uss}; CUDA initialised: {status['cuda_initialized']}; "
+        f"up {status['uptime']:.0f}s"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create ./.venv with the project and everything its demo and tests need. Idempotent.
+# Create ./.venv with the project (Python package + the prebuilt JupyterLab sidebar) and
+# everything its demo and tests need. Idempotent; safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,5 +9,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# torch 2.13.0 is a CPU build on local disk here; a plain `torch` would pull a CUDA build.
+# torch 2.13.0 (in the test extra) is a CPU build on local disk here; a plain `torch` would
+# pull a multi-GB CUDA build. The editable install also builds the sidebar (jlpm, via
+# hatch-jupyter-builder) into labextension/.
 python -m pip install -q -e ".[test]"
+# Point JupyterLab at the built sidebar of this checkout (a wheel install ships it instead).
+jupyter labextension develop --overwrite . >/dev/null

@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite (Python + frontend + browser). Fails loudly.
+# Set up, then run the whole test suite: frontend unit tests (jest), then every Python test
+# (engine, kernel, server, Kubernetes emulator, controller, real-browser sidebar). Fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+if [ ! -x /usr/bin/chromium ]; then
+  # The sidebar is tested in a real browser: Debian's chromium, driven by Playwright.
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+jlpm test
 python -m pytest tests "$@"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import time
 
@@ -138,3 +139,13 @@ def test_idle_pool_memory_is_reported(service, warm):
     status = warmpool.status(service.config)
     assert status["rss_bytes"] > 50 * 1024**2  # torch is in there
     assert status["uss_bytes"] is None or 0 < status["uss_bytes"] <= status["rss_bytes"]
+
+
+def test_pool_command_reports_memory_and_cuda_state(store_dir, warm):
+    from helpers import run_cli
+
+    assert run_cli("pool", "start").returncode == 0
+    out = run_cli("pool", "status").stdout
+    assert re.search(r"memory \d+ MiB RSS", out) and "CUDA initialised: False" in out and "torch" in out
+    assert run_cli("pool", "stop").stdout.strip() == "stopped"
+    assert "no warm pool is running" in run_cli("pool", "status").stdout

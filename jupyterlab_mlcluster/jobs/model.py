@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 from typing import Any
 
@@ -112,7 +113,7 @@ def parse_memory(value: str | int | None) -> int | None:
         if value <= 0:
             raise SpecError(f"memory must be positive, got {value}")
         return value
-    m = _MEMORY_RE.match(str(value))
+    m = _MEMORY_RE.fullmatch(str(value))
     if not m:
         raise SpecError(
             f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {value!r}"
@@ -163,8 +164,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
                 raise SpecError(
                     f"timeout must be a duration like '90s', '30m' or '1h30m', got {value!r}"
                 ) from None
-    if seconds <= 0:
-        raise SpecError(f"timeout must be positive, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SpecError(f"timeout must be a positive, finite duration, got {value!r}")
     return seconds
 
 
@@ -245,7 +246,7 @@ class JobSpec:
             spec.image = image
         if "name" in values:
             name = str(values["name"])
-            if not _NAME_RE.match(name):
+            if not _NAME_RE.fullmatch(name):
                 raise SpecError(
                     f"name must be 1-53 lowercase letters, digits or '-', starting and ending "
                     f"with a letter or digit (it names Kubernetes objects), got {name!r}"
@@ -291,7 +292,7 @@ def parse_env(value: Any) -> dict[str, str]:
         raise SpecError(f"env must be an object of KEY: VALUE, got {type(value).__name__}")
     env: dict[str, str] = {}
     for key, val in items:
-        if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+        if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
             raise SpecError(f"env name {key!r} is not a valid environment variable name")
         if key in RESERVED_ENV:
             raise SpecError(f"env {key} is set by mlcluster on every rank and cannot be overridden")

@@ -89,6 +89,10 @@ class JobService:
         `environ`/`cwd`: what the ranks inherit (default: this process's)."""
         backend = self.backend(spec.backend)
         backend.validate(spec)
+        try:
+            payload.source.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SpecError(f"the code cannot be encoded as UTF-8: {exc.reason} at position {exc.start}") from None
         job_id = new_job_id()
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
@@ -118,7 +122,15 @@ class JobService:
             (job_dir / "cell.py").write_text(payload.source)
         _write_private(
             job_dir / "launch.json",
-            json.dumps({"env": dict(os.environ if environ is None else environ), "cwd": cwd or os.getcwd()}),
+            json.dumps(
+                {
+                    "env": dict(os.environ if environ is None else environ),
+                    "cwd": cwd or os.getcwd(),
+                    # The submitter's settings govern its job (e.g. a server's
+                    # c.MLClusterConfig from jupyter_server_config reaches the supervisor).
+                    "config": config_snapshot(self.config),
+                }
+            ),
         )
         try:
             self._start_supervisor(job_id)
@@ -320,6 +332,10 @@ class JobService:
             if moved:
                 reaped.append(record.id)
         return reaped
+
+
+def config_snapshot(config: MLClusterConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.trait_names(config=True)}
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ transaction, so readers can follow changes by sequence number instead of diffing
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -124,7 +125,7 @@ class UnknownJob(KeyError):
 
 def check_job_id(job_id: str) -> str:
     """Refuse anything that is not a job id before it gets near a path or a query."""
-    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
         raise UnknownJob(job_id)
     return job_id
 
@@ -629,11 +630,15 @@ def _tail_offset(f, lines: int) -> int:
     return pos + idx + 1
 
 
-def _iso_us(ts: float) -> str:
-    import datetime
+@functools.lru_cache(maxsize=4096)
+def _iso_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
-    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+def _iso_us(ts: float) -> str:
+    """RFC 3339 with microseconds; the per-second part is cached (logs are read in bulk)."""
+    second = int(ts)
+    return f"{_iso_second(second)}.{int(round((ts - second) * 1e6)) % 1000000:06d}Z"
 
 
 def _to_column(key: str, value: Any) -> Any:

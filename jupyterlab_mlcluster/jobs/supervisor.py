@@ -188,9 +188,20 @@ def claim(store: JobStore, job_id: str) -> bool:
     return True
 
 
+def _submitter_config(store: JobStore, job_id: str):
+    """The settings the job was submitted with (over the config files, under them nothing)."""
+    from traitlets.config import Config
+
+    try:
+        snapshot = json.loads((store.job_dir(job_id) / "launch.json").read_text()).get("config") or {}
+    except (OSError, ValueError):
+        snapshot = {}
+    return get_config(Config({"MLClusterConfig": snapshot}))
+
+
 def supervise(store: JobStore, job_id: str, config=None) -> int:
     log.debug("supervisor up for %s", job_id)
-    config = config or get_config()
+    config = config or _submitter_config(store, job_id)
     if not claim(store, job_id):
         return 0
     log.debug("claimed")

@@ -144,11 +144,15 @@ class CellRun:
             if self.monitor is not None:
                 self.monitor.finish()
 
+    def _detached(self) -> bool:
+        """--no-wait: the monitor keeps updating from a thread; the cell returns the handle."""
+        if self.args.no_wait and not self.args.quiet:
+            self.monitor.follow_in_background()
+        return self.args.no_wait
+
     def run_blocking(self) -> Any:
         job = self.submit()
-        if self.args.no_wait:
-            if not self.args.quiet:
-                self.monitor.follow_in_background()
+        if self._detached():
             return job
         try:
             record = self.monitor.follow_blocking()
@@ -159,9 +163,7 @@ class CellRun:
 
     async def run_async(self) -> Any:
         job = self.submit()
-        if self.args.no_wait:
-            if not self.args.quiet:
-                self.monitor.follow_in_background()
+        if self._detached():
             return job
         try:
             record = await self.monitor.follow_async()

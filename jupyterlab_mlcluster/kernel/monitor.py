@@ -197,7 +197,7 @@ class WidgetView:
             f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(state)} "
             f"<span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
         )
-        self.clock.value = f"<span title='elapsed'>⏱ {format_elapsed(elapsed(record))}</span>"
+        self.clock.value = f"<span style='opacity:0.75'>elapsed</span> <b>{format_elapsed(elapsed(record))}</b>"
         message = ""
         if record.error:
             message = f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"
@@ -251,7 +251,7 @@ def rank_table(record: JobRecord, has_gpus: bool) -> str:
         cells = [
             f"<code>{rank.rank}</code>",
             badge(state),
-            "–" if m.get("cpu_percent") is None else f"{m['cpu_percent']:.0f}%",
+            "–" if m.get("cpu_percent") is None or rank.state.final else f"{m['cpu_percent']:.0f}%",
             format_bytes(m.get("memory_bytes")),
         ]
         if has_gpus:

@@ -4,6 +4,7 @@ Built-in resources come from kmock's bundled discovery documents (a real cluster
 ``/api/v1`` and ``/apis/<group>/<version>`` answers), limited to the groups below.
 Custom resources appear when a CustomResourceDefinition is created through the API.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,34 +15,77 @@ from typing import Any
 import kmock
 
 BUILTIN_GROUP_VERSIONS = (
-    'v1', 'apps/v1', 'batch/v1', 'events.k8s.io/v1', 'rbac.authorization.k8s.io/v1',
-    'networking.k8s.io/v1', 'policy/v1', 'apiextensions.k8s.io/v1', 'coordination.k8s.io/v1',
-    'scheduling.k8s.io/v1', 'storage.k8s.io/v1', 'node.k8s.io/v1', 'discovery.k8s.io/v1',
-    'autoscaling/v2', 'autoscaling/v1',
+    "v1",
+    "apps/v1",
+    "batch/v1",
+    "events.k8s.io/v1",
+    "rbac.authorization.k8s.io/v1",
+    "networking.k8s.io/v1",
+    "policy/v1",
+    "apiextensions.k8s.io/v1",
+    "coordination.k8s.io/v1",
+    "scheduling.k8s.io/v1",
+    "storage.k8s.io/v1",
+    "node.k8s.io/v1",
+    "discovery.k8s.io/v1",
+    "autoscaling/v2",
+    "autoscaling/v1",
 )
 # Listed in discovery by real servers but not stored objects (create-only or proxies).
-_VIRTUAL = {'bindings', 'componentstatuses'}
+_VIRTUAL = {"bindings", "componentstatuses"}
 
-_COMMON_FIELDS = frozenset({'metadata.name', 'metadata.namespace'})
+_COMMON_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 # Field selectors the kube-apiserver supports per resource (pkg/registry/*/strategy.go).
 _FIELD_SELECTORS: dict[tuple[str, str], frozenset[str]] = {
-    ('', 'pods'): frozenset({
-        'spec.nodeName', 'spec.restartPolicy', 'spec.schedulerName', 'spec.serviceAccountName',
-        'spec.hostNetwork', 'status.phase', 'status.podIP', 'status.nominatedNodeName'}),
-    ('', 'events'): frozenset({
-        'involvedObject.kind', 'involvedObject.namespace', 'involvedObject.name',
-        'involvedObject.uid', 'involvedObject.apiVersion', 'involvedObject.resourceVersion',
-        'involvedObject.fieldPath', 'reason', 'reportingComponent', 'source', 'type'}),
-    ('events.k8s.io', 'events'): frozenset({
-        'regarding.kind', 'regarding.namespace', 'regarding.name', 'regarding.uid', 'reason',
-        'type', 'reportingController'}),
-    ('', 'namespaces'): frozenset({'status.phase'}),
-    ('', 'secrets'): frozenset({'type'}),
-    ('', 'nodes'): frozenset({'spec.unschedulable'}),
-    ('batch', 'jobs'): frozenset({'status.successful'}),
-    ('apps', 'replicasets'): frozenset({'status.replicas'}),
+    ("", "pods"): frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        }
+    ),
+    ("", "events"): frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    ("events.k8s.io", "events"): frozenset(
+        {
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "reason",
+            "type",
+            "reportingController",
+        }
+    ),
+    ("", "namespaces"): frozenset({"status.phase"}),
+    ("", "secrets"): frozenset({"type"}),
+    ("", "nodes"): frozenset({"spec.unschedulable"}),
+    ("batch", "jobs"): frozenset({"status.successful"}),
+    ("apps", "replicasets"): frozenset({"status.replicas"}),
 }
-_VERSION_RE = re.compile(r'^v(\d+)(?:(alpha|beta)(\d+))?$')
+# Resources the API server itself gives special behaviour.
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+NAMESPACES = ("", "namespaces")
+PODS = ("", "pods")
+_VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 
 
 def version_priority(version: str) -> tuple[int, int, int, str]:
@@ -49,8 +93,8 @@ def version_priority(version: str) -> tuple[int, int, int, str]:
     match = _VERSION_RE.match(version)
     if not match:
         return (3, 0, 0, version)
-    stage = {None: 0, 'beta': 1, 'alpha': 2}[match.group(2)]
-    return (stage, -int(match.group(1)), -int(match.group(3) or 0), '')
+    stage = {None: 0, "beta": 1, "alpha": 2}[match.group(2)]
+    return (stage, -int(match.group(1)), -int(match.group(3) or 0), "")
 
 
 @dataclass(frozen=True)
@@ -60,7 +104,7 @@ class ResourceType:
     plural: str
     kind: str
     namespaced: bool
-    singular: str = ''
+    singular: str = ""
     verbs: frozenset[str] = frozenset()
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
@@ -72,7 +116,7 @@ class ResourceType:
 
     @property
     def api_version(self) -> str:
-        return f'{self.group}/{self.version}' if self.group else self.version
+        return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
     def group_resource(self) -> tuple[str, str]:
@@ -81,12 +125,12 @@ class ResourceType:
 
     @property
     def has_status(self) -> bool:
-        return 'status' in self.subresources
+        return "status" in self.subresources
 
     @property
     def qualified_name(self) -> str:
         """The 'plural.group' form used in API error messages."""
-        return f'{self.plural}.{self.group}' if self.group else self.plural
+        return f"{self.plural}.{self.group}" if self.group else self.plural
 
     @property
     def field_selectors(self) -> frozenset[str]:
@@ -95,44 +139,65 @@ class ResourceType:
 
     def discovery_entries(self) -> list[dict[str, Any]]:
         entry = {
-            'name': self.plural, 'singularName': self.singular or self.kind.lower(),
-            'namespaced': self.namespaced, 'kind': self.kind, 'verbs': sorted(self.verbs),
+            "name": self.plural,
+            "singularName": self.singular or self.kind.lower(),
+            "namespaced": self.namespaced,
+            "kind": self.kind,
+            "verbs": sorted(self.verbs),
         }
         if self.short_names:
-            entry['shortNames'] = list(self.short_names)
+            entry["shortNames"] = list(self.short_names)
         if self.categories:
-            entry['categories'] = list(self.categories)
-        subs = [{'name': f'{self.plural}/{sub}', 'singularName': '', 'namespaced': self.namespaced,
-                 'kind': self.kind if sub == 'status' else ('Scale' if sub == 'scale' else self.kind),
-                 'verbs': ['get', 'patch', 'update'] if sub in ('status', 'scale') else ['get']}
-                for sub in sorted(self.subresources)]
+            entry["categories"] = list(self.categories)
+        subs = [
+            {
+                "name": f"{self.plural}/{sub}",
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "kind": self.kind
+                if sub == "status"
+                else ("Scale" if sub == "scale" else self.kind),
+                "verbs": ["get", "patch", "update"] if sub in ("status", "scale") else ["get"],
+            }
+            for sub in sorted(self.subresources)
+        ]
         return [entry, *subs]
 
 
-_CR_VERBS = frozenset({'create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update',
-                       'watch'})
+_CR_VERBS = frozenset(
+    {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+)
 
 
 def resource_types_of_crd(crd: Mapping[str, Any]) -> list[ResourceType]:
-    spec = crd['spec']
-    names = spec['names']
+    spec = crd["spec"]
+    names = spec["names"]
     result = []
-    for version in spec.get('versions', []):
-        if not version.get('served', True):
+    for version in spec.get("versions", []):
+        if not version.get("served", True):
             continue
-        subresources = frozenset((version.get('subresources') or {}).keys())
-        selectable = frozenset(sf['jsonPath'].lstrip('.') for sf in version.get('selectableFields') or [])
-        result.append(ResourceType(
-            group=spec['group'], version=version['name'], plural=names['plural'],
-            kind=names['kind'], singular=names.get('singular', names['kind'].lower()),
-            namespaced=spec.get('scope', 'Namespaced') == 'Namespaced', verbs=_CR_VERBS,
-            short_names=tuple(names.get('shortNames') or ()),
-            categories=tuple(names.get('categories') or ()),
-            subresources=subresources, crd_name=crd['metadata']['name'],
-            schema=(version.get('schema') or {}).get('openAPIV3Schema'),
-            selectable_fields=selectable,
-            printer_columns=tuple(version.get('additionalPrinterColumns') or ()),
-        ))
+        subresources = frozenset((version.get("subresources") or {}).keys())
+        selectable = frozenset(
+            sf["jsonPath"].lstrip(".") for sf in version.get("selectableFields") or []
+        )
+        result.append(
+            ResourceType(
+                group=spec["group"],
+                version=version["name"],
+                plural=names["plural"],
+                kind=names["kind"],
+                singular=names.get("singular", names["kind"].lower()),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                verbs=_CR_VERBS,
+                short_names=tuple(names.get("shortNames") or ()),
+                categories=tuple(names.get("categories") or ()),
+                subresources=subresources,
+                crd_name=crd["metadata"]["name"],
+                schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+                selectable_fields=selectable,
+                printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
+            )
+        )
     return result
 
 
@@ -141,19 +206,26 @@ def _builtin_types() -> list[ResourceType]:
     bundled.load_bundled()
     result = []
     for resource in bundled:
-        gv = f'{resource.group}/{resource.version}' if resource.group else resource.version
+        gv = f"{resource.group}/{resource.version}" if resource.group else resource.version
         info = bundled[resource]
         if gv not in BUILTIN_GROUP_VERSIONS or resource.plural in _VIRTUAL:
             continue
-        if 'list' not in info.verbs:
+        if "list" not in info.verbs:
             continue
-        result.append(ResourceType(
-            group=resource.group, version=resource.version, plural=resource.plural,
-            kind=info.kind, singular=info.singular or info.kind.lower(),
-            namespaced=bool(info.namespaced), verbs=frozenset(info.verbs),
-            short_names=tuple(sorted(info.shortnames)), categories=tuple(sorted(info.categories)),
-            subresources=frozenset(info.subresources),
-        ))
+        result.append(
+            ResourceType(
+                group=resource.group,
+                version=resource.version,
+                plural=resource.plural,
+                kind=info.kind,
+                singular=info.singular or info.kind.lower(),
+                namespaced=bool(info.namespaced),
+                verbs=frozenset(info.verbs),
+                short_names=tuple(sorted(info.shortnames)),
+                categories=tuple(sorted(info.categories)),
+                subresources=frozenset(info.subresources),
+            )
+        )
     return result
 
 
@@ -174,7 +246,7 @@ class Catalogue:
         return self._by_gvr.get((group, version, plural))
 
     def by_kind(self, api_version: str, kind: str) -> ResourceType | None:
-        group, _, version = api_version.rpartition('/')
+        group, _, version = api_version.rpartition("/")
         return self._by_gvk.get((group, version, kind))
 
     def all(self) -> Iterable[ResourceType]:
@@ -191,7 +263,7 @@ class Catalogue:
         return {group: sorted(versions, key=version_priority) for group, versions in result.items()}
 
     def install_crd(self, crd: Mapping[str, Any]) -> list[ResourceType]:
-        self.remove_crd(crd['metadata']['name'])
+        self.remove_crd(crd["metadata"]["name"])
         types = resource_types_of_crd(crd)
         for rtype in types:
             self._add(rtype)

@@ -4,8 +4,10 @@ Import this module from a ``conftest.py`` (``from tests.kube.fixtures import *``
 anything imports ``kubernetes``: importing it writes the session kubeconfig and sets
 ``KUBECONFIG``, because the kubernetes client reads that variable at import time.
 """
+
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -25,7 +27,7 @@ from .helpers import Kube
 
 def _free_port() -> int:
     with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -34,15 +36,19 @@ def write_kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
-_SESSION_DIR = Path(tempfile.mkdtemp(prefix='kube-emulator-'))
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="kube-emulator-"))
 SESSION_PORT = _free_port()
-SESSION_KUBECONFIG = write_kubeconfig(_SESSION_DIR / 'kubeconfig.yaml', f'http://127.0.0.1:{SESSION_PORT}')
-os.environ['KUBECONFIG'] = str(SESSION_KUBECONFIG)
+SESSION_KUBECONFIG = write_kubeconfig(
+    _SESSION_DIR / "kubeconfig.yaml", f"http://127.0.0.1:{SESSION_PORT}"
+)
+os.environ["KUBECONFIG"] = str(SESSION_KUBECONFIG)
+logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per API request otherwise
 
 
 @dataclass
 class KubeCluster:
     """One running emulator: its URL, kubeconfig, helpers and the in-process server."""
+
     url: str
     kubeconfig: Path
     thread: EmulatorThread
@@ -55,6 +61,7 @@ class KubeCluster:
 
     def api_client(self) -> Any:
         import kubernetes
+
         return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
@@ -64,7 +71,7 @@ def start_cluster(kubeconfig_path: Path, port: int = 0, **options: Any) -> KubeC
     return KubeCluster(thread.url, kubeconfig_path, thread, Kube(thread.url, thread))
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
     """The session's emulator, at the address in $KUBECONFIG."""
     cluster = start_cluster(SESSION_KUBECONFIG, port=SESSION_PORT)
@@ -72,17 +79,17 @@ def kube_cluster() -> Iterator[KubeCluster]:
     cluster.thread.stop()
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def kube_url(kube_cluster: KubeCluster) -> str:
     return kube_cluster.url
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def kubeconfig_path(kube_cluster: KubeCluster) -> Path:
     return kube_cluster.kubeconfig
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def kube_api(kube_cluster: KubeCluster) -> Iterator[Any]:
     """A ready ``kubernetes.client.ApiClient`` for the session's emulator."""
     client = kube_cluster.api_client()
@@ -94,26 +101,29 @@ def kube_api(kube_cluster: KubeCluster) -> Iterator[Any]:
 async def kube_aio_api(kube_cluster: KubeCluster) -> AsyncIterator[Any]:
     """A ready ``kubernetes.aio.client.ApiClient`` (asyncio) for the session's emulator."""
     from kubernetes.aio import client, config
+
     configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(kube_cluster.kubeconfig),
-                                  client_configuration=configuration)
+    await config.load_kube_config(
+        config_file=str(kube_cluster.kubeconfig), client_configuration=configuration
+    )
     async with client.ApiClient(configuration) as api:
         yield api
 
 
 @pytest.fixture
-def kube(kube_cluster: KubeCluster) -> Kube:
+def kube(kube_cluster: KubeCluster) -> Iterator[Kube]:
     """Helpers: generic REST, install_crd, set_pod_phase, run_statefulset, append_log, ..."""
-    return Kube(kube_cluster.url, kube_cluster.thread)
+    yield Kube(kube_cluster.url, kube_cluster.thread)
+    kube_cluster.thread.call(lambda emulator: emulator.remove_reactions())  # faults a test added
 
 
 @pytest.fixture
 def kube_namespace(kube: Kube) -> Iterator[str]:
     """A fresh namespace, deleted (with everything in it) after the test."""
-    name = f'test-{uuid.uuid4().hex[:8]}'
+    name = f"test-{uuid.uuid4().hex[:8]}"
     kube.create_namespace(name)
     yield name
-    kube.delete('v1', 'Namespace', name)
+    kube.delete("v1", "Namespace", name)
 
 
 @pytest.fixture
@@ -122,7 +132,7 @@ def fresh_kube(tmp_path: Path) -> Iterator[Callable[..., KubeCluster]]:
     started: list[KubeCluster] = []
 
     def factory(**options: Any) -> KubeCluster:
-        cluster = start_cluster(tmp_path / f'kubeconfig-{len(started)}.yaml', **options)
+        cluster = start_cluster(tmp_path / f"kubeconfig-{len(started)}.yaml", **options)
         started.append(cluster)
         return cluster
 

@@ -4,6 +4,7 @@ history for watches (a bounded window, like etcd compaction), and owner/uid inde
 Everything here runs on the emulator's event loop thread and never awaits, so each write is
 atomic with respect to every request being served.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,19 +38,21 @@ class Watcher:
 
 
 def key_of(obj: dict[str, Any]) -> Key:
-    meta = obj['metadata']
-    return (meta.get('namespace') or '', meta['name'])
+    meta = obj["metadata"]
+    return (meta.get("namespace") or "", meta["name"])
 
 
 def owner_uids(obj: dict[str, Any]) -> set[str]:
-    return {ref['uid'] for ref in obj['metadata'].get('ownerReferences') or [] if 'uid' in ref}
+    return {ref["uid"] for ref in obj["metadata"].get("ownerReferences") or [] if "uid" in ref}
 
 
 class Store:
     def __init__(self, window: int = 10_000, first_rv: int = 1000) -> None:
         self.rv = first_rv
         self.compacted_rv = first_rv
-        self._objects: dict[GroupResource, dict[Key, dict[str, Any]]] = collections.defaultdict(dict)
+        self._objects: dict[GroupResource, dict[Key, dict[str, Any]]] = collections.defaultdict(
+            dict
+        )
         self._by_uid: dict[str, Ref] = {}
         self._dependents: dict[str, set[Ref]] = collections.defaultdict(set)
         self._history: collections.deque[Event] = collections.deque(maxlen=window)
@@ -61,7 +64,9 @@ class Store:
 
     def items(self, gr: GroupResource, namespace: str | None = None) -> list[dict[str, Any]]:
         objs = self._objects[gr]
-        return [obj for (ns, _), obj in sorted(objs.items()) if namespace is None or ns == namespace]
+        return [
+            obj for (ns, _), obj in sorted(objs.items()) if namespace is None or ns == namespace
+        ]
 
     def by_uid(self, uid: str) -> Ref | None:
         return self._by_uid.get(uid)
@@ -75,11 +80,13 @@ class Store:
                 yield gr, key
 
     def namespaced_refs(self, namespace: str) -> list[Ref]:
-        return [(gr, key) for gr, objs in self._objects.items() for key in objs if key[0] == namespace]
+        return [
+            (gr, key) for gr, objs in self._objects.items() for key in objs if key[0] == namespace
+        ]
 
     def events_since(self, rv: int) -> list[Event]:
         if rv < self.compacted_rv:
-            raise Expired(f'too old resource version: {rv} ({self.compacted_rv})')
+            raise Expired(f"too old resource version: {rv} ({self.compacted_rv})")
         return [event for event in self._history if event.rv > rv]
 
     # -- writing ---------------------------------------------------------------------------
@@ -91,19 +98,19 @@ class Store:
         """Store a new object version (its resourceVersion is assigned here) and announce it."""
         key = key_of(obj)
         old = self._objects[gr].get(key)
-        obj['metadata']['resourceVersion'] = str(self.next_rv())
+        obj["metadata"]["resourceVersion"] = str(self.next_rv())
         self._objects[gr][key] = obj
         self._index(gr, key, old, obj)
-        self._record(Event(self.rv, gr, 'MODIFIED' if old is not None else 'ADDED', obj, old))
+        self._record(Event(self.rv, gr, "MODIFIED" if old is not None else "ADDED", obj, old))
         return obj
 
     def remove(self, gr: GroupResource, key: Key) -> dict[str, Any] | None:
         old = self._objects[gr].pop(key, None)
         if old is None:
             return None
-        gone = {**old, 'metadata': {**old['metadata'], 'resourceVersion': str(self.next_rv())}}
+        gone = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self.next_rv())}}
         self._index(gr, key, old, None)
-        self._record(Event(self.rv, gr, 'DELETED', gone, old))
+        self._record(Event(self.rv, gr, "DELETED", gone, old))
         return gone
 
     def drop_group_resource(self, gr: GroupResource) -> None:
@@ -115,16 +122,17 @@ class Store:
         self._history.clear()
         self.compacted_rv = self.rv
 
-    def _index(self, gr: GroupResource, key: Key, old: dict[str, Any] | None,
-               new: dict[str, Any] | None) -> None:
+    def _index(
+        self, gr: GroupResource, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
         if old is not None:
-            self._by_uid.pop(old['metadata']['uid'], None)
+            self._by_uid.pop(old["metadata"]["uid"], None)
             for uid in owner_uids(old):
                 self._dependents[uid].discard((gr, key))
                 if not self._dependents[uid]:
                     del self._dependents[uid]
         if new is not None:
-            self._by_uid[new['metadata']['uid']] = (gr, key)
+            self._by_uid[new["metadata"]["uid"]] = (gr, key)
             for uid in owner_uids(new):
                 self._dependents[uid].add((gr, key))
 

@@ -9,6 +9,7 @@
   ``Warning`` header; ``?fieldValidation=Strict`` rejects them instead); then the object is
   validated. CEL rules (``x-kubernetes-validations``) and list-type uniqueness are not checked.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,44 +23,46 @@ import kubernetes_validate
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
-KUBERNETES_VERSION = '1.33'
+KUBERNETES_VERSION = "1.33"
 
 
 @dataclass(frozen=True)
 class Cause:
     field: str
     message: str
-    reason: str = 'FieldValueInvalid'
+    reason: str = "FieldValueInvalid"
 
 
 def _path(parts: Any) -> str:
-    text = ''
+    text = ""
     for part in parts:
-        text += f'[{part}]' if isinstance(part, int) else (f'.{part}' if text else str(part))
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
 
 @functools.cache
 def _schema_dir() -> str:
-    version = [v for v in kv_utils.all_versions()
-               if kv_utils.major_minor(v) <= KUBERNETES_VERSION][-1]
-    return f'kubernetes-json-schema/v{version}-local-strict'
+    version = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= KUBERNETES_VERSION][
+        -1
+    ]
+    return f"kubernetes-json-schema/v{version}-local-strict"
 
 
 @functools.cache
 def _definitions() -> Resource:
-    contents = kv_utils.schema_contents(f'{_schema_dir()}/_definitions.json', KUBERNETES_VERSION)
+    contents = kv_utils.schema_contents(f"{_schema_dir()}/_definitions.json", KUBERNETES_VERSION)
     return Resource.from_contents(contents)
 
 
 @functools.cache
 def _builtin_validator(api_version: str, kind: str) -> jsonschema.Validator | None:
     # Same file naming as kubernetes_validate.validate(): rbac.authorization.k8s.io/v1 -> rbac-v1.
-    group, _, version = api_version.rpartition('/')
-    prefix = f'{group.split(".")[0]}-{version}' if group else version
+    group, _, version = api_version.rpartition("/")
+    prefix = f"{group.split('.')[0]}-{version}" if group else version
     try:
-        schema = kv_utils.schema_contents(f'{_schema_dir()}/{kind.lower()}-{prefix}.json',
-                                          KUBERNETES_VERSION)
+        schema = kv_utils.schema_contents(
+            f"{_schema_dir()}/{kind.lower()}-{prefix}.json", KUBERNETES_VERSION
+        )
     except FileNotFoundError:
         return None
     registry = _definitions() @ (Resource.from_contents(schema) @ Registry())
@@ -68,17 +71,25 @@ def _builtin_validator(api_version: str, kind: str) -> jsonschema.Validator | No
 
 @functools.cache
 def _object_meta_validator() -> jsonschema.Validator:
-    schema = {'$schema': 'https://json-schema.org/draft/2020-12/schema',
-              '$ref': 'https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta'}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+    }
     return jsonschema.Draft202012Validator(schema, registry=_definitions() @ Registry())
 
 
 def _causes(validator: jsonschema.Validator, obj: Any, prefix: tuple[Any, ...] = ()) -> list[Cause]:
     causes = []
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-        reason = 'FieldValueRequired' if error.validator == 'required' else (
-            'FieldValueNotSupported' if error.validator in ('enum', 'additionalProperties')
-            else 'FieldValueInvalid')
+        reason = (
+            "FieldValueRequired"
+            if error.validator == "required"
+            else (
+                "FieldValueNotSupported"
+                if error.validator in ("enum", "additionalProperties")
+                else "FieldValueInvalid"
+            )
+        )
         causes.append(Cause(_path((*prefix, *error.absolute_path)), error.message, reason))
     return causes
 
@@ -88,7 +99,7 @@ def has_builtin_schema(api_version: str, kind: str) -> bool:
 
 
 def validate_builtin(obj: Mapping[str, Any]) -> list[Cause]:
-    validator = _builtin_validator(obj['apiVersion'], obj['kind'])
+    validator = _builtin_validator(obj["apiVersion"], obj["kind"])
     return _causes(validator, obj) if validator is not None else []
 
 
@@ -107,70 +118,80 @@ def _to_json_schema(schema: Any) -> Any:
         return [_to_json_schema(item) for item in schema]
     if not isinstance(schema, Mapping):
         return schema
-    result = {key: _to_json_schema(value) for key, value in schema.items()
-              if not key.startswith('x-kubernetes-') and key != 'nullable'}
-    if schema.get('x-kubernetes-int-or-string') and 'type' not in schema:
-        result.setdefault('anyOf', [{'type': 'integer'}, {'type': 'string'}])
-    if schema.get('nullable') and 'type' in result:
-        result['type'] = [result['type'], 'null']
-        if 'enum' in result:
-            result['enum'] = [*result['enum'], None]
-    if 'properties' in schema:
-        result['properties'] = {k: _to_json_schema(v) for k, v in schema['properties'].items()}
+    result = {
+        key: _to_json_schema(value)
+        for key, value in schema.items()
+        if not key.startswith("x-kubernetes-") and key != "nullable"
+    }
+    if schema.get("x-kubernetes-int-or-string") and "type" not in schema:
+        result.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if schema.get("nullable") and "type" in result:
+        result["type"] = [result["type"], "null"]
+        if "enum" in result:
+            result["enum"] = [*result["enum"], None]
+    if "properties" in schema:
+        result["properties"] = {k: _to_json_schema(v) for k, v in schema["properties"].items()}
     return result
 
 
 @functools.cache
 def _custom_validator_cached(schema_key: str) -> jsonschema.Validator:
     import json
+
     schema = _to_json_schema(json.loads(schema_key))
     # Metadata is validated as ObjectMeta, whatever the CRD says about it.
-    schema.get('properties', {}).pop('metadata', None)
+    schema.get("properties", {}).pop("metadata", None)
     return jsonschema.Draft202012Validator(schema)
 
 
 def _custom_validator(schema: Mapping[str, Any]) -> jsonschema.Validator:
     import json
+
     return _custom_validator_cached(json.dumps(schema, sort_keys=True))
 
 
-def prune_and_default(obj: Any, schema: Mapping[str, Any] | None, path: str = '') -> tuple[Any, list[str]]:
+def prune_and_default(
+    obj: Any, schema: Mapping[str, Any] | None, path: str = ""
+) -> tuple[Any, list[str]]:
     """Drop fields the structural schema does not know and fill in defaults (returns copies)."""
     if schema is None or not isinstance(obj, (dict, list)):
         return obj, []
     unknown: list[str] = []
     if isinstance(obj, list):
-        items = schema.get('items')
+        items = schema.get("items")
         result_list = []
         for index, item in enumerate(obj):
-            pruned, lost = prune_and_default(item, items, f'{path}[{index}]')
+            pruned, lost = prune_and_default(item, items, f"{path}[{index}]")
             result_list.append(pruned)
             unknown += lost
         return result_list, unknown
-    properties = schema.get('properties')
-    additional = schema.get('additionalProperties')
-    preserve = schema.get('x-kubernetes-preserve-unknown-fields', False)
+    properties = schema.get("properties")
+    additional = schema.get("additionalProperties")
+    preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
     result: dict[str, Any] = {}
     for key, value in obj.items():
         sub = (properties or {}).get(key)
         if sub is None and isinstance(additional, Mapping):
             sub = additional
-        if sub is None and not preserve and (properties is not None or additional is False
-                                             or schema.get('type') == 'object'):
-            if not (path == '' and key in ('apiVersion', 'kind', 'metadata')):
-                unknown.append(f'{path}.{key}' if path else key)
+        if (
+            sub is None
+            and not preserve
+            and (properties is not None or additional is False or schema.get("type") == "object")
+        ):
+            if not (path == "" and key in ("apiVersion", "kind", "metadata")):
+                unknown.append(f"{path}.{key}" if path else key)
                 continue
-        pruned, lost = prune_and_default(value, sub, f'{path}.{key}' if path else key)
+        pruned, lost = prune_and_default(value, sub, f"{path}.{key}" if path else key)
         result[key] = pruned
         unknown += lost
     for key, sub in (properties or {}).items():
-        if key not in result and isinstance(sub, Mapping) and 'default' in sub:
-            result[key] = copy.deepcopy(sub['default'])
+        if key not in result and isinstance(sub, Mapping) and "default" in sub:
+            result[key] = copy.deepcopy(sub["default"])
     return result, unknown
 
 
 def validate_custom(obj: Mapping[str, Any], schema: Mapping[str, Any] | None) -> list[Cause]:
-    causes = _causes(_object_meta_validator(), obj.get('metadata', {}), ('metadata',))
+    causes = _causes(_object_meta_validator(), obj.get("metadata", {}), ("metadata",))
     if schema is not None:
         causes += _causes(_custom_validator(schema), obj)
     return causes

@@ -195,6 +195,9 @@ class _Gang:
         ports = launcher.job_ports(spec)
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))
+        # A restart must not report the previous attempt's result or tracebacks.
+        for stale in [store.result_path(job_id), *(store.error_path(job_id, r) for r in range(spec.workers))]:
+            stale.unlink(missing_ok=True)
         warm = _running_warm()
         for rank in range(spec.workers):
             env = launcher.rank_environment(
@@ -279,11 +282,12 @@ class _Gang:
             self.last_flush = now
         if now - self.last_metrics >= self.ctx.config.metrics_interval:
             self.last_metrics = now
-            samples = {
-                p.rank: self.sampler.sample(p.pid, self.allocation["gpus"][p.rank])
-                for p in self.ranks
-                if p.returncode is None
-            }
+            samples = {}
+            for p in self.ranks:
+                if p.returncode is None:
+                    sample = self.sampler.sample(p.pid, self.allocation["gpus"][p.rank])
+                    if sample is not None:
+                        samples[p.rank] = sample
             if samples:
                 self.ctx.store.record_metrics(self.ctx.job.id, samples)
         self.ctx.tick()

@@ -60,13 +60,16 @@ class RankSampler:
         self._procs: dict[int, psutil.Process] = {}
         self.gpu = GpuSampler()
 
-    def sample(self, pid: int, gpus: list[int]) -> dict[str, Any]:
-        tree = []
+    def sample(self, pid: int, gpus: list[int]) -> dict[str, Any] | None:
+        """CPU/memory/GPU of a rank and its children; None once the rank is exiting (a
+        zombie reads as 0 bytes, which is not the rank's memory)."""
         try:
             root = psutil.Process(pid)
+            if root.status() == psutil.STATUS_ZOMBIE:
+                return None
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            pass
+            return None
         cpu, rss, pids = 0.0, 0, set()
         for proc in tree:
             cached = self._procs.setdefault(proc.pid, proc)

@@ -151,6 +151,7 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
             log.close()
             threading.Thread(target=proc.wait, daemon=True).start()

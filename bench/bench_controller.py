@@ -1,0 +1,181 @@
+"""Benchmark of the notebook-controller against the Kubernetes API emulator.
+
+Measures (1) the time for N Notebooks, created as fast as a client can, to reach their full
+object set (StatefulSet, Service, VirtualService, AuthorizationPolicy) and a status, and
+(2) the controller's CPU use once everything is in shape (idle), with psutil.
+
+    python bench/bench_controller.py [--notebooks 1000] [--namespaces 10] [--idle-seconds 10]
+
+The emulator runs in this process (one thread); the controller is a separate process started
+as ``python -m notebook_controller``. Both share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from notebook_controller import objects  # noqa: E402 - after the sys.path line
+from notebook_controller.crd import notebook_crd  # noqa: E402
+from tests.kube.fixtures import start_cluster  # noqa: E402
+from tests.kube.istio import istio_crds  # noqa: E402
+
+CHILDREN = [
+    ("apps", "statefulsets"),
+    ("", "services"),
+    ("networking.istio.io", "virtualservices"),
+    ("security.istio.io", "authorizationpolicies"),
+]
+
+
+def wait(predicate, timeout: float, interval: float = 0.5) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"not done after {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebooks", type=int, default=1000)
+    parser.add_argument("--namespaces", type=int, default=10)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+
+    cluster = start_cluster(Path(tempfile.mkdtemp()) / "kubeconfig.yaml")
+    kube, thread = cluster.kube, cluster.thread
+    kube.install_crd(notebook_crd())
+    for crd in istio_crds():
+        kube.install_crd(crd)
+    namespaces = [f"bench-{i}" for i in range(args.namespaces)] + ["warmup"]
+    for namespace in namespaces:
+        kube.create_namespace(namespace)
+
+    log = open(os.environ.get("BENCH_LOG", Path(tempfile.mkdtemp()) / "controller.log"), "w")  # noqa: SIM115
+    controller = subprocess.Popen(
+        [
+            sys.executable,
+            *os.environ.get("BENCH_PYTHON_ARGS", "").split(),
+            "-m",
+            "notebook_controller",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--no-culling",
+            f"--log-level={os.environ.get('BENCH_LOG_LEVEL', 'WARNING')}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=log,
+        stderr=log,
+    )
+    process = psutil.Process(controller.pid)
+    try:
+        kube.create(objects.notebook_resource("warmup", "warmup", "bench", workspace_size=None))
+        warmup = wait(
+            lambda: kube.find("security.istio.io/v1", "AuthorizationPolicy", "warmup", "warmup"),
+            timeout=120,
+            interval=0.1,
+        )
+        requests_before = thread.call(lambda e: e._request_count)
+        cpu_before = sum(process.cpu_times()[:2])
+
+        names = [(namespaces[i % args.namespaces], f"nb-{i:04d}") for i in range(args.notebooks)]
+        begin = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(
+                pool.map(
+                    lambda nn: kube.create(objects.notebook_resource(nn[1], nn[0], "bench")), names
+                )
+            )
+        created = time.monotonic() - begin
+        expected = args.notebooks + 1
+
+        def complete() -> bool:
+            counts = thread.call(lambda e: [e.count(g, p) for g, p in CHILDREN])
+            return all(count == expected for count in counts)
+
+        wait(complete, args.timeout)
+        objects_done = time.monotonic() - begin
+        wait(
+            lambda: (
+                thread.call(
+                    lambda e: e.count(
+                        "mlcluster.io",
+                        "notebooks",
+                        lambda nb: bool((nb.get("status") or {}).get("phase")),
+                    )
+                )
+                == expected
+            ),
+            args.timeout,
+        )
+        status_done = time.monotonic() - begin
+        burst_cpu = sum(process.cpu_times()[:2]) - cpu_before
+        burst_requests = thread.call(lambda e: e._request_count) - requests_before
+
+        # Idle means no more API traffic: wait until requests stop for 3 s in a row.
+        quiet_since, last_count = time.monotonic(), -1
+        while time.monotonic() - quiet_since < 3:
+            count = thread.call(lambda e: e._request_count)
+            if count != last_count:
+                quiet_since, last_count = time.monotonic(), count
+            time.sleep(0.5)
+        quiet = time.monotonic() - begin - 3
+        process.cpu_percent(None)
+        time.sleep(args.idle_seconds)
+        idle_cpu = process.cpu_percent(None)
+        rss = process.memory_info().rss / 2**20
+    finally:
+        controller.terminate()
+        try:
+            controller.wait(30)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+        thread.stop()
+        log.close()
+
+    rows = [
+        ("notebooks", f"{args.notebooks} in {args.namespaces} namespaces"),
+        ("controller start to first notebook served", f"{warmup + 0:.1f} s (incl. imports)"),
+        ("client creates (8 threads)", f"{created:.1f} s"),
+        (
+            "all owned objects present",
+            f"{objects_done:.1f} s  ({args.notebooks / objects_done:.0f} notebooks/s)",
+        ),
+        ("all statuses written", f"{status_done:.1f} s"),
+        ("last API request of the burst", f"{quiet:.1f} s"),
+        (
+            "API requests during the burst (all clients)",
+            f"{burst_requests}  ({burst_requests / args.notebooks:.1f} per notebook)",
+        ),
+        ("controller CPU during the burst", f"{burst_cpu:.1f} s"),
+        (
+            f"controller idle CPU ({args.idle_seconds:.0f} s sample)",
+            f"{idle_cpu:.1f} % of one core",
+        ),
+        ("controller RSS after the burst", f"{rss:.0f} MiB"),
+        ("machine", f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print(f"{'measure':<{width}}  value")
+    print(f"{'-' * width}  {'-' * 40}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

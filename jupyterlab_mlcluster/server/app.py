@@ -1,0 +1,201 @@
+"""The Jupyter server extension: one JobService for the magic, the sidebar and REST.
+
+Enabled by `jupyter-config/jupyter_server_config.d/jupyterlab_mlcluster.json`. Its own
+settings are traitlets of `MLClusterApp` (config file `jupyter_mlcluster_config`); the
+engine's settings are `MLClusterConfig`'s, read from the same config, so
+`c.MLClusterConfig.cpu_slots = 16` works in jupyter_server_config too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Float, Int, Unicode
+
+from ..config import MLClusterConfig
+from ..jobs.service import JobService
+from .events import EventBroadcaster, EventsHandler
+from .handlers import REST_HANDLERS
+from .notebooks import NotebookService
+from .openapi import API_PREFIX, Validators, build_document
+
+T = TypeVar("T")
+
+
+def route_pattern(api_path: str) -> str:
+    """'/jobs/{id}/logs' -> '/mlcluster/api/jobs/([^/]+)/logs' (tornado passes groups in order)."""
+    parts = [("([^/]+)" if p.startswith("{") else p) for p in api_path.split("/")]
+    return API_PREFIX + "/".join(parts)
+
+
+def routes() -> list[tuple[str, type]]:
+    """(OpenAPI path, handler) of every route the extension serves."""
+    return [(h.api_path, h) for h in REST_HANDLERS] + [("/events", EventsHandler)]
+
+
+class MLClusterApp(ExtensionApp):
+    name = "mlcluster"
+    load_other_extensions = True
+    classes = [*ExtensionApp.classes, MLClusterConfig]  # noqa: RUF012 - traitlets' own pattern
+
+    executor_threads = Int(
+        8,
+        help="Threads that run the extension's blocking work (job store, log files, process "
+        "checks, Kubernetes calls) off the event loop. A cancel waits in one for up to the "
+        "kill grace period.",
+    ).tag(config=True)
+
+    cancel_jobs_on_shutdown = Bool(
+        False,
+        help="Cancel unfinished jobs that were submitted through this server (its REST API or "
+        "its kernels) when the server stops. By default they keep running, and a restarted "
+        "server finds them (finished or still running) in the store.",
+    ).tag(config=True)
+
+    event_poll_interval = Float(
+        0.05,
+        help="Seconds between looks at the job store's change feed for the /events websocket "
+        "and followed logs (each look is one cheap SQLite PRAGMA when nothing changed).",
+    ).tag(config=True)
+
+    event_max_rate = Float(
+        10.0,
+        help="Most /events messages per second about one job; faster changes are coalesced "
+        "into the newest state.",
+    ).tag(config=True)
+
+    snapshot_limit = Int(
+        200,
+        help="Newest jobs in the snapshot a /events client gets on connect (unfinished jobs "
+        "are always included; older ones are available from GET /jobs).",
+    ).tag(config=True)
+
+    switch_interval = Float(
+        0.001,
+        help="Python's thread switch interval (sys.setswitchinterval) for the server process, "
+        "in seconds; 0 leaves Python's default (0.005). The event loop shares the GIL with the "
+        "executor threads that read the job store and logs; each time the loop returns from "
+        "I/O it may wait this long for the GIL, so a shorter interval keeps it responsive "
+        "while jobs print heavily.",
+    ).tag(config=True)
+
+    freeze_gc_on_start = Bool(
+        True,
+        help="Call gc.freeze() once the server has started: the objects of a started server "
+        "(modules, classes, settings) live as long as it does, and a full garbage collection "
+        "walking all of them stalls the event loop for a long time on a big heap (hundreds of "
+        "ms on a slow machine). Frozen objects are not scanned; new ones are collected as usual.",
+    ).tag(config=True)
+
+    warm_pool_prestart = Bool(
+        True,
+        help="Start the local warm pool (MLClusterConfig.warm_pool) in the background when the "
+        "server starts, so the first %%distributed cell of the session starts warm too.",
+    ).tag(config=True)
+
+    notebook_namespace = Unicode(
+        "",
+        help="Namespace of the users' Notebook objects ('' = MLClusterConfig.kubernetes_namespace, "
+        "else this pod's namespace, else 'default').",
+    ).tag(config=True)
+
+    notebook_image = Unicode(
+        "",
+        help="Image of spawned notebook servers when a request names none ('' = "
+        "MLClusterConfig.kubernetes_image).",
+    ).tag(config=True)
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def initialize_settings(self) -> None:
+        if self.switch_interval > 0:
+            sys.setswitchinterval(self.switch_interval)
+        self.mlconfig = MLClusterConfig(parent=self)
+        self.service = JobService(config=self.mlconfig)
+        self.executor = ThreadPoolExecutor(self.executor_threads, thread_name_prefix="mlcluster")
+        self.document = build_document(max_workers=self.mlconfig.max_workers)
+        self.validators = Validators(self.document)
+        self.broadcaster = EventBroadcaster(
+            self.service,
+            poll_interval=self.event_poll_interval,
+            max_rate=self.event_max_rate,
+            snapshot_limit=self.snapshot_limit,
+        )
+        self.notebooks = NotebookService(
+            namespace=self.notebook_namespace or self.mlconfig.kubernetes_namespace,
+            image=self.notebook_image or self.mlconfig.kubernetes_image,
+        )
+        # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
+        self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
+        self._stopped = False
+        self.job_cwd = os.path.abspath(os.path.expanduser(self.serverapp.root_dir))
+        self.log.info(
+            "mlcluster: job store %s, backend %s",
+            self.service.store.root,
+            self.mlconfig.default_backend,
+        )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend((route_pattern(path), handler) for path, handler in routes())
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        # Settle jobs whose supervisors died while no server was watching.
+        reaped = await self.run(self.service.reap, True)
+        if reaped:
+            self.log.info(
+                "mlcluster: settled %d job(s) whose supervisor had died: %s", len(reaped), reaped
+            )
+        self.broadcaster.ensure_started()
+        if self.warm_pool_prestart and self.mlconfig.warm_pool:
+            from ..backends.local import warmpool
+
+            # Fire and forget: it takes seconds (import torch) in its own process.
+            self.executor.submit(warmpool.ensure_zygote, self.mlconfig, False)
+        if self.freeze_gc_on_start:
+            gc.freeze()
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking work in the extension's executor."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def stop_extension(self) -> None:
+        if getattr(self, "_stopped", True):
+            return  # never started, or already stopped
+        self._stopped = True
+        if self.cancel_jobs_on_shutdown:
+            kernel_ids = set(self.serverapp.kernel_manager.list_kernel_ids())
+            try:
+                cancelled = await self.run(self._cancel_own_jobs, kernel_ids)
+                if cancelled:
+                    self.log.info(
+                        "mlcluster: cancelled %d job(s) on shutdown: %s", len(cancelled), cancelled
+                    )
+            except Exception:
+                self.log.exception("mlcluster: cancelling jobs on shutdown failed")
+        await self.broadcaster.stop()
+        await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
+
+    def _cancel_own_jobs(self, kernel_ids: set[str]) -> list[str]:
+        mine = []
+        active, _ = self.service.list(states=["queued", "starting", "running"])
+        for job in active:
+            origin = job.origin or {}
+            if origin.get("server") == self.server_id or origin.get("kernel_id") in kernel_ids:
+                mine.append(job.id)
+        for job_id in mine:
+            self.service.store.request_cancel(job_id)
+        for job_id in mine:
+            self.service.cancel(job_id, wait=True)
+        return mine

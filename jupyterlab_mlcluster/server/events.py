@@ -1,0 +1,328 @@
+"""The event stream: one store watcher per server, fanned out to every websocket client.
+
+A single thread follows the store's change feed (cheap: one PRAGMA when nothing changed),
+loads what changed, encodes each message once, and hands it to the event loop, which
+offers it to every subscriber. Subscribers keep only the newest message per subject
+(a job, its logs, the cluster), so a slow client gets fewer, fresher messages instead
+of an ever-growing backlog; and nothing on the event loop touches SQLite or files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from jupyter_server.auth.decorator import authorized, ws_authenticated
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+from ..jobs.store import UnknownJob
+from ..jobs.watch import StoreWatcher
+
+if TYPE_CHECKING:
+    from ..jobs.service import JobService
+
+Key = tuple[str, str]
+log = logging.getLogger(__name__)
+
+
+class Subscriber:
+    """One consumer of events: the newest pending message per subject, in arrival order."""
+
+    def __init__(self, send: Callable[[str], Any]):
+        self._send = send
+        self._pending: OrderedDict[Key, str] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def offer(self, key: Key, text: str) -> None:
+        if self.closed:
+            return
+        if key[0] == "snapshot":
+            self._pending.clear()
+        elif key[0] == "deleted":
+            self._pending.pop(("job", key[1]), None)
+            self._pending.pop(("logs", key[1]), None)
+        self._pending.pop(key, None)  # re-queue at the end: order follows the latest change
+        self._pending[key] = text
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while not self.closed:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._pending and not self.closed:
+                    _key, text = self._pending.popitem(last=False)
+                    await self._send(text)  # waits for the client: backpressure
+        except (WebSocketClosedError, asyncio.CancelledError):
+            pass
+        finally:
+            self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+        self._pending.clear()
+        self._wake.set()
+
+
+class EventBroadcaster:
+    """Follows the job store in one thread and publishes changes on the event loop."""
+
+    def __init__(
+        self,
+        service: JobService,
+        *,
+        poll_interval: float = 0.05,
+        max_rate: float = 10.0,
+        snapshot_limit: int = 200,
+        cluster_interval: float = 0.5,
+    ):
+        self.service = service
+        self.poll_interval = poll_interval
+        self.min_gap = 1.0 / max_rate if max_rate > 0 else 0.0
+        self.snapshot_limit = snapshot_limit
+        self.cluster_interval = cluster_interval
+        self._subscribers: set[Subscriber] = set()
+        self._job_waiters: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._seq = itertools.count(1)
+
+    def encode(self, message: dict[str, Any]) -> str:
+        """JSON with a `seq` that grows with the time a message was made (any thread), so a
+        client can drop a message older than one it already applied (e.g. the snapshot)."""
+        return json.dumps({**message, "seq": next(self._seq)})
+
+    # -- lifecycle (event loop) ---------------------------------------------------------
+
+    def ensure_started(self) -> None:
+        """Start the watcher thread (once), publishing to the running event loop."""
+        if self._thread is None and not self._stop.is_set():
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name="mlcluster-events", daemon=True)
+            self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for subscriber in list(self._subscribers):
+            subscriber.close()
+        self._subscribers.clear()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+
+    # -- subscribers (event loop) -------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self.ensure_started()
+        self._subscribers.add(subscriber)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+        subscriber.close()
+
+    def job_changed(self, job_id: str) -> _JobWaiter:
+        """`with broadcaster.job_changed(id) as changed: await changed.wait()` wakes on any
+        change of that job (state, ranks, new log lines); used to follow logs without polling."""
+        return _JobWaiter(self, job_id)
+
+    def _publish(self, messages: list[tuple[Key, str]], touched: set[str]) -> None:
+        for job_id in touched:
+            for event in self._job_waiters.get(job_id, ()):
+                event.set()
+        for key, text in messages:
+            for subscriber in list(self._subscribers):
+                subscriber.offer(key, text)
+
+    # -- snapshot (any thread) ----------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Recent jobs (the newest `snapshot_limit`, plus every unfinished one) and the cluster."""
+        recent, total = self.service.list(limit=self.snapshot_limit)
+        active, _ = self.service.list(states=["queued", "starting", "running"])
+        seen = {job.id for job in recent}
+        jobs = recent + [job for job in active if job.id not in seen]
+        return {
+            "type": "snapshot",
+            "jobs": [job.to_json() for job in jobs],
+            "total": total,
+            "cluster": self.service.cluster(),
+        }
+
+    # -- the watcher thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        watcher = StoreWatcher(self.service.store)
+        feed = _Coalescer(self.min_gap)
+        states: dict[str, str] = {}
+        last_cluster: str | None = None
+        cluster_stale, cluster_quiet_until = True, 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    changes = watcher.poll()
+                    now = time.monotonic()
+                    messages: list[tuple[Key, str]] = []
+                    if changes.resync:
+                        messages.append((("snapshot", ""), self.encode(self.snapshot())))
+                        feed.clear()
+                        cluster_stale = True
+                    for job_id in changes.deleted:
+                        feed.forget(job_id)
+                        states.pop(job_id, None)
+                        messages.append(
+                            (("deleted", job_id), self.encode({"type": "deleted", "id": job_id}))
+                        )
+                        cluster_stale = True
+                    for job_id in changes.jobs:
+                        feed.changed(("job", job_id))
+                    for job_id in changes.logs:
+                        feed.changed(("logs", job_id))
+                    for key in feed.due(now):
+                        kind, job_id = key
+                        if kind == "logs":
+                            messages.append((key, self.encode({"type": "logs", "id": job_id})))
+                            continue
+                        try:
+                            record = self.service.store.get_job(job_id)
+                        except UnknownJob:
+                            continue  # deleted meanwhile; its "deleted" event follows
+                        if states.get(job_id) != record.state.value:
+                            states[job_id] = record.state.value
+                            cluster_stale = True  # capacity and queue change with job states
+                        messages.append((key, self.encode({"type": "job", "job": record.to_json()})))
+                    if cluster_stale and now >= cluster_quiet_until:
+                        # At most every cluster_interval, however busy the store is.
+                        cluster_stale, cluster_quiet_until = False, now + self.cluster_interval
+                        text = self.encode({"type": "cluster", "cluster": self.service.cluster()})
+                        if text != last_cluster:
+                            if last_cluster is not None:
+                                messages.append((("cluster", ""), text))
+                            last_cluster = text
+                    touched = changes.jobs | changes.logs | changes.deleted
+                    if messages or touched:
+                        self._call_soon(self._publish, messages, touched)
+                    self.service.reap()  # settle jobs whose supervisors died (self-throttled)
+                except Exception:
+                    log.exception("mlcluster event watcher")
+                    self._stop.wait(1.0)
+                self._stop.wait(self.poll_interval)
+        finally:
+            self.service.store.close()
+
+    def _call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # loop closed between the check and the call
+                pass
+
+
+class _Coalescer:
+    """At most one message per subject per `min_gap` seconds; later changes wait their turn."""
+
+    def __init__(self, min_gap: float):
+        self.min_gap = min_gap
+        self._last: dict[Key, float] = {}
+        self._waiting: set[Key] = set()
+
+    def changed(self, key: Key) -> None:
+        self._waiting.add(key)
+
+    def due(self, now: float) -> Iterator[Key]:
+        for key in list(self._waiting):
+            if now - self._last.get(key, -1e9) >= self.min_gap:
+                self._waiting.discard(key)
+                self._last[key] = now
+                yield key
+
+    def forget(self, job_id: str) -> None:
+        for kind in ("job", "logs"):
+            self._waiting.discard((kind, job_id))
+            self._last.pop((kind, job_id), None)
+
+    def clear(self) -> None:
+        self._waiting.clear()
+
+
+class _JobWaiter:
+    def __init__(self, broadcaster: EventBroadcaster, job_id: str):
+        self._broadcaster = broadcaster
+        self._job_id = job_id
+        self.event = asyncio.Event()
+
+    def __enter__(self) -> asyncio.Event:
+        self._broadcaster.ensure_started()
+        self._broadcaster._job_waiters.setdefault(self._job_id, set()).add(self.event)
+        return self.event
+
+    def __exit__(self, *exc: object) -> None:
+        waiters = self._broadcaster._job_waiters.get(self._job_id)
+        if waiters is not None:
+            waiters.discard(self.event)
+            if not waiters:
+                del self._broadcaster._job_waiters[self._job_id]
+
+
+class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
+    """`GET /mlcluster/api/events`: authenticated like the kernel websocket (token or
+    cookie, origin check from WebSocketMixin), then a snapshot and live changes."""
+
+    auth_resource = "mlcluster"
+    subscriber: Subscriber | None = None
+
+    def set_default_headers(self) -> None:
+        """JupyterHandler's HTTP headers (CSP etc.) do not apply to a websocket."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # Refusals before the upgrade are plain HTTP: answer JSON like the REST API.
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": message}))
+
+    @ws_authenticated
+    @authorized("read")
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        if self.request.headers.get("Upgrade", "").lower() != "websocket":
+            raise web.HTTPError(
+                426, "this is a websocket endpoint: connect with a websocket client"
+            )
+        await super().get(*args, **kwargs)
+
+    async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        super().open()  # WebSocketMixin: keep-alive pings
+        app = self.settings["mlcluster"]
+        subscriber = Subscriber(self.write_message)
+        self.subscriber = subscriber
+        # Subscribe before taking the snapshot, so no change falls between the two.
+        app.broadcaster.subscribe(subscriber)
+        try:
+            snapshot = await app.run(lambda: app.broadcaster.encode(app.broadcaster.snapshot()))
+            await self.write_message(snapshot)
+        except WebSocketClosedError:
+            app.broadcaster.unsubscribe(subscriber)
+            return
+        subscriber.start()
+
+    def on_message(self, message: str | bytes) -> None:
+        """Clients have nothing to say; everything comes from the server."""
+
+    def on_close(self) -> None:
+        if self.subscriber is not None:
+            self.settings["mlcluster"].broadcaster.unsubscribe(self.subscriber)

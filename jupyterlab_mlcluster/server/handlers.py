@@ -1,0 +1,443 @@
+"""REST handlers of `/mlcluster/api` (see openapi.py for the document they implement).
+
+Every method is `@web.authenticated` + `@authorized` (resource "mlcluster"); errors are
+JSON `{"message": ...}`. Anything that touches SQLite, files, processes or Kubernetes runs
+in the extension's executor (`self.run(...)`), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..jobs.model import JobSpec, JobState, SpecError
+from ..jobs.store import UnknownJob
+from ..runtime.payload import Payload, PayloadError
+from .notebooks import (
+    ClusterUnavailable,
+    KubernetesApiError,
+    NotebookExists,
+    NotebookNotFound,
+    kubernetes_problem,
+)
+from .openapi import API_PREFIX, JOB_REF_PATTERN, NOTEBOOK_NAME_PATTERN, RequestError
+
+if TYPE_CHECKING:
+    from ..jobs.record import JobRecord
+    from .app import MLClusterApp
+
+T = TypeVar("T")
+_JOB_REF = re.compile(JOB_REF_PATTERN.replace("$", r"\Z"))
+_NOTEBOOK_NAME = re.compile(NOTEBOOK_NAME_PATTERN.replace("$", r"\Z"))
+FOLLOW_READ_BYTES = 64 * 1024
+PAGE_READ_BYTES = 1024 * 1024
+
+
+class MLClusterHandler(APIHandler):
+    auth_resource = "mlcluster"
+    # The OpenAPI path this handler serves (e.g. "/jobs/{id}"); set by each subclass.
+    api_path = ""
+
+    @property
+    def app(self) -> MLClusterApp:
+        return self.settings["mlcluster"]
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self.app.run(fn, *args, **kwargs)
+
+    def user_name(self) -> str:
+        user = self.current_user
+        return getattr(user, "username", None) or getattr(user, "name", None) or str(user)
+
+    def query(self) -> dict[str, Any]:
+        try:
+            return self.app.validators.query(
+                self.api_path, self.request.method.lower(), self.request.query_arguments
+            )
+        except RequestError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+
+    def json_body(self) -> Any:
+        try:
+            return self.app.validators.body(
+                self.api_path, self.request.method.lower(), self.request.body
+            )
+        except RequestError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+
+    def send(self, value: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(value, allow_nan=False))
+
+    async def send_encoded(self, fn: Callable[[], Any], status: int = 200) -> None:
+        """Build and encode a (possibly large) reply in the executor; write it here."""
+        text = await self.run(lambda: json.dumps(fn(), allow_nan=False))
+        self.set_status(status)
+        self.finish(text)
+
+    async def job(self, ref: str) -> JobRecord:
+        """The job an `{id}` names (an id, or a name: the newest job with it) or 404.
+        A malformed reference is refused before anything looks at the store."""
+        if not _JOB_REF.match(ref):
+            raise web.HTTPError(404, f"no job {ref!r}")
+        try:
+            return await self.run(self.app.service.get, ref)
+        except UnknownJob:
+            raise web.HTTPError(404, f"no job {ref!r}") from None
+
+    def api_url(self, *parts: str) -> str:
+        return url_path_join(self.base_url, API_PREFIX, *parts)
+
+
+# -- jobs ---------------------------------------------------------------------------------
+
+
+class JobsHandler(MLClusterHandler):
+    api_path = "/jobs"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        q = self.query()
+        states = sorted(set(q.get("state") or [])) or None
+
+        def page() -> dict[str, Any]:
+            jobs, total = self.app.service.list(
+                states=states, backend=q.get("backend"), limit=q["limit"], offset=q["offset"]
+            )
+            return {
+                "jobs": [j.to_json() for j in jobs],
+                "total": total,
+                "limit": q["limit"],
+                "offset": q["offset"],
+            }
+
+        await self.send_encoded(page)
+
+    @web.authenticated
+    @authorized("execute")  # running code on the server's machine (or cluster), as a kernel does
+    async def post(self) -> None:
+        body = self.json_body()
+        service = self.app.service
+        options = {k: body[k] for k in JobSpec.FIELDS if k in body}
+        try:
+            spec = JobSpec.from_options(options, default_backend=service.config.default_backend)
+        except SpecError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        if spec.backend == "kubernetes":
+            problem = await self.run(kubernetes_problem)
+            if problem:
+                raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
+        payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
+        origin = {"kind": "rest", "user": self.user_name(), "server": self.app.server_id}
+        try:
+            record = await self.run(
+                service.submit,
+                spec,
+                payload,
+                origin=origin,
+                environ=dict(os.environ),
+                cwd=self.app.job_cwd,
+            )
+        except PayloadError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        except SpecError as exc:  # well-formed, but this backend can never run it
+            raise web.HTTPError(409, str(exc)) from None
+        self.set_header("Location", self.api_url("jobs", record.id))
+        self.send(record.to_json(), status=201)
+
+
+class JobHandler(MLClusterHandler):
+    api_path = "/jobs/{id}"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, ref: str) -> None:
+        self.send((await self.job(ref)).to_json())
+
+    @web.authenticated
+    @authorized("write")
+    async def delete(self, ref: str) -> None:
+        purge = self.query()["purge"]
+        record = await self.job(ref)
+        try:
+            after = await self.run(self.app.service.cancel, record.id, purge=purge, wait=True)
+        except UnknownJob:  # purged by someone else meanwhile
+            raise web.HTTPError(404, f"no job {ref!r}") from None
+        if after is None:
+            self.set_status(204)
+            self.finish()
+        else:
+            self.send(after.to_json())
+
+
+class LogsHandler(MLClusterHandler):
+    api_path = "/jobs/{id}/logs"
+    _closed = False
+    _changed: asyncio.Event | None = None
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, ref: str) -> None:
+        q = self.query()
+        record = await self.job(ref)
+        rank = q.get("rank")
+        if rank is not None and rank >= record.spec.workers:
+            raise web.HTTPError(
+                400, f"rank must be between 0 and {record.spec.workers - 1}, got {rank}"
+            )
+        if q["follow"]:
+            await self._follow(record.id, rank, q.get("since"), q.get("tail"))
+            return
+
+        def page() -> dict[str, Any]:
+            lines, cursor = self.app.service.logs(
+                record.id, rank, q.get("since"), max_bytes=PAGE_READ_BYTES, tail=q.get("tail")
+            )
+            return {"lines": lines, "cursor": cursor}
+
+        await self.send_encoded(page)
+
+    async def _follow(
+        self, job_id: str, rank: int | None, cursor: str | None, tail: int | None
+    ) -> None:
+        """Newline-delimited JSON lines as they come, until the job is final and all is sent.
+        Woken by the store's change feed (no polling); waits for the client between writes."""
+        service, broadcaster = self.app.service, self.app.broadcaster
+
+        def read(cursor: str | None, tail: int | None) -> tuple[bytes, str, bool]:
+            final = service.store.get_job(job_id).final
+            lines, cursor = service.logs(
+                job_id, rank, cursor, max_bytes=FOLLOW_READ_BYTES, tail=tail
+            )
+            if lines:
+                # Where to resume after this batch, should the stream break: a client
+                # reconnects with `since=<cursor>` instead of reloading everything.
+                lines[-1] = {**lines[-1], "cursor": cursor}
+            return ndjson(lines), cursor, final
+
+        self.set_header("Content-Type", "application/x-ndjson")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")  # let reverse proxies stream it
+        with broadcaster.job_changed(job_id) as changed:
+            self._changed = changed
+            try:
+                while not self._closed:
+                    changed.clear()
+                    try:
+                        data, cursor, final = await self.run(read, cursor, tail)
+                    except UnknownJob:
+                        break  # purged while we followed it
+                    tail = None
+                    if data:
+                        self.write(data)
+                        await self.flush()
+                        continue  # there may be more already
+                    if final:
+                        break
+                    await changed.wait()
+            except StreamClosedError:
+                return
+        if not self._closed:
+            self.finish(set_content_type="application/x-ndjson")
+
+    def on_connection_close(self) -> None:
+        self._closed = True
+        if self._changed is not None:
+            self._changed.set()  # stop waiting for a job that may not change for hours
+        super().on_connection_close()
+
+
+class MetricsHandler(MLClusterHandler):
+    api_path = "/jobs/{id}/metrics"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, ref: str) -> None:
+        since = self.query().get("since")
+        record = await self.job(ref)
+
+        def metrics() -> dict[str, Any]:
+            history = self.app.service.store.metrics_history(record.id, since)
+            ranks = []
+            for rank in record.to_json()["ranks"]:
+                ranks.append(
+                    {
+                        "rank": rank["rank"],
+                        "current": rank["metrics"],
+                        "series": history.get(rank["rank"], []),
+                    }
+                )
+            return {"id": record.id, "ranks": ranks}
+
+        await self.send_encoded(metrics)
+
+
+class ResultHandler(MLClusterHandler):
+    api_path = "/jobs/{id}/result"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, ref: str) -> None:
+        record = await self.job(ref)
+        if record.state != JobState.SUCCEEDED:
+            raise web.HTTPError(
+                409, f"job {record.id} is {record.state.value}: only a succeeded job has a result"
+            )
+
+        def result() -> str:
+            try:
+                kind, value = self.app.service.result(record.id)
+            except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
+                raise web.HTTPError(
+                    409,
+                    f"the result of job {record.id} cannot be loaded here ({type(exc).__name__}: {exc})",
+                ) from None
+            try:
+                return json.dumps({"kind": kind, "value": value}, allow_nan=False)
+            except (TypeError, ValueError):
+                raise web.HTTPError(
+                    409,
+                    f"the result of job {record.id} ({_type_names(value)}) has no JSON form; "
+                    f"get it in Python: jupyterlab_mlcluster.get_job({record.id!r}).result",
+                ) from None
+
+        self.finish(await self.run(result))
+
+
+def ndjson(lines: list[dict[str, Any]]) -> bytes:
+    """Log lines as newline-delimited JSON, the same objects json.dumps would give, about
+    five times faster (a flat-out job prints ~100k lines/s; this runs while it does)."""
+    return "".join(
+        '{"rank": %d, "ts": "%s", "stream": "%s", "line": %s}\n'  # noqa: UP031 - fastest here
+        % (line["rank"], line["ts"], line["stream"], encode_basestring_ascii(line["line"]))
+        for line in lines
+    ).encode()
+
+
+def _type_names(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {type(v).__name__}" for k, v in value.items())
+    return type(value).__name__
+
+
+# -- cluster, document ----------------------------------------------------------------------
+
+
+class ClusterHandler(MLClusterHandler):
+    api_path = "/cluster"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        await self.send_encoded(self.app.service.cluster)
+
+
+class OpenAPIHandler(MLClusterHandler):
+    api_path = "/openapi.json"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        document = dict(self.app.document)
+        document["servers"] = [{"url": self.api_url()}]
+        self.send(document)
+
+
+# -- notebook servers (Kubernetes) -------------------------------------------------------------
+
+
+class NotebookHandlerBase(MLClusterHandler):
+    async def call(self, method: str, *args: Any) -> Any:
+        service = self.app.notebooks
+        if args and isinstance(args[0], str) and not _NOTEBOOK_NAME.match(args[0]):
+            raise web.HTTPError(404, f"you have no notebook server named {args[0]!r}")
+        try:
+            return await self.run(getattr(service, method), self.user_name(), *args)
+        except ClusterUnavailable as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        except NotebookNotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        except NotebookExists as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        except KubernetesApiError as exc:
+            raise web.HTTPError(502, str(exc)) from None
+        except ValueError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+
+
+class NotebooksHandler(NotebookHandlerBase):
+    api_path = "/notebooks"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        self.send({"notebooks": await self.call("list")})
+
+    @web.authenticated
+    @authorized("write")
+    async def post(self) -> None:
+        body = self.json_body()
+        created = await self.call("create", body)
+        self.set_header("Location", self.api_url("notebooks", created["name"]))
+        self.send(created, status=201)
+
+
+class NotebookHandler(NotebookHandlerBase):
+    api_path = "/notebooks/{name}"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, name: str) -> None:
+        self.send(await self.call("get", name))
+
+    @web.authenticated
+    @authorized("write")
+    async def delete(self, name: str) -> None:
+        await self.call("delete", name)
+        self.set_status(204)
+        self.finish()
+
+
+class NotebookStopHandler(NotebookHandlerBase):
+    api_path = "/notebooks/{name}/stop"
+
+    @web.authenticated
+    @authorized("write")
+    async def post(self, name: str) -> None:
+        self.send(await self.call("stop", name))
+
+
+class NotebookStartHandler(NotebookHandlerBase):
+    api_path = "/notebooks/{name}/start"
+
+    @web.authenticated
+    @authorized("write")
+    async def post(self, name: str) -> None:
+        self.send(await self.call("start", name))
+
+
+REST_HANDLERS: list[type[MLClusterHandler]] = [
+    JobsHandler,
+    JobHandler,
+    LogsHandler,
+    MetricsHandler,
+    ResultHandler,
+    ClusterHandler,
+    OpenAPIHandler,
+    NotebooksHandler,
+    NotebookHandler,
+    NotebookStopHandler,
+    NotebookStartHandler,
+]

@@ -1,0 +1,131 @@
+"""Every setting of the notebook-controller, as traitlets (config files, CLI, env-free)."""
+
+from __future__ import annotations
+
+from traitlets import Bool, Float, Integer, List, Unicode
+from traitlets.config import Configurable
+
+
+class ControllerConfig(Configurable):
+    """The notebook-controller's settings (``--ControllerConfig.<name>=...`` or a config file)."""
+
+    namespaces = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Namespaces to serve; empty serves every namespace (cluster-wide).",
+    )
+    kubeconfig = Unicode(
+        "",
+        config=True,
+        help="Path of a kubeconfig file; empty uses $KUBECONFIG, else the "
+        "in-cluster service account.",
+    )
+
+    # Routing and access (Istio).
+    use_istio = Bool(
+        True,
+        config=True,
+        help="Create an Istio VirtualService and AuthorizationPolicy per notebook.",
+    )
+    gateway = Unicode(
+        "istio-system/mlcluster-gateway",
+        config=True,
+        help="Istio Gateway (namespace/name) the notebook routes are bound to.",
+    )
+    host = Unicode(
+        "*", config=True, help="Host the notebook routes answer on (VirtualService hosts)."
+    )
+    owner_header = Unicode(
+        "kubeflow-userid",
+        config=True,
+        help="Request header carrying the authenticated user's identity, set "
+        "by the auth proxy in front of the gateway.",
+    )
+    owner_header_prefix = Unicode(
+        "",
+        config=True,
+        help="Prefix the auth proxy puts before the identity in the "
+        "header (Kubeflow's userid-prefix, e.g. 'accounts.google.com:').",
+    )
+    gateway_principal = Unicode(
+        "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account",
+        config=True,
+        help="mTLS identity of the ingress gateway; only it may forward user requests, so the "
+        "identity header cannot be forged from inside the mesh.",
+    )
+    controller_principal = Unicode(
+        "cluster.local/ns/mlcluster-system/sa/notebook-controller",
+        config=True,
+        help="mTLS identity of this controller, allowed to read a notebook's activity endpoints "
+        "for culling.",
+    )
+
+    # Notebook pods.
+    default_image = Unicode(
+        "quay.io/jupyter/scipy-notebook:latest",
+        config=True,
+        help="Image of notebooks whose template names none.",
+    )
+    image_pull_policy = Unicode(
+        "IfNotPresent", config=True, help="imagePullPolicy of the JupyterLab container when unset."
+    )
+    service_account = Unicode(
+        "",
+        config=True,
+        help="Service account of notebook pods when the template sets none "
+        "(empty: the namespace's default).",
+    )
+    workspace_mount_path = Unicode(
+        "/home/jovyan", config=True, help="Where the workspace volume is mounted when not set."
+    )
+    storage_class = Unicode(
+        "", config=True, help="Storage class of workspace volumes when not set (empty: default)."
+    )
+    shm_size = Unicode(
+        "1Gi",
+        config=True,
+        help="Size of /dev/shm (memory-backed) for data loader workers; empty: none.",
+    )
+
+    # Culling.
+    culling_enabled = Bool(True, config=True, help="Stop notebooks that stay idle.")
+    cull_idle_time = Float(
+        24 * 3600.0,
+        config=True,
+        help="Seconds without activity (kernels, terminals, API use) before a notebook is stopped.",
+    )
+    cull_check_period = Float(60.0, config=True, help="Seconds between activity checks.")
+    cull_connected = Bool(
+        False,
+        config=True,
+        help="Also stop notebooks that have open connections (browser tabs); "
+        "by default a connected notebook is never culled.",
+    )
+    notebook_url_template = Unicode(
+        "http://{name}.{namespace}.svc.cluster.local/notebook/{namespace}/{name}/",
+        config=True,
+        help="Base URL where the controller reads a notebook's activity, with {name} and "
+        "{namespace}; tests point it at a local server.",
+    )
+    probe_timeout = Float(5.0, config=True, help="Seconds to wait for a notebook's activity API.")
+
+    # Reconciling.
+    resync_period = Float(
+        600.0,
+        config=True,
+        help="Seconds between full re-checks of each notebook (drift repair "
+        "for changes a watch missed).",
+    )
+    retry_delay = Float(
+        5.0, config=True, help="Seconds before retrying a notebook whose reconcile failed."
+    )
+    mirror_events = Bool(
+        True,
+        config=True,
+        help="Re-issue events of notebook pods on their Notebook (spawn progress).",
+    )
+    api_connections = Integer(
+        32, config=True, help="Maximum concurrent connections to the Kubernetes API."
+    )
+    log_level = Unicode("INFO", config=True, help="Logging level of the controller.")

@@ -1,0 +1,509 @@
+"""kopf handlers of the notebook-controller: level-based, idempotent, restart-safe.
+
+Every trigger (a Notebook created, changed or resumed after a restart; an owned object changed
+or deleted; a pod or StatefulSet status change; a periodic resync) runs the same idempotent
+steps: compute the desired objects, create what is missing, patch what drifted, recompute the
+status. Names are deterministic and every child carries its ownerReference from the create
+call on, so a controller killed at any moment leaves nothing it cannot finish or that the
+garbage collector will not clean up. kopf indexes mirror the owned objects in memory, so a
+reconcile that finds everything in shape makes no API call at all.
+
+Resync and culling run as the controller's own loops over those indexes rather than as kopf
+timers: kopf puts a finalizer on every object that has a timer, and a Notebook must stay
+deletable while the controller is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from . import objects
+from .config import ControllerConfig
+from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from .culling import ProbeError, probe_activity, should_cull
+from .kube import ApiError, KubeClient, load_configuration
+
+log = logging.getLogger("notebook_controller")
+NotebookKey = tuple[str, str]  # namespace, name
+# Owned kinds watched for drift: kopf resource spec -> kind.
+CHILD_RESOURCES: dict[tuple[str, ...], str] = {
+    ("apps", "v1", "statefulsets"): "StatefulSet",
+    ("", "v1", "services"): "Service",
+    ("", "v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
+    ("networking.istio.io", "virtualservices"): "VirtualService",
+    ("security.istio.io", "authorizationpolicies"): "AuthorizationPolicy",
+}
+_INDEX_OF_KIND = {
+    "StatefulSet": "owned_statefulsets",
+    "Service": "owned_services",
+    "PersistentVolumeClaim": "owned_claims",
+    "VirtualService": "owned_virtualservices",
+    "AuthorizationPolicy": "owned_authorizationpolicies",
+}
+_PERMANENT_STATUSES = frozenset({400, 403, 422})
+KOPF_PREFIX = f"kopf.{GROUP}"
+INDEX_NAMES = ("notebooks", *_INDEX_OF_KIND.values(), "owned_pods")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _raw(body: Mapping[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(dict(body))
+
+
+def _one(index: Any, key: Any) -> dict[str, Any] | None:
+    """The live (not terminating) object under a kopf index key, if any."""
+    values = list(index.get(key, ())) if index is not None else []
+    live = [v for v in values if not v["metadata"].get("deletionTimestamp")]
+    return (live or values or [None])[-1]
+
+
+class NotebookController:
+    """State shared by the handlers: settings, API client, Istio versions, HTTP session."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.kube: KubeClient | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.istio = objects.IstioVersions(None, None)
+        self.indexes: dict[str, Any] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._locks: dict[NotebookKey, asyncio.Lock] = {}
+        # The last status written per notebook: the index lags our own writes by a watch event.
+        self._written: dict[NotebookKey, dict[str, Any]] = {}
+        # Why the last reconcile of each notebook failed; partial passes must not forget it.
+        self._errors: dict[NotebookKey, str] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def startup(self, logger: logging.Logger, **kwargs: Any) -> None:
+        self.kube = await KubeClient.connect(self.config.kubeconfig, self.config.api_connections)
+        self.http = aiohttp.ClientSession()
+        await self.discover_istio()
+        logger.info(
+            "Istio APIs: networking.istio.io %s, security.istio.io %s",
+            self.istio.networking,
+            self.istio.security,
+        )
+        # kopf gives startup handlers its live (still empty) indexes; the loops read them later.
+        self.indexes = {name: kwargs[name] for name in INDEX_NAMES if name in kwargs}
+        self._loops.append(
+            asyncio.create_task(self._every(self.config.resync_period, self.resync_all))
+        )
+        if self.config.culling_enabled:
+            self._loops.append(
+                asyncio.create_task(self._every(self.config.cull_check_period, self.cull_all))
+            )
+
+    async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        return await connection_info(self.config.kubeconfig, settings)
+
+    async def cleanup(self, **_: Any) -> None:
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self.http is not None:
+            await self.http.close()
+        if self.kube is not None:
+            await self.kube.close()
+
+    async def discover_istio(self) -> objects.IstioVersions:
+        assert self.kube is not None
+        if self.config.use_istio and (self.istio.networking is None or self.istio.security is None):
+            self.istio = objects.IstioVersions(
+                objects.preferred_istio_version(
+                    await self.kube.served_versions("networking.istio.io")
+                ),
+                objects.preferred_istio_version(
+                    await self.kube.served_versions("security.istio.io")
+                ),
+            )
+        return self.istio
+
+    def _lock(self, key: NotebookKey) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    # -- indexes (kopf keeps them current from its watches) --------------------------------
+    # Index values are read, never changed: a shallow copy of each event's fresh body will do.
+    @staticmethod
+    def index_notebook(
+        namespace: str, name: str, body: Mapping[str, Any], **_: Any
+    ) -> dict[NotebookKey, Any]:
+        return {(namespace, name): dict(body)}
+
+    @staticmethod
+    def index_owned(
+        namespace: str, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
+    ) -> dict[NotebookKey, Any]:
+        return {(namespace, labels[objects.LABEL_NOTEBOOK]): dict(body)}
+
+    # -- reconciling ---------------------------------------------------------------------
+    async def on_notebook(
+        self, body: Mapping[str, Any], logger: logging.Logger, **kwargs: Any
+    ) -> None:
+        """create/update/resume/resync: bring every owned object and the status in line."""
+        notebook = _raw(body)
+        if notebook["metadata"].get("deletionTimestamp"):
+            return
+        # A full pass trusts the object's own status, not our memory of writing it.
+        self._written.pop((notebook["metadata"]["namespace"], notebook["metadata"]["name"]), None)
+        error = await self.reconcile(notebook, kwargs, logger)
+        if error:
+            raise kopf.TemporaryError(error, delay=self.config.retry_delay)
+
+    async def reconcile(
+        self,
+        notebook: dict[str, Any],
+        indexes: Mapping[str, Any],
+        logger: logging.Logger,
+        only_kind: str | None = None,
+    ) -> str | None:
+        meta = notebook["metadata"]
+        key = (meta["namespace"], meta["name"])
+        istio = await self.discover_istio()
+        errors = []
+        async with self._lock(key):
+            if self.config.use_istio and (istio.networking is None or istio.security is None):
+                errors.append(
+                    "Istio is not installed in the cluster (networking.istio.io and "
+                    "security.istio.io must be served)"
+                )
+            for desired in objects.desired_children(notebook, self.config, istio):
+                if only_kind is not None and desired["kind"] != only_kind:
+                    continue
+                actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key)
+                try:
+                    await self._ensure(desired, actual, logger)
+                except ApiError as exc:
+                    if exc.status not in _PERMANENT_STATUSES:
+                        raise
+                    errors.append(f"{desired['kind']} {desired['metadata']['name']}: {exc.message}")
+            if errors:
+                self._errors[key] = errors[0]
+            elif only_kind is None:
+                self._errors.pop(key, None)
+            await self._write_status(notebook, indexes)
+        return errors[0] if errors else None
+
+    async def _ensure(
+        self, desired: dict[str, Any], actual: dict[str, Any] | None, logger: logging.Logger
+    ) -> None:
+        assert self.kube is not None
+        meta = desired["metadata"]
+        if actual is None or actual["metadata"].get("uid") is None:
+            try:
+                await self.kube.create(desired)
+                logger.info("Created %s %s", desired["kind"], meta["name"])
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            actual = await self.kube.get(
+                desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"]
+            )
+            if actual is None:
+                raise kopf.TemporaryError(
+                    f"{desired['kind']} {meta['name']} is being replaced", delay=1
+                )
+        if actual["metadata"].get("deletionTimestamp"):
+            raise kopf.TemporaryError(
+                f"waiting for the old {desired['kind']} {meta['name']} to go", delay=1
+            )
+        patch = objects.repair_patch(desired, actual)
+        if patch:
+            await self.kube.patch(
+                desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"], patch
+            )
+            logger.info("Repaired %s %s: %s", desired["kind"], meta["name"], sorted(patch))
+
+    async def _write_status(self, notebook: dict[str, Any], indexes: Mapping[str, Any]) -> None:
+        assert self.kube is not None
+        meta = notebook["metadata"]
+        key = (meta["namespace"], meta["name"])
+        sts = _one(indexes.get(_INDEX_OF_KIND["StatefulSet"]), key)
+        pod = _one(indexes.get("owned_pods"), key)
+        status = objects.compute_status(notebook, sts, pod, self._errors.get(key))
+        if not objects.status_changed(notebook, status):
+            return
+        if key in self._written and not objects.status_changed(
+            {"status": self._written[key]}, status
+        ):
+            return
+        removed = {k: None for k in (notebook.get("status") or {}) if k not in status}
+        try:
+            await self.kube.patch(
+                API_VERSION,
+                KIND,
+                meta["namespace"],
+                meta["name"],
+                {"status": {**removed, **status}},
+                subresource="status",
+            )
+        except ApiError as exc:
+            if exc.status != 404:  # the notebook went away meanwhile
+                raise
+        self._written[key] = status
+
+    def _notebook(
+        self, indexes: Mapping[str, Any], namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        notebook = _one(indexes.get("notebooks"), (namespace, name))
+        if notebook is None or notebook["metadata"].get("deletionTimestamp"):
+            return None
+        return notebook
+
+    async def on_owned_event(
+        self,
+        type: str | None,
+        body: Mapping[str, Any],
+        namespace: str,
+        labels: Mapping[str, str],
+        logger: logging.Logger,
+        **kwargs: Any,
+    ) -> None:
+        """An owned object changed or went away: put it back, and refresh the status."""
+        notebook = self._notebook(kwargs, namespace, labels.get(objects.LABEL_NOTEBOOK, ""))
+        if notebook is None or type is None:  # type None: initial listing; resume handles that
+            return
+        kind = body.get("kind")
+        gone = type == "DELETED" or bool(body["metadata"].get("deletionTimestamp"))
+        if gone and not any(
+            c["kind"] == kind and c["metadata"]["name"] == body["metadata"]["name"]
+            for c in objects.desired_children(notebook, self.config, self.istio)
+        ):
+            return  # e.g. a PVC that is no longer wanted
+        try:
+            await self.reconcile(notebook, kwargs, logger, only_kind=kind)
+        except (ApiError, kopf.TemporaryError) as exc:
+            logger.warning(
+                "Could not repair %s %s yet (the resync will): %s",
+                kind,
+                body["metadata"]["name"],
+                exc,
+            )
+
+    async def on_pod_event(
+        self,
+        type: str | None,
+        namespace: str,
+        labels: Mapping[str, str],
+        logger: logging.Logger,
+        **kwargs: Any,
+    ) -> None:
+        notebook = self._notebook(kwargs, namespace, labels.get(objects.LABEL_NOTEBOOK, ""))
+        if notebook is None:
+            return
+        async with self._lock((namespace, notebook["metadata"]["name"])):
+            try:
+                await self._write_status(notebook, kwargs)
+            except ApiError as exc:
+                logger.warning(
+                    "Could not update the status of %s: %s", notebook["metadata"]["name"], exc
+                )
+
+    # -- spawn progress: pod events re-issued on the Notebook ------------------------------
+    async def on_event(
+        self,
+        type: str | None,
+        body: Mapping[str, Any],
+        namespace: str,
+        logger: logging.Logger,
+        **kwargs: Any,
+    ) -> None:
+        assert self.kube is not None
+        name = objects.notebook_of_event(body)
+        notebook = self._notebook(kwargs, namespace, name) if name else None
+        if notebook is None or type == "DELETED":
+            return
+        if (body.get("lastTimestamp") or body["metadata"].get("creationTimestamp", "")) < notebook[
+            "metadata"
+        ].get("creationTimestamp", ""):
+            return  # about an earlier notebook of the same name
+        mirrored = objects.mirrored_event(notebook, _raw(body), _now())
+        try:
+            await self.kube.create(mirrored)
+        except ApiError as exc:
+            if exc.status != 409:
+                logger.warning("Could not re-issue event %s: %s", body["metadata"]["name"], exc)
+                return
+            await self.kube.patch(
+                "v1",
+                "Event",
+                namespace,
+                mirrored["metadata"]["name"],
+                {k: mirrored[k] for k in ("count", "lastTimestamp", "message")},
+            )
+
+    # -- periodic work ------------------------------------------------------------------
+    @staticmethod
+    async def _every(period: float, action: Any) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await action()
+            except Exception:
+                log.exception("Periodic %s failed; trying again in %s s", action.__name__, period)
+
+    def _live_notebooks(self) -> list[dict[str, Any]]:
+        index = self.indexes.get("notebooks")
+        found = [_one(index, key) for key in list(index or ())]
+        return [
+            nb for nb in found if nb is not None and not nb["metadata"].get("deletionTimestamp")
+        ]
+
+    async def resync_all(self) -> None:
+        """Level-based safety net: reconcile every notebook (drift a watch may have missed)."""
+        notebooks = self._live_notebooks()
+        present = {(nb["metadata"]["namespace"], nb["metadata"]["name"]) for nb in notebooks}
+        for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
+            for key in [key for key in memory if key not in present]:
+                del memory[key]
+        for notebook in notebooks:
+            meta = notebook["metadata"]
+            logger = logging.LoggerAdapter(log, {"notebook": f"{meta['namespace']}/{meta['name']}"})
+            self._written.pop((meta["namespace"], meta["name"]), None)
+            try:
+                await self.reconcile(notebook, self.indexes, logger)  # type: ignore[arg-type]
+            except (ApiError, kopf.TemporaryError, aiohttp.ClientError) as exc:
+                log.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+
+    def cullable(self, notebook: Mapping[str, Any]) -> bool:
+        return not objects.is_stopped(notebook) and bool(
+            (notebook.get("status") or {}).get("ready")
+        )
+
+    async def cull_all(self) -> None:
+        limit = asyncio.Semaphore(16)
+
+        async def check(notebook: dict[str, Any]) -> None:
+            async with limit:
+                await self.check_activity(notebook)
+
+        await asyncio.gather(*(check(nb) for nb in self._live_notebooks() if self.cullable(nb)))
+
+    async def check_activity(self, notebook: dict[str, Any]) -> None:
+        """Record the notebook's last activity; stop it once idle longer than allowed."""
+        assert self.kube is not None and self.http is not None
+        namespace, name = notebook["metadata"]["namespace"], notebook["metadata"]["name"]
+        url = self.config.notebook_url_template.format(name=name, namespace=namespace)
+        try:
+            activity = await probe_activity(self.http, url, self.config.probe_timeout)
+        except ProbeError as exc:
+            log.debug("Activity of %s/%s unknown, not culling: %s", namespace, name, exc)
+            return
+        now = _now()
+        last = objects.rfc3339(activity.last_activity)
+        try:
+            if should_cull(activity, now, self.config.cull_idle_time, self.config.cull_connected):
+                idle = int((now - activity.last_activity).total_seconds())
+                await self.kube.patch(API_VERSION, KIND, namespace, name, objects.stop_patch(now))
+                await self.kube.create(
+                    objects.notebook_event(
+                        notebook,
+                        "Culled",
+                        f"Stopped after {idle} s without activity (last: {last})",
+                        now,
+                    )
+                )
+                log.info("Culled %s/%s after %d s idle", namespace, name, idle)
+            elif (notebook.get("status") or {}).get("lastActivity") != last:
+                await self.kube.patch(
+                    API_VERSION,
+                    KIND,
+                    namespace,
+                    name,
+                    {"status": {"lastActivity": last}},
+                    subresource="status",
+                )
+        except ApiError as exc:
+            log.warning("Could not record activity of %s/%s: %s", namespace, name, exc)
+
+
+def build_settings(config: ControllerConfig) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Handler progress lives in annotations: the status belongs to the Notebook's readers.
+    # kopf ignores every annotation under its own prefix when diffing, so it must not share
+    # 'mlcluster.io/' with the stop annotation (or stop/start would go unnoticed).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 600
+    settings.watching.client_timeout = 660
+    settings.peering.standalone = True
+    settings.persistence.finalizer = f"{GROUP}/notebook-controller"  # none is expected to be added
+    selector = objects.LABEL_NOTEBOOK  # "label exists": only notebooks' objects are streamed
+    for resource in [*CHILD_RESOURCES, ("", "v1", "pods")]:
+        settings.watching.label_selectors[resource] = selector
+    return settings
+
+
+def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
+    """All handlers, bound to one NotebookController configured by ``config``."""
+    registry = kopf.OperatorRegistry()
+    controller = NotebookController(config)
+    notebooks = (GROUP, VERSION, PLURAL)
+    kopf.on.startup(registry=registry)(controller.startup)
+    kopf.on.cleanup(registry=registry)(controller.cleanup)
+    kopf.on.login(registry=registry)(controller.login)
+    kopf.index(*notebooks, registry=registry, id="notebooks")(controller.index_notebook)
+    for resource, kind in CHILD_RESOURCES.items():
+        if not config.use_istio and resource[0].endswith("istio.io"):
+            continue
+        present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
+        kopf.index(*resource, labels=present, registry=registry, id=_INDEX_OF_KIND[kind])(
+            controller.index_owned
+        )
+        kopf.on.event(*resource, labels=present, registry=registry, id=f"repair_{kind.lower()}")(
+            controller.on_owned_event
+        )
+    present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
+    kopf.index("", "v1", "pods", labels=present, registry=registry, id="owned_pods")(
+        controller.index_owned
+    )
+    kopf.on.event("", "v1", "pods", labels=present, registry=registry, id="pod_status")(
+        controller.on_pod_event
+    )
+    if config.mirror_events:
+        kopf.on.event("", "v1", "events", registry=registry, id="mirror_events")(
+            controller.on_event
+        )
+    for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorator(*notebooks, registry=registry, id="reconcile", backoff=config.retry_delay)(
+            controller.on_notebook
+        )
+    return registry
+
+
+async def connection_info(kubeconfig: str, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the controller's own client loads
+    (kopf's built-in client login only reads the default kubeconfig location)."""
+    loaded = await load_configuration(kubeconfig)
+    # The asyncio client refreshes tokens (exec/auth providers) when asked for the key.
+    header = await loaded.get_api_key_with_prefix(
+        "BearerToken"
+    ) or await loaded.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=loaded.host,
+        ca_path=loaded.ssl_ca_cert,
+        insecure=not loaded.verify_ssl,
+        username=loaded.username or None,
+        password=loaded.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=loaded.cert_file,
+        private_key_path=loaded.key_file,
+        trust_env=settings.networking.trust_env,
+    )

@@ -1,0 +1,710 @@
+"""Pure builders: a Notebook in, the objects it owns and its status out. No API calls here.
+
+Also the helpers the server extension uses for per-user spawning: ``notebook_resource``,
+``validate_notebook_name``, ``notebook_status_summary``, ``stop_patch``/``start_patch``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ControllerConfig
+from .crd import API_VERSION, KIND
+
+LABEL_NOTEBOOK = "mlcluster.io/notebook-name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "mlcluster-notebook-controller"
+ANNOTATION_STOPPED = "mlcluster.io/stopped"
+CONTAINER_PORT = 8888
+SERVICE_PORT = 80
+MAX_NAME_LENGTH = 52  # the StatefulSet's pod gets '-0' and a controller-revision-hash label
+ISTIO_VERSIONS = ("v1", "v1beta1")  # newest first
+ERROR_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_CPU_RE = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
+_MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+class InvalidNotebook(ValueError):
+    """A notebook request that cannot be turned into a Notebook (a 4xx for the caller)."""
+
+
+# --- names and identity ---------------------------------------------------------------------
+
+
+def notebook_name_error(name: str) -> str | None:
+    """Why ``name`` cannot name a notebook server, or None when it can."""
+    if not name:
+        return "a notebook name is required"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"notebook names are at most {MAX_NAME_LENGTH} characters (got {len(name)})"
+    if not _NAME_RE.match(name):
+        return (
+            "notebook names use lower-case letters, digits and '-', start with a letter "
+            f"and end with a letter or digit (got {name!r})"
+        )
+    return None
+
+
+def validate_notebook_name(name: str) -> None:
+    error = notebook_name_error(name)
+    if error:
+        raise InvalidNotebook(error)
+
+
+def url_prefix(namespace: str, name: str) -> str:
+    """The notebook's base URL path without the trailing slash (NB_PREFIX)."""
+    return f"/notebook/{namespace}/{name}"
+
+
+def notebook_url(namespace: str, name: str) -> str:
+    return url_prefix(namespace, name) + "/"
+
+
+def is_stopped(notebook: Mapping[str, Any]) -> bool:
+    return ANNOTATION_STOPPED in (notebook["metadata"].get("annotations") or {})
+
+
+def rfc3339(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stop_patch(now: datetime.datetime) -> dict[str, Any]:
+    """Merge patch that stops a notebook (what culling and the stop route apply)."""
+    return {"metadata": {"annotations": {ANNOTATION_STOPPED: rfc3339(now)}}}
+
+
+def start_patch() -> dict[str, Any]:
+    return {"metadata": {"annotations": {ANNOTATION_STOPPED: None}}}
+
+
+def preferred_istio_version(served: Sequence[str]) -> str | None:
+    """The newest Istio API version among those the cluster serves."""
+    return next((version for version in ISTIO_VERSIONS if version in served), None)
+
+
+@dataclass(frozen=True)
+class IstioVersions:
+    networking: str | None  # networking.istio.io version for VirtualService, None: not served
+    security: str | None  # security.istio.io version for AuthorizationPolicy
+
+
+# --- the Notebook itself (for the spawning API) ---------------------------------------------
+
+
+def _quantity(value: Any, pattern: re.Pattern[str], what: str) -> str:
+    text = str(value).strip()
+    if not pattern.match(text):
+        raise InvalidNotebook(
+            f"{what} must be a Kubernetes quantity such as "
+            f"{'2 or 500m' if what == 'cpu' else '4Gi'} (got {value!r})"
+        )
+    return text
+
+
+def notebook_resource(
+    name: str,
+    namespace: str,
+    owner: str,
+    image: str | None = None,
+    cpu: str | float | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+    workspace_size: str | None = None,
+    *,
+    storage_class: str | None = None,
+    env: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Notebook for one user, from the spawn form's fields; raises InvalidNotebook."""
+    validate_notebook_name(name)
+    if not owner:
+        raise InvalidNotebook("a notebook needs an owner")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise InvalidNotebook(f"gpus must be a whole number >= 0 (got {gpus!r})")
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cpu is not None:
+        requests["cpu"] = _quantity(cpu, _CPU_RE, "cpu")
+    if memory is not None:
+        requests["memory"] = limits["memory"] = _quantity(memory, _MEMORY_RE, "memory")
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    container: dict[str, Any] = {"name": "notebook"}
+    if image:
+        container["image"] = image
+    if requests or limits:
+        container["resources"] = {
+            k: v for k, v in (("requests", requests), ("limits", limits)) if v
+        }
+    if env:
+        container["env"] = [{"name": k, "value": str(v)} for k, v in env.items()]
+    spec: dict[str, Any] = {"owner": owner, "template": {"spec": {"containers": [container]}}}
+    if workspace_size is not None:
+        spec["workspace"] = {"size": _quantity(workspace_size, _MEMORY_RE, "workspace size")}
+        if storage_class:
+            spec["workspace"]["storageClassName"] = storage_class
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+
+
+# --- owned objects ----------------------------------------------------------------------------
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {LABEL_NOTEBOOK: name}
+
+
+def _labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def owner_reference(notebook: Mapping[str, Any]) -> dict[str, Any]:
+    meta = notebook["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(notebook: Mapping[str, Any], name: str) -> dict[str, Any]:
+    meta = notebook["metadata"]
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": _labels(meta["name"]),
+        "ownerReferences": [owner_reference(notebook)],
+    }
+
+
+def workspace_claim_name(name: str) -> str:
+    return f"{name}-workspace"
+
+
+def _jupyter_container(container: dict[str, Any], prefix: str, config: ControllerConfig) -> None:
+    container.setdefault("image", config.default_image)
+    container.setdefault("imagePullPolicy", config.image_pull_policy)
+    env = [e for e in container.get("env", []) if e.get("name") != "NB_PREFIX"]
+    container["env"] = [{"name": "NB_PREFIX", "value": prefix}, *env]
+    if "command" not in container and "args" not in container:
+        # $(NB_PREFIX) is expanded by the kubelet from the container's env.
+        container["command"] = ["jupyter", "lab"]
+        container["args"] = [
+            "--ip=0.0.0.0",
+            f"--port={CONTAINER_PORT}",
+            "--no-browser",
+            "--ServerApp.base_url=$(NB_PREFIX)",
+            "--IdentityProvider.token=",
+            "--ServerApp.password=",
+            "--ServerApp.trust_xheaders=True",
+        ]
+    ports = [p for p in container.get("ports", []) if p.get("containerPort") != CONTAINER_PORT]
+    container["ports"] = [
+        {"name": "notebook-port", "containerPort": CONTAINER_PORT, "protocol": "TCP"},
+        *ports,
+    ]
+    container.setdefault(
+        "readinessProbe",
+        {
+            "httpGet": {"path": f"{prefix}/api/status", "port": CONTAINER_PORT},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+    )
+
+
+def statefulset(notebook: Mapping[str, Any], config: ControllerConfig) -> dict[str, Any]:
+    meta, spec = notebook["metadata"], notebook["spec"]
+    name, namespace = meta["name"], meta["namespace"]
+    template = copy.deepcopy(spec["template"])
+    pod_meta = template.get("metadata") or {}
+    pod_spec = template["spec"]
+    _jupyter_container(pod_spec["containers"][0], url_prefix(namespace, name), config)
+    volumes = [v for v in pod_spec.get("volumes", []) if v.get("name") not in ("workspace", "dshm")]
+    mounts = pod_spec["containers"][0].setdefault("volumeMounts", [])
+    if spec.get("workspace"):
+        volumes.append(
+            {
+                "name": "workspace",
+                "persistentVolumeClaim": {"claimName": workspace_claim_name(name)},
+            }
+        )
+        mount_path = spec["workspace"].get("mountPath") or config.workspace_mount_path
+        mounts[:] = [m for m in mounts if m.get("name") != "workspace"]
+        mounts.append({"name": "workspace", "mountPath": mount_path})
+    if config.shm_size:
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": config.shm_size}}
+        )
+        mounts[:] = [m for m in mounts if m.get("name") != "dshm"]
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if not mounts:
+        del pod_spec["containers"][0]["volumeMounts"]
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if config.service_account and not pod_spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = config.service_account
+    # The images' user (jovyan, group 100) must be able to write the workspace volume.
+    pod_spec.setdefault("securityContext", {}).setdefault("fsGroup", 100)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(notebook, name),
+        "spec": {
+            "replicas": 0 if is_stopped(notebook) else 1,
+            "serviceName": name,
+            "selector": {"matchLabels": selector_labels(name)},
+            "template": {
+                "metadata": {
+                    "labels": {**(pod_meta.get("labels") or {}), **_labels(name)},
+                    **(
+                        {"annotations": pod_meta["annotations"]}
+                        if pod_meta.get("annotations")
+                        else {}
+                    ),
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(notebook: Mapping[str, Any], config: ControllerConfig) -> dict[str, Any]:
+    name = notebook["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(notebook, name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name),
+            # The 'http-' name prefix tells Istio the protocol (websockets ride on HTTP/1.1).
+            "ports": [
+                {
+                    "name": "http-notebook",
+                    "port": SERVICE_PORT,
+                    "targetPort": CONTAINER_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def virtual_service(
+    notebook: Mapping[str, Any], config: ControllerConfig, api_version: str
+) -> dict[str, Any]:
+    meta = notebook["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    prefix = url_prefix(namespace, name)
+    # No route timeout: Istio upgrades websockets by default and a timeout would cut kernels.
+    return {
+        "apiVersion": f"networking.istio.io/{api_version}",
+        "kind": "VirtualService",
+        "metadata": _metadata(notebook, name),
+        "spec": {
+            "hosts": [config.host],
+            "gateways": [config.gateway],
+            "http": [
+                {
+                    "name": "notebook",
+                    "match": [{"uri": {"prefix": prefix + "/"}}, {"uri": {"exact": prefix}}],
+                    "rewrite": {"uri": prefix + "/"},
+                    "route": [
+                        {
+                            "destination": {
+                                "host": f"{name}.{namespace}.svc.cluster.local",
+                                "port": {"number": SERVICE_PORT},
+                            }
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def authorization_policy(
+    notebook: Mapping[str, Any], config: ControllerConfig, api_version: str
+) -> dict[str, Any]:
+    meta = notebook["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    prefix = url_prefix(namespace, name)
+    owner = config.owner_header_prefix + notebook["spec"]["owner"]
+    return {
+        "apiVersion": f"security.istio.io/{api_version}",
+        "kind": "AuthorizationPolicy",
+        "metadata": _metadata(notebook, name),
+        "spec": {
+            "action": "ALLOW",
+            "selector": {"matchLabels": selector_labels(name)},
+            "rules": [
+                # The owner, through the gateway (which sets the identity header after login).
+                {
+                    "from": [{"source": {"principals": [config.gateway_principal]}}],
+                    "when": [{"key": f"request.headers[{config.owner_header}]", "values": [owner]}],
+                },
+                # The controller, reading activity for culling (read-only endpoints).
+                {
+                    "from": [{"source": {"principals": [config.controller_principal]}}],
+                    "to": [
+                        {
+                            "operation": {
+                                "methods": ["GET"],
+                                "paths": [
+                                    f"{prefix}/api/status",
+                                    f"{prefix}/api/kernels",
+                                    f"{prefix}/api/terminals",
+                                ],
+                            }
+                        }
+                    ],
+                },
+            ],
+        },
+    }
+
+
+def workspace_claim(notebook: Mapping[str, Any], config: ControllerConfig) -> dict[str, Any]:
+    workspace = notebook["spec"]["workspace"]
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": workspace["size"]}},
+    }
+    storage_class = workspace.get("storageClassName") or config.storage_class
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(notebook, workspace_claim_name(notebook["metadata"]["name"])),
+        "spec": spec,
+    }
+
+
+def desired_children(
+    notebook: Mapping[str, Any], config: ControllerConfig, istio: IstioVersions
+) -> list[dict[str, Any]]:
+    """Everything a Notebook owns, in creation order (the volume before the pod that needs it)."""
+    children = []
+    if notebook["spec"].get("workspace"):
+        children.append(workspace_claim(notebook, config))
+    children += [service(notebook, config), statefulset(notebook, config)]
+    if config.use_istio and istio.networking:
+        children.append(virtual_service(notebook, config, istio.networking))
+    if config.use_istio and istio.security:
+        children.append(authorization_policy(notebook, config, istio.security))
+    return children
+
+
+# --- drift ------------------------------------------------------------------------------------
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """Whether ``actual`` has everything ``desired`` sets (servers add defaults, never remove)."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            contains(actual.get(k), v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return actual == desired or (isinstance(actual, (int, float)) and str(actual) == str(desired))
+
+
+# Per kind: the spec fields a repair may patch, and whether they must match exactly (security
+# objects: an extra rule someone added is drift too) or only contain ours (server defaults).
+_REPAIRABLE: dict[str, tuple[tuple[str, ...], bool]] = {
+    "StatefulSet": (("replicas", "template"), False),
+    "Service": (("selector", "ports", "type"), False),
+    "VirtualService": (("hosts", "gateways", "http"), True),
+    "AuthorizationPolicy": (("action", "selector", "rules"), True),
+    "PersistentVolumeClaim": (("resources",), False),
+}
+
+
+def repair_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that puts ``actual`` back in shape, or None when it is fine."""
+    patch: dict[str, Any] = {}
+    labels = actual["metadata"].get("labels") or {}
+    if not contains(labels, desired["metadata"]["labels"]):
+        patch["metadata"] = {"labels": desired["metadata"]["labels"]}
+    ours = desired["metadata"]["ownerReferences"][0]["uid"]
+    if not any(ref.get("uid") == ours for ref in actual["metadata"].get("ownerReferences") or []):
+        patch.setdefault("metadata", {})["ownerReferences"] = desired["metadata"]["ownerReferences"]
+    fields, exact = _REPAIRABLE[desired["kind"]]
+    spec_patch = {}
+    for field in fields:
+        want, have = desired["spec"].get(field), (actual.get("spec") or {}).get(field)
+        if want is not None and not (have == want if exact else contains(have, want)):
+            spec_patch[field] = want
+    if spec_patch:
+        patch["spec"] = spec_patch
+    return patch or None
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+def _condition(pod: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
+    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition
+    return {}
+
+
+def _waiting(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting:
+            return waiting
+    return {}
+
+
+def _phase_and_message(
+    notebook: Mapping[str, Any],
+    sts: Mapping[str, Any] | None,
+    pod: Mapping[str, Any] | None,
+    error: str | None,
+) -> tuple[str, str, bool]:
+    if error:
+        return f"error: {error}", error, False
+    if is_stopped(notebook):
+        since = notebook["metadata"]["annotations"][ANNOTATION_STOPPED]
+        return "stopped", "stopping" if pod is not None else f"stopped since {since}", False
+    pod_status = (pod or {}).get("status") or {}
+    if pod_status.get("phase") == "Failed":
+        why = pod_status.get("message") or pod_status.get("reason") or "the pod failed"
+        return f"error: {why}", why, False
+    waiting = _waiting(pod)
+    if waiting.get("reason") in ERROR_WAITING_REASONS:
+        why = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+        return f"error: {why}", why, False
+    ready = _condition(pod, "Ready").get("status") == "True"
+    if ready:
+        return "ready", "ready", True
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled.get("status") == "False":
+        return (
+            "starting",
+            f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}",
+            False,
+        )
+    if waiting:
+        return "starting", waiting.get("message") or waiting.get("reason", "starting"), False
+    if pod is None:
+        return "starting", "waiting for the notebook pod to be created", False
+    if pod_status.get("phase") == "Running":
+        return "starting", "waiting for JupyterLab to answer", False
+    return "starting", "waiting for the pod to start", False
+
+
+def compute_status(
+    notebook: Mapping[str, Any],
+    sts: Mapping[str, Any] | None,
+    pod: Mapping[str, Any] | None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The Notebook's status from its StatefulSet and pod (level-based: same in, same out)."""
+    meta = notebook["metadata"]
+    phase, message, ready = _phase_and_message(notebook, sts, pod, error)
+    old = notebook.get("status") or {}
+    old_conditions = {c["type"]: c for c in old.get("conditions") or []}
+    conditions = []
+    for source in ((pod or {}).get("status") or {}).get("conditions") or []:
+        condition = {
+            k: source[k]
+            for k in ("type", "status", "reason", "message", "lastTransitionTime")
+            if source.get(k) is not None
+        }
+        conditions.append(condition)
+    if not any(c["type"] == "Ready" for c in conditions):
+        previous = old_conditions.get("Ready", {})
+        condition = {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "reason": "Stopped"
+            if is_stopped(notebook)
+            else ("Error" if phase.startswith("error") else "Starting"),
+        }
+        if previous.get("status") == condition["status"] and previous.get("lastTransitionTime"):
+            condition["lastTransitionTime"] = previous["lastTransitionTime"]
+        conditions.append(condition)
+    status: dict[str, Any] = {
+        "phase": phase,
+        "message": message,
+        "ready": ready,
+        "url": notebook_url(meta["namespace"], meta["name"]),
+        "readyReplicas": int(((sts or {}).get("status") or {}).get("readyReplicas") or 0),
+        "observedGeneration": int(meta.get("generation", 1)),
+        "conditions": conditions,
+    }
+    waiting = _waiting(pod)
+    if waiting:
+        status["containerState"] = {"waiting": dict(waiting)}
+    if old.get("lastActivity"):
+        status["lastActivity"] = old["lastActivity"]
+    return status
+
+
+def status_changed(notebook: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether writing ``status`` would change anything (condition timestamps aside)."""
+
+    def essence(value: Mapping[str, Any]) -> Any:
+        return {
+            **value,
+            "conditions": [
+                {k: v for k, v in c.items() if k != "lastTransitionTime"}
+                for c in value.get("conditions") or []
+            ],
+        }
+
+    return essence(notebook.get("status") or {}) != essence(status)
+
+
+def notebook_status_summary(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the REST API and the sidebar show about one Notebook."""
+    meta = obj["metadata"]
+    status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
+    container = ((spec.get("template") or {}).get("spec") or {}).get("containers", [{}])[0]
+    resources = container.get("resources") or {}
+    stopped = is_stopped(obj)
+    deleting = bool(meta.get("deletionTimestamp"))
+    phase = (
+        "deleting" if deleting else status.get("phase") or ("stopped" if stopped else "starting")
+    )
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "owner": spec.get("owner"),
+        "phase": phase,
+        "ready": bool(status.get("ready")) and not stopped,
+        "stopped": stopped,
+        "url": status.get("url") or notebook_url(meta["namespace"], meta["name"]),
+        "message": status.get("message", "waiting for the controller"),
+        "created": meta.get("creationTimestamp"),
+        "last_activity": status.get("lastActivity"),
+        "image": container.get("image"),
+        "cpu": (resources.get("requests") or {}).get("cpu"),
+        "memory": (resources.get("requests") or {}).get("memory"),
+        "gpus": int((resources.get("limits") or {}).get("nvidia.com/gpu", 0)),
+        "workspace_size": (spec.get("workspace") or {}).get("size"),
+    }
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+def notebook_of_event(event: Mapping[str, Any]) -> str | None:
+    """The notebook an event about a notebook's pod, StatefulSet or volume would belong to."""
+    involved = event.get("involvedObject") or {}
+    name, kind = involved.get("name") or "", involved.get("kind")
+    if kind == "Pod" and re.match(r"^.+-0$", name):
+        return name[:-2]
+    if kind == "StatefulSet":
+        return name
+    if kind == "PersistentVolumeClaim" and name.endswith("-workspace"):
+        return name[: -len("-workspace")]
+    return None
+
+
+def _notebook_event(
+    notebook: Mapping[str, Any],
+    naming: dict[str, str],
+    reason: str,
+    message: str,
+    type: str,
+    count: int,
+    first: str,
+    last: str,
+) -> dict[str, Any]:
+    meta = notebook["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {**naming, "namespace": meta["namespace"], "labels": _labels(meta["name"])},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "reason": reason,
+        "message": message,
+        "type": type,
+        "count": count,
+        "firstTimestamp": first,
+        "lastTimestamp": last,
+        "source": {"component": MANAGED_BY},
+        "reportingComponent": MANAGED_BY,
+        "reportingInstance": MANAGED_BY,
+    }
+
+
+def mirrored_event(
+    notebook: Mapping[str, Any], event: Mapping[str, Any], now: datetime.datetime
+) -> dict[str, Any]:
+    """The event re-issued on the Notebook; its name derives from the source event's uid, so
+    re-issuing after a restart updates the same event instead of adding a duplicate."""
+    involved = event["involvedObject"]
+    digest = hashlib.sha1(event["metadata"]["uid"].encode()).hexdigest()[:16]
+    stamp = rfc3339(now)
+    return _notebook_event(
+        notebook,
+        {"name": f"{notebook['metadata']['name']}.{digest}"},
+        reason=event.get("reason") or "Unknown",
+        message=f"{involved.get('kind')} {involved.get('name')}: {event.get('message', '')}",
+        type=event.get("type") or "Normal",
+        count=int(event.get("count") or 1),
+        first=event.get("firstTimestamp") or stamp,
+        last=event.get("lastTimestamp") or stamp,
+    )
+
+
+def notebook_event(
+    notebook: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    type: str = "Normal",
+) -> dict[str, Any]:
+    """An event the controller itself reports on a Notebook (e.g. Culled)."""
+    stamp = rfc3339(now)
+    return _notebook_event(
+        notebook,
+        {"generateName": f"{notebook['metadata']['name']}."},
+        reason,
+        message,
+        type,
+        count=1,
+        first=stamp,
+        last=stamp,
+    )

@@ -1,0 +1,144 @@
+/** The extension's commands: the panel's buttons run them too, so both ask the same questions. */
+import {
+  Dialog,
+  InputDialog,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
+import { CommandRegistry } from '@lumino/commands';
+
+import { isFinal, sortedJobs } from './model/reducer';
+import { PanelStore } from './model/store';
+import { Job } from './model/types';
+
+export namespace CommandIds {
+  export const openPanel = 'mlcluster:open-panel';
+  export const cancelJob = 'mlcluster:cancel-job';
+  export const deleteJob = 'mlcluster:delete-job';
+  export const refresh = 'mlcluster:refresh';
+}
+
+export const PALETTE_CATEGORY = 'Distributed Jobs';
+
+/** The job a command acts on: its `id` argument, else the one on screen, else ask. */
+async function pickJob(
+  store: PanelStore,
+  args: { id?: unknown },
+  candidates: Job[],
+  verb: string
+): Promise<Job | null> {
+  const id = typeof args.id === 'string' ? args.id : store.selectedJob;
+  if (id) {
+    return store.state.jobs[id] ?? null;
+  }
+  if (candidates.length === 0) {
+    await showDialog({
+      title: `No job to ${verb}`,
+      body:
+        verb === 'cancel'
+          ? 'No distributed job is queued or running.'
+          : 'There are no jobs.',
+      buttons: [Dialog.okButton()]
+    });
+    return null;
+  }
+  const labels = candidates.map(
+    job => `${job.name} · ${job.state} · ${job.id}`
+  );
+  const choice = await InputDialog.getItem({
+    title: `Which job do you want to ${verb}?`,
+    items: labels
+  });
+  if (!choice.button.accept || choice.value === null) {
+    return null;
+  }
+  return candidates[labels.indexOf(choice.value)] ?? null;
+}
+
+export function addCommands(
+  commands: CommandRegistry,
+  store: PanelStore,
+  openPanel: (jobId?: string) => void
+): void {
+  commands.addCommand(CommandIds.openPanel, {
+    label: 'Open Distributed Jobs Panel',
+    caption:
+      'Show the sidebar of distributed jobs (optionally one job: args.id)',
+    execute: args =>
+      openPanel(typeof args.id === 'string' ? args.id : undefined)
+  });
+
+  commands.addCommand(CommandIds.cancelJob, {
+    label: args => (args.id ? 'Cancel Job' : 'Cancel Distributed Job…'),
+    caption: 'Stop a queued or running distributed job',
+    isEnabled: () => sortedJobs(store.state.jobs).some(job => !isFinal(job)),
+    execute: async args => {
+      const active = sortedJobs(store.state.jobs).filter(job => !isFinal(job));
+      const job = await pickJob(store, args, active, 'cancel');
+      if (!job || isFinal(job)) {
+        return;
+      }
+      const confirm = await showDialog({
+        title: `Cancel job ${job.name}?`,
+        body: `Its ${job.workers} rank${job.workers === 1 ? '' : 's'} will be stopped. Logs and metrics are kept.`,
+        buttons: [
+          Dialog.cancelButton({ label: 'Keep running' }),
+          Dialog.warnButton({ label: 'Cancel job' })
+        ]
+      });
+      if (confirm.button.accept) {
+        try {
+          await store.api.cancelJob(job.id);
+        } catch (error) {
+          await showErrorMessage(
+            `Could not cancel ${job.name}`,
+            error as Error
+          );
+        }
+      }
+    }
+  });
+
+  commands.addCommand(CommandIds.deleteJob, {
+    label: args => (args.id ? 'Delete Job' : 'Delete Distributed Job…'),
+    caption: 'Cancel a job if needed and forget it, with its logs and metrics',
+    isEnabled: () => Object.keys(store.state.jobs).length > 0,
+    execute: async args => {
+      const job = await pickJob(
+        store,
+        args,
+        sortedJobs(store.state.jobs),
+        'delete'
+      );
+      if (!job) {
+        return;
+      }
+      const confirm = await showDialog({
+        title: `Delete job ${job.name}?`,
+        body: isFinal(job)
+          ? 'Its logs, metrics and result are deleted. This cannot be undone.'
+          : 'It is still active: it will be cancelled, then its logs, metrics and result deleted. This cannot be undone.',
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+      });
+      if (confirm.button.accept) {
+        try {
+          await store.api.deleteJob(job.id);
+          if (store.selectedJob === job.id) {
+            store.select(null);
+          }
+        } catch (error) {
+          await showErrorMessage(
+            `Could not delete ${job.name}`,
+            error as Error
+          );
+        }
+      }
+    }
+  });
+
+  commands.addCommand(CommandIds.refresh, {
+    label: 'Refresh Distributed Jobs',
+    caption: 'Reconnect to the server now and reload the lists',
+    execute: () => store.refreshNow()
+  });
+}

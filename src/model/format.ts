@@ -1,0 +1,155 @@
+/** How numbers, times and jobs read in the sidebar. Pure functions. */
+import { Job, RankState } from './types';
+
+/** Seconds -> "45s", "3m 05s", "2h 04m", "3d 4h". Negative or missing -> "". */
+export function formatDuration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) {
+    return '';
+  }
+  if (seconds < 0) {
+    return '';
+  }
+  const s = Math.floor(seconds);
+  if (s < 60) {
+    return `${s}s`;
+  }
+  const pad = (n: number) => String(n).padStart(2, '0');
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  }
+  if (s < 86400) {
+    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  }
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+/** Milliseconds since the epoch of an RFC 3339 time, or null when absent or unreadable. */
+export function parseTime(value: string | null | undefined): number | null {
+  if (!value) {
+    return null;
+  }
+  const ms = Date.parse(value);
+  return isNaN(ms) ? null : ms;
+}
+
+/** How long ago, compactly: "just now", "42s", "5m", "3h", "2d", "5w". */
+export function formatAge(
+  time: string | null | undefined,
+  now: number = Date.now()
+): string {
+  const then = parseTime(time);
+  if (then === null) {
+    return '';
+  }
+  const s = Math.max(0, Math.floor((now - then) / 1000));
+  if (s < 5) {
+    return 'just now';
+  }
+  if (s < 60) {
+    return `${s}s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m`;
+  }
+  if (s < 86400) {
+    return `${Math.floor(s / 3600)}h`;
+  }
+  if (s < 7 * 86400) {
+    return `${Math.floor(s / 86400)}d`;
+  }
+  return `${Math.floor(s / (7 * 86400))}w`;
+}
+
+const BYTE_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/** Bytes -> "512 B", "1.5 KiB", "298 MiB", "12.0 GiB" (binary units, 3 significant digits). */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !isFinite(bytes) || bytes < 0) {
+    return '';
+  }
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < BYTE_UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  if (unit === 0) {
+    return `${value} B`;
+  }
+  const digits = value >= 100 ? 0 : value >= 10 ? 1 : 2;
+  return `${value.toFixed(digits)} ${BYTE_UNITS[unit]}`;
+}
+
+/** 97.4 -> "97%"; null -> "". */
+export function formatPercent(value: number | null | undefined): string {
+  if (value === null || value === undefined || !isFinite(value)) {
+    return '';
+  }
+  return `${Math.round(value)}%`;
+}
+
+/** How long the job has run (until now while it runs), or waited while queued. */
+export function jobElapsed(
+  job: Pick<Job, 'created' | 'started' | 'finished'>,
+  now: number = Date.now()
+): number | null {
+  const start = parseTime(job.started) ?? parseTime(job.created);
+  if (start === null) {
+    return null;
+  }
+  const end = parseTime(job.finished) ?? now;
+  return Math.max(0, (end - start) / 1000);
+}
+
+function count(job: Pick<Job, 'ranks'>, state: RankState): number {
+  return job.ranks.filter(r => r.state === state).length;
+}
+
+/**
+ * One phrase for where the ranks are: "3/4 running", "2/4 starting", "queued (#2)",
+ * "4/4 succeeded", "rank 2 failed", "cancelled".
+ */
+export function rankSummary(
+  job: Pick<
+    Job,
+    'state' | 'workers' | 'ranks' | 'failed_rank' | 'queue_position'
+  >
+): string {
+  const total = job.workers || job.ranks.length;
+  switch (job.state) {
+    case 'queued':
+      return typeof job.queue_position === 'number'
+        ? `queued (#${job.queue_position + 1})`
+        : 'queued';
+    case 'starting': {
+      const up = count(job, 'starting') + count(job, 'running');
+      return `${up}/${total} starting`;
+    }
+    case 'running':
+      return `${count(job, 'running')}/${total} running`;
+    case 'succeeded':
+      return `${count(job, 'succeeded')}/${total} succeeded`;
+    case 'failed': {
+      if (typeof job.failed_rank === 'number') {
+        return `rank ${job.failed_rank} failed`;
+      }
+      const failed = count(job, 'failed');
+      return failed ? `${failed}/${total} failed` : 'failed';
+    }
+    case 'cancelled':
+      return 'cancelled';
+    default:
+      return String(job.state);
+  }
+}
+
+/** Overall progress 0..1 from rank 0's (or the first reporting rank's) progress, if any. */
+export function jobProgress(job: Pick<Job, 'ranks'>): number | null {
+  for (const rank of job.ranks) {
+    const p = rank.progress;
+    if (p && typeof p.total === 'number' && p.total > 0) {
+      return Math.min(1, Math.max(0, p.step / p.total));
+    }
+  }
+  return null;
+}

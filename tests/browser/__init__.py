@@ -1,0 +1,1 @@
+"""Browser tests: real JupyterLab + headless chromium (Playwright)."""

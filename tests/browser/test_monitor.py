@@ -1,0 +1,85 @@
+"""The %%distributed live monitor in a real JupyterLab page (headless chromium)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .lab import browser_page, running_lab
+
+CELL = """%%distributed --workers 4 --name monitor-demo
+import os, time, jupyterlab_mlcluster as mlc
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+for step in tqdm(range(40), desc="train"):
+    time.sleep(0.1 + 0.03 * rank)
+    if step % 10 == 0:
+        print(f"step {step}: loss {1 / (step + 1):.3f}")
+for i in range(1, 6):
+    mlc.progress(i, 5, desc="eval")
+    time.sleep(0.2)
+rank
+"""
+
+
+def notebook(cells: list[str]) -> dict:
+    return {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+            for c in cells
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+@pytest.fixture
+def notebook_lab(tmp_path, labextension_path, store_dir):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "monitor.ipynb").write_text(json.dumps(notebook([CELL])))
+    with running_lab(root, env={"JUPYTER_PATH": str(labextension_path)}) as lab:
+        yield lab
+
+
+def test_monitor_renders_live_and_final(notebook_lab, artifacts, service):
+    lab = notebook_lab
+    with browser_page(width=1280, height=900) as page:
+        page.goto(f"{lab.url}lab/tree/monitor.ipynb?reset&token={lab.token}", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        # the kernel is up when the status bar says so
+        page.wait_for_selector(".jp-StatusBar-Widget:has-text('| Idle')", timeout=60_000)
+        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Shift+Enter")
+        monitor = page.locator(".mlcluster-monitor")
+        monitor.wait_for(timeout=60_000)
+        page.wait_for_selector(".mlcluster-monitor tr.mlc-rank[data-state='running']", timeout=60_000)
+        page.wait_for_selector(".mlcluster-monitor .mlc-state-running", timeout=30_000)
+        page.wait_for_timeout(1500)  # some progress and output
+        monitor.screenshot(path=str(artifacts / "monitor-running.png"))
+        page.screenshot(path=str(artifacts / "monitor-running-page.png"))
+        page.wait_for_selector(".mlcluster-monitor .mlc-state-succeeded", timeout=120_000)
+        page.wait_for_function(
+            "document.querySelectorAll(\".mlcluster-monitor tr.mlc-rank[data-state='succeeded']\").length === 4",
+            timeout=60_000,
+        )
+        page.wait_for_selector(".jp-Cell .jp-OutputArea-output:has-text('[rank 3] step 30')", timeout=30_000)
+        page.set_viewport_size({"width": 1280, "height": 1800})  # the whole cell, outputs too
+        page.wait_for_timeout(500)
+        cell = page.locator(".jp-Notebook .jp-Cell").first
+        cell.screenshot(path=str(artifacts / "monitor.png"))
+        # the cell's value is rank 0's last expression
+        assert page.locator(".jp-OutputArea-executeResult").first.inner_text().strip().endswith("0")
+        # the Cancel button is disabled once the job is over
+        assert page.locator(".mlcluster-monitor button:has-text('Cancel')").is_disabled()
+        # the rank tabs hold the logs
+        page.locator(".mlcluster-monitor .lm-TabBar-tab:has-text('rank 2')").click()
+        page.wait_for_selector(".mlcluster-monitor pre:visible:has-text('step 30: loss')", timeout=10_000)
+        # nothing went wrong in the page but the notebook servers route's deliberate 503
+        errors = [e for e in page.console_errors if "503 (Service Unavailable)" not in e]
+        assert not errors, errors
+    (record,) = service.store.list_jobs()[0]
+    assert record.state == "succeeded" and record.name == "monitor-demo"
+    assert record.origin.get("notebook", "").endswith("monitor.ipynb")  # the server told the kernel
