@@ -157,6 +157,8 @@ def main() -> None:
     os.environ["MLCLUSTER_STORE_DIR"] = str(root / "store")
     os.environ["JUPYTER_CONFIG_DIR"] = str(root / "jupyter-config")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(root / "warm-pool")
+    # Processes started elsewhere (the warm pool starts in /) import this checkout's code.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     cluster = start_cluster(Path(os.environ["KUBECONFIG"]))
     cluster.kube.create_namespace(NAMESPACE)
 

@@ -19,6 +19,7 @@ from tests.kube.helpers import Kube
 from tests.kube.player import ClusterPlayer
 
 IMAGE = 'registry.example.com/team/notebook:2.1'
+REPO = Path(__file__).resolve().parents[2]
 
 
 def spec_of(**options: Any) -> JobSpec:
@@ -40,9 +41,12 @@ def write_settings(namespace: str, **settings: Any) -> None:
 
 
 @pytest.fixture
-def k8s(store_dir: Path, kube_namespace: str):
+def k8s(store_dir: Path, kube_namespace: str, monkeypatch: pytest.MonkeyPatch):
     """make(**MLClusterConfig settings) -> a JobService whose jobs go to this test's
     namespace. Afterwards no job may be left running, in the cluster or on this machine."""
+    # Supervisors forked from a warm pool (which starts in /) import this checkout's code,
+    # not whichever checkout the package is installed from.
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])))
     services: list[JobService] = []
 
     def make(**settings: Any) -> JobService:
