@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traitlets import Bool, Float, Int, List, Unicode, Enum, default
+from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Config, Configurable
 
 CONFIG_FILE_BASENAME = "jupyter_mlcluster_config"
@@ -150,6 +150,38 @@ class MLClusterConfig(Configurable):
     kubernetes_service_account = Unicode(
         "",
         help="Service account of rank pods ('' = the namespace default).",
+    ).tag(config=True)
+
+    kubernetes_queue = Unicode(
+        "",
+        help="Default Volcano queue or Kueue LocalQueue for jobs that pass no --queue "
+        "('' = none; Kueue needs one).",
+    ).tag(config=True)
+
+    kubernetes_priority_classes = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="PriorityClass name for each --priority value used on Kubernetes, e.g. "
+        "{'10': 'training-high', '-10': 'training-low'}. Priority 0 needs no entry (the "
+        "cluster's default); any other priority without an entry is refused at submit.",
+    ).tag(config=True)
+
+    kubernetes_gpus_per_node = Int(
+        0,
+        help="GPUs of one GPU node. When set, a PyTorchJob packs as many ranks into each pod "
+        "as fit one node (torchrun inside the pod, NCCL over NVLink) instead of one rank per "
+        "pod. 0 = one rank per pod.",
+    ).tag(config=True)
+
+    kubernetes_delete_timeout = Float(
+        120.0,
+        help="Seconds the job supervisor waits for a finished or cancelled job's objects and "
+        "pods to be gone from the cluster (foreground deletion) before it stops waiting.",
+    ).tag(config=True)
+
+    kubernetes_request_timeout = Float(
+        10.0,
+        help="Seconds a single Kubernetes API request (not a watch or log stream) may take.",
     ).tag(config=True)
 
 

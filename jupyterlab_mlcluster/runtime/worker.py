@@ -106,6 +106,8 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
             main.__dict__.update(runpy.run_module(payload.filename, run_name="__main__", alter_sys=True))
             value = None
         else:
+            if payload.argv:  # a script shipped as code (`mlcluster run --backend kubernetes`)
+                sys.argv = [payload.filename, *payload.argv]
             value = _exec_cell(payload.source, payload.filename, main.__dict__)
     finally:
         if saved_main is not None:
@@ -233,6 +235,11 @@ def execute(payload: Payload) -> int:
 def main() -> None:
     complete_environment(os.environ)
     tie_to_supervisor()
+    if os.environ.get("MLCLUSTER_REPORT") == "stdout":
+        # Nobody samples a pod's rank from outside: it reports its own CPU/memory/GPU.
+        from .metrics import start_reporting
+
+        start_reporting()
     payload_path = os.environ.get("MLCLUSTER_PAYLOAD")
     if not payload_path:
         sys.exit("jupyterlab_mlcluster.runtime.worker: MLCLUSTER_PAYLOAD is not set")

@@ -2,6 +2,9 @@
 # client reads that variable when it is imported (kopf and the controller import it).
 from tests.kube.fixtures import *  # noqa: F403, I001
 
+# The Kubernetes job backend's tests: k8s, player, training_operator, volcano, metrics_api.
+from tests.kube.jobs_fixtures import *  # noqa: F403
+
 from collections.abc import Callable
 from typing import Any
 

@@ -53,6 +53,7 @@ SERVER_VERSION = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
+MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the kube-apiserver's MaxRequestBodyBytes
 
 
 class _ServeRealistically(Exception):
@@ -126,6 +127,8 @@ class RealisticKubernetes(Reads, Writes, Deletion, PodLogEndpoint, kmock.Kuberne
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # kmock 0.8 cannot parse some valid paths (e.g. GET /api/v1/namespaces), so resource
         # requests are parsed here and handed to kmock's dispatch as ordinary kmock Requests.
+        # Bodies up to the kube-apiserver's limit (aiohttp's default is 1 MiB).
+        raw = raw.clone(client_max_size=MAX_REQUEST_BYTES)
         body = await raw.read()
         try:
             data = json.loads(body) if body else None

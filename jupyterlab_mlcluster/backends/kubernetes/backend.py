@@ -1,0 +1,234 @@
+"""The Kubernetes backend: the same job model, run by an existing engine on a cluster.
+
+In the submitting process: `validate` (is there a cluster, an image, an engine that can run
+this?) and `prepare` (the `JobPlan`, stored with the job). In the job's supervisor: `run`
+(supervise.py). A supervisor that dies is replaced (`supervisor_lost` -> 'respawn'): the
+job lives on in the cluster and the new supervisor adopts its objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from ...jobs.model import JobSpec, SpecError
+from ..base import Backend
+from . import client
+from .plan import JobPlan, make_plan
+
+log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
+
+DISCOVERY_TTL = 30.0  # seconds a discovery answer (served kinds) is trusted
+NODES_TTL = 30.0  # seconds the node list (allocatable resources) is reused
+# Where the kinds that decide engine and gang are served.
+DISCOVERED_GROUPS = ("kubeflow.org/v1", "scheduling.volcano.sh/v1beta1")
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._lock = threading.Lock()
+        self._conn: client.Connection | None = None
+        self._served: tuple[float, set[str]] | None = None
+        self._notebook_image: tuple[str | None] | None = None
+        self._nodes_seen: tuple[float, list[dict[str, Any]] | None] | None = None
+        self._last_plan: tuple[JobSpec, JobPlan] | None = None
+
+    # -- connection and cluster facts (cached; this object lives as long as its JobService) --
+
+    def connection(self, probe: bool = True) -> client.Connection:
+        """The cluster connection; `probe`: check that the API server answers (SpecError)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = client.connect(
+                    namespace=self.config.kubernetes_namespace,
+                    request_timeout=self.config.kubernetes_request_timeout,
+                    probe=False,
+                )
+        if probe:
+            client.check_reachable(self._conn)
+        return self._conn
+
+    def served_kinds(self, conn: client.Connection) -> set[str]:
+        now = time.monotonic()
+        if self._served is None or now - self._served[0] > DISCOVERY_TTL:
+            kinds: set[str] = set()
+            for group_version in DISCOVERED_GROUPS:
+                try:
+                    kinds |= client.served_kinds(conn, group_version)
+                except Exception as exc:  # noqa: BLE001 - discovery refused: plain Jobs still work
+                    log.debug("discovery of %s failed: %s", group_version, exc)
+            self._served = (now, kinds)
+        return self._served[1]
+
+    def notebook_image(self, conn: client.Connection) -> str | None:
+        if self._notebook_image is None:
+            pod = client.own_pod(conn)
+            self._notebook_image = (client.pod_image(pod) if pod else None,)
+        return self._notebook_image[0]
+
+    # -- in the submitting process ----------------------------------------------------------
+
+    def validate(self, spec: JobSpec) -> None:
+        if spec.workers > self.config.max_workers:
+            raise SpecError(f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)")
+        self._last_plan = (spec, self._plan(spec))
+
+    def _plan(self, spec: JobSpec) -> JobPlan:
+        conn = self.connection()
+        c = self.config
+        image = None if (spec.image or c.kubernetes_image) else self.notebook_image(conn)
+        plan = make_plan(
+            spec,
+            namespace=conn.namespace,
+            served_kinds=self.served_kinds(conn),
+            notebook_image=image,
+            engine_setting=c.kubernetes_engine,
+            gang=c.kubernetes_gang,
+            default_image=c.kubernetes_image,
+            default_queue=c.kubernetes_queue,
+            priority_classes=dict(c.kubernetes_priority_classes),
+            service_account=c.kubernetes_service_account,
+            gpus_per_node=c.kubernetes_gpus_per_node,
+        )
+        self._check_fits(spec, plan)
+        return plan
+
+    def _check_fits(self, spec: JobSpec, plan: JobPlan) -> None:
+        """A pod that needs more GPUs than any GPU node has would wait forever: refuse it
+        now. Only when the nodes can be read and some have GPUs (an autoscaler may bring GPU
+        nodes up from none; the scheduler's reason will tell then)."""
+        gpus_per_pod = spec.gpus_per_worker * plan.ranks_per_pod
+        gpu_nodes = [n for n in self._nodes() or [] if _gpus(n)] if gpus_per_pod else []
+        if not gpu_nodes:
+            return
+        most = max(_gpus(n) for n in gpu_nodes)
+        if gpus_per_pod > most:
+            raise SpecError(
+                f"each pod needs {gpus_per_pod} GPU(s), but the largest node of this cluster has "
+                f"{most} allocatable"
+            )
+
+    def prepare(self, spec: JobSpec) -> dict[str, Any]:
+        last = self._last_plan
+        plan = last[1] if last is not None and last[0] is spec else self._plan(spec)
+        return plan.to_dict()
+
+    def capacity(self) -> dict[str, Any]:
+        """Totals of the nodes, in the shape the job store keeps with each job."""
+        nodes = self._nodes() or []
+        return {
+            "cpus": sum(_allocatable(n, "cpu") for n in nodes),
+            "gpus": [f"{n['metadata']['name']}/{i}" for n in nodes for i in range(_gpus(n))],
+            "memory": int(sum(_allocatable(n, "memory") for n in nodes)),
+        }
+
+    def cluster(self) -> dict[str, Any]:
+        """GET /cluster's capacity: node allocatable totals, and what is free of them once the
+        requests of every scheduled, unfinished pod are taken (free is None where pods
+        cannot be listed cluster-wide)."""
+        nodes = self._nodes()
+        if nodes is None:
+            return {"gpus": {"total": None, "free": None}, "cpus": {"total": None, "free": None},
+                    "memory": {"total": None, "free": None}}
+        totals = {
+            "gpus": sum(_gpus(n) for n in nodes),
+            "cpus": sum(_allocatable(n, "cpu") for n in nodes),
+            "memory": int(sum(_allocatable(n, "memory") for n in nodes)),
+        }
+        requested = self._requested({n["metadata"]["name"] for n in nodes})
+        return {
+            key: {
+                "total": total,
+                "free": None if requested is None else max(0, total - requested[key]),
+            }
+            for key, total in totals.items()
+        }
+
+    def _nodes(self) -> list[dict[str, Any]] | None:
+        """The cluster's nodes (cached a little), or None when they cannot be read (a
+        service account that may only see its own namespace)."""
+        now = time.monotonic()
+        if self._nodes_seen is None or now - self._nodes_seen[0] > NODES_TTL:
+            try:
+                conn = self.connection(probe=False)
+                nodes: list[dict[str, Any]] | None = client.Lister(conn, client.kind_of("v1", "Node"))().items
+            except Exception as exc:  # noqa: BLE001 - forbidden or unreachable: no node facts
+                log.debug("cannot list nodes: %s", exc)
+                nodes = None
+            self._nodes_seen = (now, nodes)
+        return self._nodes_seen[1]
+
+    def _requested(self, node_names: set[str]) -> dict[str, float] | None:
+        try:
+            conn = self.connection(probe=False)
+            pods = client.Lister(conn, client.kind_of("v1", "Pod"))(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            )
+        except Exception as exc:  # noqa: BLE001
+            log.debug("cannot list pods cluster-wide: %s", exc)
+            return None
+        from kubernetes.utils import parse_quantity
+
+        used = {"gpus": 0.0, "cpus": 0.0, "memory": 0.0}
+        for pod in pods.items:
+            if (pod.get("spec") or {}).get("nodeName") not in node_names:
+                continue
+            for container in pod["spec"].get("containers") or []:
+                resources = container.get("resources") or {}
+                requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+                used["cpus"] += float(parse_quantity(requests.get("cpu", "0")))
+                used["memory"] += float(parse_quantity(requests.get("memory", "0")))
+                used["gpus"] += float(parse_quantity(requests.get("nvidia.com/gpu", "0")))
+        return used
+
+    # -- in the job's supervisor ------------------------------------------------------------
+
+    def run(self, ctx) -> None:
+        from .supervise import JobRun
+
+        plan = JobPlan.from_dict(ctx.job.backend_state)
+        conn = client.connect(
+            namespace=plan.namespace,
+            request_timeout=self.config.kubernetes_request_timeout,
+            # a log stream per pod and two watches hold a connection each
+            pool_size=ctx.job.spec.workers + 8,
+            probe=False,
+        )
+        log.debug("connected to %s", conn.host)
+        try:
+            JobRun(ctx, plan, conn).run()
+        finally:
+            conn.api.close()
+
+    def supervisor_lost(self, store, job) -> str:
+        return "respawn"
+
+    def cleanup_orphans(self, store, job) -> None:
+        """The supervisor died and the job is cancelled: delete its job object (foreground;
+        its pods and owned objects go with it). Best effort: the cluster may be gone too."""
+        from .objects import object_name
+
+        plan = JobPlan.from_dict(job.backend_state)
+        try:
+            conn = client.connect(namespace=plan.namespace, request_timeout=self.config.kubernetes_request_timeout,
+                                  probe=False)
+            kind = client.kind_of(plan.api_version, plan.kind)
+            client.Resources(conn).delete(kind, object_name(job.id, job.spec.name))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not delete the Kubernetes objects of job %s: %s", job.id, exc)
+
+
+def _allocatable(node: dict[str, Any], resource: str) -> float:
+    from kubernetes.utils import parse_quantity
+
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    return float(parse_quantity(value)) if value is not None else 0.0
+
+
+def _gpus(node: dict[str, Any]) -> int:
+    return int(_allocatable(node, "nvidia.com/gpu"))

@@ -1,0 +1,196 @@
+"""Pod logs: followed while they are written, split into each rank's lines and reports.
+
+In a pod, stdout is a rank's only channel: its control records (started, progress, result,
+error, metrics; see runtime/protocol.py) travel inline behind a marker. A `PodLogFollower`
+thread streams one pod's log (`follow=true`) into the supervisor's event queue; a
+`PodOutput` turns those bytes into (rank, item) pairs: text lines go to the job store as
+they come (so they outlive the pod), control records drive the rank's state, result and
+error files.
+
+Resuming (a reconnect, or a new supervisor adopting a job): the log is read again from its
+start and the first N text lines of each rank, already stored, are skipped (counted, not
+matched by time: the kubelet's `sinceTime` has one-second precision and a batch of lines
+can share one timestamp). Control records are never skipped, so rank 0's result chunks and
+a failing rank's error report are always complete; metrics records among skipped lines are
+dropped (they were recorded before).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ...jobs.store import JobStore
+from ...runtime.protocol import OutputParser
+from .client import Connection, kind_of
+from .objects import split_packed_line
+
+# In the system line written to every rank's log before a restart: lines after the last
+# one came from the current attempt's pods (what a resumed stream skips).
+RESTART_MARKER = "restarting all ranks"
+QUIET_STREAM_TIMEOUT = 3600.0
+
+
+class PodLogFollower:
+    """A daemon thread following one container's log; it puts ("log", pod, bytes) items and
+    finally ("log_end", pod, error or None) into `sink`."""
+
+    def __init__(self, conn: Connection, namespace: str, pod: str, container: str, sink: queue.Queue):
+        self.pod = pod
+        self._conn = conn
+        self._path = kind_of("v1", "Pod").path(namespace, pod, "log")
+        self._container = container
+        self._sink = sink
+        self._response: Any = None
+        self.thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
+
+    def start(self) -> PodLogFollower:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._response = self._conn.request(
+                "GET",
+                self._path,
+                query={"container": self._container, "follow": True},
+                stream=True,
+                # A rank may print nothing for hours: a read timeout that long only costs a
+                # resumed stream (see the module docstring).
+                timeout=(self._conn.request_timeout, QUIET_STREAM_TIMEOUT),
+            )
+            for chunk in self._response.stream(amt=None, decode_content=False):
+                if chunk:
+                    self._sink.put(("log", self.pod, bytes(chunk)))
+        except Exception as exc:  # noqa: BLE001 - reported to the supervisor loop
+            error = exc
+        finally:
+            if self._response is not None:
+                self._response.release_conn()
+            self._sink.put(("log_end", self.pod, error))
+
+    def stop(self) -> None:
+        """Unblock the reading thread (its socket is shut down; it then ends by itself)."""
+        response = self._response
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _RankLines:
+    """One rank's share of a pod log: parsed, with already-stored lines skipped.
+
+    The runtime writes a newline before each control record (so a record never sticks to a
+    half-written line); such a blank line right before a record is not the user's and is
+    dropped.
+    """
+
+    def __init__(self, skip: int):
+        self.parser = OutputParser()
+        self.skip = skip
+        self.seen = 0  # text lines of this rank in this stream (for the next resume)
+        self._blank = False
+
+    def feed(self, text: str) -> Iterator[tuple[str, Any]]:
+        for kind, value in self.parser.feed(text.encode("utf-8", "replace") + b"\n"):
+            yield from self._item(kind, value)
+
+    def _item(self, kind: str, value: Any) -> Iterator[tuple[str, Any]]:
+        if kind == "line" and value == "":
+            if self._blank:  # the one held back was the user's own
+                yield from self._line("")
+            self._blank = True
+            return
+        if kind == "control":
+            self._blank = False
+            if self.skip > 0 and value.get("type") == "metrics":
+                return
+            yield kind, value
+            return
+        if self._blank:
+            self._blank = False
+            yield from self._line("")
+        if kind == "line":
+            yield from self._line(value)
+        else:
+            yield kind, value
+
+    def _line(self, text: str) -> Iterator[tuple[str, Any]]:
+        self.seen += 1
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        yield "line", text
+
+    def finish(self) -> Iterator[tuple[str, Any]]:
+        for kind, value in self.parser.flush():
+            yield from self._item(kind, value)
+        if self._blank:
+            self._blank = False
+            yield from self._line("")
+
+
+class PodOutput:
+    """The bytes of one pod's log -> (rank, kind, value) with kind 'line', 'control' or
+    'progress'. A packed pod (several ranks, torchrun inside) prefixes each line with its
+    rank; torchrun's own lines belong to the pod's first rank."""
+
+    def __init__(self, ranks: list[int], skip: dict[int, int] | None = None):
+        self.ranks = list(ranks)
+        self.packed = len(self.ranks) > 1
+        self._buffer = b""
+        self._lines = {r: _RankLines((skip or {}).get(r, 0)) for r in self.ranks}
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, str, Any]]:
+        self._buffer += data
+        *complete, self._buffer = self._buffer.split(b"\n")
+        for raw in complete:
+            yield from self._line(raw.decode("utf-8", "replace"))
+
+    def finish(self) -> Iterator[tuple[int, str, Any]]:
+        """The stream ended: what is left (a last line without a newline)."""
+        if self._buffer:
+            raw, self._buffer = self._buffer, b""
+            yield from self._line(raw.decode("utf-8", "replace"))
+        for rank, lines in self._lines.items():
+            for kind, value in lines.finish():
+                yield rank, kind, value
+
+    def _line(self, text: str) -> Iterator[tuple[int, str, Any]]:
+        rank: int | None = self.ranks[0]
+        if self.packed:
+            rank, text = split_packed_line(text)
+            if rank not in self._lines:
+                rank = self.ranks[0]
+        for kind, value in self._lines[rank].feed(text):
+            yield rank, kind, value
+
+    def seen(self) -> dict[int, int]:
+        """Text lines per rank delivered or skipped so far: what a resumed stream skips."""
+        return {r: lines.seen for r, lines in self._lines.items()}
+
+
+def stored_line_counts(store: JobStore, job_id: str, workers: int) -> dict[int, int]:
+    """Per rank: the text lines stored since the current attempt began."""
+    counts: dict[int, int] = {}
+    for rank in range(workers):
+        count, cursor = 0, None
+        while True:
+            lines, cursor = store.read_logs(job_id, rank, cursor)
+            if not lines:
+                break
+            for item in lines:
+                if item["stream"] == "system":
+                    if RESTART_MARKER in item["line"]:
+                        count = 0
+                else:
+                    count += 1
+        counts[rank] = count
+    return counts

@@ -1,0 +1,706 @@
+"""A Kubernetes job's life, inside its supervisor process (`KubernetesBackend.run`).
+
+One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everything):
+
+1. create the objects (job object suspended, then its owned Secrets/Service/PodGroup, then
+   resume), or adopt them when a new supervisor takes over a job that lives on;
+2. follow it with two watches (`kubernetes.informer.SharedInformer`: the job object and
+   the job's pods by label) and one log stream per pod, all feeding one event queue that
+   this thread alone consumes: states, reasons, logs, results, errors go to the store;
+3. on an outcome (success, a failed rank, cancel, timeout) read the remaining logs, delete
+   the job object with foreground propagation and wait until it and its pods are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import json
+import logging
+import os
+import queue
+import time
+from typing import Any
+
+from ...jobs.model import JobSpec, JobState, RankState
+from ...jobs.store import JobStore
+from .client import (
+    Connection,
+    KubeError,
+    Resources,
+    is_already_exists,
+    kind_of,
+    message_of,
+    served_kinds,
+    with_retries,
+)
+from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
+from .objects import (
+    ANNOTATION_ATTEMPT,
+    container_name,
+    job_selector,
+    object_name,
+    pod_ranks,
+    with_owner,
+)
+from .payload import split_payload
+from .plan import JobPlan, plan_objects
+from .status import (
+    Observation,
+    container_phase,
+    is_suspended,
+    later_rank_state,
+    observe,
+    owned_by,
+    pod_usage,
+    rank_fields,
+)
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+
+LOOP_TICK = 0.05
+RANK_FLUSH = 0.1  # at most this often a rank update (progress) goes to the store
+LOG_DRAIN_TIMEOUT = 10.0  # after the outcome: how long to wait for the last log lines
+LOG_RETRY_DELAY = 0.5  # before re-opening a log stream that ended early or failed
+LOG_RETRY_MAX_DELAY = 10.0
+LOG_FAILURES_REPORTED = 3  # failures in a row before the user hears of it
+METRICS_API_INTERVAL = 5.0  # metrics-server scrapes every 15 s by default; no use asking often
+DEPENDENT_RETRY_TIMEOUT = 30.0  # for a same-named leftover of an earlier attempt to be collected
+VERIFY_GONE_INTERVAL = 2.0
+
+_STATE_ORDER = {JobState.QUEUED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
+    message: str | None = None
+    failed_rank: int | None = None
+    failed_pod: str | None = None
+    restartable: bool = True  # False: re-creating the objects would fail the same way
+
+
+class JobRun:
+    def __init__(self, ctx: Any, plan: JobPlan, conn: Connection):
+        self.ctx = ctx
+        self.plan = plan
+        self.conn = conn
+        self.spec: JobSpec = ctx.job.spec
+        self.store: JobStore = ctx.store
+        self.res = Resources(conn)
+        self.kind = kind_of(plan.api_version, plan.kind)
+        self.name = object_name(ctx.job.id, self.spec.name)
+
+    @functools.cached_property
+    def metrics_api(self) -> bool:
+        """Whether pod metrics come from the metrics API (asked once, when first needed)."""
+        return self.plan.ranks_per_pod == 1 and "PodMetrics" in _quietly(
+            lambda: served_kinds(self.conn, "metrics.k8s.io/v1beta1"), set()
+        )
+
+    def run(self) -> None:
+        ctx = self.ctx
+        attempt = ctx.job.restarts
+        while True:
+            reason = ctx.cancelled()
+            if reason:
+                self._finish(Outcome("cancelled", reason))
+                return
+            outcome = _Attempt(self, attempt).run()
+            if outcome.kind == "failed" and outcome.restartable and attempt < self.spec.max_restarts:
+                attempt += 1
+                ctx.logs.system(
+                    f"[mlcluster] {self._failure_text(outcome)}; {RESTART_MARKER} "
+                    f"(restart {attempt} of {self.spec.max_restarts})"
+                )
+                self.store.update_job(ctx.job.id, restarts=attempt, error=None, failed_rank=None)
+                ctx.job.restarts = attempt
+                self._forget_attempt_outputs()
+                continue
+            self._finish(outcome)
+            return
+
+    def _forget_attempt_outputs(self) -> None:
+        job_id = self.ctx.job.id
+        self.store.result_path(job_id).unlink(missing_ok=True)
+        for rank in range(self.spec.workers):
+            self.store.error_path(job_id, rank).unlink(missing_ok=True)
+        self.ctx.set_all_ranks(
+            state=RankState.PENDING, exit_code=None, host=None, started=None, finished=None, progress=None
+        )
+
+    def _finish(self, outcome: Outcome) -> None:
+        ctx, job_id = self.ctx, self.ctx.job.id
+        if outcome.kind == "succeeded":
+            ctx.set_state(JobState.SUCCEEDED, has_result=self.store.result_path(job_id).exists(), reason=None)
+        elif outcome.kind == "cancelled":
+            ctx.set_state(JobState.CANCELLED, reason=outcome.message)
+        elif outcome.kind == "timeout":
+            ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
+        else:
+            ctx.set_state(
+                JobState.FAILED, error=self._failure_text(outcome), failed_rank=outcome.failed_rank, reason=None
+            )
+
+    def _failure_text(self, outcome: Outcome) -> str:
+        """The failing rank's exception when it reported one, else what its pod says."""
+        rank = outcome.failed_rank
+        report = _read_error(self.store, self.ctx.job.id, rank) if rank is not None else None
+        if report:
+            return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+        return outcome.message or "the job failed"
+
+
+def _read_error(store: JobStore, job_id: str, rank: int) -> dict[str, Any] | None:
+    try:
+        return json.loads(store.error_path(job_id, rank).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _quietly(fn, default):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - optional knowledge (e.g. discovery forbidden)
+        log.debug("ignored: %s", exc)
+        return default
+
+
+def _write_atomically(path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class _Attempt:
+    """One try: objects created (or adopted), followed to an outcome, deleted."""
+
+    def __init__(self, run: JobRun, number: int):
+        self.run_ = run
+        self.ctx = run.ctx
+        self.spec = run.spec
+        self.plan = run.plan
+        self.number = number
+        self.events: queue.Queue = queue.Queue()
+        self.job: dict[str, Any] | None = None
+        self.uid: str | None = None
+        self.deleting = False  # we asked for the deletion
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.container = container_name(self.plan.engine)
+        # logs
+        self.outputs: dict[str, PodOutput] = {}
+        self.followers: dict[str, PodLogFollower] = {}
+        self.log_done: set[str] = set()
+        self.log_retry_at: dict[str, float] = {}
+        self.log_failures: dict[str, int] = {}
+        self.resume_skip: dict[str, dict[int, int]] = {}
+        self.adopted_skip: dict[int, int] = {}
+        # what the ranks told us
+        self.started_ranks: set[int] = set()
+        self.result_chunks: dict[int, str] = {}
+        self.runtime_metrics: dict[int, dict[str, Any]] = {}
+        self.pending_ranks: dict[int, dict[str, Any]] = {}
+        self.written: dict[int, dict[str, Any]] = {}
+        self.state_order = -1
+        self.last_flush = 0.0
+        self.last_metrics = 0.0
+        self.last_metrics_api = 0.0
+        self.reported_watch_errors: set[str] = set()
+        self.informers: list[Any] = []
+
+    # -- the whole attempt ------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        try:
+            self._create_or_adopt()
+        except Exception as exc:
+            outcome = Outcome(
+                "failed", f"could not create the job's Kubernetes objects: {message_of(exc)}", restartable=False
+            )
+            log.debug("create failed", exc_info=True)
+            self._delete_and_wait()
+            return outcome
+        self._start_watches()
+        try:
+            outcome = self._follow()
+            self._drain_logs(outcome)
+            self._blame_packed_rank(outcome)
+        finally:
+            self._delete_and_wait()
+            self._stop()
+        self._settle_ranks(outcome)
+        return outcome
+
+    # -- create or adopt --------------------------------------------------------------------
+
+    def _create_or_adopt(self) -> None:
+        run, ctx, plan = self.run_, self.ctx, self.plan
+        existing = run.res.get(run.kind, run.name)
+        if existing is not None and not self._ours(existing):
+            self._wait_gone(existing)
+            existing = None
+        if existing is not None:
+            self.adopted_skip = stored_line_counts(ctx.store, ctx.job.id, self.spec.workers)
+            ctx.logs.system(f"[mlcluster] supervisor restarted: following {plan.kind} {run.name} again")
+            job = existing
+        else:
+            job = None
+        objects = plan_objects(
+            plan,
+            ctx.job.id,
+            self.spec,
+            user=ctx.job.owner or "unknown",
+            payload_chunks=split_payload(ctx.store.payload_path(ctx.job.id).read_bytes()),
+            attempt=self.number,
+        )
+        if job is None:
+            log.debug("creating %s %s", plan.kind, run.name)
+            job = self._create(objects.job)
+        self.job, self.uid = job, job["metadata"]["uid"]
+        for dependent in objects.dependents:
+            self._create_dependent(with_owner(dependent, job))
+        if objects.resume is not None and is_suspended(job, plan.engine):
+            self.job = with_retries(self._resume(objects.resume), f"resume {run.name}")
+        log.debug("objects ready")
+
+    def _ours(self, obj: dict[str, Any]) -> bool:
+        """This attempt's object, alive (adopt it), not an earlier attempt's or one being deleted."""
+        meta = obj.get("metadata") or {}
+        return not meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(
+            ANNOTATION_ATTEMPT
+        ) == str(self.number)
+
+    def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        res = self.run_.res
+
+        def create() -> dict[str, Any]:
+            try:
+                return res.create(obj)
+            except Exception as exc:
+                if is_already_exists(exc):  # our own earlier try went through after all
+                    found = res.get(kind_of(obj), obj["metadata"]["name"])
+                    if found is not None and self._ours(found):
+                        return found
+                raise
+
+        return with_retries(create, f"create {obj['kind']} {obj['metadata']['name']}")
+
+    def _create_dependent(self, obj: dict[str, Any]) -> None:
+        """Create an owned object; a same-named one of ours is fine, a leftover of an earlier
+        attempt (another owner, being garbage-collected) is waited out."""
+        res, kind, name = self.run_.res, kind_of(obj), obj["metadata"]["name"]
+        deadline = time.monotonic() + DEPENDENT_RETRY_TIMEOUT
+        while True:
+            try:
+                with_retries(lambda: res.create(obj), f"create {obj['kind']} {name}")
+                return
+            except Exception as exc:
+                if not is_already_exists(exc):
+                    raise
+            if kind.kind == "Secret":
+                # Secrets cannot be read back (RBAC: create/delete only): same name and an
+                # owner that is alive means it is ours, from a supervisor that died mid-way.
+                return
+            found = res.get(kind, name)
+            if found is not None and owned_by(found, self.uid or ""):
+                return
+            if time.monotonic() > deadline:
+                raise KubeError(f"{obj['kind']} {name} exists and belongs to something else")
+            time.sleep(0.2)
+
+    def _resume(self, patch: dict[str, Any]):
+        res, kind, name, engine = self.run_.res, self.run_.kind, self.run_.name, self.plan.engine
+        tries = 0
+
+        def resume() -> dict[str, Any]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # after a conflict: re-read, someone else may have moved it on
+                current = res.get(kind, name)
+                if current is None:
+                    raise KubeError(f"{kind.kind} {name} disappeared before it could start")
+                if not is_suspended(current, engine):
+                    return current
+            return res.patch(kind, name, patch)
+
+        return resume
+
+    def _wait_gone(self, obj: dict[str, Any]) -> None:
+        """An earlier attempt's object: delete it (if nobody is) and wait until it is gone."""
+        res, kind, name = self.run_.res, self.run_.kind, self.run_.name
+        if not (obj.get("metadata") or {}).get("deletionTimestamp"):
+            with_retries(lambda: res.delete(kind, name), f"delete {kind.kind} {name}")
+        deadline = time.monotonic() + self.ctx.config.kubernetes_delete_timeout
+        while res.get(kind, name) is not None:
+            if time.monotonic() > deadline:
+                raise KubeError(f"{kind.kind} {name} of an earlier attempt is still being deleted")
+            self.ctx.tick()
+            time.sleep(0.1)
+
+    # -- watches --------------------------------------------------------------------------------
+
+    def _start_watches(self) -> None:
+        from kubernetes.informer import ADDED, DELETED, ERROR, MODIFIED, SharedInformer
+
+        res, put = self.run_.res, self.events.put
+        job_watch = SharedInformer(
+            res.list_function(self.run_.kind),
+            namespace=self.plan.namespace,
+            field_selector=f"metadata.name={self.run_.name}",
+        )
+        pod_watch = SharedInformer(
+            res.list_function(kind_of("v1", "Pod")),
+            namespace=self.plan.namespace,
+            label_selector=job_selector(self.ctx.job.id),
+        )
+        for name, informer in (("job", job_watch), ("pod", pod_watch)):
+            for event in (ADDED, MODIFIED):
+                informer.add_event_handler(event, lambda obj, n=name: put((n, obj)))
+            informer.add_event_handler(DELETED, lambda obj, n=name: put((f"{n}_deleted", obj)))
+            informer.add_event_handler(ERROR, lambda exc, n=name: put(("watch_error", n, exc)))
+            informer.start()
+            self.informers.append(informer)
+
+    def _stop(self) -> None:
+        # Stopping shuts the watch sockets; the informer logs the broken stream as an error.
+        informer_log = logging.getLogger("kubernetes.informer.informer")
+        informer_log.disabled = True
+        try:
+            for informer in self.informers:
+                informer.stop()
+        finally:
+            informer_log.disabled = False
+        for follower in list(self.followers.values()):
+            follower.stop()
+
+    # -- following --------------------------------------------------------------------------
+
+    def _follow(self) -> Outcome:
+        ctx, spec = self.ctx, self.spec
+        changed = True
+        while True:
+            reason = ctx.cancelled()
+            if reason:
+                return Outcome("cancelled", reason)
+            if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
+                return Outcome("timeout", f"timed out after {_duration(spec.timeout)}")
+            if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
+                return Outcome(
+                    "failed",
+                    f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster",
+                    restartable=True,
+                )
+            if changed:
+                obs = self._observe()
+                self._report(obs)
+                if obs.failure is not None:
+                    if obs.failure.deadline:
+                        return Outcome("timeout", f"timed out after {_duration(spec.timeout or 0)}")
+                    return Outcome("failed", obs.failure.message, obs.failure.rank, obs.failure.pod)
+                if obs.succeeded:
+                    return Outcome("succeeded")
+            else:
+                self._flush()
+            self._ensure_log_streams()
+            changed = self._pump(LOOP_TICK)
+
+    def _observe(self) -> Observation:
+        return observe(
+            self.job,
+            self.pods.values(),
+            engine=self.plan.engine,
+            workers=self.spec.workers,
+            ranks_per_pod=self.plan.ranks_per_pod,
+            gang=self.plan.gang,
+            queue=self.plan.queue,
+        )
+
+    def _report(self, obs: Observation) -> None:
+        ctx = self.ctx
+        # Ranks first: whoever sees the job's new state or reason sees its ranks' too.
+        for rank in range(self.spec.workers):
+            pr = obs.ranks.get(rank)
+            fields = rank_fields(pr) if pr is not None else {"state": RankState.PENDING}
+            if rank in self.started_ranks:
+                fields["state"] = later_rank_state(fields["state"], RankState.RUNNING)
+            self._rank_update(rank, fields)
+        self._flush()
+        order = _STATE_ORDER[obs.state]
+        # Within one attempt a job only moves forward, unless Kueue suspends it again (preemption).
+        if order > self.state_order or (obs.suspended and order < self.state_order):
+            self.state_order = order
+            if obs.state != ctx.job.state:
+                job_fields: dict[str, Any] = {}
+                if obs.state == JobState.RUNNING and not ctx.job.started:
+                    ctx.job.started = job_fields["started"] = time.time()
+                ctx.set_state(obs.state, **job_fields)
+        ctx.set_reason(obs.reason)
+
+    def _rank_update(self, rank: int, fields: dict[str, Any]) -> None:
+        written = self.written.setdefault(rank, {})
+        changed = {k: v for k, v in fields.items() if written.get(k, ...) != v}
+        if changed:
+            written.update(changed)
+            self.pending_ranks.setdefault(rank, {}).update(changed)
+
+    def _flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        # A rank's state goes out at once (with the job's state and reason); progress waits.
+        urgent = force or any("state" in fields for fields in self.pending_ranks.values())
+        if self.pending_ranks and (urgent or now - self.last_flush >= RANK_FLUSH):
+            self.ctx.set_ranks(self.pending_ranks)
+            self.pending_ranks = {}
+            self.last_flush = now
+        if now - self.last_metrics >= self.ctx.config.metrics_interval:
+            self.last_metrics = now
+            self._record_metrics(now)
+        self.ctx.tick()
+
+    def _record_metrics(self, now: float) -> None:
+        samples = {r: dict(m) for r, m in self.runtime_metrics.items()}
+        self.runtime_metrics = {}
+        if self.run_.metrics_api and now - self.last_metrics_api >= METRICS_API_INTERVAL:
+            self.last_metrics_api = now
+            for rank, usage in self._metrics_api_usage().items():
+                samples.setdefault(rank, {"gpu_util": None, "gpu_memory_bytes": None}).update(usage)
+        if samples:
+            self.ctx.store.record_metrics(self.ctx.job.id, samples)
+
+    def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
+        pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))
+        items = _quietly(
+            lambda: pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items, []
+        )
+        usage: dict[int, dict[str, Any]] = {}
+        for item in items:
+            pod = self.pods.get((item.get("metadata") or {}).get("name", ""))
+            if pod is None or not owned_by(pod, self.uid or ""):
+                continue
+            for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
+                usage[rank] = pod_usage(item, self.container)
+        return usage
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _pump(self, timeout: float) -> bool:
+        """Handle what arrived (waiting up to `timeout` for something); whether anything did."""
+        try:
+            item = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        for _ in range(1000):  # then let the loop look at states again
+            self._handle(item)
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                break
+        return True
+
+    def _handle(self, item: tuple) -> None:
+        what = item[0]
+        if what == "job":
+            obj = item[1]
+            if obj["metadata"].get("uid") == self.uid:
+                self.job = obj
+        elif what == "job_deleted":
+            if item[1]["metadata"].get("uid") == self.uid:
+                self.job = None
+        elif what == "pod":
+            self.pods[item[1]["metadata"]["name"]] = item[1]
+        elif what == "pod_deleted":
+            self.pods.pop(item[1]["metadata"]["name"], None)
+        elif what == "log":
+            _, pod, data = item
+            output = self.outputs.get(pod)
+            if output is not None:
+                for rank, kind, value in output.feed(data):
+                    self._rank_item(rank, kind, value)
+        elif what == "log_end":
+            self._log_ended(item[1], item[2])
+        elif what == "watch_error":
+            self._watch_error(item[1], item[2])
+
+    def _watch_error(self, what: str, exc: BaseException) -> None:
+        text = message_of(exc)
+        if text not in self.reported_watch_errors:
+            self.reported_watch_errors.add(text)
+            self.ctx.logs.system(f"[mlcluster] watching the job's {what}s failed ({text}); retrying")
+
+    # -- logs -----------------------------------------------------------------------------------
+
+    def _ensure_log_streams(self) -> None:
+        now = time.monotonic()
+        for name, pod in self.pods.items():
+            if name in self.followers or name in self.log_done or not owned_by(pod, self.uid or ""):
+                continue
+            if self.log_retry_at.get(name, 0.0) > now or container_phase(pod, self.container) == "waiting":
+                continue
+            ranks = pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod)
+            if not ranks:
+                continue
+            skip = self.resume_skip.pop(name, None)
+            if skip is None:
+                skip = {r: self.adopted_skip.get(r, 0) for r in ranks}
+            self.outputs[name] = PodOutput(ranks, skip)
+            self.followers[name] = PodLogFollower(
+                self.run_.conn, self.plan.namespace, name, self.container, self.events
+            ).start()
+
+    def _log_ended(self, pod_name: str, error: BaseException | None) -> None:
+        self.followers.pop(pod_name, None)
+        output = self.outputs.pop(pod_name, None)
+        if output is None:
+            return
+        for rank, kind, value in output.finish():
+            self._rank_item(rank, kind, value)
+        pod = self.pods.get(pod_name)
+        if pod is None or (error is None and container_phase(pod, self.container) == "terminated"):
+            self.log_done.add(pod_name)
+            return
+        # Ended early (a dropped connection, or our view of the pod is behind): read it
+        # again later, skipping what we already have.
+        self.resume_skip[pod_name] = output.seen()
+        failures = self.log_failures[pod_name] = self.log_failures.get(pod_name, 0) + (error is not None)
+        if failures == LOG_FAILURES_REPORTED and error is not None:
+            self.ctx.logs.system(f"[mlcluster] cannot read the log of pod {pod_name}: {message_of(error)}")
+        delay = min(LOG_RETRY_DELAY * 2 ** max(0, failures - 1), LOG_RETRY_MAX_DELAY)
+        self.log_retry_at[pod_name] = time.monotonic() + delay
+
+    def _rank_item(self, rank: int, kind: str, value: Any) -> None:
+        if kind == "line":
+            self.ctx.logs.line(rank, "o", value)
+        elif kind == "progress":
+            self._rank_update(rank, {"progress": _progress(value)})
+        elif kind == "control":
+            self._control(rank, value)
+
+    def _control(self, rank: int, record: dict[str, Any]) -> None:
+        rtype = record.get("type")
+        job_id = self.ctx.job.id
+        if rtype == "started":
+            self.started_ranks.add(rank)
+            state = self.written.get(rank, {}).get("state", RankState.PENDING)
+            if not RankState(state).final:
+                self._rank_update(rank, {"state": RankState.RUNNING})
+        elif rtype == "progress":
+            self._rank_update(rank, {"progress": _progress(record)})
+        elif rtype == "metrics":
+            self.runtime_metrics[rank] = {
+                k: record.get(k) for k in ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
+            }
+        elif rtype == "error":
+            report = {k: v for k, v in record.items() if k != "type"}
+            _write_atomically(self.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
+        elif rtype == "result":
+            self._result_chunk(record)
+
+    def _result_chunk(self, record: dict[str, Any]) -> None:
+        try:
+            index, count = int(record["index"]), int(record["count"])
+            self.result_chunks[index] = str(record["data"])
+        except (KeyError, TypeError, ValueError):
+            return
+        if all(i in self.result_chunks for i in range(count)):
+            data = base64.b64decode("".join(self.result_chunks[i] for i in range(count)))
+            _write_atomically(self.ctx.store.result_path(self.ctx.job.id), data)
+            self.result_chunks = {}
+
+    def _drain_logs(self, outcome: Outcome) -> None:
+        """The outcome is known; wait (a little) for the log lines that tell its story: all
+        ranks' after a success (rank 0's result), the failing pod's after a failure."""
+        if outcome.kind == "succeeded":
+            wanted = {n for n, p in self.pods.items() if owned_by(p, self.uid or "")}
+        elif outcome.kind == "failed" and outcome.failed_pod:
+            wanted = {outcome.failed_pod}
+        else:
+            wanted = set()
+        deadline = time.monotonic() + LOG_DRAIN_TIMEOUT
+        while True:
+            waiting = {
+                n
+                for n in wanted
+                if n in self.followers
+                or (
+                    n not in self.log_done
+                    and n in self.pods
+                    and container_phase(self.pods[n], self.container) != "waiting"  # no logs ever
+                )
+            }
+            if not waiting or time.monotonic() > deadline:
+                break
+            self._ensure_log_streams()
+            self._pump(LOOP_TICK)
+            self.ctx.tick()
+        if self.result_chunks:
+            self.ctx.logs.system("[mlcluster] rank 0's result did not arrive completely", rank=0)
+        self._flush(force=True)
+
+    def _blame_packed_rank(self, outcome: Outcome) -> None:
+        """In a pod of several ranks, the failing one is the one that reported an error."""
+        pod = self.pods.get(outcome.failed_pod or "")
+        if pod is None or self.plan.ranks_per_pod == 1:
+            return
+        for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
+            if self.ctx.store.error_path(self.ctx.job.id, rank).exists():
+                outcome.failed_rank = rank
+                return
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _delete_and_wait(self) -> None:
+        """Delete the job object (foreground: its pods, Secrets, Service, PodGroup go first)
+        and wait until it and every pod of the job are gone."""
+        run, ctx = self.run_, self.ctx
+        self.deleting = True
+        try:
+            with_retries(lambda: run.res.delete(run.kind, run.name), f"delete {run.kind.kind} {run.name}")
+        except Exception as exc:  # noqa: BLE001 - reported; the reaper's cleanup tries again
+            ctx.logs.system(f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}")
+            return
+        deadline = time.monotonic() + ctx.config.kubernetes_delete_timeout
+        next_check = time.monotonic() + VERIFY_GONE_INTERVAL
+        while time.monotonic() < deadline:
+            if not self.informers or (self.job is None and not self.pods) or time.monotonic() > next_check:
+                next_check = time.monotonic() + VERIFY_GONE_INTERVAL
+                if self._gone():
+                    self._flush(force=True)
+                    return
+            self._pump(LOOP_TICK)
+            self._ensure_log_streams()
+            self._flush()
+        ctx.logs.system(
+            f"[mlcluster] {run.kind.kind} {run.name} or its pods were still being deleted after "
+            f"{ctx.config.kubernetes_delete_timeout:g}s; Kubernetes finishes that on its own"
+        )
+
+    def _gone(self) -> bool:
+        """Ask the API server directly (the watches may be behind or not started)."""
+        run = self.run_
+        if run.res.get(run.kind, run.name) is not None:
+            return False
+        pods = run.res.list(kind_of("v1", "Pod"), label_selector=job_selector(self.ctx.job.id))
+        return not pods
+
+    def _settle_ranks(self, outcome: Outcome) -> None:
+        """Ranks that did not finish were stopped by us (fail-fast, cancel, timeout)."""
+        now = time.time()
+        for rank in range(self.spec.workers):
+            state = RankState(self.written.get(rank, {}).get("state", RankState.PENDING))
+            if not state.final:
+                self._rank_update(rank, {"state": RankState.CANCELLED, "finished": now})
+        self._flush(force=True)
+
+
+def _progress(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: value.get(k) for k in ("step", "total", "desc")}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"
