@@ -11,11 +11,11 @@ import os
 import sys
 
 import yaml
-from traitlets import Bool, TraitError, Unicode
+from traitlets import Bool, List, TraitError, Unicode
 from traitlets.config import Application
 
 from .config import ControllerConfig
-from .manifests import all_manifests
+from .manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
 
 _CONFIG_ALIASES = {
     "namespace": "ControllerConfig.namespaces",
@@ -89,6 +89,8 @@ class ManifestsApp(Application):
         "gateway": "ManifestsApp.gateway",
         "host": "ManifestsApp.host",
         "owner-header": "ManifestsApp.owner_header",
+        "user-namespace": "ManifestsApp.user_namespaces",
+        "notebook-service-account": "ManifestsApp.notebook_service_account",
     }
     flags = {
         "no-gateway": (
@@ -104,6 +106,18 @@ class ManifestsApp(Application):
     host = Unicode("*", config=True, help="Host the notebook routes answer on.")
     owner_header = Unicode("kubeflow-userid", config=True, help="Header with the user's identity.")
     include_gateway = Bool(True, config=True, help="Include the example Istio Gateway.")
+    user_namespaces = List(
+        Unicode(),
+        config=True,
+        help="Namespaces where users' notebooks run (repeat the option for several): each gets "
+        "the service account notebook pods run as, allowed to run `%%distributed --backend "
+        "kubernetes` jobs in that namespace and nothing more.",
+    )
+    notebook_service_account = Unicode(
+        NOTEBOOK_SERVICE_ACCOUNT,
+        config=True,
+        help="The service account notebook pods run as in the user namespaces.",
+    )
 
     def start(self) -> None:
         options = {
@@ -112,6 +126,8 @@ class ManifestsApp(Application):
             "host": self.host,
             "owner_header": self.owner_header,
             "include_gateway": self.include_gateway,
+            "user_namespaces": self.user_namespaces,
+            "notebook_service_account": self.notebook_service_account,
         }
         if self.image:
             options["image"] = self.image

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .crd import GROUP, PLURAL, notebook_crd
+
+from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
 
 try:
     from jupyterlab_mlcluster._version import __version__ as _VERSION
@@ -14,6 +17,8 @@ except ImportError:  # pragma: no cover - the controller can ship alone
 CONTROLLER_NAME = "notebook-controller"
 DEFAULT_IMAGE = f"ghcr.io/jupyterlab-mlcluster/jupyterlab-mlcluster:{_VERSION}"
 HEALTH_PORT = 8080
+# What notebook pods run as in the user namespaces that `mlcluster manifests` prepares.
+NOTEBOOK_SERVICE_ACCOUNT = "mlcluster-notebook"
 
 # Least privilege: what the controller's requests need, nothing more (a test derives the
 # requests a real run makes against the emulator and checks each is allowed by these rules).
@@ -137,16 +142,22 @@ def all_manifests(
     owner_header: str = "kubeflow-userid",
     include_gateway: bool = True,
     extra_args: list[str] | None = None,
+    user_namespaces: Sequence[str] = (),
+    notebook_service_account: str = NOTEBOOK_SERVICE_ACCOUNT,
 ) -> list[dict[str, Any]]:
-    """CRD, namespace, service account, RBAC, controller Deployment and an example Gateway."""
+    """CRD, namespace, service account, RBAC, controller Deployment and an example Gateway;
+    with `user_namespaces`, also the service account its notebook pods run as there, allowed
+    to run `%%distributed --backend kubernetes` jobs in that namespace and nothing more."""
     role = f"mlcluster-{CONTROLLER_NAME}"
     args = [
         f"--gateway={gateway}",
         f"--host={host}",
         f"--owner-header={owner_header}",
         f"--ControllerConfig.controller_principal=cluster.local/ns/{namespace}/sa/{CONTROLLER_NAME}",
-        *(extra_args or []),
     ]
+    if user_namespaces:
+        args.append(f"--ControllerConfig.service_account={notebook_service_account}")
+    args += extra_args or []
     manifests = [
         notebook_crd(),
         # In the mesh: the notebooks' AuthorizationPolicy admits the controller by its identity.
@@ -183,4 +194,6 @@ def all_manifests(
     ]
     if include_gateway:
         manifests.append(example_gateway(gateway, host))
+    for user_namespace in user_namespaces:
+        manifests += notebook_rbac(user_namespace, notebook_service_account)
     return manifests

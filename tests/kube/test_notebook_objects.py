@@ -751,3 +751,40 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         "*" not in rule["resources"] and "secrets" not in rule["resources"] for rule in RULES
     )
     assert [m["kind"] for m in all_manifests(include_gateway=False)][-1] == "Deployment"
+
+
+def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    from jupyterlab_mlcluster.backends.kubernetes.rbac import ROLE_NAME
+    import yaml
+
+    from notebook_controller.cli import print_manifests
+
+    assert print_manifests(["--no-gateway", "--user-namespace=team-a", "--user-namespace=team-b"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert printed == all_manifests(include_gateway=False, user_namespaces=["team-a", "team-b"])
+    extra = printed[len(all_manifests(include_gateway=False)) :]
+    assert [(m["kind"], m["metadata"]["namespace"]) for m in extra] == [
+        (kind, namespace)
+        for namespace in ("team-a", "team-b")
+        for kind in ("ServiceAccount", "Role", "RoleBinding")
+    ]
+    for manifest in extra:
+        validate_builtin(manifest)
+    binding = extra[2]
+    assert binding["roleRef"]["name"] == ROLE_NAME
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mlcluster-notebook", "namespace": "team-a"}
+    ]
+    # The controller runs notebook pods as that account (when their template names none).
+    deployment = next(m for m in printed if m["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ControllerConfig.service_account=mlcluster-notebook" in args
+    # Without user namespaces, nothing of the kind: notebook pods keep the namespace default.
+    plain = all_manifests(include_gateway=False)
+    assert not any(m["kind"] == "Role" for m in plain)
+    assert not any(
+        "service_account" in a
+        for a in next(m for m in plain if m["kind"] == "Deployment")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+    )
