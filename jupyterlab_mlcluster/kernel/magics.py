@@ -73,6 +73,9 @@ def _kernel_origin() -> dict[str, Any]:
     return origin
 
 
+WIDGET_DELAY = 0.25  # seconds
+
+
 class CellRun:
     """One execution of a %%distributed cell: submit, follow, bring the result home."""
 
@@ -123,7 +126,16 @@ class CellRun:
         self.job_id = record.id
         from .monitor import JobMonitor
 
-        self.monitor = JobMonitor(service, record.id, terminal=not _in_kernel(self.shell), quiet=args.quiet)
+        self.monitor = JobMonitor(
+            service,
+            record.id,
+            terminal=not _in_kernel(self.shell),
+            quiet=args.quiet,
+            # A cell that waits builds its widgets once the job has run a moment, off the
+            # ranks' start; --no-wait builds them now (later display updates would lack the
+            # cell's parent message once it has returned).
+            widget_delay=0.0 if args.no_wait else WIDGET_DELAY,
+        )
         self.monitor.show()
         return Job(service, record.id)
 

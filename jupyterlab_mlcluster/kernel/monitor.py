@@ -192,20 +192,9 @@ class WidgetView:
         self.widget.add_class("mlcluster-monitor")
 
     def update(self, record: JobRecord) -> None:
-        state = str(record.state)
-        self.title.value = (
-            f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(state)} "
-            f"<span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
-        )
+        self.title.value = title_html(record)
         self.clock.value = f"<span style='opacity:0.75'>elapsed</span> <b>{format_elapsed(elapsed(record))}</b>"
-        message = ""
-        if record.error:
-            message = f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"
-        elif record.reason and not record.final:
-            message = f"<span style='opacity:0.8'>{html.escape(record.reason)}</span>"
-        elif record.state == JobState.CANCELLED:
-            message = f"<span style='opacity:0.8'>{html.escape(record.reason or 'cancelled')}</span>"
-        self.message.value = message
+        self.message.value = message_html(record)
         if record.final:
             self.close()
         self.table.value = rank_table(record, self.has_gpus)
@@ -224,6 +213,35 @@ class WidgetView:
         """The job is over: nothing left to cancel."""
         self.cancel.disabled = True
         self.cancel.layout.display = "none"
+
+
+def title_html(record: JobRecord) -> str:
+    return (
+        f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(str(record.state))} "
+        f"<span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
+    )
+
+
+def message_html(record: JobRecord) -> str:
+    if record.error:
+        return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"
+    if record.reason and not record.final:
+        return f"<span style='opacity:0.8'>{html.escape(record.reason)}</span>"
+    if record.state == JobState.CANCELLED:
+        return f"<span style='opacity:0.8'>{html.escape(record.reason or 'cancelled')}</span>"
+    return ""
+
+
+def summary_html(record: JobRecord) -> str:
+    """The monitor without widgets: what a job that ended before the widgets were due
+    leaves in the notebook (plain HTML: no comms, and it renders in a saved notebook)."""
+    elapsed_text = format_elapsed(elapsed(record))
+    return (
+        "<div class='mlcluster-summary' style='border:1px solid var(--jp-border-color2, #ccc);"
+        f"padding:6px 10px'><div>{title_html(record)} <span style='opacity:0.75'>· {elapsed_text}"
+        f"</span></div><div>{message_html(record)}</div>"
+        f"{rank_table(record, record.spec.gpus_per_worker > 0)}</div>"
+    )
 
 
 def progress_bar(fraction: float | None, state: str) -> str:
@@ -280,7 +298,11 @@ class JobMonitor:
         rank_output: bool = True,
         terminal: bool = False,
         quiet: bool = False,
+        widget_delay: float = 0.0,
     ):
+        """`widget_delay`: build the widgets only once the job has run that long (a job that
+        ends sooner leaves a plain HTML summary). Building them costs the kernel ~20 ms of
+        CPU, which would otherwise compete with the ranks starting on a small machine."""
         self.service = service
         self.job_id = job_id
         self.quiet = quiet
@@ -296,11 +318,9 @@ class JobMonitor:
         self.last_clock = 0.0
         self.cancel_requested = False
         self.redraws = 0
-        if widgets and not terminal and not quiet:
-            try:
-                self.view = WidgetView(self.record, self.request_cancel)
-            except ImportError:
-                self.view = None
+        self.widgets_wanted = widgets and not terminal and not quiet
+        self.widget_delay = widget_delay
+        self.shown_at = 0.0
 
     # -- display ----------------------------------------------------------------------
 
@@ -313,9 +333,23 @@ class JobMonitor:
             return
         from IPython.display import display
 
+        self.shown_at = time.monotonic()
+        if self.widget_delay <= 0:
+            self._build_view()
         display(self._bundle(), raw=True, display_id=self.status_id)
         self.last_state = str(self.record.state)
         self._redraw(force=True)
+
+    def _build_view(self) -> bool:
+        """Create the widgets (once); False if ipywidgets is missing or not wanted."""
+        if self.view is None and self.widgets_wanted:
+            self.widgets_wanted = False  # one attempt
+            try:
+                self.view = WidgetView(self.record, self.request_cancel)
+            except ImportError:
+                return False
+            return True
+        return False
 
     def _bundle(self) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": status_line(self.record)}
@@ -325,6 +359,8 @@ class JobMonitor:
                 "version_minor": 0,
                 "model_id": self.view.widget.model_id,
             }
+        else:
+            bundle["text/html"] = summary_html(self.record)
         return bundle
 
     def request_cancel(self) -> None:
@@ -370,14 +406,19 @@ class JobMonitor:
             return
         if not due and not self.record.final:
             return
+        new_view = (
+            not self.record.final
+            and now - self.shown_at >= self.widget_delay
+            and self._build_view()
+        )
         if self.outputs.dirty or self.view is not None or state != self.last_state:
             self.redraws += 1
         self.last_redraw = now
         if self.view is not None:
             self.view.update(self.record)
-            self.view.update_logs(self.outputs, set(self.outputs.dirty))
+            self.view.update_logs(self.outputs, set(range(len(self.view.logs))) if new_view else set(self.outputs.dirty))
         self.outputs.flush(self.job_id)
-        if state != self.last_state:
+        if state != self.last_state or new_view:
             self.last_state = state
             from IPython.display import update_display
 

@@ -236,3 +236,34 @@ def test_terminal_ipython_degrades_to_plain_lines(store_dir, tmp_path):
     assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
     assert re.search(r"mlcluster job cell \(j[0-9a-f]+\) succeeded", proc.stdout)
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_quick_job_leaves_a_plain_summary_and_a_long_one_gets_widgets(kernel):
+    # Under WIDGET_DELAY: no widgets at all (their ~20 ms of kernel CPU would compete with
+    # the ranks starting); the display ends as plain HTML with each rank's final state.
+    msgs, reply = kernel.execute("%%distributed --workers 2\nprint('hi')")
+    assert reply["status"] == "ok"
+    assert not [m for m in msgs if m["msg_type"] == "comm_open"]
+    displays = [m for m in msgs if m["msg_type"] in ("display_data", "update_display_data")]
+    final = [m["content"]["data"] for m in displays if "text/html" in m["content"]["data"]][-1]
+    assert "mlcluster-summary" in final["text/html"] and "succeeded" in final["text/plain"]
+    assert sorted(re.findall(r"data-rank='(\d)' data-state='(\w+)'", final["text/html"])) == [
+        ("0", "succeeded"),
+        ("1", "succeeded"),
+    ]
+    # A job still running after WIDGET_DELAY swaps the summary for the live widgets.
+    msgs, reply = kernel.execute("%%distributed --workers 2\nimport time\ntime.sleep(1.5)")
+    assert reply["status"] == "ok"
+    models = [
+        m["content"]["data"]["state"].get("_model_name")
+        for m in msgs
+        if m["msg_type"] == "comm_open"
+    ]
+    assert "ButtonModel" in models and "TabModel" in models
+    swapped = [
+        m
+        for m in msgs
+        if m["msg_type"] == "update_display_data"
+        and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]
+    ]
+    assert swapped, "the display was never switched to the widgets"
