@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+from ..backends.kubernetes.client import SERVICE_ACCOUNT_DIR, in_cluster, resolve_namespace
+
 NO_CLUSTER = "no Kubernetes cluster is configured"
 
 
@@ -36,10 +36,6 @@ def kubeconfig_files() -> list[str]:
     each call: the kubernetes package reads $KUBECONFIG only once, when imported."""
     paths = [p for p in os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep) if p]
     return [str(Path(p).expanduser()) for p in paths if Path(p).expanduser().is_file()]
-
-
-def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and Path(SERVICE_ACCOUNT_TOKEN).exists()
 
 
 def kubernetes_problem() -> str | None:
@@ -131,21 +127,22 @@ class KubeConnection:
             self._probed = 0.0
 
     def namespace(self) -> str:
-        """The configured namespace, else this pod's, else the kubeconfig context's, else 'default'."""
-        if self.configured_namespace:
-            return self.configured_namespace
-        if in_cluster():
-            with contextlib.suppress(OSError):
-                return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
-        with contextlib.suppress(Exception):
-            from kubernetes import config
+        """The configured namespace, else this pod's, else the kubeconfig context's, else
+        'default' (the Kubernetes backend's rule, so jobs and notebooks agree)."""
+        context_namespace = None
+        if not self.configured_namespace and not in_cluster():
+            with contextlib.suppress(Exception):
+                from kubernetes import config
 
-            _, active = config.list_kube_config_contexts(
-                config_file=os.pathsep.join(kubeconfig_files())
-            )
-            if active and active.get("context", {}).get("namespace"):
-                return active["context"]["namespace"]
-        return "default"
+                _, active = config.list_kube_config_contexts(
+                    config_file=os.pathsep.join(kubeconfig_files())
+                )
+                context_namespace = ((active or {}).get("context") or {}).get("namespace")
+        return resolve_namespace(
+            self.configured_namespace,
+            service_account_dir=SERVICE_ACCOUNT_DIR if in_cluster() else None,
+            context_namespace=context_namespace,
+        )
 
     @contextlib.contextmanager
     def errors(self, passing: tuple[int, ...] = ()) -> Iterator[None]:
