@@ -61,7 +61,9 @@ class JobWatch:
         self._url = f"{url}{prefix}/namespaces/{NAMESPACE}/{plural}"
         self._session = requests.Session()
         rv = self._session.get(self._url).json()["metadata"]["resourceVersion"]
-        self._response = self._session.get(self._url, params={"watch": "true", "resourceVersion": rv}, stream=True)
+        self._response = self._session.get(
+            self._url, params={"watch": "true", "resourceVersion": rv}, stream=True
+        )
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -73,7 +75,11 @@ class JobWatch:
             if not job_id:
                 continue
             spec = obj.get("spec", {})
-            suspended = spec.get("suspend") if "suspend" in spec else spec.get("runPolicy", {}).get("suspend")
+            suspended = (
+                spec.get("suspend")
+                if "suspend" in spec
+                else spec.get("runPolicy", {}).get("suspend")
+            )
             with self._cond:
                 self.created.setdefault(job_id, now)
                 if not suspended:
@@ -87,13 +93,18 @@ class JobWatch:
             return self.created[job_id], self.ready[job_id]
 
 
-
 def configure(root: Path, case: dict[str, Any]) -> None:
-    settings = {"kubernetes_namespace": NAMESPACE, "kubernetes_image": "registry.example.com/notebook:1",
-                "warm_pool": case["warm"], "warm_pool_modules": ["kubernetes"]}
+    settings = {
+        "kubernetes_namespace": NAMESPACE,
+        "kubernetes_image": "registry.example.com/notebook:1",
+        "warm_pool": case["warm"],
+        "warm_pool_modules": ["kubernetes"],
+    }
     config_dir = root / "jupyter-config"
     config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "jupyter_mlcluster_config.json").write_text(json.dumps({"MLClusterConfig": settings}))
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": settings})
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,7 +112,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def api_case(case: dict[str, Any], runs: int, workers: int, watch: JobWatch) -> dict[str, list[float]]:
+def api_case(
+    case: dict[str, Any], runs: int, workers: int, watch: JobWatch
+) -> dict[str, list[float]]:
     from jupyterlab_mlcluster.jobs.model import JobSpec
     from jupyterlab_mlcluster.jobs.service import JobService
     from jupyterlab_mlcluster.runtime.payload import Payload
@@ -168,11 +181,16 @@ def main() -> None:
     os.environ["JUPYTER_CONFIG_DIR"] = str(root / "jupyter-config")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(root / "warm-pool")
     # Processes started elsewhere (the warm pool starts in /) import this checkout's code.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+    )
     os.environ["KUBECONFIG"] = str(root / "kubeconfig.yaml")
     emulator = subprocess.Popen(
         [sys.executable, "-c", SERVE_EMULATOR, os.environ["KUBECONFIG"]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     assert emulator.stdout is not None
     url = emulator.stdout.readline().strip()

@@ -58,10 +58,16 @@ def parse_marks(text: str) -> list[tuple[float, float]]:
     return [(float(a), float(b)) for _, a, b in re.findall(r"MLCB (\d+) ([\d.]+) ([\d.]+)", text)]
 
 
-def summarize(t0: float, marks: list[tuple[float, float]], t_end: float, workers: int) -> dict[str, float]:
+def summarize(
+    t0: float, marks: list[tuple[float, float]], t_end: float, workers: int
+) -> dict[str, float]:
     if len(marks) != workers:
         raise RuntimeError(f"expected {workers} ranks to report, got {len(marks)}")
-    return {"up": max(s for s, _ in marks) - t0, "ready": max(d for _, d in marks) - t0, "total": t_end - t0}
+    return {
+        "up": max(s for s, _ in marks) - t0,
+        "ready": max(d for _, d in marks) - t0,
+        "total": t_end - t0,
+    }
 
 
 # -- each method runs in its own subprocess and prints one JSON result per run ----------------
@@ -229,7 +235,9 @@ def run_driver(source: str, args: list[str], env: dict[str, str]) -> list[dict[s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--skip", default="", help="comma-separated methods to skip")
@@ -239,7 +247,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mlcluster-bench-"))
     script = tmp / "allreduce.py"
     script.write_text(USER_CODE)
-    base_env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent), MLCLUSTER_STORE_DIR=str(tmp / "store"))
+    base_env = dict(
+        os.environ, PYTHONPATH=str(Path(__file__).parent), MLCLUSTER_STORE_DIR=str(tmp / "store")
+    )
     base_env["MLCLUSTER_WARM_POOL_DIR"] = str(tmp / "pool")
     warm = dict(base_env, MLCLUSTER_WARM_POOL="1")
     cold = dict(base_env, MLCLUSTER_WARM_POOL="0")
@@ -256,7 +266,10 @@ def main() -> int:
     }
     results: dict[str, dict[str, float]] = {}
     failed: list[str] = []
-    print(f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs, {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs, {os.cpu_count()} CPUs",
+        flush=True,
+    )
     for name, (driver, dargs, env) in methods.items():
         if name in skip:
             continue
@@ -269,15 +282,21 @@ def main() -> int:
         results[name] = {k: statistics.median(r[k] for r in runs) for k in ("up", "ready", "total")}
         print(f"  {name:<18} done", file=sys.stderr, flush=True)
     _stop_pools(tmp / "pool")
-    print(f"{'method':<18} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} {'vs torchrun':>12} {'vs launcher':>12}")
+    print(
+        f"{'method':<18} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} {'vs torchrun':>12} {'vs launcher':>12}"
+    )
     for name, r in results.items():
         vs_t = results.get("torchrun", {}).get("total")
         # Like with like: a cell is compared with notebook_launcher called from a cell.
-        baseline = "launcher-in-kernel" if name in ("magic", "launcher-in-kernel") else "notebook_launcher"
+        baseline = (
+            "launcher-in-kernel" if name in ("magic", "launcher-in-kernel") else "notebook_launcher"
+        )
         vs_l = results.get(baseline, {}).get("total")
         ratio_t = f"{vs_t / r['total']:.1f}x faster" if vs_t else "-"
         ratio_l = f"{r['total'] / vs_l:.2f}x" if vs_l else "-"
-        print(f"{name:<18} {r['up']:>8.3f} {r['ready']:>10.3f} {r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}")
+        print(
+            f"{name:<18} {r['up']:>8.3f} {r['ready']:>10.3f} {r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}"
+        )
     for name in failed:
         print(f"{name:<18} {'failed (see above)':>30}")
     print("(vs launcher: magic against launcher-in-kernel, the rest against notebook_launcher)")

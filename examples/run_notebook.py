@@ -1,6 +1,6 @@
 """Execute a notebook headlessly (nbclient, a real kernel) and print what its cells output.
 
-    python examples/run_notebook.py examples/quickstart.ipynb [--save executed.ipynb]
+python examples/run_notebook.py examples/quickstart.ipynb [--save executed.ipynb]
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def text_of(output) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("notebook")
     parser.add_argument("--save", help="write the executed notebook here")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")

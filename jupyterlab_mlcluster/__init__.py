@@ -47,15 +47,25 @@ def submit(
     from .runtime.payload import Payload
 
     service = _service()
-    spec = JobSpec.from_options({"workers": workers, **options}, default_backend=service.config.default_backend)
+    spec = JobSpec.from_options(
+        {"workers": workers, **options}, default_backend=service.config.default_backend
+    )
     if callable(code_or_callable):
         if pull:
-            raise ValueError("pull applies to code, not to a function: return what you need instead")
-        payload = Payload(kind="callable", function=code_or_callable, args=tuple(args), kwargs=dict(kwargs or {}))
+            raise ValueError(
+                "pull applies to code, not to a function: return what you need instead"
+            )
+        payload = Payload(
+            kind="callable", function=code_or_callable, args=tuple(args), kwargs=dict(kwargs or {})
+        )
     elif isinstance(code_or_callable, str):
-        payload = Payload(kind="code", source=code_or_callable, push=dict(push or {}), pull=list(pull or []))
+        payload = Payload(
+            kind="code", source=code_or_callable, push=dict(push or {}), pull=list(pull or [])
+        )
     else:
-        raise TypeError(f"submit() takes Python source or a callable, got {type(code_or_callable).__name__}")
+        raise TypeError(
+            f"submit() takes Python source or a callable, got {type(code_or_callable).__name__}"
+        )
     import os
     import sys
 

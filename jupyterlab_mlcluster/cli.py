@@ -1,11 +1,11 @@
 """`mlcluster`: the command line, on the same engine as the magic and the REST API.
 
-    mlcluster run --workers 4 train.py [args]   run and stream rank-prefixed output
-    mlcluster jobs                              list jobs
-    mlcluster logs JOB [--rank R] [--follow]
-    mlcluster cancel JOB [--purge]
-    mlcluster controller ...                    the Kubernetes notebook-controller
-    mlcluster manifests                         YAML a platform team applies
+mlcluster run --workers 4 train.py [args]   run and stream rank-prefixed output
+mlcluster jobs                              list jobs
+mlcluster logs JOB [--rank R] [--follow]
+mlcluster cancel JOB [--purge]
+mlcluster controller ...                    the Kubernetes notebook-controller
+mlcluster manifests                         YAML a platform team applies
 """
 
 from __future__ import annotations
@@ -31,25 +31,33 @@ def _service():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlcluster", description="Distributed jobs from JupyterLab and the shell.")
+    parser = argparse.ArgumentParser(
+        prog="mlcluster", description="Distributed jobs from JupyterLab and the shell."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a script (or -m module) on N ranks")
     add_job_arguments(run)
-    run.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m")
+    run.add_argument(
+        "-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m"
+    )
     run.add_argument("script", help="the Python script (or module with -m)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
     jobs = sub.add_parser("jobs", help="list jobs")
     jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     jobs.add_argument("--backend", help="only jobs of this backend")
-    jobs.add_argument("--limit", type=int, default=50, help="at most this many (newest first; default 50)")
+    jobs.add_argument(
+        "--limit", type=int, default=50, help="at most this many (newest first; default 50)"
+    )
     jobs.add_argument("--json", action="store_true", help="print JSON")
 
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("job", help="job id or name")
     logs.add_argument("--rank", type=int, default=None, help="only this rank")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing until the job ends"
+    )
 
     cancel = sub.add_parser("cancel", help="cancel a job (all ranks)")
     cancel.add_argument("job", help="job id or name")
@@ -59,8 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
 
     # Listed for --help; main() hands them to the notebook-controller's own applications.
-    sub.add_parser("controller", help="run the notebook-controller (Kubernetes); --help for its options")
-    sub.add_parser("manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects as YAML")
+    sub.add_parser(
+        "controller", help="run the notebook-controller (Kubernetes); --help for its options"
+    )
+    sub.add_parser(
+        "manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects as YAML"
+    )
     return parser
 
 
@@ -152,7 +164,10 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     print(f"mlcluster: job {job_id} failed: {record.error}", file=sys.stderr)
     report = service.error_report(job_id)
     if report and report.get("traceback"):
-        print(f"--- traceback of rank {record.failed_rank} ---\n{report['traceback'].rstrip()}", file=sys.stderr)
+        print(
+            f"--- traceback of rank {record.failed_rank} ---\n{report['traceback'].rstrip()}",
+            file=sys.stderr,
+        )
     return EXIT_FAILED
 
 
@@ -186,9 +201,21 @@ def format_jobs_table(records) -> str:
     now = time.time()
     for r in records:
         info = r.error or r.reason or ""
-        rows.append((r.id, r.name, str(r.state), rank_counts(r), r.backend, format_age(now - r.created), info[:60]))
+        rows.append(
+            (
+                r.id,
+                r.name,
+                str(r.state),
+                rank_counts(r),
+                r.backend,
+                format_age(now - r.created),
+                info[:60],
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
+    )
 
 
 def rank_counts(record) -> str:
@@ -251,17 +278,24 @@ def cmd_pool(args: argparse.Namespace) -> int:
     config = get_config()
     if args.action == "start":
         if warmpool.ensure_zygote(config) is None:
-            print("mlcluster: the warm pool did not come up (see its log in the pool directory)", file=sys.stderr)
+            print(
+                "mlcluster: the warm pool did not come up (see its log in the pool directory)",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
     elif args.action == "stop":
         print("stopped" if warmpool.stop(config) else "no warm pool is running")
         return 0
     status = warmpool.status(config)
     if status is None:
-        print(f"no warm pool is running (enabled: {config.warm_pool}; it starts with the first job)")
+        print(
+            f"no warm pool is running (enabled: {config.warm_pool}; it starts with the first job)"
+        )
         return 0
     mib = 1024 * 1024
-    uss = f", {status['uss_bytes'] / mib:.0f} MiB of its own (USS)" if status.get("uss_bytes") else ""
+    uss = (
+        f", {status['uss_bytes'] / mib:.0f} MiB of its own (USS)" if status.get("uss_bytes") else ""
+    )
     print(
         f"warm pool pid {status['pid']}: modules {', '.join(status['modules']) or '-'}; "
         f"memory {status['rss_bytes'] / mib:.0f} MiB RSS{uss}; CUDA initialised: {status['cuda_initialized']}; "

@@ -66,5 +66,3 @@ def service(store_dir):
         if not record.final:
             svc.cancel(record.id)
     assert_no_job_processes(svc)
-
-

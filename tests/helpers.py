@@ -21,7 +21,9 @@ def job_processes(service, job_id: str) -> list[psutil.Process]:
     sup = record.supervisor or {}
     if process_is(sup.get("pid"), sup.get("create_time")):
         found.append(psutil.Process(sup["pid"]))
-    rows = service.store._db.execute("SELECT pid, pgid FROM ranks WHERE job_id = ?", (job_id,)).fetchall()
+    rows = service.store._db.execute(
+        "SELECT pid, pgid FROM ranks WHERE job_id = ?", (job_id,)
+    ).fetchall()
     for row in rows:
         if process_is(row["pid"], row["pgid"]):
             found.append(psutil.Process(row["pid"]))

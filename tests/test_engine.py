@@ -90,7 +90,9 @@ def test_gpus_are_assigned_per_rank(service, monkeypatch):
     seen = {line["rank"]: line["line"] for line in gpu_service.logs(job_id)[0]}
     assert seen == {0: "0,1", 1: "2,3"}
     with pytest.raises(SpecError, match="needs 8 GPUs .* has 4 GPUs"):
-        gpu_service.submit(JobSpec.from_options({"workers": 4, "gpus_per_worker": 2}), Payload(source="pass"))
+        gpu_service.submit(
+            JobSpec.from_options({"workers": 4, "gpus_per_worker": 2}), Payload(source="pass")
+        )
 
 
 def test_framework_environments(service):
@@ -101,8 +103,13 @@ def test_framework_environments(service):
         assert service.wait(job_id, timeout=60).state == JobState.SUCCEEDED
     tf_env = {l["rank"]: json.loads(l["line"]) for l in service.logs(tf)[0]}
     configs = {r: json.loads(e["TF_CONFIG"]) for r, e in tf_env.items()}
-    assert configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
-    assert [configs[r]["task"] for r in (0, 1)] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+    assert (
+        configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
+    )
+    assert [configs[r]["task"] for r in (0, 1)] == [
+        {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1},
+    ]
     jax_env = {l["rank"]: json.loads(l["line"]) for l in service.logs(jax)[0]}
     assert jax_env[0]["JAX_COORDINATOR_ADDRESS"] == jax_env[1]["JAX_COORDINATOR_ADDRESS"]
     assert [jax_env[r]["JAX_PROCESS_ID"] for r in (0, 1)] == ["0", "1"]
@@ -140,7 +147,10 @@ def test_failing_rank_fails_fast_with_its_traceback(service):
     assert states[2] == RankState.FAILED
     assert {states[r] for r in (0, 1, 3)} == {RankState.CANCELLED}
     report = service.error_report(job_id)
-    assert 'line 5, in train' in report["traceback"] and "ValueError: rank two is broken" in report["traceback"]
+    assert (
+        "line 5, in train" in report["traceback"]
+        and "ValueError: rank two is broken" in report["traceback"]
+    )
     assert 'raise ValueError("rank two is broken")' in report["traceback"]  # source lines shown
     assert "jupyterlab_mlcluster" not in report["traceback"]  # our frames hidden
     assert_no_job_processes(service, timeout=5)
@@ -155,8 +165,15 @@ def test_killed_cli_leaves_no_ranks_and_a_final_state(store_dir, tmp_path, servi
         stderr=subprocess.PIPE,
     )
     try:
-        job = wait_for(lambda: service.store.list_jobs(states=["running"])[0], timeout=60, message="job running")[0]
-        wait_for(lambda: all(r.state == RankState.RUNNING for r in service.store.get_job(job.id).ranks), timeout=60)
+        job = wait_for(
+            lambda: service.store.list_jobs(states=["running"])[0],
+            timeout=60,
+            message="job running",
+        )[0]
+        wait_for(
+            lambda: all(r.state == RankState.RUNNING for r in service.store.get_job(job.id).ranks),
+            timeout=60,
+        )
         ranks = job_processes(service, job.id)
         assert len(ranks) == 5  # supervisor + 4 ranks
         cli.send_signal(signal.SIGKILL)
@@ -171,7 +188,10 @@ def test_killed_cli_leaves_no_ranks_and_a_final_state(store_dir, tmp_path, servi
 
 def test_supervisor_death_takes_ranks_with_it(service):
     job_id = submit(service, "import time\ntime.sleep(300)", workers=2)
-    wait_for(lambda: all(r.state == RankState.RUNNING for r in service.store.get_job(job_id).ranks), timeout=60)
+    wait_for(
+        lambda: all(r.state == RankState.RUNNING for r in service.store.get_job(job_id).ranks),
+        timeout=60,
+    )
     record = service.store.get_job(job_id)
     ranks = [psutil.Process(r.pid) for r in record.ranks]
     os.kill(record.supervisor["pid"], signal.SIGKILL)
@@ -187,7 +207,9 @@ def test_whole_pool_jobs_run_one_after_the_other(service, monkeypatch, tmp_path)
     from jupyterlab_mlcluster.jobs.service import JobService
 
     small_pool = JobService()
-    code = "import time, os\nprint('start', time.time())\ntime.sleep(1.5)\nprint('end', time.time())"
+    code = (
+        "import time, os\nprint('start', time.time())\ntime.sleep(1.5)\nprint('end', time.time())"
+    )
     first = submit(small_pool, code, workers=4, name="first")
     second = submit(small_pool, code, workers=4, name="second")
     wait_for(lambda: small_pool.store.get_job(first).state == JobState.RUNNING, timeout=60)
@@ -195,7 +217,11 @@ def test_whole_pool_jobs_run_one_after_the_other(service, monkeypatch, tmp_path)
     assert queued.state == JobState.QUEUED and queued.queue_position == 0
     assert all(r.state == RankState.PENDING for r in queued.ranks)
     # (while the first job is still being admitted the reason may say "queued behind 1 job")
-    wait_for(lambda: "CPU slots" in (small_pool.store.get_job(second).reason or ""), timeout=5, message="the wait reason")
+    wait_for(
+        lambda: "CPU slots" in (small_pool.store.get_job(second).reason or ""),
+        timeout=5,
+        message="the wait reason",
+    )
     assert small_pool.store.get_job(second).reason == "waiting for 4 CPU slots (0 free)"
     for job_id in (first, second):
         assert small_pool.wait(job_id, timeout=120).state == JobState.SUCCEEDED
@@ -271,7 +297,9 @@ def test_max_restarts_restarts_the_whole_gang(service):
     record = service.wait(job_id, timeout=60)
     assert record.state == JobState.SUCCEEDED, record.error
     assert record.restarts == 1
-    lines = [l["line"] for l in service.logs(job_id, rank=1)[0]]  # rank 0 may be stopped before it prints
+    lines = [
+        l["line"] for l in service.logs(job_id, rank=1)[0]
+    ]  # rank 0 may be stopped before it prints
     assert lines[0] == "attempt 0" and "attempt 1" in lines
     assert any("restarting all ranks (restart 1 of 2)" in l for l in lines)
     # Without restarts left the job fails
@@ -289,7 +317,9 @@ def test_timeout_fails_and_stops_the_job(service):
 
 
 def test_cancel_from_another_process_and_purge(service, store_dir):
-    job_id = submit(service, "import time\nprint('working', flush=True)\ntime.sleep(300)", workers=2)
+    job_id = submit(
+        service, "import time\nprint('working', flush=True)\ntime.sleep(300)", workers=2
+    )
     wait_for(lambda: service.logs(job_id)[0], timeout=60, message="output")
     proc = run_cli("cancel", job_id)
     assert proc.returncode == 0 and "cancelled" in proc.stdout
@@ -304,7 +334,11 @@ def test_cancel_from_another_process_and_purge(service, store_dir):
 
 
 def test_logs_follow_and_rank_filter(service, store_dir):
-    job_id = submit(service, "import os, time\nfor i in range(3):\n    print(os.environ['RANK'], i, flush=True)\n    time.sleep(0.3)", workers=2)
+    job_id = submit(
+        service,
+        "import os, time\nfor i in range(3):\n    print(os.environ['RANK'], i, flush=True)\n    time.sleep(0.3)",
+        workers=2,
+    )
     proc = run_cli("logs", job_id, "--follow", "--rank", "1", timeout=60)
     assert proc.stdout.splitlines() == ["[rank 1] 1 0", "[rank 1] 1 1", "[rank 1] 1 2"]
 

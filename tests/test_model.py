@@ -2,13 +2,26 @@
 
 import pytest
 
-from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError, format_memory, parse_duration, parse_memory
+from jupyterlab_mlcluster.jobs.model import (
+    JobSpec,
+    SpecError,
+    format_memory,
+    parse_duration,
+    parse_memory,
+)
 from jupyterlab_mlcluster.runtime.protocol import OutputParser, encode_record, parse_tqdm
 
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("4Gi", 4 * 1024**3), ("512Mi", 512 * 1024**2), ("2G", 2 * 10**9), ("2GB", 2 * 10**9), ("1.5Gi", int(1.5 * 1024**3)), ("1000", 1000)],
+    [
+        ("4Gi", 4 * 1024**3),
+        ("512Mi", 512 * 1024**2),
+        ("2G", 2 * 10**9),
+        ("2GB", 2 * 10**9),
+        ("1.5Gi", int(1.5 * 1024**3)),
+        ("1000", 1000),
+    ],
 )
 def test_parse_memory(text, expected):
     assert parse_memory(text) == expected
@@ -25,7 +38,10 @@ def test_format_memory_round_trips():
         assert format_memory(parse_memory(text)) == text
 
 
-@pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("1h30m", 5400), ("2d", 172800), ("45", 45), ("500ms", 0.5)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("90s", 90), ("30m", 1800), ("1h30m", 5400), ("2d", 172800), ("45", 45), ("500ms", 0.5)],
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -38,9 +54,22 @@ def test_parse_duration_rejects(text):
 
 def test_spec_from_options_converts_and_validates():
     spec = JobSpec.from_options(
-        {"workers": "4", "memory": "1Gi", "timeout": "10m", "env": ["A=1", "B=x=y"], "framework": "JAX", "priority": "-3"}
+        {
+            "workers": "4",
+            "memory": "1Gi",
+            "timeout": "10m",
+            "env": ["A=1", "B=x=y"],
+            "framework": "JAX",
+            "priority": "-3",
+        }
     )
-    assert (spec.workers, spec.memory, spec.timeout, spec.framework, spec.priority) == (4, 1024**3, 600.0, "jax", -3)
+    assert (spec.workers, spec.memory, spec.timeout, spec.framework, spec.priority) == (
+        4,
+        1024**3,
+        600.0,
+        "jax",
+        -3,
+    )
     assert spec.env == {"A": "1", "B": "x=y"}
 
 

@@ -86,7 +86,13 @@ def test_pool_is_replaced_when_the_environment_changes(service, warm, monkeypatc
     second = warmpool.status(service.config)
     assert second["pid"] != first["pid"] and second["fingerprint"] != first["fingerprint"]
     # the outdated zygote was asked to go
-    wait_for(lambda: not psutil.pid_exists(first["pid"]) or psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE, timeout=15)
+    wait_for(
+        lambda: (
+            not psutil.pid_exists(first["pid"])
+            or psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE
+        ),
+        timeout=15,
+    )
 
 
 def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, monkeypatch):
@@ -100,8 +106,14 @@ def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, 
     before = warmpool.status(service.config)
     (target / "newpkg").mkdir()  # what `pip install --target extra-site newpkg` does to the dir
     (target / "newpkg" / "__init__.py").write_text("VALUE = 42\n")
-    wait_for(lambda: not psutil.pid_exists(before["pid"]) or psutil.Process(before["pid"]).status() == psutil.STATUS_ZOMBIE,
-             timeout=warmpool.SELF_CHECK_INTERVAL + 10, message="the outdated zygote to exit")
+    wait_for(
+        lambda: (
+            not psutil.pid_exists(before["pid"])
+            or psutil.Process(before["pid"]).status() == psutil.STATUS_ZOMBIE
+        ),
+        timeout=warmpool.SELF_CHECK_INTERVAL + 10,
+        message="the outdated zygote to exit",
+    )
     out = run(service, "import newpkg, sys\nprint(newpkg.VALUE, 'torch' in sys.modules)", workers=1)
     assert out == {0: ["42 True"]}
     assert warmpool.status(service.config)["pid"] != before["pid"]
@@ -111,7 +123,9 @@ def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
     config_dir = tmp_path / "jupyter-config"
     config_dir.mkdir(exist_ok=True)
     (config_dir / "jupyter_mlcluster_config.json").write_text(
-        json.dumps({"MLClusterConfig": {"warm_pool_idle_timeout": 2, "warm_pool_modules": ["json"]}})
+        json.dumps(
+            {"MLClusterConfig": {"warm_pool_idle_timeout": 2, "warm_pool_modules": ["json"]}}
+        )
     )
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
     from jupyterlab_mlcluster.config import get_config
@@ -121,7 +135,10 @@ def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
     path = warmpool.ensure_zygote(config)
     pid = warmpool.request(path, {"op": "ping"})["pid"]
     wait_for(lambda: not path.exists(), timeout=15, message="idle zygote to exit")
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, timeout=5)
+    wait_for(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout=5,
+    )
 
 
 def test_disabled_pool_starts_nothing(store_dir, monkeypatch, tmp_path):
@@ -130,7 +147,9 @@ def test_disabled_pool_starts_nothing(store_dir, monkeypatch, tmp_path):
     pool = tmp_path / "empty-pool"
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
     monkeypatch.setenv("MLCLUSTER_WARM_POOL_DIR", str(pool))
-    assert run(JobService(), "import sys\nprint('torch' in sys.modules)", workers=1) == {0: ["False"]}
+    assert run(JobService(), "import sys\nprint('torch' in sys.modules)", workers=1) == {
+        0: ["False"]
+    }
     assert not pool.exists() or not list(pool.iterdir())
 
 
@@ -146,6 +165,10 @@ def test_pool_command_reports_memory_and_cuda_state(store_dir, warm):
 
     assert run_cli("pool", "start").returncode == 0
     out = run_cli("pool", "status").stdout
-    assert re.search(r"memory \d+ MiB RSS", out) and "CUDA initialised: False" in out and "torch" in out
+    assert (
+        re.search(r"memory \d+ MiB RSS", out)
+        and "CUDA initialised: False" in out
+        and "torch" in out
+    )
     assert run_cli("pool", "stop").stdout.strip() == "stopped"
     assert "no warm pool is running" in run_cli("pool", "status").stdout

@@ -115,9 +115,7 @@ def parse_memory(value: str | int | None) -> int | None:
         return value
     m = _MEMORY_RE.fullmatch(str(value))
     if not m:
-        raise SpecError(
-            f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {value!r}"
-        )
+        raise SpecError(f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {value!r}")
     number, unit = m.groups()
     result = int(float(number) * _MEMORY_UNITS[unit])
     if result <= 0:
@@ -232,17 +230,23 @@ class JobSpec:
         if "framework" in values:
             fw = str(values["framework"]).lower()
             if fw not in FRAMEWORKS:
-                raise SpecError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {values['framework']!r}")
+                raise SpecError(
+                    f"framework must be one of {', '.join(FRAMEWORKS)}, got {values['framework']!r}"
+                )
             spec.framework = fw
         if "backend" in values:
             be = str(values["backend"]).lower()
             if be not in BACKENDS:
-                raise SpecError(f"backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}")
+                raise SpecError(
+                    f"backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}"
+                )
             spec.backend = be
         if "image" in values:
             image = str(values["image"]).strip()
             if not image or any(c.isspace() for c in image):
-                raise SpecError(f"image must be a container image reference, got {values['image']!r}")
+                raise SpecError(
+                    f"image must be a container image reference, got {values['image']!r}"
+                )
             spec.image = image
         if "name" in values:
             name = str(values["name"])

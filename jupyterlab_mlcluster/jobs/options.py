@@ -12,19 +12,39 @@ from .model import JobSpec
 JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--workers", "-n"), {"default": None, "help": "number of ranks (default 1)"}),
     (("--gpus-per-worker",), {"default": None, "help": "GPUs each rank owns (default 0)"}),
-    (("--cpus",), {"default": None, "help": "CPU slots (local) or cores (Kubernetes) per rank (default 1)"}),
+    (
+        ("--cpus",),
+        {"default": None, "help": "CPU slots (local) or cores (Kubernetes) per rank (default 1)"},
+    ),
     (("--memory",), {"default": None, "help": "memory per rank, e.g. 4Gi, 512M"}),
     (("--framework",), {"default": None, "help": "pytorch (default), tensorflow, jax or none"}),
     (("--backend",), {"default": None, "help": "local (default) or kubernetes"}),
     (("--image",), {"default": None, "help": "container image (kubernetes)"}),
     (("--name",), {"default": None, "help": "a name for the job"}),
-    (("--env",), {"action": "append", "default": None, "metavar": "KEY=VALUE", "help": "extra environment (repeatable)"}),
+    (
+        ("--env",),
+        {
+            "action": "append",
+            "default": None,
+            "metavar": "KEY=VALUE",
+            "help": "extra environment (repeatable)",
+        },
+    ),
     (("--timeout",), {"default": None, "help": "fail the job after this long, e.g. 30m, 1h30m"}),
-    (("--max-restarts",), {"default": None, "help": "restart all ranks up to R times after a failure"}),
+    (
+        ("--max-restarts",),
+        {"default": None, "help": "restart all ranks up to R times after a failure"},
+    ),
     (("--queue",), {"default": None, "help": "scheduler queue (Volcano/Kueue on kubernetes)"}),
     (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
-    (("--no-wait",), {"action": "store_true", "default": False, "help": "return at once with a job handle"}),
-    (("--quiet", "-q"), {"action": "store_true", "default": False, "help": "no live monitor or output"}),
+    (
+        ("--no-wait",),
+        {"action": "store_true", "default": False, "help": "return at once with a job handle"},
+    ),
+    (
+        ("--quiet", "-q"),
+        {"action": "store_true", "default": False, "help": "no live monitor or output"},
+    ),
 ]
 
 

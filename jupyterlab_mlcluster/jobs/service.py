@@ -92,7 +92,9 @@ class JobService:
         try:
             payload.source.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise SpecError(f"the code cannot be encoded as UTF-8: {exc.reason} at position {exc.start}") from None
+            raise SpecError(
+                f"the code cannot be encoded as UTF-8: {exc.reason} at position {exc.start}"
+            ) from None
         job_id = new_job_id()
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
@@ -149,7 +151,13 @@ class JobService:
         env = dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root))
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "jupyterlab_mlcluster.jobs.supervisor", str(self.store.root), job_id],
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyterlab_mlcluster.jobs.supervisor",
+                    str(self.store.root),
+                    job_id,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -249,8 +257,14 @@ class JobService:
             "backend": backend_name,
             "capacity": {
                 "gpus": {"total": len(gpus), "free": len([g for g in gpus if g not in used_gpus])},
-                "cpus": {"total": capacity.get("cpus"), "free": max(0.0, capacity.get("cpus", 0) - used_cpus)},
-                "memory": {"total": capacity.get("memory"), "free": max(0, capacity.get("memory", 0) - used_memory)},
+                "cpus": {
+                    "total": capacity.get("cpus"),
+                    "free": max(0.0, capacity.get("cpus", 0) - used_cpus),
+                },
+                "memory": {
+                    "total": capacity.get("memory"),
+                    "free": max(0, capacity.get("memory", 0) - used_memory),
+                },
             },
             "queue": self.store.queue(backend_name),
             "running": [j.id for j in active],
@@ -307,13 +321,18 @@ class JobService:
                 continue
             record = self.store.get_job(row["id"])
             backend = self.backend(record.backend)
-            if not row["cancel_requested"] and backend.supervisor_lost(self.store, record) == "respawn":
+            if (
+                not row["cancel_requested"]
+                and backend.supervisor_lost(self.store, record) == "respawn"
+            ):
                 self.store.update_job(record.id, supervisor=None)
                 self._start_supervisor(record.id)
                 continue
             backend.cleanup_orphans(self.store, record)
             if row["cancel_requested"]:
-                moved = self.store.transition(record.id, JobState.CANCELLED, reason="cancelled by user")
+                moved = self.store.transition(
+                    record.id, JobState.CANCELLED, reason="cancelled by user"
+                )
             else:
                 why = (
                     "the job's supervisor process died unexpectedly"

@@ -113,7 +113,17 @@ _JOB_COLUMNS = {
     "capacity",
     "backend_state",
 }
-_RANK_COLUMNS = {"state", "exit_code", "pid", "pgid", "host", "started", "finished", "metrics", "progress"}
+_RANK_COLUMNS = {
+    "state",
+    "exit_code",
+    "pid",
+    "pgid",
+    "host",
+    "started",
+    "finished",
+    "metrics",
+    "progress",
+}
 
 
 class UnknownJob(KeyError):
@@ -142,7 +152,9 @@ class JobStore:
     # -- connections -------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(
+            self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA busy_timeout = 30000")
         return db
@@ -256,7 +268,9 @@ class JobStore:
         row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise UnknownJob(job_id)
-        ranks = db.execute("SELECT * FROM ranks WHERE job_id = ? ORDER BY rank", (job_id,)).fetchall()
+        ranks = db.execute(
+            "SELECT * FROM ranks WHERE job_id = ? ORDER BY rank", (job_id,)
+        ).fetchall()
         record = _job_from_row(row, ranks)
         if record.state == JobState.QUEUED:
             record.queue_position = self.queue_position(job_id, record.backend)
@@ -292,7 +306,9 @@ class JobStore:
         total = db.execute(f"SELECT COUNT(*) FROM jobs {clause}", args).fetchone()[0]
         order = "DESC" if newest_first else "ASC"
         page = f"LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
-        rows = db.execute(f"SELECT * FROM jobs {clause} ORDER BY created {order}, id {page}", args).fetchall()
+        rows = db.execute(
+            f"SELECT * FROM jobs {clause} ORDER BY created {order}, id {page}", args
+        ).fetchall()
         if not rows:
             return [], total
         ids = [r["id"] for r in rows]
@@ -353,7 +369,9 @@ class JobStore:
     def update_rank(self, job_id: str, rank: int, **fields: Any) -> None:
         self.update_ranks(job_id, {rank: fields})
 
-    def update_ranks(self, job_id: str, changes: dict[int, dict[str, Any]], *, event: str = "ranks") -> None:
+    def update_ranks(
+        self, job_id: str, changes: dict[int, dict[str, Any]], *, event: str = "ranks"
+    ) -> None:
         """Several ranks in one transaction (one change event)."""
         if not changes:
             return
@@ -370,7 +388,9 @@ class JobStore:
                 )
             self._event(db, job_id, event)
 
-    def record_metrics(self, job_id: str, samples: dict[int, dict[str, Any]], ts: float | None = None) -> None:
+    def record_metrics(
+        self, job_id: str, samples: dict[int, dict[str, Any]], ts: float | None = None
+    ) -> None:
         """Latest metrics onto the rank rows and into the history, one transaction."""
         ts = ts or time.time()
         with self._tx() as db:
@@ -393,11 +413,14 @@ class JobStore:
                     ),
                 )
             db.execute(
-                "DELETE FROM metrics WHERE job_id = ? AND ts < ?", (job_id, ts - METRICS_KEPT_SECONDS)
+                "DELETE FROM metrics WHERE job_id = ? AND ts < ?",
+                (job_id, ts - METRICS_KEPT_SECONDS),
             )
             self._event(db, job_id, "metrics")
 
-    def metrics_history(self, job_id: str, since: float | None = None) -> dict[int, list[dict[str, Any]]]:
+    def metrics_history(
+        self, job_id: str, since: float | None = None
+    ) -> dict[int, list[dict[str, Any]]]:
         check_job_id(job_id)
         rows = self._db.execute(
             "SELECT * FROM metrics WHERE job_id = ? AND ts > ? ORDER BY rank, ts",
@@ -419,7 +442,8 @@ class JobStore:
     def request_cancel(self, job_id: str) -> JobRecord:
         with self._tx() as db:
             cur = db.execute(
-                "UPDATE jobs SET cancel_requested = 1, updated = ? WHERE id = ?", (time.time(), job_id)
+                "UPDATE jobs SET cancel_requested = 1, updated = ? WHERE id = ?",
+                (time.time(), job_id),
             )
             if cur.rowcount == 0:
                 raise UnknownJob(job_id)
@@ -494,7 +518,9 @@ class JobStore:
             self._event(db, job_id, kind)
 
     def _event(self, db: sqlite3.Connection, job_id: str, kind: str) -> None:
-        cur = db.execute("INSERT INTO events (ts, job_id, kind) VALUES (?, ?, ?)", (time.time(), job_id, kind))
+        cur = db.execute(
+            "INSERT INTO events (ts, job_id, kind) VALUES (?, ?, ?)", (time.time(), job_id, kind)
+        )
         seq = cur.lastrowid or 0
         if seq % 1000 == 0:
             db.execute("DELETE FROM events WHERE seq <= ?", (seq - EVENTS_KEPT,))
@@ -578,7 +604,9 @@ def parse_cursor(cursor: str | None) -> dict[int, int]:
         try:
             offsets[int(rank)] = max(0, int(offset))
         except ValueError:
-            raise ValueError(f"since must be a cursor returned by a previous call, got {cursor!r}") from None
+            raise ValueError(
+                f"since must be a cursor returned by a previous call, got {cursor!r}"
+            ) from None
     return offsets
 
 

@@ -39,7 +39,8 @@ class LogWriter:
         self._store = store
         self._job_id = job_id
         self._files = {
-            r: open(store.log_path(job_id, r), "ab", buffering=0) for r in range(workers)  # noqa: SIM115
+            r: open(store.log_path(job_id, r), "ab", buffering=0)
+            for r in range(workers)  # noqa: SIM115
         }
         self._dirty = False
         self._last_notify = 0.0
@@ -97,7 +98,9 @@ class JobContext:
             if row is None or row[0]:
                 self._cancel = "cancelled by user" if row is not None else "job was deleted"
             elif self._attached is not None and not _still_running(self._attached):
-                self._cancel = f"cancelled: the submitting process (pid {self._attached.pid}) exited"
+                self._cancel = (
+                    f"cancelled: the submitting process (pid {self._attached.pid}) exited"
+                )
             elif self._signalled:
                 self._cancel = self._signalled
         return self._cancel
@@ -169,7 +172,9 @@ def _still_running(proc: Any) -> bool:
 def claim(store: JobStore, job_id: str) -> bool:
     """Become the job's one supervisor (atomic); False if another live one has it."""
     me = psutil.Process()
-    identity = json.dumps({"pid": me.pid, "create_time": me.create_time(), "host": os.uname().nodename})
+    identity = json.dumps(
+        {"pid": me.pid, "create_time": me.create_time(), "host": os.uname().nodename}
+    )
     with store._tx() as db:
         row = db.execute("SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or JobState(row["state"]).final:
@@ -178,7 +183,9 @@ def claim(store: JobStore, job_id: str) -> bool:
             other = json.loads(row["supervisor"])
             from ..backends.local.pool import process_is
 
-            if other.get("pid") != me.pid and process_is(other.get("pid"), other.get("create_time")):
+            if other.get("pid") != me.pid and process_is(
+                other.get("pid"), other.get("create_time")
+            ):
                 return False
         db.execute(
             "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ? WHERE id = ?",
@@ -242,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("MLCLUSTER_DEBUG"):
         logging.basicConfig(level=logging.DEBUG, format="%(created).3f %(name)s %(message)s")
     if len(argv) != 2:
-        print("usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID", file=sys.stderr)
+        print(
+            "usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID",
+            file=sys.stderr,
+        )
         return 2
     store = JobStore(Path(argv[0]))
     return supervise(store, argv[1])

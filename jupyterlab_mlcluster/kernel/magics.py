@@ -31,8 +31,22 @@ CELL_MAGIC = "%%distributed"
 def _job_arguments(func):
     """Apply the shared job options (and the magic's own) as magic_arguments."""
     own = [
-        (("--push",), {"default": None, "metavar": "VAR[,VAR...]", "help": "send these kernel variables to every rank"}),
-        (("--pull",), {"default": None, "metavar": "VAR[,VAR...]", "help": "bring rank 0's variables back into the kernel"}),
+        (
+            ("--push",),
+            {
+                "default": None,
+                "metavar": "VAR[,VAR...]",
+                "help": "send these kernel variables to every rank",
+            },
+        ),
+        (
+            ("--pull",),
+            {
+                "default": None,
+                "metavar": "VAR[,VAR...]",
+                "help": "bring rank 0's variables back into the kernel",
+            },
+        ),
     ]
     for flags, kwargs in reversed(JOB_ARGUMENTS + own):
         func = magic_arguments.argument(*flags, **kwargs)(func)
@@ -101,15 +115,21 @@ class CellRun:
         except SpecError as exc:
             raise UsageError(f"%%distributed: {exc}") from None
         if not self.cell.strip():
-            raise UsageError("%%distributed: the cell is empty; put the code to run on every rank below the magic")
+            raise UsageError(
+                "%%distributed: the cell is empty; put the code to run on every rank below the magic"
+            )
         try:
             compile(self.cell, "<%%distributed cell>", "exec")
         except SyntaxError as exc:
-            raise UsageError(f"%%distributed: the cell does not compile: {exc.msg} (line {exc.lineno})") from None
+            raise UsageError(
+                f"%%distributed: the cell does not compile: {exc.msg} (line {exc.lineno})"
+            ) from None
         push = {}
         for name in _names("--push", args.push):
             if name not in self.shell.user_ns:
-                raise UsageError(f"%%distributed: --push {name}: name {name!r} is not defined in this kernel")
+                raise UsageError(
+                    f"%%distributed: --push {name}: name {name!r} is not defined in this kernel"
+                )
             push[name] = self.shell.user_ns[name]
         payload = Payload(
             kind="code",
@@ -215,8 +235,12 @@ class DistributedMagics(Magics):
         return await CellRun(self, line, cell).run_async()
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument("--state", action="append", help="only jobs in this state (repeatable)")
-    @magic_arguments.argument("--limit", type=int, default=20, help="how many, newest first (default 20)")
+    @magic_arguments.argument(
+        "--state", action="append", help="only jobs in this state (repeatable)"
+    )
+    @magic_arguments.argument(
+        "--limit", type=int, default=20, help="how many, newest first (default 20)"
+    )
     @line_magic
     def distributed_jobs(self, line: str) -> None:
         """List distributed jobs (from every kernel, the CLI and the sidebar)."""
@@ -231,7 +255,9 @@ class DistributedMagics(Magics):
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("job", help="job id or name")
     @magic_arguments.argument("--rank", type=int, default=None, help="only this rank")
-    @magic_arguments.argument("--tail", type=int, default=None, help="only the last N lines of each rank")
+    @magic_arguments.argument(
+        "--tail", type=int, default=None, help="only the last N lines of each rank"
+    )
     @line_magic
     def distributed_logs(self, line: str) -> None:
         """Print a job's logs, each line prefixed with its rank."""
@@ -247,7 +273,9 @@ class DistributedMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("job", help="job id or name")
-    @magic_arguments.argument("--purge", action="store_true", help="also forget the job and its logs")
+    @magic_arguments.argument(
+        "--purge", action="store_true", help="also forget the job and its logs"
+    )
     @line_magic
     def distributed_cancel(self, line: str) -> None:
         """Cancel a job: every rank is stopped."""
@@ -258,7 +286,9 @@ class DistributedMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("job", help="job id or name")
-    @magic_arguments.argument("--no-wait", action="store_true", help="show the monitor and return at once")
+    @magic_arguments.argument(
+        "--no-wait", action="store_true", help="show the monitor and return at once"
+    )
     @line_magic
     def distributed_attach(self, line: str) -> Any:
         """Show the live monitor of a job (e.g. after a kernel restart, or one submitted from
@@ -286,7 +316,9 @@ class DistributedMagics(Magics):
         try:
             record = monitor.follow_blocking()
         except KeyboardInterrupt:
-            print(f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)")
+            print(
+                f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)"
+            )
             return job
         return self._attached_result(record)
 
@@ -298,7 +330,9 @@ class DistributedMagics(Magics):
         try:
             record = await monitor.follow_async()
         except (KeyboardInterrupt, asyncio.CancelledError):
-            print(f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)")
+            print(
+                f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)"
+            )
             return job
         return self._attached_result(record)
 

@@ -182,7 +182,9 @@ class WidgetView:
         self.cancel.on_click(lambda _button: on_cancel())
         self.message = w.HTML()
         self.table = w.HTML()
-        header = w.HBox([self.title, self.clock, self.cancel], layout=w.Layout(align_items="center"))
+        header = w.HBox(
+            [self.title, self.clock, self.cancel], layout=w.Layout(align_items="center")
+        )
         self.logs = [w.HTML() for _ in range(workers)]
         self.tabs = w.Tab(children=self.logs, titles=[f"rank {r}" for r in range(workers)])
         self.widget = w.VBox(
@@ -193,7 +195,9 @@ class WidgetView:
 
     def update(self, record: JobRecord) -> None:
         self.title.value = title_html(record)
-        self.clock.value = f"<span style='opacity:0.75'>elapsed</span> <b>{format_elapsed(elapsed(record))}</b>"
+        self.clock.value = (
+            f"<span style='opacity:0.75'>elapsed</span> <b>{format_elapsed(elapsed(record))}</b>"
+        )
         self.message.value = message_html(record)
         if record.final:
             self.close()
@@ -245,7 +249,9 @@ def summary_html(record: JobRecord) -> str:
 
 
 def progress_bar(fraction: float | None, state: str) -> str:
-    color = {"failed": STATE_COLORS["failed"], "cancelled": STATE_COLORS["cancelled"]}.get(state, "#1e88e5")
+    color = {"failed": STATE_COLORS["failed"], "cancelled": STATE_COLORS["cancelled"]}.get(
+        state, "#1e88e5"
+    )
     if state == "succeeded":
         fraction, color = 1.0 if fraction is None else fraction, STATE_COLORS["succeeded"]
     width = 0 if fraction is None else round(fraction * 100)
@@ -257,8 +263,14 @@ def progress_bar(fraction: float | None, state: str) -> str:
 
 
 def rank_table(record: JobRecord, has_gpus: bool) -> str:
-    heads = ["rank", "state", "CPU", "memory"] + (["GPU", "GPU memory"] if has_gpus else []) + ["progress"]
-    th = "".join(f"<th style='text-align:left;padding:2px 10px 2px 0;opacity:0.75'>{h}</th>" for h in heads)
+    heads = (
+        ["rank", "state", "CPU", "memory"]
+        + (["GPU", "GPU memory"] if has_gpus else [])
+        + ["progress"]
+    )
+    th = "".join(
+        f"<th style='text-align:left;padding:2px 10px 2px 0;opacity:0.75'>{h}</th>" for h in heads
+    )
     rows = []
     for rank in record.ranks:
         m = rank.metrics or {}
@@ -279,8 +291,12 @@ def rank_table(record: JobRecord, has_gpus: bool) -> str:
                 "–" if m.get("gpu_util") is None else f"{m['gpu_util']:.0f}%",
                 format_bytes(m.get("gpu_memory_bytes")),
             ]
-        cells.append(f"{progress_bar(progress_fraction(rank.progress), state)} <span style='font-size:0.85em'>{label}</span>")
-        td = "".join(f"<td style='padding:2px 10px 2px 0;white-space:nowrap'>{c}</td>" for c in cells)
+        cells.append(
+            f"{progress_bar(progress_fraction(rank.progress), state)} <span style='font-size:0.85em'>{label}</span>"
+        )
+        td = "".join(
+            f"<td style='padding:2px 10px 2px 0;white-space:nowrap'>{c}</td>" for c in cells
+        )
         rows.append(f"<tr class='mlc-rank' data-rank='{rank.rank}' data-state='{state}'>{td}</tr>")
     return f"<table class='mlc-ranks' style='border-collapse:collapse;margin:4px 0'><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -310,7 +326,9 @@ class JobMonitor:
         self.record = service.store.get_job(job_id)
         self.watcher = StoreWatcher(service.store, {job_id}, since=0)
         self.cursor: str | None = None
-        self.outputs = RankOutputs(self.record.spec.workers, enabled=rank_output and not terminal and not quiet)
+        self.outputs = RankOutputs(
+            self.record.spec.workers, enabled=rank_output and not terminal and not quiet
+        )
         self.view: WidgetView | None = None
         self.status_id = f"mlcluster-status-{uuid.uuid4().hex}"
         self.last_state: str | None = None
@@ -416,7 +434,10 @@ class JobMonitor:
         self.last_redraw = now
         if self.view is not None:
             self.view.update(self.record)
-            self.view.update_logs(self.outputs, set(range(len(self.view.logs))) if new_view else set(self.outputs.dirty))
+            self.view.update_logs(
+                self.outputs,
+                set(range(len(self.view.logs))) if new_view else set(self.outputs.dirty),
+            )
         self.outputs.flush(self.job_id)
         if state != self.last_state or new_view:
             self.last_state = state
@@ -451,6 +472,8 @@ class JobMonitor:
     def follow_in_background(self) -> threading.Thread:
         """--no-wait: keep the widgets current from a thread after the cell returned."""
         self.outputs.enabled = False  # display updates need the cell's parent; widgets don't
-        thread = threading.Thread(target=self.follow_blocking, name=f"mlcluster-monitor-{self.job_id}", daemon=True)
+        thread = threading.Thread(
+            target=self.follow_blocking, name=f"mlcluster-monitor-{self.job_id}", daemon=True
+        )
         thread.start()
         return thread

@@ -20,10 +20,20 @@ def jobs_bundle(records, total: int) -> dict[str, Any]:
             f"<td>{rank_counts(r)}</td><td>{r.backend}</td><td>{format_age(now - r.created)}</td>"
             f"<td style='text-align:left'>{info}</td></tr>"
         )
-    more = f"<p>{total - len(records)} older jobs not shown (--limit).</p>" if total > len(records) else ""
+    more = (
+        f"<p>{total - len(records)} older jobs not shown (--limit).</p>"
+        if total > len(records)
+        else ""
+    )
     table = (
         "<table class='mlcluster-jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>ranks</th>"
-        "<th>backend</th><th>age</th><th>info</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>" + more
+        "<th>backend</th><th>age</th><th>info</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+        + more
     )
     text = format_jobs_table(records) if records else "no jobs"
-    return {"text/html": table if records else "<p>No distributed jobs yet.</p>", "text/plain": text}
+    return {
+        "text/html": table if records else "<p>No distributed jobs yet.</p>",
+        "text/plain": text,
+    }

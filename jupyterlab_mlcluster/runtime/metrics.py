@@ -76,6 +76,8 @@ def sample_forever(interval: float = INTERVAL) -> None:
 
 
 def start_reporting(interval: float = INTERVAL) -> threading.Thread:
-    thread = threading.Thread(target=sample_forever, args=(interval,), name="mlcluster-metrics", daemon=True)
+    thread = threading.Thread(
+        target=sample_forever, args=(interval,), name="mlcluster-metrics", daemon=True
+    )
     thread.start()
     return thread

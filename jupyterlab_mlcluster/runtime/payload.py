@@ -57,7 +57,9 @@ class Payload:
         try:
             return cloudpickle.dumps({"version": PAYLOAD_VERSION, "payload": self})
         except Exception as exc:  # noqa: BLE001
-            raise PayloadError(f"cannot send the code to the ranks ({type(exc).__name__}: {exc})") from None
+            raise PayloadError(
+                f"cannot send the code to the ranks ({type(exc).__name__}: {exc})"
+            ) from None
 
     @staticmethod
     def loads(data: bytes) -> "Payload":
@@ -65,7 +67,9 @@ class Payload:
 
         obj = cloudpickle.loads(data)
         if not isinstance(obj, dict) or obj.get("version") != PAYLOAD_VERSION:
-            raise PayloadError("payload was written by an incompatible version of jupyterlab-mlcluster")
+            raise PayloadError(
+                "payload was written by an incompatible version of jupyterlab-mlcluster"
+            )
         return obj["payload"]
 
 

@@ -72,7 +72,9 @@ class OutputParser:
         if b"\r" in self._buf:
             segments = self._buf.split(b"\r")
             for segment in reversed(segments):
-                progress = parse_tqdm(segment.decode("utf-8", "replace")) if segment.strip() else None
+                progress = (
+                    parse_tqdm(segment.decode("utf-8", "replace")) if segment.strip() else None
+                )
                 if progress:
                     yield "progress", progress
                     break

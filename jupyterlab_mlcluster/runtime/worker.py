@@ -50,7 +50,11 @@ def complete_environment(env: os._Environ | dict[str, str]) -> None:
     per_rank = env.get("MLCLUSTER_GPUS_PER_RANK")
     if per_rank and per_rank.isdigit() and int(per_rank) > 0 and "LOCAL_RANK" in env:
         visible = env.get("CUDA_VISIBLE_DEVICES")
-        devices = visible.split(",") if visible else [str(i) for i in range(int(env.get("LOCAL_WORLD_SIZE", "1")) * int(per_rank))]
+        devices = (
+            visible.split(",")
+            if visible
+            else [str(i) for i in range(int(env.get("LOCAL_WORLD_SIZE", "1")) * int(per_rank))]
+        )
         start = int(env["LOCAL_RANK"]) * int(per_rank)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[start : start + int(per_rank)])
     if "TF_CONFIG" not in env and env.get("MLCLUSTER_TF_WORKERS"):
@@ -99,11 +103,15 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
         if payload.kind == "script":
             sys.argv = [payload.filename, *payload.argv]
             sys.path.insert(0, os.path.dirname(os.path.abspath(payload.filename)))
-            main.__dict__.update(runpy.run_path(payload.filename, init_globals=main.__dict__, run_name="__main__"))
+            main.__dict__.update(
+                runpy.run_path(payload.filename, init_globals=main.__dict__, run_name="__main__")
+            )
             value = None
         elif payload.kind == "module":
             sys.argv = [payload.filename, *payload.argv]
-            main.__dict__.update(runpy.run_module(payload.filename, run_name="__main__", alter_sys=True))
+            main.__dict__.update(
+                runpy.run_module(payload.filename, run_name="__main__", alter_sys=True)
+            )
             value = None
         else:
             if payload.argv:  # a script shipped as code (`mlcluster run --backend kubernetes`)
@@ -115,7 +123,9 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
     if payload.pull:
         missing = [name for name in payload.pull if name not in main.__dict__]
         if missing:
-            raise ResultError(f"--pull {', '.join(missing)}: not defined on rank {rank} after the cell ran")
+            raise ResultError(
+                f"--pull {', '.join(missing)}: not defined on rank {rank} after the cell ran"
+            )
         return "pull", {name: main.__dict__[name] for name in payload.pull}
     return ("value", value) if value is not None else ("none", None)
 
@@ -140,7 +150,9 @@ def write_result(kind: str, value: Any) -> None:
     try:
         data = cloudpickle.dumps({"kind": kind, "value": value})
     except Exception as exc:  # noqa: BLE001
-        raise ResultError(f"cannot send the result back to the kernel: {type(exc).__name__}: {exc}") from None
+        raise ResultError(
+            f"cannot send the result back to the kernel: {type(exc).__name__}: {exc}"
+        ) from None
     path = os.environ.get("MLCLUSTER_RESULT_PATH")
     if path:
         tmp = f"{path}.tmp{os.getpid()}"

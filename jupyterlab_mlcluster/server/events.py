@@ -220,7 +220,9 @@ class EventBroadcaster:
                         if states.get(job_id) != record.state.value:
                             states[job_id] = record.state.value
                             cluster_stale = True  # capacity and queue change with job states
-                        messages.append((key, self.encode({"type": "job", "job": record.to_json()})))
+                        messages.append(
+                            (key, self.encode({"type": "job", "job": record.to_json()}))
+                        )
                     if cluster_stale and now >= cluster_quiet_until:
                         # At most every cluster_interval, however busy the store is.
                         cluster_stale, cluster_quiet_until = False, now + self.cluster_interval

@@ -23,7 +23,9 @@ rank
 """
 
 # Over before the widgets are due: it leaves the plain HTML summary.
-QUICK_CELL = "%%distributed --workers 2 --name quick\nprint('hello from', __import__('os').environ['RANK'])"
+QUICK_CELL = (
+    "%%distributed --workers 2 --name quick\nprint('hello from', __import__('os').environ['RANK'])"
+)
 
 
 @pytest.fixture
@@ -86,7 +88,9 @@ def test_monitor_renders_live_and_final(notebook_lab, artifacts, service):
             timeout=60_000,
         )
         assert "quick" in summary.inner_text() and "succeeded" in summary.inner_text()
-        page.locator(".jp-Notebook .jp-Cell").nth(1).screenshot(path=str(artifacts / "monitor-quick.png"))
+        page.locator(".jp-Notebook .jp-Cell").nth(1).screenshot(
+            path=str(artifacts / "monitor-quick.png")
+        )
         # nothing went wrong in the page but the notebook servers route's deliberate 503
         errors = [e for e in page.console_errors if "503 (Service Unavailable)" not in e]
         assert not errors, errors

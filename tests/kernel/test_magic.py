@@ -36,21 +36,32 @@ def test_all_reduce_push_pull_and_rank_output(kernel, service):
     texts = rank_texts(msgs)
     assert texts == {r: f"[rank {r}] sum 10.0" for r in range(4)}
     # one output per rank, not one per line
-    rank_displays = [m for m in msgs if m["msg_type"] == "display_data" and "mlcluster-rank-" in m["content"].get("transient", {}).get("display_id", "")]
+    rank_displays = [
+        m
+        for m in msgs
+        if m["msg_type"] == "display_data"
+        and "mlcluster-rank-" in m["content"].get("transient", {}).get("display_id", "")
+    ]
     assert len(rank_displays) == 4
     (record,) = service.store.list_jobs()[0]
     assert record.state == "succeeded" and record.origin["kind"] == "kernel"
 
 
 def test_last_expression_of_rank0_is_the_cell_value(kernel):
-    msgs, reply = kernel.execute("%%distributed --workers 2\nimport os\n{'rank': int(os.environ['RANK']), 'world': int(os.environ['WORLD_SIZE'])}")
+    msgs, reply = kernel.execute(
+        "%%distributed --workers 2\nimport os\n{'rank': int(os.environ['RANK']), 'world': int(os.environ['WORLD_SIZE'])}"
+    )
     assert reply["status"] == "ok"
     assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "{'rank': 0, 'world': 2}"
 
 
 def test_functions_and_classes_defined_in_the_notebook_can_be_pushed(kernel):
-    kernel.execute("class Scale:\n    def __init__(self, k): self.k = k\n    def __call__(self, v): return v * self.k\n\ndef make(k):\n    return Scale(k)\n")
-    msgs, reply = kernel.execute("%%distributed --workers 2 --push make\nimport os\nmake(10)(int(os.environ['RANK']) + 1)")
+    kernel.execute(
+        "class Scale:\n    def __init__(self, k): self.k = k\n    def __call__(self, v): return v * self.k\n\ndef make(k):\n    return Scale(k)\n"
+    )
+    msgs, reply = kernel.execute(
+        "%%distributed --workers 2 --push make\nimport os\nmake(10)(int(os.environ['RANK']) + 1)"
+    )
     assert reply["status"] == "ok", reply
     assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "10"
 
@@ -70,8 +81,15 @@ def test_failing_rank_raises_with_its_traceback(kernel, service):
 
 
 def test_interrupt_cancels_the_job_and_leaves_nothing(kernel, service):
-    msg_id = kernel.kc.execute("%%distributed --workers 2\nimport time\nprint('up', flush=True)\ntime.sleep(300)")
-    job = wait_for(lambda: [j for j in service.store.list_jobs()[0] if all(r.state == "running" for r in j.ranks)], timeout=60)[0]
+    msg_id = kernel.kc.execute(
+        "%%distributed --workers 2\nimport time\nprint('up', flush=True)\ntime.sleep(300)"
+    )
+    job = wait_for(
+        lambda: [
+            j for j in service.store.list_jobs()[0] if all(r.state == "running" for r in j.ranks)
+        ],
+        timeout=60,
+    )[0]
     kernel.km.interrupt_kernel()
     msgs, reply = kernel.collect(msg_id, timeout=60)
     assert reply["status"] == "error"
@@ -134,14 +152,20 @@ def test_widget_messages_carry_rank_state_and_progress(kernel):
 def test_no_wait_returns_a_handle_and_jobs_are_listed(kernel, service):
     started = time.monotonic()
     msgs, reply = kernel.execute("job = None\n")
-    msgs, reply = kernel.execute("%%distributed --workers 2 --no-wait --name bg\nimport time\ntime.sleep(2)\nprint('done')")
+    msgs, reply = kernel.execute(
+        "%%distributed --workers 2 --no-wait --name bg\nimport time\ntime.sleep(2)\nprint('done')"
+    )
     assert time.monotonic() - started < 10
     text = outputs(msgs, "execute_result")[0]["data"]["text/plain"]
     job_id = re.search(r"<Job (j[0-9a-f]+) 'bg'", text).group(1)
     assert service.wait(job_id, timeout=60).state == "succeeded"
     msgs, reply = kernel.execute("%distributed_jobs")
     table = outputs(msgs, "display_data")[0]["data"]
-    assert job_id in table["text/plain"] and "succeeded" in table["text/plain"] and job_id in table["text/html"]
+    assert (
+        job_id in table["text/plain"]
+        and "succeeded" in table["text/plain"]
+        and job_id in table["text/html"]
+    )
     msgs, reply = kernel.execute(f"%distributed_logs {job_id} --rank 1")
     assert "[rank 1] done" in "".join(c["text"] for c in outputs(msgs, "stream"))
 
@@ -163,10 +187,22 @@ def test_cancel_button_stops_the_job(kernel, service):
 
     thread = threading.Thread(target=collect)
     thread.start()
-    wait_for(lambda: button.get("comm_id") and [j for j in service.store.list_jobs()[0] if j.state == "running"], timeout=60)
+    wait_for(
+        lambda: (
+            button.get("comm_id")
+            and [j for j in service.store.list_jobs()[0] if j.state == "running"]
+        ),
+        timeout=60,
+    )
     # what the browser sends when the button is clicked
     kernel.kc.shell_channel.send(
-        kernel.kc.session.msg("comm_msg", {"comm_id": button["comm_id"], "data": {"method": "custom", "content": {"event": "click"}}})
+        kernel.kc.session.msg(
+            "comm_msg",
+            {
+                "comm_id": button["comm_id"],
+                "data": {"method": "custom", "content": {"event": "click"}},
+            },
+        )
     )
     thread.join(60)
     msgs, reply = collected["result"]
@@ -178,7 +214,9 @@ def test_cancel_button_stops_the_job(kernel, service):
 
 def test_attach_to_a_job_submitted_elsewhere(kernel, service, tmp_path):
     script = tmp_path / "s.py"
-    script.write_text("import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n")
+    script.write_text(
+        "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    )
     job_id = run_cli("run", "--no-wait", "--workers", "2", str(script)).stdout.strip()
     msgs, reply = kernel.execute(f"%distributed_attach {job_id}")
     assert reply["status"] == "ok"
@@ -208,7 +246,11 @@ def test_quickstart_notebook_runs_headless(store_dir):
     from helpers import REPO
 
     proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "run_notebook.py"), str(REPO / "examples" / "quickstart.ipynb")],
+        [
+            sys.executable,
+            str(REPO / "examples" / "run_notebook.py"),
+            str(REPO / "examples" / "quickstart.ipynb"),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -216,7 +258,9 @@ def test_quickstart_notebook_runs_headless(store_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "mlcluster job quickstart-ddp" in out and "succeeded" in out  # text/plain of the monitor
-    first, last = map(float, re.search(r"mean loss over 4 ranks: ([\d.]+) -> ([\d.]+)", out).groups())
+    first, last = map(
+        float, re.search(r"mean loss over 4 ranks: ([\d.]+) -> ([\d.]+)", out).groups()
+    )
     assert last < first / 5, "the model did not train"
     for rank in range(4):
         assert f"[rank {rank}] epoch   0" in out
@@ -227,10 +271,23 @@ def test_terminal_ipython_degrades_to_plain_lines(store_dir, tmp_path):
     import sys
 
     script = tmp_path / "job.ipy"
-    script.write_text("%%distributed --workers 2\nimport os\nprint('hello from', os.environ['RANK'])\n")
+    script.write_text(
+        "%%distributed --workers 2\nimport os\nprint('hello from', os.environ['RANK'])\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "--ext", "jupyterlab_mlcluster", str(script)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "IPython",
+            "--no-banner",
+            "--colors=NoColor",
+            "--ext",
+            "jupyterlab_mlcluster",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout

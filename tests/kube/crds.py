@@ -16,6 +16,7 @@ Where the schemas come from:
   k8s.io/metrics/pkg/apis/metrics/v1beta1/types.go (PodMetrics: timestamp, window,
   containers[].name/usage).
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,110 +27,142 @@ from typing import Any
 
 from tests.k8s_schemas import PODGROUP_SCHEMA, training_operator_schema
 
-_K8S_PREFIX = 'https://kubernetes.io/api/_definitions.json#/$defs/'
-_OBJECT_META = 'io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta'
-_EMBEDDED_META = {'type': 'object', 'properties': {
-    'annotations': {'type': 'object', 'additionalProperties': {'type': 'string'}},
-    'labels': {'type': 'object', 'additionalProperties': {'type': 'string'}},
-    'finalizers': {'type': 'array', 'items': {'type': 'string'}},
-    'name': {'type': 'string'},
-    'namespace': {'type': 'string'},
-}}
+_K8S_PREFIX = "https://kubernetes.io/api/_definitions.json#/$defs/"
+_OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+_EMBEDDED_META = {
+    "type": "object",
+    "properties": {
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "finalizers": {"type": "array", "items": {"type": "string"}},
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+    },
+}
 # Kinds whose values are a number or a string in JSON.
-_INT_OR_STRING = {'io.k8s.apimachinery.pkg.api.resource.Quantity',
-                  'io.k8s.apimachinery.pkg.util.intstr.IntOrString'}
+_INT_OR_STRING = {
+    "io.k8s.apimachinery.pkg.api.resource.Quantity",
+    "io.k8s.apimachinery.pkg.util.intstr.IntOrString",
+}
 
 
 @functools.cache
 def _k8s_definitions() -> dict[str, Any]:
-    root = importlib.resources.files('kubernetes_validate').joinpath(
-        'kubernetes-json-schema/v1.33.0-local-strict')
-    return json.loads(root.joinpath('_definitions.json').read_text())['$defs']
+    root = importlib.resources.files("kubernetes_validate").joinpath(
+        "kubernetes-json-schema/v1.33.0-local-strict"
+    )
+    return json.loads(root.joinpath("_definitions.json").read_text())["$defs"]
 
 
-def structural(schema: dict[str, Any], local_defs: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+def structural(
+    schema: dict[str, Any], local_defs: dict[str, Any], seen: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """A JSON Schema (2020-12, with $refs) as a structural OpenAPI v3 CRD schema.
 
     `local_defs`: what `#/$defs/...` means where `schema` sits (the SDK-derived schema's own
     definitions, or Kubernetes' once inside one of its types)."""
-    ref = schema.get('$ref')
+    ref = schema.get("$ref")
     if ref is not None:
-        name = ref.rpartition('/')[2]
+        name = ref.rpartition("/")[2]
         if ref.startswith(_K8S_PREFIX) or local_defs is _k8s_definitions():
             if name in _INT_OR_STRING:
-                return {'x-kubernetes-int-or-string': True}
+                return {"x-kubernetes-int-or-string": True}
             if name == _OBJECT_META:
                 return copy.deepcopy(_EMBEDDED_META)
             local_defs = _k8s_definitions()
         if name in seen:
-            raise ValueError(f'recursive schema through {name}: a CRD schema cannot express it')
+            raise ValueError(f"recursive schema through {name}: a CRD schema cannot express it")
         return structural(local_defs[name], local_defs, (*seen, name))
     result: dict[str, Any] = {}
-    types = schema.get('type')
+    types = schema.get("type")
     if isinstance(types, list):
-        real = [t for t in types if t != 'null']
+        real = [t for t in types if t != "null"]
         if len(real) == 1:
-            result['type'] = real[0]
-        if 'null' in types:
-            result['nullable'] = True
+            result["type"] = real[0]
+        if "null" in types:
+            result["nullable"] = True
     elif types is not None:
-        result['type'] = types
-    if 'const' in schema:
-        result.setdefault('type', 'string')
-        result['enum'] = [schema['const']]
-    if 'oneOf' in schema:  # what the Kubernetes schemas use for int-or-string
-        return {'x-kubernetes-int-or-string': True}
-    for key in ('format', 'enum', 'required', 'minimum', 'maximum'):
+        result["type"] = types
+    if "const" in schema:
+        result.setdefault("type", "string")
+        result["enum"] = [schema["const"]]
+    if "oneOf" in schema:  # what the Kubernetes schemas use for int-or-string
+        return {"x-kubernetes-int-or-string": True}
+    for key in ("format", "enum", "required", "minimum", "maximum"):
         if key in schema and key not in result:
             result[key] = copy.deepcopy(schema[key])
-    if 'properties' in schema:
-        result['type'] = 'object'
-        result['properties'] = {k: structural(v, local_defs, seen) for k, v in schema['properties'].items()}
-    additional = schema.get('additionalProperties')
+    if "properties" in schema:
+        result["type"] = "object"
+        result["properties"] = {
+            k: structural(v, local_defs, seen) for k, v in schema["properties"].items()
+        }
+    additional = schema.get("additionalProperties")
     if isinstance(additional, dict):
-        result['type'] = 'object'
-        result['additionalProperties'] = structural(additional, local_defs, seen)
-    if 'items' in schema:
-        result['items'] = structural(schema['items'], local_defs, seen)
-    if 'type' not in result:  # any JSON value (the SDK's "object")
-        return {'x-kubernetes-preserve-unknown-fields': True}
-    if result['type'] == 'object' and 'properties' not in result and 'additionalProperties' not in result:
-        result['x-kubernetes-preserve-unknown-fields'] = True
+        result["type"] = "object"
+        result["additionalProperties"] = structural(additional, local_defs, seen)
+    if "items" in schema:
+        result["items"] = structural(schema["items"], local_defs, seen)
+    if "type" not in result:  # any JSON value (the SDK's "object")
+        return {"x-kubernetes-preserve-unknown-fields": True}
+    if (
+        result["type"] == "object"
+        and "properties" not in result
+        and "additionalProperties" not in result
+    ):
+        result["x-kubernetes-preserve-unknown-fields"] = True
     return result
 
 
 def _root_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
-    schema = structural(json_schema, json_schema.get('$defs', {}))
+    schema = structural(json_schema, json_schema.get("$defs", {}))
     # The API server validates metadata as ObjectMeta whatever the CRD says (controller-gen
     # writes `type: object`); left out here because the emulator would prune inside it.
-    schema['properties'].pop('metadata', None)
-    for key in ('apiVersion', 'kind'):
-        schema['properties'][key] = {'type': 'string'}
-    schema.pop('required', None)  # the API server requires apiVersion/kind/metadata itself
+    schema["properties"].pop("metadata", None)
+    for key in ("apiVersion", "kind"):
+        schema["properties"][key] = {"type": "string"}
+    schema.pop("required", None)  # the API server requires apiVersion/kind/metadata itself
     return schema
 
 
-def crd(group: str, version: str, kind: str, plural: str, schema: dict[str, Any], *,
-        status: bool = True, short_names: tuple[str, ...] = ()) -> dict[str, Any]:
-    names: dict[str, Any] = {'plural': plural, 'singular': kind.lower(), 'kind': kind, 'listKind': f'{kind}List'}
+def crd(
+    group: str,
+    version: str,
+    kind: str,
+    plural: str,
+    schema: dict[str, Any],
+    *,
+    status: bool = True,
+    short_names: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    names: dict[str, Any] = {
+        "plural": plural,
+        "singular": kind.lower(),
+        "kind": kind,
+        "listKind": f"{kind}List",
+    }
     if short_names:
-        names['shortNames'] = list(short_names)
-    version_doc: dict[str, Any] = {'name': version, 'served': True, 'storage': True,
-                                   'schema': {'openAPIV3Schema': schema}}
+        names["shortNames"] = list(short_names)
+    version_doc: dict[str, Any] = {
+        "name": version,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+    }
     if status:
-        version_doc['subresources'] = {'status': {}}
+        version_doc["subresources"] = {"status": {}}
     return {
-        'apiVersion': 'apiextensions.k8s.io/v1', 'kind': 'CustomResourceDefinition',
-        'metadata': {'name': f'{plural}.{group}'},
-        'spec': {'group': group, 'scope': 'Namespaced', 'names': names, 'versions': [version_doc]},
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": "Namespaced", "names": names, "versions": [version_doc]},
     }
 
 
 @functools.cache
 def _training_operator_crds() -> tuple[dict[str, Any], ...]:
     return tuple(
-        crd('kubeflow.org', 'v1', kind, plural, _root_schema(training_operator_schema(kind)))
-        for kind, plural in (('PyTorchJob', 'pytorchjobs'), ('TFJob', 'tfjobs'))
+        crd("kubeflow.org", "v1", kind, plural, _root_schema(training_operator_schema(kind)))
+        for kind, plural in (("PyTorchJob", "pytorchjobs"), ("TFJob", "tfjobs"))
     )
 
 
@@ -140,21 +173,40 @@ def training_operator_crds() -> list[dict[str, Any]]:
 
 def podgroup_crd() -> dict[str, Any]:
     schema = copy.deepcopy(PODGROUP_SCHEMA)
-    schema['properties']['status'] = {'type': 'object', 'x-kubernetes-preserve-unknown-fields': True}
-    return crd('scheduling.volcano.sh', 'v1beta1', 'PodGroup', 'podgroups', _root_schema(schema),
-               short_names=('pg',))
+    schema["properties"]["status"] = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    return crd(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        "PodGroup",
+        "podgroups",
+        _root_schema(schema),
+        short_names=("pg",),
+    )
 
 
-_RESOURCE_LIST = {'type': 'object', 'additionalProperties': {'x-kubernetes-int-or-string': True}}
+_RESOURCE_LIST = {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}}
 
 
 def pod_metrics_crd() -> dict[str, Any]:
     """metrics.k8s.io/v1beta1 PodMetrics, served as `pods` like metrics-server serves it."""
-    schema = {'type': 'object', 'properties': {
-        'apiVersion': {'type': 'string'}, 'kind': {'type': 'string'},
-        'timestamp': {'type': 'string', 'format': 'date-time'},
-        'window': {'type': 'string'},
-        'containers': {'type': 'array', 'items': {'type': 'object', 'required': ['name', 'usage'], 'properties': {
-            'name': {'type': 'string'}, 'usage': _RESOURCE_LIST}}},
-    }}
-    return crd('metrics.k8s.io', 'v1beta1', 'PodMetrics', 'pods', schema, status=False)
+    schema = {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "timestamp": {"type": "string", "format": "date-time"},
+            "window": {"type": "string"},
+            "containers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "usage"],
+                    "properties": {"name": {"type": "string"}, "usage": _RESOURCE_LIST},
+                },
+            },
+        },
+    }
+    return crd("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", schema, status=False)

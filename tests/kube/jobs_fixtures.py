@@ -1,4 +1,5 @@
 """Fixtures and helpers for tests of the Kubernetes job backend (imported by those tests)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,26 +19,30 @@ from tests.kube.crds import pod_metrics_crd, podgroup_crd, training_operator_crd
 from tests.kube.helpers import Kube
 from tests.kube.player import ClusterPlayer
 
-IMAGE = 'registry.example.com/team/notebook:2.1'
+IMAGE = "registry.example.com/team/notebook:2.1"
 REPO = Path(__file__).resolve().parents[2]
 
 
 def spec_of(**options: Any) -> JobSpec:
-    return JobSpec.from_options({'backend': 'kubernetes', **options})
+    return JobSpec.from_options({"backend": "kubernetes", **options})
 
 
 def code(source: str, **push: Any) -> Payload:
-    return Payload(kind='code', source=source, push=push)
+    return Payload(kind="code", source=source, push=push)
 
 
 def write_settings(namespace: str, **settings: Any) -> None:
     """MLClusterConfig for every process of this test (kernels and supervisors read it too)."""
-    config = {'kubernetes_namespace': namespace, 'kubernetes_image': IMAGE,
-              # supervisors forked with the Kubernetes client already imported
-              'warm_pool_modules': ['kubernetes'], **settings}
-    path = Path(os.environ['JUPYTER_CONFIG_DIR']) / 'jupyter_mlcluster_config.json'
+    config = {
+        "kubernetes_namespace": namespace,
+        "kubernetes_image": IMAGE,
+        # supervisors forked with the Kubernetes client already imported
+        "warm_pool_modules": ["kubernetes"],
+        **settings,
+    }
+    path = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "jupyter_mlcluster_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({'MLClusterConfig': config}))
+    path.write_text(json.dumps({"MLClusterConfig": config}))
 
 
 @pytest.fixture
@@ -46,7 +51,9 @@ def k8s(store_dir: Path, kube_namespace: str, monkeypatch: pytest.MonkeyPatch):
     namespace. Afterwards no job may be left running, in the cluster or on this machine."""
     # Supervisors forked from a warm pool (which starts in /) import this checkout's code,
     # not whichever checkout the package is installed from.
-    monkeypatch.setenv('PYTHONPATH', os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     services: list[JobService] = []
 
     def make(**settings: Any) -> JobService:
@@ -66,7 +73,7 @@ def k8s(store_dir: Path, kube_namespace: str, monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def player(kube: Kube, kube_namespace: str, tmp_path: Path):
     """The cluster's side (controllers, scheduler, kubelet); its containers are stopped after."""
-    node = ClusterPlayer(kube, kube_namespace, tmp_path / 'node')
+    node = ClusterPlayer(kube, kube_namespace, tmp_path / "node")
     yield node
     node.stop_all()
 
@@ -80,7 +87,7 @@ def served(kube: Kube, crds: list[dict[str, Any]]) -> Iterator[None]:
         yield
     finally:
         for crd in crds:
-            kube.uninstall_crd(crd['metadata']['name'])
+            kube.uninstall_crd(crd["metadata"]["name"])
 
 
 @pytest.fixture
@@ -107,4 +114,4 @@ def metrics_api(kube: Kube):
 def log_text(service: JobService, job_id: str, rank: int | None = None) -> list[str]:
     """'rank:line' of a job's stored output (no system lines)."""
     lines, _ = service.logs(job_id, rank)
-    return [f'{item["rank"]}:{item["line"]}' for item in lines if item['stream'] != 'system']
+    return [f"{item['rank']}:{item['line']}" for item in lines if item["stream"] != "system"]

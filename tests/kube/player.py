@@ -8,6 +8,7 @@
   in a local process with the pod's environment (fieldRefs resolved) and the payload it would
   mount (read back from the job's Secrets), and appends its output to the pod log as it comes.
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,18 +24,19 @@ from typing import Any
 
 from .helpers import Kube, KubeApiError
 
-JOB_KINDS = (('batch/v1', 'Job'), ('kubeflow.org/v1', 'PyTorchJob'), ('kubeflow.org/v1', 'TFJob'))
+JOB_KINDS = (("batch/v1", "Job"), ("kubeflow.org/v1", "PyTorchJob"), ("kubeflow.org/v1", "TFJob"))
 REPO = Path(__file__).resolve().parents[2]
-INDEX_KEY = 'batch.kubernetes.io/job-completion-index'
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
 class RankRun:
     """A rank's container, run for real on this machine."""
+
     pod: str
     process: subprocess.Popen
     output: list[bytes] = field(default_factory=list)
@@ -48,7 +50,7 @@ class RankRun:
 
     @property
     def text(self) -> str:
-        return b''.join(self.output).decode('utf-8', 'replace')
+        return b"".join(self.output).decode("utf-8", "replace")
 
 
 class ClusterPlayer:
@@ -61,25 +63,35 @@ class ClusterPlayer:
     # -- finding the job ---------------------------------------------------------------------
     def job_object(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
         """The job object mlcluster created for `job_id` (whatever its kind)."""
+
         def find() -> dict[str, Any] | None:
             for api_version, kind in JOB_KINDS:
                 try:
-                    items = self.kube.list(api_version, kind, self.namespace,
-                                           label_selector=f'mlcluster.io/job-id={job_id}')
+                    items = self.kube.list(
+                        api_version,
+                        kind,
+                        self.namespace,
+                        label_selector=f"mlcluster.io/job-id={job_id}",
+                    )
                 except KubeApiError:
                     continue  # kind not served here
                 if items:
                     return items[0]
             return None
-        return self.kube.wait_for(find, timeout=timeout, message=f'the job object of {job_id}')
+
+        return self.kube.wait_for(find, timeout=timeout, message=f"the job object of {job_id}")
 
     def refresh(self, job: dict[str, Any]) -> dict[str, Any]:
-        return self.kube.get(job['apiVersion'], job['kind'], job['metadata']['name'], self.namespace)
+        return self.kube.get(
+            job["apiVersion"], job["kind"], job["metadata"]["name"], self.namespace
+        )
 
     @staticmethod
     def suspended(job: dict[str, Any]) -> bool:
-        spec = job['spec']
-        return bool(spec.get('suspend') if job['kind'] == 'Job' else spec['runPolicy'].get('suspend'))
+        spec = job["spec"]
+        return bool(
+            spec.get("suspend") if job["kind"] == "Job" else spec["runPolicy"].get("suspend")
+        )
 
     def resumed(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
         """The job object once mlcluster (or Kueue) has let it start."""
@@ -88,150 +100,243 @@ class ClusterPlayer:
         def running() -> dict[str, Any] | None:
             current = self.refresh(job)
             return None if self.suspended(current) else current
-        return self.kube.wait_for(running, timeout=timeout, message='the job to be resumed')
+
+        return self.kube.wait_for(running, timeout=timeout, message="the job to be resumed")
 
     # -- the controllers -------------------------------------------------------------------
     def create_pods(self, job: dict[str, Any]) -> dict[int, str]:
         """What the Job controller / Training Operator does: one pod per replica. Returns
         {first rank of the pod: pod name}."""
-        if job['kind'] == 'Job':
-            return {i: self._create_pod(job, i, self._indexed_pod(job, i))
-                    for i in range(job['spec']['completions'])}
-        if job['kind'] == 'TFJob':
-            workers = job['spec']['tfReplicaSpecs']['Worker']['replicas']
-            return {i: self._create_pod(job, i, self._operator_pod(job, 'Worker', i, i, workers))
-                    for i in range(workers)}
-        replicas = job['spec']['pytorchReplicaSpecs']
-        nodes = 1 + (replicas['Worker']['replicas'] if 'Worker' in replicas else 0)
-        per_pod = int(job['spec'].get('nprocPerNode') or 1)
-        pods = {0: self._create_pod(job, 0, self._operator_pod(job, 'Master', 0, 0, nodes))}
+        if job["kind"] == "Job":
+            return {
+                i: self._create_pod(job, i, self._indexed_pod(job, i))
+                for i in range(job["spec"]["completions"])
+            }
+        if job["kind"] == "TFJob":
+            workers = job["spec"]["tfReplicaSpecs"]["Worker"]["replicas"]
+            return {
+                i: self._create_pod(job, i, self._operator_pod(job, "Worker", i, i, workers))
+                for i in range(workers)
+            }
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        nodes = 1 + (replicas["Worker"]["replicas"] if "Worker" in replicas else 0)
+        per_pod = int(job["spec"].get("nprocPerNode") or 1)
+        pods = {0: self._create_pod(job, 0, self._operator_pod(job, "Master", 0, 0, nodes))}
         for index in range(nodes - 1):
             pods[(index + 1) * per_pod] = self._create_pod(
-                job, index + 1, self._operator_pod(job, 'Worker', index, index + 1, nodes))
+                job, index + 1, self._operator_pod(job, "Worker", index, index + 1, nodes)
+            )
         return pods
 
     def _owner(self, job: dict[str, Any]) -> dict[str, Any]:
-        return {'apiVersion': job['apiVersion'], 'kind': job['kind'], 'name': job['metadata']['name'],
-                'uid': job['metadata']['uid'], 'controller': True, 'blockOwnerDeletion': True}
+        return {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def _create_pod(self, job: dict[str, Any], ordinal: int, pod: dict[str, Any]) -> str:
-        pod['metadata']['ownerReferences'] = [self._owner(job)]
-        pod['metadata']['namespace'] = self.namespace
-        return self.kube.create(pod)['metadata']['name']
+        pod["metadata"]["ownerReferences"] = [self._owner(job)]
+        pod["metadata"]["namespace"] = self.namespace
+        return self.kube.create(pod)["metadata"]["name"]
 
     def _indexed_pod(self, job: dict[str, Any], index: int) -> dict[str, Any]:
-        template = job['spec']['template']
-        name = job['metadata']['name']
-        meta = template.get('metadata') or {}
-        labels = {**meta.get('labels', {}), INDEX_KEY: str(index),
-                  'batch.kubernetes.io/job-name': name,
-                  'batch.kubernetes.io/controller-uid': job['metadata']['uid']}
-        spec = {**template['spec'], 'hostname': f'{name}-{index}'}
-        return {'apiVersion': 'v1', 'kind': 'Pod',
-                'metadata': {'name': f'{name}-{index}-{pysecrets.token_hex(3)[:5]}', 'labels': labels,
-                             'annotations': {**meta.get('annotations', {}), INDEX_KEY: str(index)}},
-                'spec': spec}
+        template = job["spec"]["template"]
+        name = job["metadata"]["name"]
+        meta = template.get("metadata") or {}
+        labels = {
+            **meta.get("labels", {}),
+            INDEX_KEY: str(index),
+            "batch.kubernetes.io/job-name": name,
+            "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+        }
+        spec = {**template["spec"], "hostname": f"{name}-{index}"}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-{index}-{pysecrets.token_hex(3)[:5]}",
+                "labels": labels,
+                "annotations": {**meta.get("annotations", {}), INDEX_KEY: str(index)},
+            },
+            "spec": spec,
+        }
 
-    def _operator_pod(self, job: dict[str, Any], replica: str, index: int, node_rank: int,
-                      nodes: int) -> dict[str, Any]:
-        name = job['metadata']['name']
-        specs = job['spec'].get('pytorchReplicaSpecs') or job['spec'].get('tfReplicaSpecs')
-        template = specs[replica]['template']
-        meta = template.get('metadata') or {}
-        labels = {**meta.get('labels', {}), 'training.kubeflow.org/job-name': name,
-                  'training.kubeflow.org/operator-name': f'{job["kind"].lower()}-controller',
-                  'training.kubeflow.org/replica-type': replica.lower(),
-                  'training.kubeflow.org/replica-index': str(index)}
-        spec = {**template['spec']}
-        container = dict(spec['containers'][0])
-        env = list(container.get('env') or [])
-        if job['kind'] == 'PyTorchJob':
-            per_pod = int(job['spec'].get('nprocPerNode') or 1)
-            master, port = f'{name}-master-0', '23456'
-            env += [{'name': 'MASTER_PORT', 'value': port}, {'name': 'MASTER_ADDR', 'value': master},
-                    {'name': 'WORLD_SIZE', 'value': str(nodes * per_pod)},
-                    {'name': 'RANK', 'value': str(node_rank)},
-                    {'name': 'PET_MASTER_PORT', 'value': port}, {'name': 'PET_MASTER_ADDR', 'value': master},
-                    {'name': 'PET_NNODES', 'value': str(nodes)},
-                    {'name': 'PET_NPROC_PER_NODE', 'value': str(per_pod)},
-                    {'name': 'PET_NODE_RANK', 'value': str(node_rank)}]
+    def _operator_pod(
+        self, job: dict[str, Any], replica: str, index: int, node_rank: int, nodes: int
+    ) -> dict[str, Any]:
+        name = job["metadata"]["name"]
+        specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"].get("tfReplicaSpecs")
+        template = specs[replica]["template"]
+        meta = template.get("metadata") or {}
+        labels = {
+            **meta.get("labels", {}),
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/operator-name": f"{job['kind'].lower()}-controller",
+            "training.kubeflow.org/replica-type": replica.lower(),
+            "training.kubeflow.org/replica-index": str(index),
+        }
+        spec = {**template["spec"]}
+        container = dict(spec["containers"][0])
+        env = list(container.get("env") or [])
+        if job["kind"] == "PyTorchJob":
+            per_pod = int(job["spec"].get("nprocPerNode") or 1)
+            master, port = f"{name}-master-0", "23456"
+            env += [
+                {"name": "MASTER_PORT", "value": port},
+                {"name": "MASTER_ADDR", "value": master},
+                {"name": "WORLD_SIZE", "value": str(nodes * per_pod)},
+                {"name": "RANK", "value": str(node_rank)},
+                {"name": "PET_MASTER_PORT", "value": port},
+                {"name": "PET_MASTER_ADDR", "value": master},
+                {"name": "PET_NNODES", "value": str(nodes)},
+                {"name": "PET_NPROC_PER_NODE", "value": str(per_pod)},
+                {"name": "PET_NODE_RANK", "value": str(node_rank)},
+            ]
         else:
             import json
-            workers = [f'{name}-worker-{i}.{self.namespace}.svc:2222' for i in range(nodes)]
-            env.append({'name': 'TF_CONFIG', 'value': json.dumps(
-                {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': index}})})
-        container['env'] = env
-        spec['containers'] = [container, *spec['containers'][1:]]
-        return {'apiVersion': 'v1', 'kind': 'Pod',
-                'metadata': {'name': f'{name}-{replica.lower()}-{index}', 'labels': labels,
-                             'annotations': dict(meta.get('annotations', {}))},
-                'spec': spec}
 
-    def finish_job(self, job: dict[str, Any], succeeded: bool, reason: str = '', message: str = '') -> None:
+            workers = [f"{name}-worker-{i}.{self.namespace}.svc:2222" for i in range(nodes)]
+            env.append(
+                {
+                    "name": "TF_CONFIG",
+                    "value": json.dumps(
+                        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+                    ),
+                }
+            )
+        container["env"] = env
+        spec["containers"] = [container, *spec["containers"][1:]]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-{replica.lower()}-{index}",
+                "labels": labels,
+                "annotations": dict(meta.get("annotations", {})),
+            },
+            "spec": spec,
+        }
+
+    def finish_job(
+        self, job: dict[str, Any], succeeded: bool, reason: str = "", message: str = ""
+    ) -> None:
         """The controller's verdict on the job object (status subresource)."""
         now = _now()
         job = self.refresh(job)
-        if job['kind'] == 'Job':
-            kind = 'Complete' if succeeded else 'Failed'
-            status = {'conditions': [{'type': kind, 'status': 'True', 'reason': reason or kind,
-                                      'message': message, 'lastProbeTime': now, 'lastTransitionTime': now}],
-                      'startTime': now, 'completionTime': now if succeeded else None}
+        if job["kind"] == "Job":
+            kind = "Complete" if succeeded else "Failed"
+            status = {
+                "conditions": [
+                    {
+                        "type": kind,
+                        "status": "True",
+                        "reason": reason or kind,
+                        "message": message,
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "startTime": now,
+                "completionTime": now if succeeded else None,
+            }
             status = {k: v for k, v in status.items() if v is not None}
         else:
-            kind = 'Succeeded' if succeeded else 'Failed'
-            status = {'conditions': [{'type': kind, 'status': 'True', 'reason': reason or kind,
-                                      'message': message, 'lastUpdateTime': now, 'lastTransitionTime': now}],
-                      'replicaStatuses': {}, 'startTime': now}
-        self.kube.patch(job['apiVersion'], job['kind'], job['metadata']['name'], {'status': status},
-                        self.namespace, subresource='status')
+            kind = "Succeeded" if succeeded else "Failed"
+            status = {
+                "conditions": [
+                    {
+                        "type": kind,
+                        "status": "True",
+                        "reason": reason or kind,
+                        "message": message,
+                        "lastUpdateTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "replicaStatuses": {},
+                "startTime": now,
+            }
+        self.kube.patch(
+            job["apiVersion"],
+            job["kind"],
+            job["metadata"]["name"],
+            {"status": status},
+            self.namespace,
+            subresource="status",
+        )
 
     # -- scheduler and kubelet -------------------------------------------------------------
     def schedule(self, pod: str) -> None:
         """Placed on a node; the container is being created."""
         now = _now()
-        self.kube.patch('v1', 'Pod', pod, {'status': {'phase': 'Pending', 'conditions': [
-            {'type': 'PodScheduled', 'status': 'True', 'lastTransitionTime': now}]}},
-            self.namespace, subresource='status')
+        self.kube.patch(
+            "v1",
+            "Pod",
+            pod,
+            {
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
+                    ],
+                }
+            },
+            self.namespace,
+            subresource="status",
+        )
 
     def pod_environment(self, pod: dict[str, Any]) -> dict[str, str]:
         """The container's environment as the kubelet would give it (fieldRefs resolved)."""
         env: dict[str, str] = {}
-        meta = pod['metadata']
-        for item in pod['spec']['containers'][0].get('env') or []:
-            if 'value' in item:
-                env[item['name']] = item['value']
+        meta = pod["metadata"]
+        for item in pod["spec"]["containers"][0].get("env") or []:
+            if "value" in item:
+                env[item["name"]] = item["value"]
                 continue
-            path = item['valueFrom']['fieldRef']['fieldPath']
-            source, _, key = path.partition('[')
-            bag = {'metadata.annotations': meta.get('annotations', {}),
-                   'metadata.labels': meta.get('labels', {})}[source]
-            env[item['name']] = bag[key.strip("]'")]
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            source, _, key = path.partition("[")
+            bag = {
+                "metadata.annotations": meta.get("annotations", {}),
+                "metadata.labels": meta.get("labels", {}),
+            }[source]
+            env[item["name"]] = bag[key.strip("]'")]
         return env
 
     def payload_dir(self, pod: dict[str, Any]) -> Path:
         """The pod's projected payload volume, materialised from the Secrets it names."""
-        volume = next(v for v in pod['spec']['volumes'] if v['name'] == 'payload')
-        target = self.workdir / f'payload-{pod["metadata"]["name"]}'
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "payload")
+        target = self.workdir / f"payload-{pod['metadata']['name']}"
         target.mkdir(parents=True, exist_ok=True)
-        for source in volume['projected']['sources']:
-            secret = self.kube.get('v1', 'Secret', source['secret']['name'], self.namespace)
-            for item in source['secret']['items']:
-                (target / item['path']).write_bytes(base64.b64decode(secret['data'][item['key']]))
+        for source in volume["projected"]["sources"]:
+            secret = self.kube.get("v1", "Secret", source["secret"]["name"], self.namespace)
+            for item in source["secret"]["items"]:
+                (target / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
         return target
 
     def run_rank(self, pod_name: str, *, extra_env: dict[str, str] | None = None) -> RankRun:
         """Start the pod's container: Running, the real worker, output into the pod log as
         it is written."""
-        pod = self.kube.get('v1', 'Pod', pod_name, self.namespace)
-        env = {k: v for k, v in os.environ.items() if k in ('PATH', 'HOME', 'LANG', 'SYSTEMROOT')}
-        env['PYTHONPATH'] = os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]).rstrip(os.pathsep)
+        pod = self.kube.get("v1", "Pod", pod_name, self.namespace)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SYSTEMROOT")}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
         env.update(self.pod_environment(pod))
-        env['MLCLUSTER_PAYLOAD'] = str(self.payload_dir(pod))
-        env['MASTER_ADDR'] = '127.0.0.1'  # pod DNS names do not resolve here
+        env["MLCLUSTER_PAYLOAD"] = str(self.payload_dir(pod))
+        env["MASTER_ADDR"] = "127.0.0.1"  # pod DNS names do not resolve here
         env.update(extra_env or {})
-        self.kube.set_pod_phase(self.namespace, pod_name, 'Running')
-        process = subprocess.Popen([sys.executable, '-m', 'jupyterlab_mlcluster.runtime.worker'], env=env,
-                                   cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.kube.set_pod_phase(self.namespace, pod_name, "Running")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"],
+            env=env,
+            cwd=self.workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         run = RankRun(pod_name, process)
         self.runs.append(run)
 
@@ -240,9 +345,10 @@ class ClusterPlayer:
             while chunk := process.stdout.read1(65536):
                 run.output.append(chunk)
                 try:
-                    self.kube.append_log(self.namespace, pod_name, chunk.decode('utf-8', 'replace'))
+                    self.kube.append_log(self.namespace, pod_name, chunk.decode("utf-8", "replace"))
                 except KeyError:
                     return  # the pod is gone (deleted): its log with it
+
         run.pump = threading.Thread(target=pump, daemon=True)
         run.pump.start()
         return run
@@ -252,9 +358,9 @@ class ClusterPlayer:
         code = run.wait(timeout)
         try:
             if code == 0:
-                self.kube.set_pod_phase(self.namespace, run.pod, 'Succeeded')
+                self.kube.set_pod_phase(self.namespace, run.pod, "Succeeded")
             else:
-                self.kube.set_pod_phase(self.namespace, run.pod, 'Failed', exit_code=code)
+                self.kube.set_pod_phase(self.namespace, run.pod, "Failed", exit_code=code)
         except KubeApiError as exc:
             if exc.status != 404:
                 raise
@@ -263,7 +369,10 @@ class ClusterPlayer:
     def kill_deleted(self) -> None:
         """What a kubelet does for a deleted pod: stop its container."""
         for run in self.runs:
-            if run.process.poll() is None and self.kube.find('v1', 'Pod', run.pod, self.namespace) is None:
+            if (
+                run.process.poll() is None
+                and self.kube.find("v1", "Pod", run.pod, self.namespace) is None
+            ):
                 run.process.kill()
                 run.wait(30)
 
@@ -273,7 +382,9 @@ class ClusterPlayer:
                 run.process.kill()
             run.wait(30)
 
-    def play(self, job_id: str, *, finish_job: bool = True, timeout: float = 120) -> dict[int, RankRun]:
+    def play(
+        self, job_id: str, *, finish_job: bool = True, timeout: float = 120
+    ) -> dict[int, RankRun]:
         """The whole happy story: pods created, scheduled, run for real, reported finished."""
         job = self.resumed(job_id)
         pods = self.create_pods(job)
@@ -293,13 +404,20 @@ class ClusterPlayer:
 def objects_of(kube: Kube, namespace: str, job_id: str) -> dict[str, list[str]]:
     """Every object of one job still in the namespace, by kind (kinds not served are skipped)."""
     found: dict[str, list[str]] = {}
-    kinds = (('v1', 'Pod'), ('v1', 'Secret'), ('v1', 'Service'), *JOB_KINDS,
-             ('scheduling.volcano.sh/v1beta1', 'PodGroup'))
+    kinds = (
+        ("v1", "Pod"),
+        ("v1", "Secret"),
+        ("v1", "Service"),
+        *JOB_KINDS,
+        ("scheduling.volcano.sh/v1beta1", "PodGroup"),
+    )
     for api_version, kind in kinds:
         try:
-            items = kube.list(api_version, kind, namespace, label_selector=f'mlcluster.io/job-id={job_id}')
+            items = kube.list(
+                api_version, kind, namespace, label_selector=f"mlcluster.io/job-id={job_id}"
+            )
         except KubeApiError:
             continue
         if items:
-            found[kind] = [i['metadata']['name'] for i in items]
+            found[kind] = [i["metadata"]["name"] for i in items]
     return found

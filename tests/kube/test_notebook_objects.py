@@ -759,7 +759,9 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
 
     from notebook_controller.cli import print_manifests
 
-    assert print_manifests(["--no-gateway", "--user-namespace=team-a", "--user-namespace=team-b"]) == 0
+    assert (
+        print_manifests(["--no-gateway", "--user-namespace=team-a", "--user-namespace=team-b"]) == 0
+    )
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
     assert printed == all_manifests(include_gateway=False, user_namespaces=["team-a", "team-b"])
     extra = printed[len(all_manifests(include_gateway=False)) :]

@@ -70,7 +70,9 @@ async def test_snapshot_then_live_job_events(api, mlc, jp_ws_fetch):
     final = seen[-1]["job"]
     assert [r["state"] for r in final["ranks"]] == ["succeeded", "succeeded"]
     assert any(m["type"] == "logs" and m["id"] == job["id"] for m in seen), "log hints are pushed"
-    assert [m["seq"] for m in seen] == sorted(m["seq"] for m in seen) and seen[0]["seq"] > snapshot["seq"]
+    assert [m["seq"] for m in seen] == sorted(m["seq"] for m in seen) and seen[0]["seq"] > snapshot[
+        "seq"
+    ]
     clusters = [m["cluster"] for m in seen if m["type"] == "cluster"]
     assert any(c["capacity"]["cpus"]["free"] < c["capacity"]["cpus"]["total"] for c in clusters), (
         clusters
@@ -247,7 +249,9 @@ FLAT_OUT = textwrap.dedent(
 )
 
 
-async def test_a_follower_that_hangs_up_is_let_go(api, mlc, jp_http_port, jp_base_url, jp_serverapp):
+async def test_a_follower_that_hangs_up_is_let_go(
+    api, mlc, jp_http_port, jp_base_url, jp_serverapp
+):
     job = await submit(api, "import time\nprint('hello', flush=True)\ntime.sleep(60)")
     reader, writer = await asyncio.open_connection("127.0.0.1", jp_http_port)
     token = jp_serverapp.identity_provider.token

@@ -38,7 +38,11 @@ async def in_kernel(*cells: str) -> list[tuple[list, dict]]:
 
 
 async def test_rest_job_attached_from_a_kernel(api):
-    job = await submit(api, "import os, time\ntime.sleep(1)\nprint('hi from', os.environ['RANK'])\n{'answer': 42}", workers=2)
+    job = await submit(
+        api,
+        "import os, time\ntime.sleep(1)\nprint('hi from', os.environ['RANK'])\n{'answer': 42}",
+        workers=2,
+    )
     ((msgs, reply),) = await in_kernel(f"%distributed_attach {job['id']}")
     assert reply["status"] == "ok", reply
     assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "{'answer': 42}"
@@ -53,7 +57,11 @@ async def test_magic_job_shows_in_rest_and_events(api, jp_ws_fetch):
     assert reply["status"] == "ok", reply
     code, page, _ = await api("GET", "jobs")
     (job,) = page["jobs"]
-    assert job["name"] == "from-magic" and job["state"] == "succeeded" and job["origin"]["kind"] == "kernel"
+    assert (
+        job["name"] == "from-magic"
+        and job["state"] == "succeeded"
+        and job["origin"]["kind"] == "kernel"
+    )
     seen = []
     while not any(m.get("type") == "job" and m["job"]["state"] == "succeeded" for m in seen):
         seen.append(json.loads(await asyncio.wait_for(ws.read_message(), 10)))

@@ -75,7 +75,9 @@ class KubernetesBackend(Backend):
 
     def validate(self, spec: JobSpec) -> None:
         if spec.workers > self.config.max_workers:
-            raise SpecError(f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)")
+            raise SpecError(
+                f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)"
+            )
         self._last_plan = (spec, self._plan(spec))
 
     def _plan(self, spec: JobSpec) -> JobPlan:
@@ -133,8 +135,11 @@ class KubernetesBackend(Backend):
         cannot be listed cluster-wide)."""
         nodes = self._nodes()
         if nodes is None:
-            return {"gpus": {"total": None, "free": None}, "cpus": {"total": None, "free": None},
-                    "memory": {"total": None, "free": None}}
+            return {
+                "gpus": {"total": None, "free": None},
+                "cpus": {"total": None, "free": None},
+                "memory": {"total": None, "free": None},
+            }
         totals = {
             "gpus": sum(_gpus(n) for n in nodes),
             "cpus": sum(_allocatable(n, "cpu") for n in nodes),
@@ -156,7 +161,9 @@ class KubernetesBackend(Backend):
         if self._nodes_seen is None or now - self._nodes_seen[0] > NODES_TTL:
             try:
                 conn = self.connection(probe=False)
-                nodes: list[dict[str, Any]] | None = client.Lister(conn, client.kind_of("v1", "Node"))().items
+                nodes: list[dict[str, Any]] | None = client.Lister(
+                    conn, client.kind_of("v1", "Node")
+                )().items
             except Exception as exc:  # noqa: BLE001 - forbidden or unreachable: no node facts
                 log.debug("cannot list nodes: %s", exc)
                 nodes = None
@@ -215,8 +222,11 @@ class KubernetesBackend(Backend):
 
         plan = JobPlan.from_dict(job.backend_state)
         try:
-            conn = client.connect(namespace=plan.namespace, request_timeout=self.config.kubernetes_request_timeout,
-                                  probe=False)
+            conn = client.connect(
+                namespace=plan.namespace,
+                request_timeout=self.config.kubernetes_request_timeout,
+                probe=False,
+            )
             kind = client.kind_of(plan.api_version, plan.kind)
             client.Resources(conn).delete(kind, object_name(job.id, job.spec.name))
         except Exception as exc:  # noqa: BLE001

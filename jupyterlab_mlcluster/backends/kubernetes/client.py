@@ -63,7 +63,9 @@ class Kind:
     def version(self) -> str:
         return self.api_version.rpartition("/")[2]
 
-    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
         path = f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
         if namespace:
             path += f"/namespaces/{namespace}"
@@ -150,7 +152,10 @@ def _query_value(value: Any) -> str:
 
 
 def in_cluster(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (service_account_dir / "token").is_file()
+    return (
+        bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        and (service_account_dir / "token").is_file()
+    )
 
 
 def resolve_namespace(
@@ -237,7 +242,9 @@ def check_reachable(conn: Connection) -> None:
     try:
         conn.request("GET", "/version", timeout=(min(3.0, timeout), timeout))
     except Exception as exc:  # noqa: BLE001 - any failure means: no usable cluster
-        raise SpecError(f"cannot reach the Kubernetes API server at {conn.host}: {_short(exc)}") from None
+        raise SpecError(
+            f"cannot reach the Kubernetes API server at {conn.host}: {_short(exc)}"
+        ) from None
 
 
 def _short(exc: BaseException) -> str:
@@ -347,7 +354,9 @@ class Resources:
 
     def patch(self, kind: Kind, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch."""
-        return self.conn.request("PATCH", kind.path(self.namespace, name), body=patch, content_type=MERGE_PATCH)
+        return self.conn.request(
+            "PATCH", kind.path(self.namespace, name), body=patch, content_type=MERGE_PATCH
+        )
 
     def delete(self, kind: Kind, name: str, propagation: str = FOREGROUND) -> bool:
         """Delete (foreground by default: the object stays until its dependents are gone).
@@ -386,7 +395,9 @@ class Lister:
         query = {_camel(k): v for k, v in kwargs.items()}
         path = self._kind.path(namespace)
         if kwargs.get("watch"):
-            return self._conn.request("GET", path, query=query, stream=True, timeout=timeout or (10.0, None))
+            return self._conn.request(
+                "GET", path, query=query, stream=True, timeout=timeout or (10.0, None)
+            )
         return _Listing(self._conn.request("GET", path, query=query, timeout=timeout))
 
 

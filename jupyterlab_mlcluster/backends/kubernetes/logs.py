@@ -38,7 +38,9 @@ class PodLogFollower:
     """A daemon thread following one container's log; it puts ("log", pod, bytes) items and
     finally ("log_end", pod, error or None) into `sink`."""
 
-    def __init__(self, conn: Connection, namespace: str, pod: str, container: str, sink: queue.Queue):
+    def __init__(
+        self, conn: Connection, namespace: str, pod: str, container: str, sink: queue.Queue
+    ):
         self.pod = pod
         self._conn = conn
         self._path = kind_of("v1", "Pod").path(namespace, pod, "log")

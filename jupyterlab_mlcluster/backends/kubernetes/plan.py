@@ -72,7 +72,9 @@ def make_plan(
 ) -> JobPlan:
     """Decide engine, image, gang, queue, priority class and packing; SpecError (with the
     setting to change) for anything that cannot work."""
-    engine = choose_engine(spec.framework, served_kinds) if engine_setting == "auto" else engine_setting
+    engine = (
+        choose_engine(spec.framework, served_kinds) if engine_setting == "auto" else engine_setting
+    )
     if engine != "indexed-job" and JOB_KINDS[engine][1] not in served_kinds:
         raise SpecError(
             f"MLClusterConfig.kubernetes_engine is {engine!r}, but this cluster does not serve "
@@ -113,7 +115,13 @@ def make_plan(
 
 
 def plan_objects(
-    plan: JobPlan, job_id: str, spec: JobSpec, *, user: str, payload_chunks: Sequence[bytes], attempt: int
+    plan: JobPlan,
+    job_id: str,
+    spec: JobSpec,
+    *,
+    user: str,
+    payload_chunks: Sequence[bytes],
+    attempt: int,
 ) -> JobObjects:
     """The objects of one attempt of a planned job (see objects.build_job_objects)."""
     return build_job_objects(

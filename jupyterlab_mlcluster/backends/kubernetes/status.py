@@ -109,7 +109,10 @@ def is_suspended(job: dict[str, Any], engine: str) -> bool:
 
 
 def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
-    return any(ref.get("uid") == owner_uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    return any(
+        ref.get("uid") == owner_uid
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -157,7 +160,9 @@ def pod_rank(pod: dict[str, Any], container: str) -> PodRank:
             waiting=status.get("message") if failed and not terminated else None,
         )
     if phase == "Running" and running is not None:
-        return PodRank(pod=name, state=RankState.RUNNING, started=parse_time(running.get("startedAt")))
+        return PodRank(
+            pod=name, state=RankState.RUNNING, started=parse_time(running.get("startedAt"))
+        )
     scheduled = _condition(pod, "PodScheduled")
     if scheduled is not None and scheduled.get("status") == "False":
         why = scheduled.get("message") or scheduled.get("reason") or "not scheduled yet"
@@ -189,7 +194,10 @@ def current_pods(
         created = (pod.get("metadata") or {}).get("creationTimestamp") or ""
         for rank in pod_ranks(pod, engine, ranks_per_pod):
             other = chosen.get(rank)
-            if other is None or (other.get("metadata") or {}).get("creationTimestamp", "") <= created:
+            if (
+                other is None
+                or (other.get("metadata") or {}).get("creationTimestamp", "") <= created
+            ):
                 chosen[rank] = pod
     return chosen
 
@@ -290,12 +298,17 @@ def _job_succeeded(job: dict[str, Any], engine: str) -> bool:
 
 def _job_failed(job: dict[str, Any], engine: str) -> tuple[str, bool] | None:
     """(why the job object says it failed, whether it was its deadline), or None."""
-    cond = _true(job, "Failed") or (_true(job, "FailureTarget") if engine == "indexed-job" else None)
+    cond = _true(job, "Failed") or (
+        _true(job, "FailureTarget") if engine == "indexed-job" else None
+    )
     if cond is None:
         return None
     reason, message = cond.get("reason") or "", cond.get("message") or ""
     if reason == "DeadlineExceeded":
-        return "the job ran past its deadline (activeDeadlineSeconds) and was stopped by Kubernetes", True
+        return (
+            "the job ran past its deadline (activeDeadlineSeconds) and was stopped by Kubernetes",
+            True,
+        )
     text = f"{reason}: {message}" if reason and message else (message or reason or "the job failed")
     return f"Kubernetes marked the job failed: {text}", False
 

@@ -108,7 +108,11 @@ class JobRun:
                 self._finish(Outcome("cancelled", reason))
                 return
             outcome = _Attempt(self, attempt).run()
-            if outcome.kind == "failed" and outcome.restartable and attempt < self.spec.max_restarts:
+            if (
+                outcome.kind == "failed"
+                and outcome.restartable
+                and attempt < self.spec.max_restarts
+            ):
                 attempt += 1
                 ctx.logs.system(
                     f"[mlcluster] {self._failure_text(outcome)}; {RESTART_MARKER} "
@@ -127,20 +131,30 @@ class JobRun:
         for rank in range(self.spec.workers):
             self.store.error_path(job_id, rank).unlink(missing_ok=True)
         self.ctx.set_all_ranks(
-            state=RankState.PENDING, exit_code=None, host=None, started=None, finished=None, progress=None
+            state=RankState.PENDING,
+            exit_code=None,
+            host=None,
+            started=None,
+            finished=None,
+            progress=None,
         )
 
     def _finish(self, outcome: Outcome) -> None:
         ctx, job_id = self.ctx, self.ctx.job.id
         if outcome.kind == "succeeded":
-            ctx.set_state(JobState.SUCCEEDED, has_result=self.store.result_path(job_id).exists(), reason=None)
+            ctx.set_state(
+                JobState.SUCCEEDED, has_result=self.store.result_path(job_id).exists(), reason=None
+            )
         elif outcome.kind == "cancelled":
             ctx.set_state(JobState.CANCELLED, reason=outcome.message)
         elif outcome.kind == "timeout":
             ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
         else:
             ctx.set_state(
-                JobState.FAILED, error=self._failure_text(outcome), failed_rank=outcome.failed_rank, reason=None
+                JobState.FAILED,
+                error=self._failure_text(outcome),
+                failed_rank=outcome.failed_rank,
+                reason=None,
             )
 
     def _failure_text(self, outcome: Outcome) -> str:
@@ -148,7 +162,9 @@ class JobRun:
         rank = outcome.failed_rank
         report = _read_error(self.store, self.ctx.job.id, rank) if rank is not None else None
         if report:
-            return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+            return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(
+                ": "
+            )
         return outcome.message or "the job failed"
 
 
@@ -218,7 +234,9 @@ class _Attempt:
             self._create_or_adopt()
         except Exception as exc:
             outcome = Outcome(
-                "failed", f"could not create the job's Kubernetes objects: {message_of(exc)}", restartable=False
+                "failed",
+                f"could not create the job's Kubernetes objects: {message_of(exc)}",
+                restartable=False,
             )
             log.debug("create failed", exc_info=True)
             self._delete_and_wait()
@@ -244,7 +262,9 @@ class _Attempt:
             existing = None
         if existing is not None:
             self.adopted_skip = stored_line_counts(ctx.store, ctx.job.id, self.spec.workers)
-            ctx.logs.system(f"[mlcluster] supervisor restarted: following {plan.kind} {run.name} again")
+            ctx.logs.system(
+                f"[mlcluster] supervisor restarted: following {plan.kind} {run.name} again"
+            )
             job = existing
         else:
             job = None
@@ -472,7 +492,10 @@ class _Attempt:
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))
         items = _quietly(
-            lambda: pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items, []
+            lambda: (
+                pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items
+            ),
+            [],
         )
         usage: dict[int, dict[str, Any]] = {}
         for item in items:
@@ -527,7 +550,9 @@ class _Attempt:
         text = message_of(exc)
         if text not in self.reported_watch_errors:
             self.reported_watch_errors.add(text)
-            self.ctx.logs.system(f"[mlcluster] watching the job's {what}s failed ({text}); retrying")
+            self.ctx.logs.system(
+                f"[mlcluster] watching the job's {what}s failed ({text}); retrying"
+            )
 
     # -- logs -----------------------------------------------------------------------------------
 
@@ -536,7 +561,10 @@ class _Attempt:
         for name, pod in self.pods.items():
             if name in self.followers or name in self.log_done or not owned_by(pod, self.uid or ""):
                 continue
-            if self.log_retry_at.get(name, 0.0) > now or container_phase(pod, self.container) == "waiting":
+            if (
+                self.log_retry_at.get(name, 0.0) > now
+                or container_phase(pod, self.container) == "waiting"
+            ):
                 continue
             ranks = pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod)
             if not ranks:
@@ -563,9 +591,13 @@ class _Attempt:
         # Ended early (a dropped connection, or our view of the pod is behind): read it
         # again later, skipping what we already have.
         self.resume_skip[pod_name] = output.seen()
-        failures = self.log_failures[pod_name] = self.log_failures.get(pod_name, 0) + (error is not None)
+        failures = self.log_failures[pod_name] = self.log_failures.get(pod_name, 0) + (
+            error is not None
+        )
         if failures == LOG_FAILURES_REPORTED and error is not None:
-            self.ctx.logs.system(f"[mlcluster] cannot read the log of pod {pod_name}: {message_of(error)}")
+            self.ctx.logs.system(
+                f"[mlcluster] cannot read the log of pod {pod_name}: {message_of(error)}"
+            )
         delay = min(LOG_RETRY_DELAY * 2 ** max(0, failures - 1), LOG_RETRY_MAX_DELAY)
         self.log_retry_at[pod_name] = time.monotonic() + delay
 
@@ -589,7 +621,8 @@ class _Attempt:
             self._rank_update(rank, {"progress": _progress(record)})
         elif rtype == "metrics":
             self.runtime_metrics[rank] = {
-                k: record.get(k) for k in ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
+                k: record.get(k)
+                for k in ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
             }
         elif rtype == "error":
             report = {k: v for k, v in record.items() if k != "type"}
@@ -656,14 +689,22 @@ class _Attempt:
         run, ctx = self.run_, self.ctx
         self.deleting = True
         try:
-            with_retries(lambda: run.res.delete(run.kind, run.name), f"delete {run.kind.kind} {run.name}")
+            with_retries(
+                lambda: run.res.delete(run.kind, run.name), f"delete {run.kind.kind} {run.name}"
+            )
         except Exception as exc:  # noqa: BLE001 - reported; the reaper's cleanup tries again
-            ctx.logs.system(f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}")
+            ctx.logs.system(
+                f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}"
+            )
             return
         deadline = time.monotonic() + ctx.config.kubernetes_delete_timeout
         next_check = time.monotonic() + VERIFY_GONE_INTERVAL
         while time.monotonic() < deadline:
-            if not self.informers or (self.job is None and not self.pods) or time.monotonic() > next_check:
+            if (
+                not self.informers
+                or (self.job is None and not self.pods)
+                or time.monotonic() > next_check
+            ):
                 next_check = time.monotonic() + VERIFY_GONE_INTERVAL
                 if self._gone():
                     self._flush(force=True)

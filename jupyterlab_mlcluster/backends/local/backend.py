@@ -55,9 +55,13 @@ class LocalBackend(Backend):
 
     def validate(self, spec: JobSpec) -> None:
         if spec.workers > self.config.max_workers:
-            raise SpecError(f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)")
+            raise SpecError(
+                f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)"
+            )
         if spec.image:
-            raise SpecError("--image only applies to the kubernetes backend; local ranks use this environment")
+            raise SpecError(
+                "--image only applies to the kubernetes backend; local ranks use this environment"
+            )
         if spec.queue:
             raise SpecError("--queue only applies to the kubernetes backend (Volcano/Kueue queues)")
         pool.check_fits(spec, self.capacity())
@@ -128,7 +132,9 @@ class LocalBackend(Backend):
             "SELECT * FROM jobs WHERE backend = ? AND state IN ('starting', 'running') AND allocation IS NOT NULL",
             (job.backend,),
         ).fetchall()
-        used = pool.used_resources([json.loads(r["allocation"]) for r in rows if supervisor_alive(r)])
+        used = pool.used_resources(
+            [json.loads(r["allocation"]) for r in rows if supervisor_alive(r)]
+        )
         return pool.describe_wait(job.spec, job.capacity, used, ahead)
 
     def _finish(self, ctx, outcome: GangOutcome) -> None:
@@ -143,7 +149,9 @@ class LocalBackend(Backend):
             ctx.set_state(JobState.FAILED, error=outcome.reason, reason=outcome.reason)
         else:
             error = _failure_message(ctx.store, job_id, outcome)
-            ctx.set_state(JobState.FAILED, error=error, failed_rank=outcome.failed_rank, reason=None)
+            ctx.set_state(
+                JobState.FAILED, error=error, failed_rank=outcome.failed_rank, reason=None
+            )
 
 
 def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
@@ -162,7 +170,9 @@ def _failure_message(store: JobStore, job_id: str, outcome: GangOutcome) -> str:
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         pass
     if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = (
+            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        )
         hint = " (out of memory?)" if -code == signal.SIGKILL else ""
         return f"rank {rank} was killed by {name}{hint}"
     return f"rank {rank} exited with status {code}"
@@ -196,12 +206,21 @@ class _Gang:
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))
         # A restart must not report the previous attempt's result or tracebacks.
-        for stale in [store.result_path(job_id), *(store.error_path(job_id, r) for r in range(spec.workers))]:
+        for stale in [
+            store.result_path(job_id),
+            *(store.error_path(job_id, r) for r in range(spec.workers)),
+        ]:
             stale.unlink(missing_ok=True)
         warm = _running_warm()
         for rank in range(spec.workers):
             env = launcher.rank_environment(
-                base, spec, rank, self.allocation["gpus"][rank], ports, job_id=job_id, restart=self.attempt
+                base,
+                spec,
+                rank,
+                self.allocation["gpus"][rank],
+                ports,
+                job_id=job_id,
+                restart=self.attempt,
             )
             env["MLCLUSTER_PAYLOAD"] = payload_path
             env["MLCLUSTER_ERROR_FILE"] = str(store.error_path(job_id, rank))

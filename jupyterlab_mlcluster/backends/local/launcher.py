@@ -24,9 +24,21 @@ from ...jobs.model import JobSpec
 # Variables of the submitting process that must not leak into ranks: ipykernel's inline
 # matplotlib backend has no frontend in a rank, and stale launcher variables would lie.
 _DROP_ENV_PREFIXES = ("MLCLUSTER_", "TORCHELASTIC_", "PET_", "JPY_")
-_DROP_ENV = {"MPLBACKEND", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "GROUP_RANK"}
+_DROP_ENV = {
+    "MPLBACKEND",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "GROUP_RANK",
+}
 # Kept on purpose (they describe the user's environment, not a launcher).
-_KEEP_ENV = {"MLCLUSTER_STORE_DIR", "MLCLUSTER_BACKEND", "MLCLUSTER_CPU_SLOTS", "MLCLUSTER_GPUS", "MLCLUSTER_WARM_POOL"}
+_KEEP_ENV = {
+    "MLCLUSTER_STORE_DIR",
+    "MLCLUSTER_BACKEND",
+    "MLCLUSTER_CPU_SLOTS",
+    "MLCLUSTER_GPUS",
+    "MLCLUSTER_WARM_POOL",
+}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,7 +107,9 @@ def rank_environment(
         env["OMP_NUM_THREADS"] = str(max(1, int(spec.cpus)))
     if spec.framework == "tensorflow":
         workers = [f"{host}:{p}" for p in ports["tf"]]
-        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        )
     if spec.framework == "jax":
         env["JAX_COORDINATOR_ADDRESS"] = f"{host}:{ports['jax']}"
         env["JAX_NUM_PROCESSES"] = str(spec.workers)
@@ -164,7 +178,9 @@ def spawn_cold(rank: int, env: dict[str, str], cwd: str | None) -> RankProcess:
         )
     finally:
         os.close(control_w)
-    return RankProcess(rank, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), control_r, popen)
+    return RankProcess(
+        rank, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), control_r, popen
+    )
 
 
 def spawn_forked(rank: int, env: dict[str, str], cwd: str | None, payload_path: str) -> RankProcess:

@@ -35,7 +35,9 @@ def _detect_gpus(setting: str) -> tuple[int, ...]:
         try:
             return tuple(sorted({int(part) for part in setting.split(",") if part.strip()}))
         except ValueError:
-            raise ValueError(f"gpus must be 'auto', 'none' or indices like '0,1', got {setting!r}") from None
+            raise ValueError(
+                f"gpus must be 'auto', 'none' or indices like '0,1', got {setting!r}"
+            ) from None
     try:
         import pynvml
 
@@ -96,7 +98,9 @@ def used_resources(holding: list[dict[str, Any]]) -> dict[str, Any]:
     return used
 
 
-def allocate(spec: JobSpec, capacity: dict[str, Any], used: dict[str, Any]) -> dict[str, Any] | None:
+def allocate(
+    spec: JobSpec, capacity: dict[str, Any], used: dict[str, Any]
+) -> dict[str, Any] | None:
     """Resources for every rank at once, or None if they do not all fit now."""
     need = job_needs(spec)
     if used["cpus"] + need["cpus"] > capacity["cpus"] + 1e-9:

@@ -41,7 +41,14 @@ from typing import Any
 from ..._version import __version__
 
 _IN_ZYGOTE_CHILD = False
-_ENV_KEYS = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_HOME")
+_ENV_KEYS = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CUDA_HOME",
+)
 START_TIMEOUT = 60.0
 _OWN_MODULES = (
     "jupyterlab_mlcluster.jobs.supervisor",
@@ -65,7 +72,9 @@ def in_zygote_child() -> bool:
 
 
 def pool_dir() -> Path:
-    path = os.environ.get("MLCLUSTER_WARM_POOL_DIR") or os.path.join(tempfile.gettempdir(), f"mlcluster-{os.getuid()}")
+    path = os.environ.get("MLCLUSTER_WARM_POOL_DIR") or os.path.join(
+        tempfile.gettempdir(), f"mlcluster-{os.getuid()}"
+    )
     Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
     return Path(path)
 
@@ -101,7 +110,9 @@ def socket_path(fp: str) -> Path:
 # -- client ---------------------------------------------------------------------------------
 
 
-def request(path: Path, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
+def request(
+    path: Path, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT
+) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
@@ -192,7 +203,10 @@ def spawn_supervisor(config, store_root: str, job_id: str) -> bool:
     if path is None:
         return False
     try:
-        request(path, {"op": "spawn_supervisor", "store": store_root, "job": job_id, "env": dict(os.environ)})
+        request(
+            path,
+            {"op": "spawn_supervisor", "store": store_root, "job": job_id, "env": dict(os.environ)},
+        )
     except (OSError, ValueError, RuntimeError):
         return False
     return True
@@ -240,7 +254,9 @@ class Zygote:
             except ImportError:
                 continue
         if self.cuda_initialized():
-            raise SystemExit("warm pool: a preloaded module initialised CUDA; forking would be unsafe")
+            raise SystemExit(
+                "warm pool: a preloaded module initialised CUDA; forking would be unsafe"
+            )
         # Everything imported so far lives as long as we do. Frozen objects are never
         # scanned by the collector, so no fork pays for a full collection of torch's heap
         # (~150 ms here) nor copies every page it would touch doing so.
@@ -314,7 +330,12 @@ class Zygote:
     def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "fingerprint": self.fp, "executable": os.path.realpath(sys.executable)}
+            return {
+                "ok": True,
+                "pid": os.getpid(),
+                "fingerprint": self.fp,
+                "executable": os.path.realpath(sys.executable),
+            }
         if op == "status":
             import psutil
 
@@ -411,9 +432,14 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
 
 def _fresh_stdio() -> None:
     """New sys.stdout/err on fds 1/2, line-buffered like a PYTHONUNBUFFERED process."""
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True
+    )
     sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True, errors="backslashreplace"
+        io.FileIO(2, "w", closefd=False),
+        line_buffering=True,
+        write_through=True,
+        errors="backslashreplace",
     )
     sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
     sys.stdin = open(os.devnull)  # noqa: SIM115
@@ -451,7 +477,12 @@ def _max_fd() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    path, modules, idle, fp = Path(argv[0]), [m for m in argv[1].split(",") if m], float(argv[2]), argv[3]
+    path, modules, idle, fp = (
+        Path(argv[0]),
+        [m for m in argv[1].split(",") if m],
+        float(argv[2]),
+        argv[3],
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     zygote = Zygote(path, modules, idle, fp)
     zygote.preload()
