@@ -41,6 +41,15 @@ def assert_no_job_processes(service, timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
+def process_gone(pid: int) -> bool:
+    """The process has exited (gone, or a zombie its parent has yet to reap). It may vanish
+    between two looks, so asking about it is part of the answer."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def run_cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "jupyterlab_mlcluster.cli", *args],

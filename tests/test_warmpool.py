@@ -8,10 +8,9 @@ import re
 import textwrap
 import time
 
-import psutil
 import pytest
 
-from helpers import wait_for
+from helpers import process_gone, wait_for
 from jupyterlab_mlcluster.backends.local import warmpool
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
@@ -87,10 +86,7 @@ def test_pool_is_replaced_when_the_environment_changes(service, warm, monkeypatc
     assert second["pid"] != first["pid"] and second["fingerprint"] != first["fingerprint"]
     # the outdated zygote was asked to go
     wait_for(
-        lambda: (
-            not psutil.pid_exists(first["pid"])
-            or psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE
-        ),
+        lambda: process_gone(first["pid"]),
         timeout=15,
     )
 
@@ -107,10 +103,7 @@ def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, 
     (target / "newpkg").mkdir()  # what `pip install --target extra-site newpkg` does to the dir
     (target / "newpkg" / "__init__.py").write_text("VALUE = 42\n")
     wait_for(
-        lambda: (
-            not psutil.pid_exists(before["pid"])
-            or psutil.Process(before["pid"]).status() == psutil.STATUS_ZOMBIE
-        ),
+        lambda: process_gone(before["pid"]),
         timeout=warmpool.SELF_CHECK_INTERVAL + 10,
         message="the outdated zygote to exit",
     )
@@ -136,7 +129,7 @@ def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
     pid = warmpool.request(path, {"op": "ping"})["pid"]
     wait_for(lambda: not path.exists(), timeout=15, message="idle zygote to exit")
     wait_for(
-        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        lambda: process_gone(pid),
         timeout=5,
     )
 
