@@ -6,7 +6,9 @@ One JobMonitor follows one job through the store's change feed and drives two vi
 - RankOutputs: each rank's printed lines as ONE updating output per rank, prefixed
   `[rank N]`, so nbconvert/nbclient runs and copy-paste keep the output;
 and a plain-text status line for frontends without widgets (text/plain of the same
-display), or plain printed lines in a terminal IPython.
+display), or plain printed lines in a terminal IPython. A waiting cell builds the widgets
+only once its job has run `widget_delay` seconds; a job over sooner leaves a plain HTML
+summary (summary_html) and never opens a comm.
 Redraws are coalesced to at most MAX_REDRAWS_PER_SECOND however fast ranks print.
 """
 
