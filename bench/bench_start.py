@@ -30,6 +30,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,13 @@ USER_CODE = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
+
+
+def free_port() -> int:
+    """A port nothing listens on now (notebook_launcher's default 29500 may be taken)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def parse_marks(text: str) -> list[tuple[float, float]]:
@@ -88,13 +96,8 @@ DRIVER_LAUNCHER = """
 import io, json, os, sys, time, contextlib, tempfile
 import torch  # a notebook that trains has imported torch before it launches
 from accelerate import notebook_launcher
-import socket
-from bench_start import USER_CODE, parse_marks, summarize
+from bench_start import USER_CODE, free_port, parse_marks, summarize
 workers, runs = int(sys.argv[1]), int(sys.argv[2])
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 def fn():
     exec(USER_CODE, {"__name__": "__main__"})
 for i in range(runs + 1):
@@ -154,20 +157,17 @@ km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
 SETUP = {
     "magic": "import torch",  # a training notebook has torch imported
     "launcher": (
-        "import os, socket, tempfile, torch\\n"
+        "import os, tempfile, torch\\n"
         "from accelerate import notebook_launcher\\n"
-        "from bench_start import USER_CODE\\n"
+        "from bench_start import USER_CODE, free_port\\n"
         "def _fn(): exec(USER_CODE, {'__name__': '__main__'})\\n"
-        "def _port():\\n"
-        "    with socket.socket() as s:\\n"
-        "        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]\\n"
     ),
 }[method]
 CELL = {
     "magic": f"%%distributed --workers {workers}\\n" + USER_CODE,
     # The forked ranks write to the kernel's fd 1: collect it in a file, print it at the end.
     "launcher": (
-        "_port_ = _port()\\n"
+        "_port_ = free_port()\\n"
         "with tempfile.TemporaryFile('a+') as _cap:\\n"
         "    _saved = os.dup(1); os.dup2(_cap.fileno(), 1)\\n"
         "    try:\\n"

@@ -171,7 +171,6 @@ class WidgetView:
 
         self.job_id = record.id
         workers = record.spec.workers
-        self.has_gpus = record.spec.gpus_per_worker > 0
         self.title = w.HTML(layout=w.Layout(flex="1 1 auto"))
         self.clock = w.HTML(layout=w.Layout(width="auto", margin="0 12px"))
         self.cancel = w.Button(
@@ -203,7 +202,7 @@ class WidgetView:
         self.message.value = message_html(record)
         if record.final:
             self.close()
-        self.table.value = rank_table(record, self.has_gpus)
+        self.table.value = rank_table(record)
 
     def update_logs(self, outputs: RankOutputs, ranks: set[int]) -> None:
         for rank in ranks:
@@ -246,7 +245,7 @@ def summary_html(record: JobRecord) -> str:
         "<div class='mlcluster-summary' style='border:1px solid var(--jp-border-color2, #ccc);"
         f"padding:6px 10px'><div>{title_html(record)} <span style='opacity:0.75'>· {elapsed_text}"
         f"</span></div><div>{message_html(record)}</div>"
-        f"{rank_table(record, record.spec.gpus_per_worker > 0)}</div>"
+        f"{rank_table(record)}</div>"
     )
 
 
@@ -264,7 +263,8 @@ def progress_bar(fraction: float | None, state: str) -> str:
     )
 
 
-def rank_table(record: JobRecord, has_gpus: bool) -> str:
+def rank_table(record: JobRecord) -> str:
+    has_gpus = record.spec.gpus_per_worker > 0
     heads = (
         ["rank", "state", "CPU", "memory"]
         + (["GPU", "GPU memory"] if has_gpus else [])
@@ -338,7 +338,7 @@ class JobMonitor:
         self.last_clock = 0.0
         self.cancel_requested = False
         self.redraws = 0
-        self.widgets_wanted = widgets and not terminal and not quiet
+        self.widgets_to_build = widgets and not terminal and not quiet
         self.widget_delay = widget_delay
         self.shown_at = 0.0
 
@@ -361,9 +361,9 @@ class JobMonitor:
         self._redraw(force=True)
 
     def _build_view(self) -> bool:
-        """Create the widgets (once); False if ipywidgets is missing or not wanted."""
-        if self.view is None and self.widgets_wanted:
-            self.widgets_wanted = False  # one attempt
+        """Create the widgets (one attempt); True if this call made them."""
+        if self.widgets_to_build:
+            self.widgets_to_build = False
             try:
                 self.view = WidgetView(self.record, self.request_cancel)
             except ImportError:

@@ -408,7 +408,7 @@ class NotebooksHandler(NotebookHandlerBase):
             return self.json_body()
         except web.HTTPError:
             name = _json_field(self.request.body, "name")
-            problem = notebook_name_problem(name) if isinstance(name, str) else None
+            problem = notebook_name_error(name) if isinstance(name, str) else None
             if problem:
                 raise web.HTTPError(400, f"name: {problem}") from None
             raise
@@ -416,7 +416,7 @@ class NotebooksHandler(NotebookHandlerBase):
 
 class NamedNotebookHandler(NotebookHandlerBase):
     async def call_named(self, method: str, name: str) -> Any:
-        problem = notebook_name_problem(name)
+        problem = notebook_name_error(name)
         if problem:
             raise web.HTTPError(400, problem)
         return await self.call(method, name)
@@ -454,12 +454,6 @@ class NotebookStartHandler(NamedNotebookHandler):
     @authorized("write")
     async def post(self, name: str) -> None:
         self.send(await self.call_named("start", name))
-
-
-def notebook_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a notebook server, in the controller's validator's words (the
-    API document's pattern says the same; a test holds the two together)."""
-    return notebook_name_error(name)
 
 
 def _json_field(raw: bytes, key: str) -> Any:

@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import process_gone, wait_for
 
 from jupyterlab_mlcluster.jobs.model import SpecError
 from jupyterlab_mlcluster.jobs.service import JobService
@@ -361,7 +361,7 @@ def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube,
     wait_for(lambda: log_text(service, record.id) == ["0:before"], message="the first line stored")
     first = record_of(service, record.id).supervisor
     os.kill(first["pid"], signal.SIGKILL)
-    wait_for(lambda: not _alive(first["pid"]), message="the supervisor gone")
+    wait_for(lambda: process_gone(first["pid"]), message="the supervisor gone")
     service.reap(force=True)  # any reader notices; the job lives on in the cluster: respawn
     wait_for(
         lambda: (
@@ -387,15 +387,6 @@ def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube,
     assert creates == 1
     assert log_text(service, record.id) == ["0:before", "0:after"]
     assert objects_of(kube, kube_namespace, record.id) == {}
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 # -- Kueue --------------------------------------------------------------------------------------------
