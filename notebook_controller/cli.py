@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import yaml
-from traitlets import Bool, List, TraitError, Unicode
+from traitlets import Bool, List, TraitError, Unicode, validate
 from traitlets.config import Application
 
 from .config import ControllerConfig
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
+from .objects import namespace_error
 
 _CONFIG_ALIASES = {
     "namespace": "ControllerConfig.namespaces",
@@ -118,6 +120,21 @@ class ManifestsApp(Application):
         config=True,
         help="The service account notebook pods run as in the user namespaces.",
     )
+
+    @validate("namespace")
+    def _valid_namespace(self, proposal: Any) -> str:
+        problem = namespace_error(proposal["value"])
+        if problem:
+            raise TraitError(f"--namespace: {problem}")
+        return proposal["value"]
+
+    @validate("user_namespaces")
+    def _valid_user_namespaces(self, proposal: Any) -> list[str]:
+        for name in proposal["value"]:
+            problem = namespace_error(name)
+            if problem:
+                raise TraitError(f"--user-namespace: {problem}")
+        return proposal["value"]
 
     def start(self) -> None:
         options = {

@@ -38,6 +38,7 @@ ERROR_WAITING_REASONS = frozenset(
 )
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CPU_RE = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
 _MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
@@ -59,6 +60,16 @@ def notebook_name_error(name: str) -> str | None:
         return (
             "notebook names use lower-case letters, digits and '-', start with a letter "
             f"and end with a letter or digit (got {name!r})"
+        )
+    return None
+
+
+def namespace_error(name: str) -> str | None:
+    """Why ``name`` cannot name a namespace (a DNS-1123 label), or None when it can."""
+    if not _NAMESPACE_RE.fullmatch(name) or len(name) > 63:
+        return (
+            "namespaces are at most 63 lower-case letters, digits and '-', starting and "
+            f"ending with a letter or digit (got {name!r})"
         )
     return None
 

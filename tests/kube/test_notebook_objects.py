@@ -781,6 +781,15 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
     deployment = next(m for m in printed if m["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--ControllerConfig.service_account=mlcluster-notebook" in args
+    # A name that cannot be a namespace is refused, and nothing is printed to apply.
+    for bad in (
+        ["--user-namespace=Team_A"],
+        ["--namespace=ml_system"],
+        ["--user-namespace=" + "a" * 64],
+    ):
+        assert print_manifests(bad) != 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and "namespaces are at most 63" in captured.err
     # Without user namespaces, nothing of the kind: notebook pods keep the namespace default.
     plain = all_manifests(include_gateway=False)
     assert not any(m["kind"] == "Role" for m in plain)
