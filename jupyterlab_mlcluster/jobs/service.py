@@ -172,9 +172,13 @@ class JobService:
 
     # -- read ---------------------------------------------------------------------------
 
-    def get(self, id_or_name: str) -> JobRecord:
+    def get(self, id_or_name: str, owner: str | None = None) -> JobRecord:
+        """A job by id, or the newest with that name; `owner`: only among that user's jobs
+        (another user's is UnknownJob, exactly as a missing one)."""
         self.reap()
         jobs = self.store.find_jobs(id_or_name)
+        if owner is not None:
+            jobs = [job for job in jobs if job.owner == owner]
         if not jobs:
             raise UnknownJob(id_or_name)
         return jobs[0]
@@ -244,7 +248,8 @@ class JobService:
         if record.state == JobState.CANCELLED:
             raise JobCancelled(record)
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self, owner: str | None = None) -> dict[str, Any]:
+        """Capacity, and the ids of queued and running jobs (`owner`: only that user's)."""
         backend_name = self.config.default_backend
         backend = self.backend(backend_name)
         capacity = backend.capacity()
@@ -252,6 +257,10 @@ class JobService:
         used_cpus = sum((j.allocation or {}).get("cpus", 0) for j in active)
         used_memory = sum((j.allocation or {}).get("memory", 0) for j in active)
         used_gpus = {g for j in active for gs in (j.allocation or {}).get("gpus", []) for g in gs}
+        mine = None
+        if owner is not None:
+            queued, _ = self.store.list_jobs(states=["queued"], backend=backend_name, owner=owner)
+            mine = {j.id for j in queued}
         gpus = capacity.get("gpus", [])
         return {
             "backend": backend_name,
@@ -266,8 +275,8 @@ class JobService:
                     "free": max(0, capacity.get("memory", 0) - used_memory),
                 },
             },
-            "queue": self.store.queue(backend_name),
-            "running": [j.id for j in active],
+            "queue": [j for j in self.store.queue(backend_name) if mine is None or j in mine],
+            "running": [j.id for j in active if owner is None or j.owner == owner],
         }
 
     # -- cancel / forget -------------------------------------------------------------------

@@ -285,15 +285,26 @@ class JobStore:
         ).fetchall()
         return [self.get_job(r["id"]) for r in rows]
 
+    def job_owners(self, ids: list[str] | None = None) -> dict[str, str | None]:
+        """id -> owner of every job (or of those of `ids` that exist)."""
+        if ids is None:
+            rows = self._db.execute("SELECT id, owner FROM jobs").fetchall()
+        else:
+            marks = ",".join("?" * len(ids))
+            rows = self._db.execute(f"SELECT id, owner FROM jobs WHERE id IN ({marks})", ids)
+        return {r["id"]: r["owner"] for r in rows}
+
     def list_jobs(
         self,
         *,
         states: list[str] | None = None,
         backend: str | None = None,
+        owner: str | None = None,
         limit: int | None = None,
         offset: int = 0,
         newest_first: bool = True,
     ) -> tuple[list[JobRecord], int]:
+        """Jobs matching every filter given (`owner`: only that user's)."""
         where, args = [], []
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
@@ -301,6 +312,9 @@ class JobStore:
         if backend:
             where.append("backend = ?")
             args.append(backend)
+        if owner is not None:
+            where.append("owner = ?")
+            args.append(owner)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         db = self._db
         total = db.execute(f"SELECT COUNT(*) FROM jobs {clause}", args).fetchone()[0]

@@ -8,6 +8,11 @@ of an ever-growing backlog; and nothing on the event loop touches SQLite or file
 
 Notebook servers come from another source (`notebook_watch.py`, through `publish_to_user`),
 and each message about one goes only to the websockets of its owner.
+
+On a server shared by several users (identity from the trusted header) each websocket has a
+`scope`, its caller: it hears only of that user's jobs (snapshot, changes, deletions, log
+notices) and sees only their ids in the cluster's queue. Every message carries a target
+saying who may receive it; the watcher keeps each job's owner for that.
 """
 
 from __future__ import annotations
@@ -36,16 +41,24 @@ if TYPE_CHECKING:
     from ..jobs.service import JobService
 
 Key = tuple[str, str]
+# Who receives a message: EVERYONE; ("job", owner): whoever may see that owner's jobs;
+# ("scope", scope): the subscribers of exactly that scope (None: the unscoped ones).
+Target = tuple[str, Any]
+EVERYONE: Target = ("all", None)
 log = logging.getLogger(__name__)
 
 
 class Subscriber:
     """One consumer of events: the newest pending message per subject, in arrival order.
-    `user` is whose notebook servers it hears about (None: nobody's)."""
+    `user` is whose notebook servers it hears about (None: nobody's); `scope` whose jobs it
+    hears about (None: everyone's, on a personal server)."""
 
-    def __init__(self, send: Callable[[str], Any], user: str | None = None):
+    def __init__(
+        self, send: Callable[[str], Any], user: str | None = None, scope: str | None = None
+    ):
         self._send = send
         self.user = user
+        self.scope = scope
         self._pending: OrderedDict[Key, str] = OrderedDict()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -84,6 +97,14 @@ class Subscriber:
         self._pending.clear()
         self._wake.set()
 
+    def receives(self, target: Target) -> bool:
+        kind, who = target
+        if kind == "all":
+            return True
+        if kind == "job":
+            return self.scope is None or self.scope == who
+        return self.scope == who
+
 
 class EventBroadcaster:
     """Follows the job store in one thread and publishes changes on the event loop."""
@@ -103,6 +124,9 @@ class EventBroadcaster:
         self.snapshot_limit = snapshot_limit
         self.cluster_interval = cluster_interval
         self._subscribers: set[Subscriber] = set()
+        # The scopes of the current subscribers, read by the watcher thread (a copy is
+        # swapped in on each change, so it never sees one half-updated).
+        self._scopes: frozenset[str | None] = frozenset()
         self._job_waiters: dict[str, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -136,9 +160,11 @@ class EventBroadcaster:
     def subscribe(self, subscriber: Subscriber) -> None:
         self.ensure_started()
         self._subscribers.add(subscriber)
+        self._scopes = frozenset(s.scope for s in self._subscribers)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
+        self._scopes = frozenset(s.scope for s in self._subscribers)
         subscriber.close()
 
     def job_changed(self, job_id: str) -> _JobWaiter:
@@ -156,27 +182,29 @@ class EventBroadcaster:
             if subscriber.user == user:
                 subscriber.offer(key, text)
 
-    def _publish(self, messages: list[tuple[Key, str]], touched: set[str]) -> None:
+    def _publish(self, messages: list[tuple[Key, str, Target]], touched: set[str]) -> None:
         for job_id in touched:
             for event in self._job_waiters.get(job_id, ()):
                 event.set()
-        for key, text in messages:
+        for key, text, target in messages:
             for subscriber in list(self._subscribers):
-                subscriber.offer(key, text)
+                if subscriber.receives(target):
+                    subscriber.offer(key, text)
 
     # -- snapshot (any thread) ----------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """Recent jobs (the newest `snapshot_limit`, plus every unfinished one) and the cluster."""
-        recent, total = self.service.list(limit=self.snapshot_limit)
-        active, _ = self.service.list(states=["queued", "starting", "running"])
+    def snapshot(self, scope: str | None = None) -> dict[str, Any]:
+        """Recent jobs (the newest `snapshot_limit`, plus every unfinished one) and the
+        cluster; `scope`: only that user's jobs."""
+        recent, total = self.service.list(owner=scope, limit=self.snapshot_limit)
+        active, _ = self.service.list(owner=scope, states=["queued", "starting", "running"])
         seen = {job.id for job in recent}
         jobs = recent + [job for job in active if job.id not in seen]
         return {
             "type": "snapshot",
             "jobs": [job.to_json() for job in jobs],
             "total": total,
-            "cluster": self.service.cluster(),
+            "cluster": self.service.cluster(owner=scope),
         }
 
     # -- the watcher thread -------------------------------------------------------------
@@ -185,24 +213,31 @@ class EventBroadcaster:
         watcher = StoreWatcher(self.service.store)
         feed = _Coalescer(self.min_gap)
         states: dict[str, str] = {}
-        last_cluster: str | None = None
+        owners: dict[str, str | None] = self.service.store.job_owners()
+        last_cluster: dict[str | None, str] = {}
         cluster_stale, cluster_quiet_until = True, 0.0
         try:
             while not self._stop.is_set():
                 try:
                     changes = watcher.poll()
                     now = time.monotonic()
-                    messages: list[tuple[Key, str]] = []
+                    messages: list[tuple[Key, str, Target]] = []
                     if changes.resync:
-                        messages.append((("snapshot", ""), self.encode(self.snapshot())))
+                        owners = self.service.store.job_owners()
+                        for scope in self._scopes:
+                            text = self.encode(self.snapshot(scope))
+                            messages.append((("snapshot", ""), text, ("scope", scope)))
                         feed.clear()
                         cluster_stale = True
                     for job_id in changes.deleted:
                         feed.forget(job_id)
                         states.pop(job_id, None)
-                        messages.append(
-                            (("deleted", job_id), self.encode({"type": "deleted", "id": job_id}))
+                        # An owner never learned (created and purged unseen): unscoped only.
+                        target = (
+                            ("job", owners.pop(job_id)) if job_id in owners else ("scope", None)
                         )
+                        text = self.encode({"type": "deleted", "id": job_id})
+                        messages.append((("deleted", job_id), text, target))
                         cluster_stale = True
                     for job_id in changes.jobs:
                         feed.changed(("job", job_id))
@@ -211,26 +246,32 @@ class EventBroadcaster:
                     for key in feed.due(now):
                         kind, job_id = key
                         if kind == "logs":
-                            messages.append((key, self.encode({"type": "logs", "id": job_id})))
+                            if job_id not in owners:
+                                owners.update(self.service.store.job_owners([job_id]))
+                            if job_id in owners:
+                                text = self.encode({"type": "logs", "id": job_id})
+                                messages.append((key, text, ("job", owners[job_id])))
                             continue
                         try:
                             record = self.service.store.get_job(job_id)
                         except UnknownJob:
                             continue  # deleted meanwhile; its "deleted" event follows
+                        owners[job_id] = record.owner
                         if states.get(job_id) != record.state.value:
                             states[job_id] = record.state.value
                             cluster_stale = True  # capacity and queue change with job states
-                        messages.append(
-                            (key, self.encode({"type": "job", "job": record.to_json()}))
-                        )
+                        text = self.encode({"type": "job", "job": record.to_json()})
+                        messages.append((key, text, ("job", record.owner)))
                     if cluster_stale and now >= cluster_quiet_until:
                         # At most every cluster_interval, however busy the store is.
                         cluster_stale, cluster_quiet_until = False, now + self.cluster_interval
-                        text = self.encode({"type": "cluster", "cluster": self.service.cluster()})
-                        if text != last_cluster:
-                            if last_cluster is not None:
-                                messages.append((("cluster", ""), text))
-                            last_cluster = text
+                        for scope in self._scopes | {None}:
+                            cluster = self.service.cluster(owner=scope)
+                            text = json.dumps(cluster)
+                            if text != last_cluster.get(scope, text):
+                                message = self.encode({"type": "cluster", "cluster": cluster})
+                                messages.append((("cluster", ""), message, ("scope", scope)))
+                            last_cluster[scope] = text
                     touched = changes.jobs | changes.logs | changes.deleted
                     if messages or touched:
                         self._call_soon(self._publish, messages, touched)
@@ -317,6 +358,13 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     @ws_authenticated
     @authorized("read")
     async def get(self, *args: Any, **kwargs: Any) -> None:
+        app = self.settings["mlcluster"]
+        try:
+            self.user: str | None = app.user_identity(self.current_user, self.request.headers)
+        except IdentityError as exc:
+            if app.trust_identity_header:  # a shared server: no identity, nothing to see
+                raise web.HTTPError(403, str(exc)) from None
+            self.user = None  # jobs only: without an identity, no notebook servers are its own
         if self.request.headers.get("Upgrade", "").lower() != "websocket":
             raise web.HTTPError(
                 426, "this is a websocket endpoint: connect with a websocket client"
@@ -326,16 +374,15 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         super().open()  # WebSocketMixin: keep-alive pings
         app = self.settings["mlcluster"]
-        try:
-            user: str | None = app.user_identity(self.current_user, self.request.headers)
-        except IdentityError:
-            user = None  # jobs only: without an identity, no notebook servers are its own
-        subscriber = Subscriber(self.write_message, user)
+        scope = self.user if app.trust_identity_header else None
+        subscriber = Subscriber(self.write_message, self.user, scope)
         self.subscriber = subscriber
         # Subscribe before taking the snapshot, so no change falls between the two.
         app.broadcaster.subscribe(subscriber)
         try:
-            snapshot = await app.run(lambda: app.broadcaster.encode(app.broadcaster.snapshot()))
+            snapshot = await app.run(
+                lambda: app.broadcaster.encode(app.broadcaster.snapshot(scope))
+            )
             await self.write_message(snapshot)
         except WebSocketClosedError:
             app.broadcaster.unsubscribe(subscriber)

@@ -61,6 +61,20 @@ class MLClusterHandler(APIHandler):
         user = self.current_user
         return getattr(user, "username", None) or getattr(user, "name", None) or str(user)
 
+    def caller(self) -> str:
+        """Who owns what this request creates: the trusted header's identity when the server
+        takes it (MLClusterApp.trust_identity_header; 403 without one), else the Jupyter user."""
+        try:
+            return self.app.user_identity(self.current_user, self.request.headers)
+        except IdentityError as exc:
+            raise web.HTTPError(403, str(exc)) from None
+
+    def scope(self) -> str | None:
+        """Whose jobs this request may see and touch: only the caller's own when identity
+        comes from the trusted header (a server shared by several users); None (every job)
+        on a personal server, whose one user owns them all."""
+        return self.caller() if self.app.trust_identity_header else None
+
     def query(self) -> dict[str, Any]:
         try:
             return self.app.validators.query(
@@ -89,11 +103,13 @@ class MLClusterHandler(APIHandler):
 
     async def job(self, ref: str) -> JobRecord:
         """The job an `{id}` names (an id, or a name: the newest job with it) or 404.
-        A malformed reference is refused before anything looks at the store."""
+        A malformed reference is refused before anything looks at the store. Another user's
+        job (see `scope`) looks exactly like a missing one, so nobody learns which exist."""
         if not _JOB_REF.fullmatch(ref):
             raise web.HTTPError(404, f"no job {ref!r}")
+        scope = self.scope()
         try:
-            return await self.run(self.app.service.get, ref)
+            return await self.run(self.app.service.get, ref, owner=scope)
         except UnknownJob:
             raise web.HTTPError(404, f"no job {ref!r}") from None
 
@@ -112,10 +128,15 @@ class JobsHandler(MLClusterHandler):
     async def get(self) -> None:
         q = self.query()
         states = sorted(set(q.get("state") or [])) or None
+        scope = self.scope()
 
         def page() -> dict[str, Any]:
             jobs, total = self.app.service.list(
-                states=states, backend=q.get("backend"), limit=q["limit"], offset=q["offset"]
+                states=states,
+                backend=q.get("backend"),
+                owner=scope,
+                limit=q["limit"],
+                offset=q["offset"],
             )
             return {
                 "jobs": [j.to_json() for j in jobs],
@@ -129,6 +150,7 @@ class JobsHandler(MLClusterHandler):
     @web.authenticated
     @authorized("execute")  # running code on the server's machine (or cluster), as a kernel does
     async def post(self) -> None:
+        owner = self.caller()
         body = self.json_body()
         service = self.app.service
         options = {k: body[k] for k in JobSpec.FIELDS if k in body}
@@ -141,7 +163,7 @@ class JobsHandler(MLClusterHandler):
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
-        origin = {"kind": "rest", "user": self.user_name(), "server": self.app.server_id}
+        origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
         try:
             record = await self.run(
                 service.submit,
@@ -342,7 +364,8 @@ class ClusterHandler(MLClusterHandler):
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        await self.send_encoded(self.app.service.cluster)
+        scope = self.scope()
+        await self.send_encoded(lambda: self.app.service.cluster(owner=scope))
 
 
 class OpenAPIHandler(MLClusterHandler):
@@ -363,14 +386,8 @@ class NotebookHandlerBase(MLClusterHandler):
     """The caller's own notebook servers. Another user's look exactly like missing ones (404),
     so nobody learns which names others use."""
 
-    def owner(self) -> str:
-        try:
-            return self.app.user_identity(self.current_user, self.request.headers)
-        except IdentityError as exc:
-            raise web.HTTPError(403, str(exc)) from None
-
     async def call(self, method: str, *args: Any) -> Any:
-        owner = self.owner()
+        owner = self.caller()
         try:
             return await self.run(getattr(self.app.notebooks, method), owner, *args)
         except InvalidNotebook as exc:

@@ -401,7 +401,10 @@ def test_a_request_without_the_trusted_header_is_refused(
         status, _, _ = await anonymous.call("POST", "notebooks", body={"name": "nb1"})
         assert status == 403
         assert await blocking(kube.list, NB, "Notebook", kube_namespace) == []
-        await anonymous.connect()  # jobs still flow; no notebook server is anybody's here
+        # Nor the event stream: on a shared server every job is somebody's (test_attacks.py).
+        with pytest.raises(Exception) as refused:
+            await anonymous.connect()
+        assert getattr(refused.value, "code", None) == 403, refused.value
 
     run(scenario())
 
