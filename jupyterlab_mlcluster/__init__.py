@@ -69,7 +69,7 @@ def submit(
     import os
     import sys
 
-    payload.sys_path = [p for p in sys.path if p and os.path.isdir(p)]
+    payload.sys_path = [p for p in sys.path if p == "" or os.path.isdir(p)]
     record = service.submit(spec, payload, origin={"kind": "python"})
     return Job(service, record.id)
 

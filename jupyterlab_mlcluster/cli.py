@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 from .jobs.model import SpecError
 from .jobs.options import add_job_arguments, spec_from_args
 
+# As torchrun: 1 for a job that failed or was interrupted (Ctrl-C, SIGTERM, cancelled).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_CANCELLED = 130
+EXIT_CANCELLED = 1
 
 
 def _service():
@@ -102,14 +104,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:  # UnknownJob
         print(f"mlcluster: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before there was a job to cancel (a submitted one follows us)
+        return EXIT_CANCELLED
 
 
 # -- run -------------------------------------------------------------------------------
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) while following a job: handled like Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
+def handle_interrupts() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP stop the job and end this command, even when it was started
+    with SIGINT ignored (a background job of a non-interactive shell inherits SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_terminated)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runtime.payload import Payload
 
+    if not args.no_wait:
+        handle_interrupts()
     service = _service()
     spec = spec_from_args(args, default_backend=service.config.default_backend)
     if args.module:
@@ -151,8 +173,12 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
             if not lines:
                 time.sleep(0.05)
                 service.reap()
-    except KeyboardInterrupt:
-        print(f"\nmlcluster: cancelling job {job_id} ...", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        # A second signal while cancelling must not leave the job behind: ignore them now.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        why = f" ({interrupt})" if isinstance(interrupt, _Terminated) else ""
+        print(f"\nmlcluster: cancelling job {job_id}{why} ...", file=sys.stderr)
         service.cancel(job_id)
         return EXIT_CANCELLED
     record = service.store.get_job(job_id)

@@ -1,10 +1,16 @@
-"""The `mlcluster` command's cluster-side commands (the job commands are in test_engine)."""
+"""The `mlcluster` command's cluster-side commands, and how `run` meets signals (the other job
+commands are in test_engine)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
+import pytest
 import yaml
 
-from helpers import run_cli
+from helpers import assert_no_job_processes, run_cli
 
 
 def test_manifests_prints_everything_a_platform_team_applies():
@@ -34,3 +40,50 @@ def test_controller_and_manifests_take_their_own_options():
     assert "notebook-controller" in run_cli("controller", "--help").stdout
     bad = run_cli("manifests", "--nonsense=1")
     assert bad.returncode != 0
+
+
+SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(300)\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_run_stops_the_job_on_a_signal_even_with_sigint_ignored(service, tmp_path, signum):
+    """A background job of a non-interactive shell starts with SIGINT ignored; `mlcluster run`
+    still cancels its job on Ctrl-C/SIGTERM and exits 1, like torchrun (not 130/143)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab_mlcluster.cli", "run", "--workers", "2", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
+    )
+    try:
+        ready = set()
+        while len(ready) < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            if line.strip().endswith("ready"):
+                ready.add(line.split("]")[0])
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "cancelling job" in proc.stderr.read()
+    record = service.store.list_jobs()[0][0]
+    assert record.state == "cancelled"
+    assert_no_job_processes(service)
+
+
+def test_a_failing_script_shows_only_its_own_frames(service, tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("def step():\n    raise ValueError('bad batch')\n\nstep()\n")
+    proc = run_cli("run", "--workers", "1", str(script))
+    assert proc.returncode == 1
+    traceback = proc.stderr.split("--- traceback of rank 0 ---", 1)[1]
+    assert f'File "{script}", line 4, in <module>' in traceback
+    assert "in step" in traceback and "ValueError: bad batch" in traceback
+    # Neither the runtime's frames nor runpy's (python bad.py shows neither).
+    assert "frozen runpy" not in proc.stderr and "jupyterlab_mlcluster" not in proc.stderr

@@ -208,10 +208,11 @@ class JobService:
         record = self.store.get_job(job_id)
         if record.failed_rank is None:
             return None
-        try:
-            return json.loads(self.store.error_path(job_id, record.failed_rank).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        from ..runtime.errors import read_error_file  # ours, or a `@record` entry point's
+
+        return read_error_file(
+            self.store.error_path(job_id, record.failed_rank), record.failed_rank
+        )
 
     def result(self, job_id: str) -> tuple[str, Any]:
         """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job."""

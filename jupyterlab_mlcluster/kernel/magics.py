@@ -137,7 +137,7 @@ class CellRun:
             push=push,
             pull=_names("--pull", args.pull),
             cwd=os.getcwd(),
-            sys_path=[p for p in sys.path if p and os.path.isdir(p)],
+            sys_path=[p for p in sys.path if p == "" or os.path.isdir(p)],
         )
         try:
             record = service.submit(spec, payload, origin=_kernel_origin())

@@ -9,20 +9,24 @@ reports the outcome: rank 0's result, or the failing rank's exception and traceb
 from __future__ import annotations
 
 import ast
+import atexit
 import base64
+import contextlib
 import ctypes
+import gc
+import io
 import json
 import linecache
 import os
 import runpy
 import signal
 import sys
+import tempfile
 import time
-import traceback
 import types
 from typing import Any
 
-from . import reporting
+from . import errors, reporting
 from .payload import Payload, read_payload_bytes
 
 RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines modest
@@ -42,6 +46,30 @@ def complete_environment(env: os._Environ | dict[str, str]) -> None:
     env.setdefault("WORLD_SIZE", "1")
     env.setdefault("LOCAL_RANK", "0" if "LOCAL_WORLD_SIZE" in env else rank)
     env.setdefault("LOCAL_WORLD_SIZE", "1")
+    # The rest of torchrun's worker variables (torch.distributed.elastic's local agent), where
+    # the launcher did not set them: one rank per pod is torchrun with one process per node.
+    local_world = int(env["LOCAL_WORLD_SIZE"]) if env["LOCAL_WORLD_SIZE"].isdigit() else 1
+    if rank.isdigit() and env["WORLD_SIZE"].isdigit() and local_world > 0:
+        env.setdefault("GROUP_RANK", str(int(rank) // local_world))
+        env.setdefault("GROUP_WORLD_SIZE", str(max(1, int(env["WORLD_SIZE"]) // local_world)))
+    env.setdefault("ROLE_NAME", "default")
+    env.setdefault("ROLE_RANK", rank)
+    env.setdefault("ROLE_WORLD_SIZE", env["WORLD_SIZE"])
+    env.setdefault("TORCHELASTIC_RESTART_COUNT", "0")
+    env.setdefault("TORCHELASTIC_MAX_RESTARTS", "0")
+    if "MLCLUSTER_JOB_ID" in env:
+        env.setdefault("TORCHELASTIC_RUN_ID", env["MLCLUSTER_JOB_ID"])
+    env.setdefault("TORCHELASTIC_USE_AGENT_STORE", "False")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if "TORCHELASTIC_ERROR_FILE" not in env:
+        # A pod's rank: `@record` writes here; the worker reads it back on a failed exit.
+        env["TORCHELASTIC_ERROR_FILE"] = env.get("MLCLUSTER_ERROR_FILE") or os.path.join(
+            tempfile.gettempdir(),
+            f"mlcluster-{env.get('MLCLUSTER_JOB_ID', 'job')}-rank{rank}-error.json",
+        )
+        with contextlib.suppress(OSError):
+            if "MLCLUSTER_ERROR_FILE" not in env:
+                os.unlink(env["TORCHELASTIC_ERROR_FILE"])  # a previous run's, in the same pod
     if "JAX_COORDINATOR_ADDRESS" in env:
         env.setdefault("JAX_PROCESS_ID", rank)
         env.setdefault("JAX_NUM_PROCESSES", env["WORLD_SIZE"])
@@ -86,9 +114,11 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
             os.chdir(payload.cwd)
         except OSError:
             pass  # a pod has no such directory; its image's workdir will do
-    for entry in reversed(payload.sys_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    sys.path[:] = fresh_sys_path(payload)
+    # What `python script.py` / `python -m mod` would show; a cell gets `python -c`'s.
+    sys.argv = (
+        [payload.filename, *payload.argv] if payload.kind != "code" or payload.argv else ["-c"]
+    )
 
     if payload.kind == "callable":
         value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
@@ -101,21 +131,16 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
     sys.modules["__main__"] = main  # pickling classes defined in the cell needs this
     try:
         if payload.kind == "script":
-            sys.argv = [payload.filename, *payload.argv]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(payload.filename)))
             main.__dict__.update(
                 runpy.run_path(payload.filename, init_globals=main.__dict__, run_name="__main__")
             )
             value = None
         elif payload.kind == "module":
-            sys.argv = [payload.filename, *payload.argv]
             main.__dict__.update(
                 runpy.run_module(payload.filename, run_name="__main__", alter_sys=True)
             )
             value = None
         else:
-            if payload.argv:  # a script shipped as code (`mlcluster run --backend kubernetes`)
-                sys.argv = [payload.filename, *payload.argv]
             value = _exec_cell(payload.source, payload.filename, main.__dict__)
     finally:
         if saved_main is not None:
@@ -128,6 +153,27 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
             )
         return "pull", {name: main.__dict__[name] for name in payload.pull}
     return ("value", value) if value is not None else ("none", None)
+
+
+def fresh_sys_path(payload: Payload) -> list[str]:
+    """sys.path as a fresh interpreter running this payload would have it.
+
+    This process was started as `python -m ...` (cold) or forked from one (warm: the pool's),
+    which put its own start directory first; a fresh `python script.py` puts the script's
+    directory there instead, `python -m mod` the working directory, and a cell gets the
+    kernel's path (with its '' entry: modules next to the notebook import)."""
+    base = list(sys.path) if sys.flags.safe_path else sys.path[1:]
+    if payload.kind == "script":
+        first = [] if sys.flags.safe_path else [os.path.dirname(os.path.abspath(payload.filename))]
+    elif payload.kind == "module":
+        first = [] if sys.flags.safe_path else [os.getcwd()]
+    else:
+        first = list(payload.sys_path) or [""]
+    path = list(first)
+    for entry in base:
+        if entry not in path:
+            path.append(entry)
+    return path
 
 
 def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
@@ -167,16 +213,28 @@ def write_result(kind: str, value: Any) -> None:
 
 
 def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
-    frames = traceback.extract_tb(exc.__traceback__)
-    # Hide our own frames: the user wants to see their cell, not the runtime.
-    user = [f for f in frames if "jupyterlab_mlcluster" not in f.filename.replace(os.sep, "/")]
-    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(user or frames))
-    text += "".join(traceback.format_exception_only(type(exc), exc))
+    # Only the user's frames: not the runtime's, not runpy's (`python script.py` has neither).
     return {
         "rank": rank,
         "exc_type": type(exc).__name__,
         "message": str(exc),
-        "traceback": text,
+        "traceback": errors.format_user_traceback(exc),
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+    }
+
+
+def exit_report(rank: int, code: Any) -> dict[str, Any]:
+    """A non-zero sys.exit: what `@record` wrote before it (torchrun's root cause), if any."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    recorded = errors.read_error_file(path, rank) if path else None
+    if recorded is not None:
+        return {**recorded, "pid": os.getpid()}
+    return {
+        "rank": rank,
+        "exc_type": "SystemExit",
+        "message": f"exit status {code}",
+        "traceback": f"SystemExit: {code}\n",
         "timestamp": time.time(),
         "pid": os.getpid(),
     }
@@ -219,29 +277,50 @@ def execute(payload: Payload) -> int:
             status = code if isinstance(code, int) else 1
             if not isinstance(code, int):
                 print(code, file=sys.stderr)
-            write_error(
-                {
-                    "rank": rank,
-                    "exc_type": "SystemExit",
-                    "message": f"exit status {code}",
-                    "traceback": f"SystemExit: {code}\n",
-                    "timestamp": time.time(),
-                    "pid": os.getpid(),
-                }
-            )
+            write_error(exit_report(rank, code))
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported
         report = error_report(rank, exc)
         sys.stderr.write(report["traceback"])
         write_error(report)
         status = 1
     finally:
-        _shutdown_process_group()
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
+        shut_down_like_an_interpreter()
     return status
+
+
+def shut_down_like_an_interpreter() -> None:
+    """What Python does after a script's last line (Py_FinalizeEx), in its order, so that a
+    warm rank (which leaves with os._exit: it shares the pool's inherited state) loses nothing
+    a fresh `python script.py` would keep: wait for non-daemon threads, run atexit handlers
+    (also multiprocessing's, which stops daemonic children such as DataLoader workers), then
+    flush every file the user left open."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads
+    atexit._run_exitfuncs()  # prints and skips a failing handler, as at interpreter exit
+    _shutdown_process_group()
+    _flush_open_files()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _flush_open_files() -> None:
+    """Flush buffered files nobody closed (a fresh interpreter's finalizers would).
+
+    A warm rank's inherited objects are frozen (gc.freeze) and so not listed: only what the
+    rank made is visited. Text layers first: they write into their binary buffers."""
+    text, binary = [], []
+    for obj in gc.get_objects():
+        if isinstance(obj, io.TextIOWrapper):
+            text.append(obj)
+        elif isinstance(obj, (io.BufferedWriter, io.BufferedRandom)):
+            binary.append(obj)
+    for stream in text + binary:
+        with contextlib.suppress(Exception):
+            if not stream.closed:
+                stream.flush()
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.store import JobStore
+from ...runtime.errors import read_error_file
 from ...runtime.protocol import OutputParser
 from ..base import Backend
 from . import launcher, pool
@@ -164,11 +165,9 @@ def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
 
 def _failure_message(store: JobStore, job_id: str, outcome: GangOutcome) -> str:
     rank, code = outcome.failed_rank, outcome.exit_code
-    try:
-        report = json.loads(store.error_path(job_id, rank).read_text())
-        return f"rank {rank} failed: {report['exc_type']}: {report['message']}".rstrip(": ")
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        pass
+    report = read_error_file(store.error_path(job_id, rank), rank) if rank is not None else None
+    if report is not None:
+        return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
     if code is not None and code < 0:
         name = (
             signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
@@ -212,7 +211,10 @@ class _Gang:
         ]:
             stale.unlink(missing_ok=True)
         warm = _running_warm()
+        # A machine without GPUs leaves CUDA_VISIBLE_DEVICES as the user had it (torchrun).
+        pool_has_gpus = bool((ctx.job.capacity or {}).get("gpus", True))
         for rank in range(spec.workers):
+            error_file = str(store.error_path(job_id, rank))
             env = launcher.rank_environment(
                 base,
                 spec,
@@ -221,9 +223,11 @@ class _Gang:
                 ports,
                 job_id=job_id,
                 restart=self.attempt,
+                error_file=error_file,
+                pool_has_gpus=pool_has_gpus,
             )
             env["MLCLUSTER_PAYLOAD"] = payload_path
-            env["MLCLUSTER_ERROR_FILE"] = str(store.error_path(job_id, rank))
+            env["MLCLUSTER_ERROR_FILE"] = error_file
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
             if warm:

@@ -41,7 +41,10 @@ _KEEP_ENV = {
 }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+_LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = _LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -75,9 +78,14 @@ def rank_environment(
     *,
     job_id: str,
     restart: int = 0,
-    host: str = "127.0.0.1",
+    host: str = "localhost",
+    error_file: str | None = None,
+    pool_has_gpus: bool = True,
 ) -> dict[str, str]:
-    """The torchrun-compatible environment of one local rank (pure)."""
+    """The torchrun-compatible environment of one local rank (pure).
+
+    The same variables, with the same values, as `torchrun --standalone --nproc-per-node N`
+    gives its workers (torch.distributed.elastic's local agent); README "Rank environment"."""
     env = dict(base)
     env.update(spec.env)
     env.update(
@@ -87,6 +95,8 @@ def rank_environment(
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(spec.workers),
             "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_NAME": "default",
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(spec.workers),
             "MASTER_ADDR": host,
@@ -94,24 +104,31 @@ def rank_environment(
             "TORCHELASTIC_RESTART_COUNT": str(restart),
             "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
             "TORCHELASTIC_RUN_ID": job_id,
-            # NVML numbers GPUs in PCI order; make CUDA agree so the metrics match the ranks.
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            # Rank 0 hosts the TCPStore at MASTER_PORT (there is no agent store).
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
             "PYTHONUNBUFFERED": "1",
             "MLCLUSTER_JOB_ID": job_id,
         }
     )
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default; the user's wins
+    if error_file:
+        # `@record` (torch.distributed.elastic) writes a failure here; the job's error reads it.
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
+    if pool_has_gpus:
+        # NVML numbers GPUs in PCI order; make CUDA agree so the metrics match the ranks.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     # Like torchrun: one thread per slot unless the user says otherwise, so N ranks do not
     # fight over the cores with N x cores OpenMP threads.
     if "OMP_NUM_THREADS" not in spec.env and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = str(max(1, int(spec.cpus)))
     if spec.framework == "tensorflow":
-        workers = [f"{host}:{p}" for p in ports["tf"]]
+        workers = [f"{_LOOPBACK}:{p}" for p in ports["tf"]]
         env["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         )
     if spec.framework == "jax":
-        env["JAX_COORDINATOR_ADDRESS"] = f"{host}:{ports['jax']}"
+        env["JAX_COORDINATOR_ADDRESS"] = f"{_LOOPBACK}:{ports['jax']}"
         env["JAX_NUM_PROCESSES"] = str(spec.workers)
         env["JAX_PROCESS_ID"] = str(rank)
     return env
