@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyterlab_mlcluster import patterns
+
 GROUP = "mlcluster.io"
 VERSION = "v1alpha1"
 PLURAL = "notebooks"
@@ -75,7 +77,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             "properties": {
                 "size": {
                     "type": "string",
-                    "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$",
+                    "pattern": patterns.WORKSPACE_SIZE,
                     "description": "Requested storage, e.g. 10Gi.",
                 },
                 "storageClassName": {"type": "string"},

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jupyterlab_mlcluster import patterns
+
 from .config import ControllerConfig
 from .crd import API_VERSION, KIND
 
@@ -37,10 +39,11 @@ ERROR_WAITING_REASONS = frozenset(
     }
 )
 
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_CPU_RE = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
-_MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_NAME_RE = patterns.regex(patterns.NOTEBOOK_NAME)
+_NAMESPACE_RE = patterns.regex(patterns.NAMESPACE)
+_CPU_RE = patterns.regex(patterns.CPU_QUANTITY)
+_MEMORY_RE = patterns.regex(patterns.MEMORY_QUANTITY)
+_WORKSPACE_SIZE_RE = patterns.regex(patterns.WORKSPACE_SIZE)
 
 
 class InvalidNotebook(ValueError):
@@ -169,7 +172,9 @@ def notebook_resource(
         container["env"] = [{"name": k, "value": str(v)} for k, v in env.items()]
     spec: dict[str, Any] = {"owner": owner, "template": {"spec": {"containers": [container]}}}
     if workspace_size is not None:
-        spec["workspace"] = {"size": _quantity(workspace_size, _MEMORY_RE, "workspace size")}
+        spec["workspace"] = {
+            "size": _quantity(workspace_size, _WORKSPACE_SIZE_RE, "workspace size")
+        }
         if storage_class:
             spec["workspace"]["storageClassName"] = storage_class
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}

@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from .. import patterns
+
 
 class SpecError(ValueError):
     """A request that can never run as given (bad option, impossible resources).
@@ -58,9 +60,9 @@ class RankState(str, enum.Enum):
 FRAMEWORKS = ("pytorch", "tensorflow", "jax", "none")
 BACKENDS = ("local", "kubernetes")
 
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$")
-JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = patterns.regex(patterns.JOB_NAME)
+JOB_ID_RE = patterns.regex(patterns.JOB_REF)
+_ENV_KEY_RE = patterns.regex(patterns.ENV_NAME)
 # Variables the engine owns on every rank; a user --env must not silently fight them.
 RESERVED_ENV = frozenset(
     {

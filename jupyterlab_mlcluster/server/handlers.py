@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,6 +20,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from .. import patterns
 from ..jobs.model import JobSpec, JobState, SpecError
 from ..jobs.store import UnknownJob
 from ..runtime.payload import Payload, PayloadError
@@ -33,14 +33,13 @@ from .notebooks import (
     QuotaExceeded,
     notebook_name_error,
 )
-from .openapi import API_PREFIX, JOB_REF_PATTERN, RequestError
+from .openapi import API_PREFIX, RequestError
 
 if TYPE_CHECKING:
     from ..jobs.record import JobRecord
     from .app import MLClusterApp
 
 T = TypeVar("T")
-_JOB_REF = re.compile(JOB_REF_PATTERN.replace("$", r"\Z"))
 FOLLOW_READ_BYTES = 64 * 1024
 PAGE_READ_BYTES = 1024 * 1024
 
@@ -105,7 +104,7 @@ class MLClusterHandler(APIHandler):
         """The job an `{id}` names (an id, or a name: the newest job with it) or 404.
         A malformed reference is refused before anything looks at the store. Another user's
         job (see `scope`) looks exactly like a missing one, so nobody learns which exist."""
-        if not _JOB_REF.fullmatch(ref):
+        if not patterns.matches(patterns.JOB_REF, ref):
             raise web.HTTPError(404, f"no job {ref!r}")
         scope = self.scope()
         try:

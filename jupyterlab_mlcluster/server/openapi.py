@@ -1,837 +1,66 @@
-"""The REST API's OpenAPI 3.1 document, as data, and request validation against it.
+"""The REST API's OpenAPI 3.1 document (`openapi.yaml`, next to this module) and request
+validation against it.
 
-This module is the one source of truth for request shapes: the handlers validate bodies
-and query parameters with the very schemas published at `/mlcluster/api/openapi.json`
-(OpenAPI 3.1 schemas are JSON Schema 2020-12). A few limits come from configuration
-(e.g. the largest `workers`), so the document is built per server, not a constant.
+The YAML file is the contract: the handlers validate bodies and query parameters with the
+very schemas published at `/mlcluster/api/openapi.json` (OpenAPI 3.1 schemas are JSON Schema
+2020-12), and the sidebar's TypeScript types are generated from it. A few values are only
+known when the server starts (its version, URL and the largest `workers`), and the shared
+text patterns come from `jupyterlab_mlcluster.patterns`: `build_document` fills them in.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
-import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
+import yaml
 
-from notebook_controller.crd import SPEC_SCHEMA
-
+from .. import patterns
 from .._version import __version__
-from ..jobs.model import BACKENDS, FRAMEWORKS, RESERVED_ENV, JobState, RankState
 
 API_PREFIX = "/mlcluster/api"
-
-NULLABLE_STRING = {"type": ["string", "null"]}
-NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
-NULLABLE_INT = {"type": ["integer", "null"]}
-NULLABLE_NUMBER = {"type": ["number", "null"]}
-
-# Patterns mirror what jobs/model.py accepts, made strict enough that everything the
-# schema accepts is also accepted by the engine (no "valid" request gets a 400).
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$"
-JOB_REF_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-MEMORY_PATTERN = (
-    r"^[1-9][0-9]{0,17}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|Pi|Ei|kB|KB|MB|GB|TB|PB|EB|k|K|M|G|T|P|E|B)?$"
-)
-DURATION_PATTERN = (
-    r"^[1-9][0-9]{0,8}(\.[0-9]{1,6})?((ms|s|m|h|d)([0-9]{1,9}(\.[0-9]{1,6})?(ms|s|m|h|d)){0,4})?$"
-)
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-# Container image references and scheduler queue names, in plain ASCII (regex dialects
-# disagree on what `\s` means beyond it).
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
-QUEUE_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
-CURSOR_PATTERN = r"^[0-9]{1,6}:[0-9]{1,18}(,[0-9]{1,6}:[0-9]{1,18}){0,1023}$"
-# What the notebook-controller accepts (notebook_controller.objects.notebook_name_error and the
-# CRD's rule): a DNS-1035 label of at most 52 characters, leaving room for '-0' and the
-# controller-revision-hash label of the notebook's pod.
-NOTEBOOK_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$"
-# Kubernetes quantities, as the notebook-controller's builder checks them.
-CPU_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?m?$"
-MEMORY_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-WORKSPACE_SIZE_PATTERN = SPEC_SCHEMA["properties"]["workspace"]["properties"]["size"]["pattern"]
-MAX_CODE_CHARS = 4 * 1024 * 1024
+DOCUMENT_PATH = Path(__file__).with_name("openapi.yaml")
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
-
-
-FORBIDDEN = _error("Not authenticated, or not authorized for this resource")
-UNKNOWN_JOB = _error("No such job (or not a valid job id)")
-NO_CLUSTER = _error("No Kubernetes cluster is configured for this server, or it cannot be reached")
-API_REFUSED = _error("The Kubernetes API refused the request (e.g. missing RBAC permissions)")
-
-NOTEBOOK_FORBIDDEN = _error(
-    "Not authenticated or authorized, or (when the server trusts an identity header) the "
-    "request has no identity"
-)
-_NAMED_NOTEBOOK_ERRORS = {
-    "400": _error("Not a valid notebook name"),
-    "403": NOTEBOOK_FORBIDDEN,
-    "404": _error("The user has no notebook server of that name (another user's counts as none)"),
-    "502": API_REFUSED,
-    "503": NO_CLUSTER,
-}
-
-JOB_REF = {
-    "name": "id",
-    "in": "path",
-    "required": True,
-    "description": "A job id, or a job name (then the newest job of that name).",
-    "schema": {"type": "string", "pattern": JOB_REF_PATTERN},
-}
-NOTEBOOK_REF = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "description": "The notebook server's name.",
-    "schema": {"type": "string", "pattern": NOTEBOOK_NAME_PATTERN},
-}
-
-
-def _schemas(max_workers: int) -> dict[str, Any]:
-    rank_metrics = {
-        "type": "object",
-        "properties": {
-            "cpu_percent": NULLABLE_NUMBER,
-            "memory_bytes": NULLABLE_INT,
-            "gpu_util": NULLABLE_NUMBER,
-            "gpu_memory_bytes": NULLABLE_INT,
-        },
-        "required": ["cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes"],
-    }
-    capacity_pair = {
-        "type": "object",
-        "properties": {"total": NULLABLE_NUMBER, "free": NULLABLE_NUMBER},
-        "required": ["total", "free"],
-    }
-    return {
-        "Error": {
-            "type": "object",
-            "properties": {"message": {"type": "string"}},
-            "required": ["message"],
-        },
-        "JobSubmission": {
-            "type": "object",
-            "description": "The %%distributed options in snake_case, plus the code every rank runs.",
-            "additionalProperties": False,
-            "required": ["code"],
-            "properties": {
-                "code": {
-                    "type": "string",
-                    "maxLength": MAX_CODE_CHARS,
-                    "description": "Python source run as __main__ on every rank.",
-                },
-                "workers": {"type": "integer", "minimum": 1, "maximum": max_workers},
-                "gpus_per_worker": {"type": "integer", "minimum": 0, "maximum": 1024},
-                "cpus": {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000},
-                "memory": {
-                    "description": "Memory per rank: bytes, or a size like '4Gi', '512Mi', '2GB'.",
-                    "oneOf": [
-                        {"type": "integer", "minimum": 1, "maximum": 2**62},
-                        {"type": "string", "pattern": MEMORY_PATTERN},
-                    ],
-                },
-                "framework": {"enum": list(FRAMEWORKS)},
-                "backend": {"enum": list(BACKENDS)},
-                "image": {"type": "string", "pattern": IMAGE_PATTERN},
-                "name": {"type": "string", "pattern": NAME_PATTERN},
-                "env": {
-                    "type": "object",
-                    "maxProperties": 256,
-                    "propertyNames": {
-                        "pattern": ENV_NAME_PATTERN,
-                        "not": {"enum": sorted(RESERVED_ENV)},
-                    },
-                    "additionalProperties": {
-                        "type": "string",
-                        "maxLength": 65536,
-                        "pattern": "^[^\\u0000]*$",
-                    },
-                },
-                "timeout": {
-                    "description": "Fail the job after this long: seconds, or a duration like '30m', '1h30m'.",
-                    "oneOf": [
-                        {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
-                        {"type": "string", "pattern": DURATION_PATTERN},
-                    ],
-                },
-                "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1000},
-                "queue": {"type": "string", "pattern": QUEUE_PATTERN},
-                "priority": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1},
-                "pull": {
-                    "type": "array",
-                    "description": "Variables of rank 0 to keep as the job's result (see /jobs/{id}/result).",
-                    "items": {"type": "string", "pattern": IDENTIFIER_PATTERN},
-                    "maxItems": 64,
-                    "uniqueItems": True,
-                },
-            },
-        },
-        "Rank": {
-            "type": "object",
-            "properties": {
-                "rank": {"type": "integer", "minimum": 0},
-                "state": {"enum": [str(s) for s in RankState]},
-                "exit_code": NULLABLE_INT,
-                "pid": NULLABLE_INT,
-                "host": NULLABLE_STRING,
-                "started": NULLABLE_TIME,
-                "finished": NULLABLE_TIME,
-                "metrics": _ref("RankMetrics"),
-                "progress": {
-                    "type": ["object", "null"],
-                    "properties": {
-                        "step": NULLABLE_NUMBER,
-                        "total": NULLABLE_NUMBER,
-                        "desc": NULLABLE_STRING,
-                    },
-                },
-            },
-            "required": [
-                "rank",
-                "state",
-                "exit_code",
-                "pid",
-                "host",
-                "started",
-                "finished",
-                "metrics",
-                "progress",
-            ],
-        },
-        "RankMetrics": rank_metrics,
-        "Job": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "string"},
-                "name": {"type": "string"},
-                "state": {"enum": [str(s) for s in JobState]},
-                "backend": {"enum": list(BACKENDS)},
-                "workers": {"type": "integer", "minimum": 1},
-                "gpus_per_worker": {"type": "integer", "minimum": 0},
-                "cpus": {"type": "number"},
-                "memory": NULLABLE_INT,
-                "framework": {"enum": list(FRAMEWORKS)},
-                "image": NULLABLE_STRING,
-                "queue": NULLABLE_STRING,
-                "priority": {"type": "integer"},
-                "timeout": NULLABLE_NUMBER,
-                "max_restarts": {"type": "integer", "minimum": 0},
-                "env": {"type": "object", "additionalProperties": {"type": "string"}},
-                "created": {"type": "string", "format": "date-time"},
-                "started": NULLABLE_TIME,
-                "finished": NULLABLE_TIME,
-                "error": NULLABLE_STRING,
-                "failed_rank": NULLABLE_INT,
-                "reason": NULLABLE_STRING,
-                "restarts": {"type": "integer", "minimum": 0},
-                "queue_position": NULLABLE_INT,
-                "owner": NULLABLE_STRING,
-                "origin": {"type": "object", "properties": {"kind": {"type": "string"}}},
-                "has_result": {"type": "boolean"},
-                "ranks": {"type": "array", "items": _ref("Rank")},
-            },
-            "required": [
-                "id",
-                "name",
-                "state",
-                "backend",
-                "workers",
-                "gpus_per_worker",
-                "cpus",
-                "memory",
-                "framework",
-                "image",
-                "queue",
-                "priority",
-                "timeout",
-                "max_restarts",
-                "env",
-                "created",
-                "started",
-                "finished",
-                "error",
-                "failed_rank",
-                "reason",
-                "restarts",
-                "queue_position",
-                "owner",
-                "origin",
-                "has_result",
-                "ranks",
-            ],
-        },
-        "JobList": {
-            "type": "object",
-            "properties": {
-                "jobs": {"type": "array", "items": _ref("Job")},
-                "total": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "Jobs matching the filters.",
-                },
-                "limit": {"type": "integer"},
-                "offset": {"type": "integer"},
-            },
-            "required": ["jobs", "total", "limit", "offset"],
-        },
-        "LogLine": {
-            "type": "object",
-            "properties": {
-                "rank": {"type": "integer", "minimum": 0},
-                "ts": {"type": "string", "format": "date-time"},
-                "stream": {"enum": ["stdout", "stderr", "system"]},
-                "line": {"type": "string"},
-                "cursor": {
-                    "type": "string",
-                    "description": "On the last line of each streamed batch (follow=true): pass as `since` to resume after it.",
-                },
-            },
-            "required": ["rank", "ts", "stream", "line"],
-        },
-        "LogPage": {
-            "type": "object",
-            "properties": {
-                "lines": {"type": "array", "items": _ref("LogLine")},
-                "cursor": {
-                    "type": "string",
-                    "description": "Per-rank byte offsets; pass as `since` to continue after these lines.",
-                },
-            },
-            "required": ["lines", "cursor"],
-        },
-        "MetricsSample": {
-            "type": "object",
-            "properties": {
-                "ts": {"type": "number", "description": "Epoch seconds."},
-                **rank_metrics["properties"],
-            },
-            "required": ["ts", *rank_metrics["required"]],
-        },
-        "JobMetrics": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "string"},
-                "ranks": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "rank": {"type": "integer", "minimum": 0},
-                            "current": _ref("RankMetrics"),
-                            "series": {"type": "array", "items": _ref("MetricsSample")},
-                        },
-                        "required": ["rank", "current", "series"],
-                    },
-                },
-            },
-            "required": ["id", "ranks"],
-        },
-        "JobResult": {
-            "type": "object",
-            "properties": {
-                "kind": {
-                    "enum": ["value", "pull", "none"],
-                    "description": "value: rank 0's last expression; pull: {name: value} of the pulled "
-                    "variables; none: the job produced no result.",
-                },
-                "value": {},
-            },
-            "required": ["kind", "value"],
-        },
-        "Cluster": {
-            "type": "object",
-            "properties": {
-                "backend": {"enum": list(BACKENDS)},
-                "capacity": {
-                    "type": "object",
-                    "properties": {
-                        "gpus": capacity_pair,
-                        "cpus": capacity_pair,
-                        "memory": capacity_pair,
-                    },
-                    "required": ["gpus", "cpus", "memory"],
-                },
-                "queue": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "Queued job ids in admission order.",
-                },
-                "running": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["backend", "capacity", "queue"],
-        },
-        "NotebookRequest": {
-            "type": "object",
-            "description": "A notebook server to spawn for the calling user. Resources are "
-            "requests of its pod (memory and GPUs also its limits); unset ones are left to the "
-            "cluster's defaults.",
-            "additionalProperties": False,
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": NOTEBOOK_NAME_PATTERN},
-                "image": {
-                    "type": "string",
-                    "pattern": IMAGE_PATTERN,
-                    "description": "Container image running JupyterLab (default: the "
-                    "server's MLClusterApp.notebook_image, else the controller's).",
-                },
-                "cpu": {
-                    "type": ["number", "string"],
-                    "exclusiveMinimum": 0,
-                    "maximum": 1024,
-                    "pattern": CPU_QUANTITY_PATTERN,
-                    "description": "CPUs: a number (0.5) or a Kubernetes quantity ('500m').",
-                },
-                "memory": {
-                    "type": "string",
-                    "pattern": MEMORY_QUANTITY_PATTERN,
-                    "description": "Memory, a Kubernetes quantity such as '4Gi'.",
-                },
-                "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
-                "workspace_size": {
-                    "type": "string",
-                    "pattern": WORKSPACE_SIZE_PATTERN,
-                    "description": "Size of a persistent workspace volume, e.g. '10Gi' (none if "
-                    "absent); it is kept while the server is stopped.",
-                },
-            },
-        },
-        "Notebook": {
-            "type": "object",
-            "description": "A notebook server as its owner sees it.",
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string"},
-                "namespace": {"type": "string"},
-                "owner": NULLABLE_STRING,
-                "phase": {
-                    "type": "string",
-                    "description": "starting, ready, stopped, deleting or 'error: <why>'.",
-                },
-                "ready": {"type": "boolean"},
-                "stopped": {"type": "boolean"},
-                "url": {"type": "string", "description": "/notebook/<namespace>/<name>/"},
-                "message": {
-                    "type": "string",
-                    "description": "What is happening: while it spawns, the latest event of its "
-                    "pod (scheduling, image pull, ...); otherwise the controller's status message.",
-                },
-                "created": NULLABLE_TIME,
-                "last_activity": {**NULLABLE_TIME, "description": "As culling last saw it."},
-                "image": NULLABLE_STRING,
-                "cpu": NULLABLE_STRING,
-                "memory": NULLABLE_STRING,
-                "gpus": {"type": "integer", "minimum": 0},
-                "workspace_size": NULLABLE_STRING,
-            },
-            "required": [
-                "name",
-                "namespace",
-                "owner",
-                "phase",
-                "ready",
-                "stopped",
-                "url",
-                "message",
-                "created",
-                "last_activity",
-                "image",
-                "cpu",
-                "memory",
-                "gpus",
-                "workspace_size",
-            ],
-        },
-        "NotebookList": {
-            "type": "object",
-            "properties": {"notebooks": {"type": "array", "items": _ref("Notebook")}},
-            "required": ["notebooks"],
-        },
-        "Event": {
-            "description": "One websocket message of /events (a JSON text frame). Every message also "
-            "carries `seq`, an integer that grows with the time the message was made: a client may drop "
-            "a message whose seq is below one it already applied (e.g. below the snapshot's).",
-            "oneOf": [
-                {
-                    "type": "object",
-                    "properties": {
-                        "type": {"const": "snapshot"},
-                        "jobs": {"type": "array", "items": _ref("Job")},
-                        "total": {"type": "integer"},
-                        "cluster": _ref("Cluster"),
-                    },
-                    "required": ["type", "jobs", "cluster"],
-                },
-                {
-                    "type": "object",
-                    "properties": {"type": {"const": "job"}, "job": _ref("Job")},
-                    "required": ["type", "job"],
-                },
-                {
-                    "type": "object",
-                    "properties": {"type": {"enum": ["deleted", "logs"]}, "id": {"type": "string"}},
-                    "required": ["type", "id"],
-                },
-                {
-                    "type": "object",
-                    "properties": {"type": {"const": "cluster"}, "cluster": _ref("Cluster")},
-                    "required": ["type", "cluster"],
-                },
-                {
-                    "type": "object",
-                    "properties": {"type": {"const": "notebook"}, "notebook": _ref("Notebook")},
-                    "required": ["type", "notebook"],
-                },
-                {
-                    "type": "object",
-                    "properties": {
-                        "type": {"const": "notebook_deleted"},
-                        "name": {"type": "string"},
-                    },
-                    "required": ["type", "name"],
-                },
-            ],
-        },
-    }
-
-
-def _paths() -> dict[str, Any]:
-    job_ref = [JOB_REF]
-    return {
-        "/jobs": {
-            "get": {
-                "operationId": "listJobs",
-                "summary": "Jobs, newest first",
-                "parameters": [
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "description": "Only jobs in these states (repeat the parameter, or a comma list).",
-                        "schema": {
-                            "type": "array",
-                            "items": {"enum": [str(s) for s in JobState]},
-                            "maxItems": 6,
-                        },
-                        "style": "form",
-                        "explode": True,
-                    },
-                    {"name": "backend", "in": "query", "schema": {"enum": list(BACKENDS)}},
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": 1000,
-                            "default": 100,
-                        },
-                    },
-                    {
-                        "name": "offset",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0},
-                    },
-                ],
-                "responses": {
-                    "200": _json(_ref("JobList"), "A page of jobs"),
-                    "400": _error("Invalid query parameter"),
-                    "403": FORBIDDEN,
-                },
-            },
-            "post": {
-                "operationId": "submitJob",
-                "summary": "Submit a job",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("JobSubmission")}},
-                },
-                "responses": {
-                    "201": {
-                        **_json(_ref("Job"), "The job, as stored (usually `queued`)"),
-                        "headers": {
-                            "Location": {
-                                "schema": {"type": "string"},
-                                "description": "The job's URL",
-                            }
-                        },
-                    },
-                    "400": _error("Invalid options or body"),
-                    "403": FORBIDDEN,
-                    "409": _error(
-                        "Valid, but the backend can never run it (e.g. more GPUs than it has)"
-                    ),
-                    "503": NO_CLUSTER,
-                },
-            },
-        },
-        "/jobs/{id}": {
-            "parameters": job_ref,
-            "get": {
-                "operationId": "getJob",
-                "responses": {
-                    "200": _json(_ref("Job"), "The job"),
-                    "403": FORBIDDEN,
-                    "404": UNKNOWN_JOB,
-                },
-            },
-            "delete": {
-                "operationId": "cancelJob",
-                "summary": "Cancel a job (all ranks); with purge, also forget it and its logs",
-                "parameters": [
-                    {
-                        "name": "purge",
-                        "in": "query",
-                        "schema": {"type": "boolean", "default": False},
-                    }
-                ],
-                "responses": {
-                    "200": _json(_ref("Job"), "The job after cancelling (a final state)"),
-                    "204": {"description": "Cancelled and forgotten (purge=true)"},
-                    "400": _error("Invalid query parameter"),
-                    "403": FORBIDDEN,
-                    "404": UNKNOWN_JOB,
-                },
-            },
-        },
-        "/jobs/{id}/logs": {
-            "parameters": job_ref,
-            "get": {
-                "operationId": "getJobLogs",
-                "summary": "Log lines of all ranks (merged by time) or one rank",
-                "parameters": [
-                    {
-                        "name": "rank",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
-                    },
-                    {
-                        "name": "since",
-                        "in": "query",
-                        "description": "A `cursor` from a previous page: only lines after it.",
-                        "schema": {"type": "string", "pattern": CURSOR_PATTERN},
-                    },
-                    {
-                        "name": "tail",
-                        "in": "query",
-                        "description": "Only the last N lines of each rank (when `since` is not given).",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 100_000},
-                    },
-                    {
-                        "name": "follow",
-                        "in": "query",
-                        "description": "Stream newline-delimited JSON LogLine objects until the job ends.",
-                        "schema": {"type": "boolean", "default": False},
-                    },
-                ],
-                "responses": {
-                    "200": {
-                        "description": "A page of lines (or, with follow=true, a stream of lines)",
-                        "content": {
-                            "application/json": {"schema": _ref("LogPage")},
-                            "application/x-ndjson": {"schema": _ref("LogLine")},
-                        },
-                    },
-                    "400": _error("Invalid query parameter (e.g. a rank the job does not have)"),
-                    "403": FORBIDDEN,
-                    "404": UNKNOWN_JOB,
-                },
-            },
-        },
-        "/jobs/{id}/metrics": {
-            "parameters": job_ref,
-            "get": {
-                "operationId": "getJobMetrics",
-                "summary": "Per-rank CPU/memory/GPU series (the last hour) and current values",
-                "parameters": [
-                    {
-                        "name": "since",
-                        "in": "query",
-                        "description": "Epoch seconds: only samples after it.",
-                        "schema": {"type": "number", "minimum": 0, "maximum": 1e11},
-                    }
-                ],
-                "responses": {
-                    "200": _json(_ref("JobMetrics"), "Metrics of every rank"),
-                    "400": _error("Invalid query parameter"),
-                    "403": FORBIDDEN,
-                    "404": UNKNOWN_JOB,
-                },
-            },
-        },
-        "/jobs/{id}/result": {
-            "parameters": job_ref,
-            "get": {
-                "operationId": "getJobResult",
-                "summary": "The result of a succeeded job, if it has a JSON form",
-                "responses": {
-                    "200": _json(_ref("JobResult"), "The result"),
-                    "403": FORBIDDEN,
-                    "404": UNKNOWN_JOB,
-                    "409": _error("The job has not succeeded, or its result has no JSON form"),
-                },
-            },
-        },
-        "/cluster": {
-            "get": {
-                "operationId": "getCluster",
-                "summary": "Backend, capacity (GPUs/CPUs/memory total and free) and queue",
-                "responses": {"200": _json(_ref("Cluster"), "The cluster"), "403": FORBIDDEN},
-            }
-        },
-        "/events": {
-            "get": {
-                "operationId": "events",
-                "summary": "Websocket: a snapshot, then job, cluster and notebook changes as they happen",
-                "description": "Each text frame is one JSON Event (see components.schemas.Event). "
-                "Job events are coalesced to at most 10 per second per job. Notebook events go "
-                "only to the notebook server's owner (the caller's identity, as for "
-                "/notebooks); the snapshot has none: list them with GET /notebooks.",
-                "x-websocket": True,
-                "responses": {
-                    "101": {"description": "Switching to the websocket protocol"},
-                    "403": FORBIDDEN,
-                    "426": _error("Not a websocket request"),
-                },
-            }
-        },
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "summary": "This document",
-                "responses": {
-                    "200": _json({"type": "object"}, "The OpenAPI document"),
-                    "403": FORBIDDEN,
-                },
-            }
-        },
-        "/notebooks": {
-            "get": {
-                "operationId": "listNotebooks",
-                "summary": "The calling user's notebook servers",
-                "responses": {
-                    "200": _json(_ref("NotebookList"), "The user's notebook servers, by name"),
-                    "403": NOTEBOOK_FORBIDDEN,
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
-                },
-            },
-            "post": {
-                "operationId": "createNotebook",
-                "summary": "Spawn a notebook server owned by the calling user",
-                "description": "Returns at once; the notebook-controller then makes its pod, "
-                "service and routes, and /events reports its progress (phase starting, then "
-                "ready; `message` follows its pod's events).",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NotebookRequest")}},
-                },
-                "responses": {
-                    "201": {
-                        **_json(_ref("Notebook"), "The new notebook server"),
-                        "headers": {"Location": {"schema": {"type": "string"}}},
-                    },
-                    "400": _error("Invalid body (e.g. a name the controller cannot use)"),
-                    "403": _error(
-                        "Not authenticated or authorized, no identity header (trusted-header "
-                        "mode), or the user already has MLClusterApp.notebook_quota servers"
-                    ),
-                    "409": _error("A notebook server of that name exists"),
-                    "502": API_REFUSED,
-                    "503": NO_CLUSTER,
-                },
-            },
-        },
-        "/notebooks/{name}": {
-            "parameters": [NOTEBOOK_REF],
-            "get": {
-                "operationId": "getNotebook",
-                "responses": {
-                    "200": _json(_ref("Notebook"), "The notebook server"),
-                    **_NAMED_NOTEBOOK_ERRORS,
-                },
-            },
-            "delete": {
-                "operationId": "deleteNotebook",
-                "summary": "Delete a notebook server, with everything the controller made for it "
-                "(its workspace volume too)",
-                "responses": {
-                    "204": {
-                        "description": "Being deleted (it lingers, phase deleting, until what "
-                        "it owns is gone)"
-                    },
-                    **_NAMED_NOTEBOOK_ERRORS,
-                },
-            },
-        },
-        "/notebooks/{name}/stop": {
-            "parameters": [NOTEBOOK_REF],
-            "post": {
-                "operationId": "stopNotebook",
-                "summary": "Stop a notebook server (its pod goes; its workspace volume stays)",
-                "responses": {
-                    "200": _json(
-                        _ref("Notebook"), "Stopping (annotation mlcluster.io/stopped set)"
-                    ),
-                    **_NAMED_NOTEBOOK_ERRORS,
-                },
-            },
-        },
-        "/notebooks/{name}/start": {
-            "parameters": [NOTEBOOK_REF],
-            "post": {
-                "operationId": "startNotebook",
-                "responses": {
-                    "200": _json(
-                        _ref("Notebook"), "Starting (annotation mlcluster.io/stopped removed)"
-                    ),
-                    **_NAMED_NOTEBOOK_ERRORS,
-                },
-            },
-        },
-    }
+@functools.lru_cache(maxsize=1)
+def static_document() -> dict[str, Any]:
+    """`openapi.yaml` as it is in the package (parsed once per process; do not modify)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with DOCUMENT_PATH.open(encoding="utf-8") as file:
+        return yaml.load(file, Loader=loader)  # a safe loader: plain data only
 
 
 def build_document(*, max_workers: int, server_url: str = API_PREFIX) -> dict[str, Any]:
-    """The whole OpenAPI document; `server_url` is the API's base (with the server's base_url)."""
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "jupyterlab-mlcluster",
-            "version": __version__,
-            "description": "Distributed jobs and per-user notebook servers of a Jupyter server. "
-            "Authenticate as with every Jupyter API: `Authorization: token <token>`, or the "
-            "login cookie plus the `X-XSRFToken` header for requests that change something. "
-            "Errors are JSON objects with a `message`.",
-        },
-        "servers": [{"url": server_url}],
-        "security": [{"token": []}],
-        "components": {
-            "securitySchemes": {
-                "token": {
-                    "type": "apiKey",
-                    "in": "header",
-                    "name": "Authorization",
-                    "description": "`token <the Jupyter server's token>`",
-                }
-            },
-            "schemas": _schemas(max_workers),
-        },
-        "paths": _paths(),
-    }
+    """The whole OpenAPI document of this server: the static file with its runtime values
+    filled in; `server_url` is the API's base (with the server's base_url)."""
+    document = _fill_patterns(copy.deepcopy(static_document()))
+    document["info"]["version"] = __version__
+    document["servers"] = [{"url": server_url}]
+    schemas = document["components"]["schemas"]
+    schemas["JobSubmission"]["properties"]["workers"]["maximum"] = max_workers
+    return document
+
+
+def _fill_patterns(node: Any) -> Any:
+    """Every `x-pattern: <name>` becomes `pattern: <the regex of that name>`, in place."""
+    if isinstance(node, dict):
+        name = node.pop("x-pattern", None)
+        if name is not None:
+            try:
+                node["pattern"] = patterns.BY_NAME[name]
+            except KeyError:
+                raise ValueError(f"{DOCUMENT_PATH.name}: unknown x-pattern {name!r}") from None
+        for value in node.values():
+            _fill_patterns(value)
+    elif isinstance(node, list):
+        for value in node:
+            _fill_patterns(value)
+    return node
 
 
 # -- validation --------------------------------------------------------------------------
@@ -840,15 +69,8 @@ def build_document(*, max_workers: int, server_url: str = API_PREFIX) -> dict[st
 def _ecma_pattern(validator, pattern: str, instance: Any, schema: dict[str, Any]):
     # JSON Schema patterns are ECMA-262, where `$` matches only at the very end; Python's
     # `$` also matches before a trailing newline, which would let "name\n" through.
-    if isinstance(instance, str) and not re.search(_python_regex(pattern), instance):
+    if isinstance(instance, str) and not patterns.matches(pattern, instance):
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-@functools.lru_cache(maxsize=256)
-def _python_regex(pattern: str) -> re.Pattern[str]:
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1] + r"\Z"
-    return re.compile(pattern)
 
 
 _Validator = jsonschema.validators.extend(
@@ -939,7 +161,18 @@ class Validators:
 
     def parameters(self, path: str, method: str) -> list[dict[str, Any]]:
         item = self.document["paths"][path]
-        return [*item.get("parameters", []), *item[method].get("parameters", [])]
+        declared = [*item.get("parameters", []), *item[method].get("parameters", [])]
+        return [self._resolve(p) for p in declared]
+
+    def _resolve(self, node: dict[str, Any]) -> dict[str, Any]:
+        """A `{"$ref": "#/components/..."}` replaced by what it points at."""
+        ref = node.get("$ref")
+        if ref is None:
+            return node
+        target: Any = self.document
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        return target
 
 
 def _reject_constant(name: str) -> Any:

@@ -16,6 +16,7 @@ from jupyterlab_mlcluster.server.kube import NO_CLUSTER
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
 from jupyterlab_mlcluster.server.notebooks import (
     OWNER_LABEL,
+    InvalidNotebook,
     notebook_name_error,
     notebook_view,
     owner_label,
@@ -124,35 +125,49 @@ NAMES = [
 def test_the_request_schema_takes_exactly_the_names_the_controller_takes(name):
     in_schema = schema_accepts(REQUEST_SCHEMA, {"name": name})
     assert in_schema == (notebook_name_error(name) is None)
-    path_schema = DOCUMENT["paths"]["/notebooks/{name}"]["parameters"][0]["schema"]
+    path_schema = VALIDATORS.parameters("/notebooks/{name}", "get")[0]["schema"]
     assert schema_accepts(path_schema, name) == in_schema
 
 
+# (value, {field: (the request schema takes it, the controller's builder takes it)}). The
+# schema may be stricter than the builder (which strips surrounding spaces), never looser.
 QUANTITIES = [
-    "1",
-    "0.5",
-    "500m",
-    "4Gi",
-    "4G",
-    "1.5Ti",
-    "4GB",
-    "4gi",
-    "-1",
-    "1e3",
-    "",
-    " 4Gi",
-    "4 Gi",
+    ("1", {"cpu": (True, True), "memory": (True, True), "workspace_size": (True, True)}),
+    ("0.5", {"cpu": (True, True), "memory": (True, True), "workspace_size": (True, True)}),
+    ("500m", {"cpu": (True, True), "memory": (False, False), "workspace_size": (False, False)}),
+    ("4Gi", {"cpu": (False, False), "memory": (True, True), "workspace_size": (True, True)}),
+    ("4G", {"cpu": (False, False), "memory": (True, True), "workspace_size": (True, True)}),
+    ("1.5Ti", {"cpu": (False, False), "memory": (True, True), "workspace_size": (True, True)}),
+    ("1Ei", {"cpu": (False, False), "memory": (True, True), "workspace_size": (False, False)}),
+    ("4GB", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
+    ("4gi", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
+    ("-1", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
+    ("1e3", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
+    ("", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
+    (" 4Gi", {"cpu": (False, False), "memory": (False, True), "workspace_size": (False, True)}),
+    ("4 Gi", {"cpu": (False, False), "memory": (False, False), "workspace_size": (False, False)}),
 ]
 
 
-@pytest.mark.parametrize("value", QUANTITIES)
-def test_what_the_request_schema_takes_the_builder_takes_too(value):
-    """So a request the document calls valid never gets a 400 from the builder (the schema may
-    be stricter: the CRD's workspace size pattern, no surrounding spaces)."""
-    for field in ("cpu", "memory", "workspace_size"):
-        request = {"name": "nb", field: value}
-        if schema_accepts(REQUEST_SCHEMA, request):
-            spawned(request)
+@pytest.mark.parametrize(
+    ("field", "value", "in_schema", "in_builder"),
+    [
+        (field, value, in_schema, in_builder)
+        for value, outcomes in QUANTITIES
+        for field, (in_schema, in_builder) in outcomes.items()
+    ],
+)
+def test_what_the_request_schema_takes_the_builder_takes_too(field, value, in_schema, in_builder):
+    """So a request the document calls valid never gets a 400 from the builder."""
+    request = {"name": "nb", field: value}
+    assert schema_accepts(REQUEST_SCHEMA, request) == in_schema
+    try:
+        spawned(request)
+        built = True
+    except InvalidNotebook:
+        built = False
+    assert built == in_builder
+    assert in_builder or not in_schema
 
 
 def test_quantities_in_the_request_schema():

@@ -1,0 +1,63 @@
+"""The text patterns several layers check: one definition each.
+
+The REST API's document (`server/openapi.yaml`) names them with `x-pattern: <name>`, and the
+loader puts the regex in as the schema's `pattern`; the job model (`jobs/model.py`), the job
+store, the notebook controller's builders and the CRD compile the same strings here. They are
+plain strings, not read from the YAML file, so that the floor of the package (`jobs/`), the
+supervisor started for every job and the in-cluster controller import them without parsing
+a document or reaching up into `server/`.
+
+Every pattern is anchored (`^...$`) and written in the common subset of ECMA-262 (what JSON
+Schema and the browser use) and Python's `re`; `regex()` compiles one with ECMA's meaning of
+`$` (the very end, so "name\\n" does not pass).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+# A job's name: it names Kubernetes objects (with a suffix), so a DNS label of at most 53.
+JOB_NAME = r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$"
+# What `{id}` in a job URL may be: a job id ("j3fa9c21b0") or a job name.
+JOB_REF = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# An environment variable a job sets on its ranks.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# A Python identifier in ASCII (the variables a job pulls from rank 0).
+IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# A notebook server's name: a DNS-1035 label of at most 52 characters, leaving room for '-0'
+# and the controller-revision-hash label of its pod.
+NOTEBOOK_NAME = r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$"
+# A namespace: a DNS-1123 label (at most 63 characters).
+NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Kubernetes quantities as the notebook builder accepts them.
+CPU_QUANTITY = r"^[0-9]+(\.[0-9]+)?m?$"
+MEMORY_QUANTITY = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# A notebook's persistent workspace size (the CRD's rule).
+WORKSPACE_SIZE = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+
+# The names the API document uses in `x-pattern`.
+BY_NAME: dict[str, str] = {
+    "job_name": JOB_NAME,
+    "job_ref": JOB_REF,
+    "env_name": ENV_NAME,
+    "identifier": IDENTIFIER,
+    "notebook_name": NOTEBOOK_NAME,
+    "namespace": NAMESPACE,
+    "cpu_quantity": CPU_QUANTITY,
+    "memory_quantity": MEMORY_QUANTITY,
+    "workspace_size": WORKSPACE_SIZE,
+}
+
+
+@functools.lru_cache(maxsize=256)
+def regex(pattern: str) -> re.Pattern[str]:
+    """`pattern` compiled for Python with JSON Schema's meaning: a final `$` is the very end
+    (Python's `$` also matches before a trailing newline)."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
+def matches(pattern: str, text: str) -> bool:
+    return regex(pattern).search(text) is not None

@@ -1,0 +1,96 @@
+"""The API document as a static file: valid OpenAPI 3.1 as shipped and as served, its shared
+patterns and enums the same as the Python code's, and nothing left to fill in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openapi_spec_validator import validate
+from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
+
+from jupyterlab_mlcluster import patterns
+from jupyterlab_mlcluster._version import __version__
+from jupyterlab_mlcluster.jobs.model import BACKENDS, FRAMEWORKS, RESERVED_ENV, JobState, RankState
+from jupyterlab_mlcluster.server.openapi import build_document, static_document
+
+
+def all_values(node, key):
+    """Every value of `key` anywhere in a JSON-like tree."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from all_values(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from all_values(v, key)
+
+
+def test_the_shipped_file_is_valid_openapi():
+    validate(static_document())
+
+
+def test_the_served_document_is_valid_openapi_with_its_runtime_values():
+    document = build_document(max_workers=7, server_url="/base/mlcluster/api")
+    validate(document)
+    assert document["info"]["version"] == __version__
+    assert document["servers"] == [{"url": "/base/mlcluster/api"}]
+    workers = document["components"]["schemas"]["JobSubmission"]["properties"]["workers"]
+    assert workers["maximum"] == 7
+    assert not list(all_values(document, "x-pattern")), "every x-pattern is filled in"
+    assert json.loads(json.dumps(document, allow_nan=False)) == document, "plain JSON"
+
+
+def test_the_validator_really_checks():
+    """The check above can fail: a response without its required description is refused."""
+    document = build_document(max_workers=1)
+    del document["paths"]["/jobs/{id}"]["get"]["responses"]["200"]["description"]
+    with pytest.raises(OpenAPIValidationError):
+        validate(document)
+
+
+def test_shared_patterns_come_from_the_patterns_module():
+    names = list(all_values(static_document(), "x-pattern"))
+    assert set(names) <= set(patterns.BY_NAME), "every x-pattern names a shared pattern"
+    assert {"job_name", "job_ref", "notebook_name", "cpu_quantity", "memory_quantity"} <= set(names)
+    document = build_document(max_workers=1)
+    schemas = document["components"]["schemas"]
+    assert schemas["JobSubmission"]["properties"]["name"]["pattern"] == patterns.JOB_NAME
+    assert schemas["NotebookRequest"]["properties"]["cpu"]["pattern"] == patterns.CPU_QUANTITY
+    job_ref = document["components"]["parameters"]["JobRef"]["schema"]["pattern"]
+    assert job_ref == patterns.JOB_REF
+    # No copy of a shared pattern typed into the file by hand.
+    assert not set(all_values(static_document(), "pattern")) & set(patterns.BY_NAME.values())
+
+
+def test_unknown_x_pattern_is_a_clear_error(monkeypatch):
+    monkeypatch.delitem(patterns.BY_NAME, "job_name")
+    with pytest.raises(ValueError, match="unknown x-pattern 'job_name'"):
+        build_document(max_workers=1)
+
+
+def test_enums_are_the_models():
+    schemas = static_document()["components"]["schemas"]
+    assert schemas["Job"]["properties"]["state"]["enum"] == [s.value for s in JobState]
+    assert schemas["Rank"]["properties"]["state"]["enum"] == [s.value for s in RankState]
+    for name in ("JobSubmission", "Job", "Cluster"):
+        assert schemas[name]["properties"]["backend"]["enum"] == list(BACKENDS)
+    for name in ("JobSubmission", "Job"):
+        assert schemas[name]["properties"]["framework"]["enum"] == list(FRAMEWORKS)
+    env_names = schemas["JobSubmission"]["properties"]["env"]["propertyNames"]
+    assert env_names["not"]["enum"] == sorted(RESERVED_ENV)
+    listed = static_document()["paths"]["/jobs"]["get"]["parameters"][0]["schema"]["items"]
+    assert listed["enum"] == [s.value for s in JobState]
+
+
+def test_every_rest_operation_documents_the_refusals_jupyter_server_makes_before_it():
+    """403 (authentication, authorization, Host check) and 404 (a cross-origin request
+    Jupyter Server blocks) can come from any REST route, whatever its handler does."""
+    for path, item in static_document()["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            assert "403" in operation["responses"], (method, path)
+            if not operation.get("x-websocket"):
+                assert "404" in operation["responses"], (method, path)
