@@ -25,11 +25,13 @@ from typing import Any
 import aiohttp
 import kopf
 
+from jupyterlab_mlcluster.kubeconn import KubeError, load_config_async
+
 from . import objects
 from .config import ControllerConfig
 from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culling import ProbeError, probe_activity, should_cull
-from .kube import ApiError, KubeClient, load_configuration
+from .kube import KubeClient
 
 log = logging.getLogger("notebook_controller")
 NotebookKey = tuple[str, str]  # namespace, name
@@ -183,7 +185,7 @@ class NotebookController:
                 actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key)
                 try:
                     await self._ensure(desired, actual, logger)
-                except ApiError as exc:
+                except KubeError as exc:
                     if exc.status not in _PERMANENT_STATUSES:
                         raise
                     errors.append(f"{desired['kind']} {desired['metadata']['name']}: {exc.message}")
@@ -204,7 +206,7 @@ class NotebookController:
                 await self.kube.create(desired)
                 logger.info("Created %s %s", desired["kind"], meta["name"])
                 return
-            except ApiError as exc:
+            except KubeError as exc:
                 if exc.status != 409:
                     raise
             actual = await self.kube.get(
@@ -248,7 +250,7 @@ class NotebookController:
                 {"status": {**removed, **status}},
                 subresource="status",
             )
-        except ApiError as exc:
+        except KubeError as exc:
             if exc.status != 404:  # the notebook went away meanwhile
                 raise
         self._written[key] = status
@@ -283,7 +285,7 @@ class NotebookController:
             return  # e.g. a PVC that is no longer wanted
         try:
             await self.reconcile(notebook, kwargs, logger, only_kind=kind)
-        except (ApiError, kopf.TemporaryError) as exc:
+        except (KubeError, kopf.TemporaryError) as exc:
             logger.warning(
                 "Could not repair %s %s yet (the resync will): %s",
                 kind,
@@ -305,7 +307,7 @@ class NotebookController:
         async with self._lock((namespace, notebook["metadata"]["name"])):
             try:
                 await self._write_status(notebook, kwargs)
-            except ApiError as exc:
+            except KubeError as exc:
                 logger.warning(
                     "Could not update the status of %s: %s", notebook["metadata"]["name"], exc
                 )
@@ -331,7 +333,7 @@ class NotebookController:
         mirrored = objects.mirrored_event(notebook, _raw(body), _now())
         try:
             await self.kube.create(mirrored)
-        except ApiError as exc:
+        except KubeError as exc:
             if exc.status != 409:
                 logger.warning("Could not re-issue event %s: %s", body["metadata"]["name"], exc)
                 return
@@ -373,7 +375,7 @@ class NotebookController:
             self._written.pop((meta["namespace"], meta["name"]), None)
             try:
                 await self.reconcile(notebook, self.indexes, logger)  # type: ignore[arg-type]
-            except (ApiError, kopf.TemporaryError, aiohttp.ClientError) as exc:
+            except (KubeError, kopf.TemporaryError, aiohttp.ClientError) as exc:
                 log.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 
     def cullable(self, notebook: Mapping[str, Any]) -> bool:
@@ -424,7 +426,7 @@ class NotebookController:
                     {"status": {"lastActivity": last}},
                     subresource="status",
                 )
-        except ApiError as exc:
+        except KubeError as exc:
             log.warning("Could not record activity of %s/%s: %s", namespace, name, exc)
 
 
@@ -488,7 +490,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
 async def connection_info(kubeconfig: str, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     """kopf's credentials from the same configuration the controller's own client loads
     (kopf's built-in client login only reads the default kubeconfig location)."""
-    loaded = await load_configuration(kubeconfig)
+    loaded = (await load_config_async(kubeconfig)).configuration
     # The asyncio client refreshes tokens (exec/auth providers) when asked for the key.
     header = await loaded.get_api_key_with_prefix(
         "BearerToken"

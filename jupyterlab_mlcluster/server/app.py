@@ -23,10 +23,10 @@ from traitlets import Bool, Float, Int, Unicode
 
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
+from ..kubeconn import KubeConnection
 from .events import EventBroadcaster, EventsHandler
 from .handlers import REST_HANDLERS
 from .identity import calling_user
-from .kube import KubeConnection
 from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService

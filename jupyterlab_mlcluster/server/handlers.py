@@ -23,9 +23,9 @@ from tornado.iostream import StreamClosedError
 from .. import patterns
 from ..jobs.model import JobSpec, JobState, SpecError
 from ..jobs.store import UnknownJob
+from ..kubeconn import ClusterUnavailable, KubeError, configuration_problem
 from ..runtime.payload import Payload, PayloadError
 from .identity import IdentityError
-from .kube import ClusterUnavailable, KubernetesApiError, kubernetes_problem
 from .notebooks import (
     InvalidNotebook,
     NotebookExists,
@@ -158,7 +158,7 @@ class JobsHandler(MLClusterHandler):
         except SpecError as exc:
             raise web.HTTPError(400, str(exc)) from None
         if spec.backend == "kubernetes":
-            problem = await self.run(kubernetes_problem)
+            problem = await self.run(configuration_problem)
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
@@ -399,7 +399,7 @@ class NotebookHandlerBase(MLClusterHandler):
             raise web.HTTPError(403, str(exc)) from None
         except ClusterUnavailable as exc:
             raise web.HTTPError(503, str(exc)) from None
-        except KubernetesApiError as exc:
+        except KubeError as exc:  # the API server answered, and refused
             raise web.HTTPError(502, str(exc)) from None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from notebook_controller.crd import GROUP, KIND, PLURAL, VERSION
 from notebook_controller.objects import LABEL_MANAGED_BY, MANAGED_BY
 
-from .kube import KubeConnection
+from ..kubeconn import KubeConnection
 from .notebook_feed import NotebookFeed
 from .notebooks import OWNER_LABEL
 

@@ -28,14 +28,14 @@ from notebook_controller.objects import (
     stop_patch,
 )
 
-from .kube import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubernetesApiError
+from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
 
 __all__ = [
     "NO_CLUSTER",
     "OWNER_LABEL",
     "ClusterUnavailable",
     "InvalidNotebook",
-    "KubernetesApiError",
+    "KubeError",
     "NotebookExists",
     "NotebookNotFound",
     "NotebookService",
@@ -172,16 +172,16 @@ class NotebookService:
         return [o for o in found.get("items", []) if o.get("spec", {}).get("owner") == user]
 
     def _get_owned(self, user: str, name: str) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
         api = self._custom_objects()
         try:
-            with self.connection.errors(passing=(404,)):
+            with self.connection.errors():
                 obj = api.get_namespaced_custom_object(
                     GROUP, VERSION, self.connection.namespace(), PLURAL, name
                 )
-        except ApiException:
-            raise NotebookNotFound(name) from None
+        except KubeError as exc:
+            if exc.status == 404:
+                raise NotebookNotFound(name) from None
+            raise
         if obj.get("spec", {}).get("owner") != user:
             raise NotebookNotFound(name)  # someone else's: as if it did not exist
         return obj
@@ -194,8 +194,6 @@ class NotebookService:
         return self._view(self._get_owned(user, name))
 
     def create(self, user: str, request: Mapping[str, Any]) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
         name = request["name"]
         body = notebook_resource(  # InvalidNotebook before anything is asked of the cluster
             name,
@@ -217,11 +215,13 @@ class NotebookService:
                         f"(MLClusterApp.notebook_quota = {self.quota}); delete one first"
                     )
             try:
-                with self.connection.errors(passing=(409,)):
+                with self.connection.errors():
                     created = api.create_namespaced_custom_object(
                         GROUP, VERSION, namespace, PLURAL, body
                     )
-            except ApiException:
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
                 raise NotebookExists(
                     f"a notebook server named {name!r} exists in namespace {namespace!r}"
                 ) from None
@@ -229,7 +229,6 @@ class NotebookService:
 
     def delete(self, user: str, name: str) -> None:
         from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
 
         obj = self._get_owned(user, name)
         options = client.V1DeleteOptions(
@@ -238,11 +237,13 @@ class NotebookService:
             preconditions=client.V1Preconditions(uid=obj["metadata"]["uid"]),
         )
         try:
-            with self.connection.errors(passing=(404, 409)):
+            with self.connection.errors():
                 self._custom_objects().delete_namespaced_custom_object(
                     GROUP, VERSION, self.connection.namespace(), PLURAL, name, body=options
                 )
-        except ApiException:
+        except KubeError as exc:
+            if exc.status not in (404, 409):
+                raise
             raise NotebookNotFound(name) from None  # gone, or replaced, meanwhile
 
     def stop(self, user: str, name: str) -> dict[str, Any]:
@@ -252,17 +253,17 @@ class NotebookService:
         return self._set_stopped(user, name, False)
 
     def _set_stopped(self, user: str, name: str, stopped: bool) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
         obj = self._get_owned(user, name)
         if is_stopped(obj) == stopped:
             return self._view(obj)  # already so: a stopped one keeps its original stop time
         patch = stop_patch(_now()) if stopped else start_patch()
         try:
-            with self.connection.errors(passing=(404,)):
+            with self.connection.errors():
                 patched = self._custom_objects().patch_namespaced_custom_object(
                     GROUP, VERSION, self.connection.namespace(), PLURAL, name, patch
                 )
-        except ApiException:
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
             raise NotebookNotFound(name) from None
         return self._view(patched)

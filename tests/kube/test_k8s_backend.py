@@ -444,7 +444,9 @@ def test_no_reachable_cluster_is_a_clear_error_and_nothing_is_stored(k8s, tmp_pa
     )
     service = k8s()
     with pytest.raises(
-        SpecError, match=rf"cannot reach the Kubernetes API server at http://127.0.0.1:{port}"
+        SpecError,
+        match=rf"^the Kubernetes API server at http://127.0.0.1:{port} cannot be reached: "
+        r"\[Errno 111\] Connection refused$",
     ):
         service.submit(spec_of(workers=1), code("1"))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing.yaml"))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from jupyterlab_mlcluster.kubeconn import KubeConnection
 from jupyterlab_mlcluster.server import notebooks
-from jupyterlab_mlcluster.server.kube import KubeConnection
 from tests.kube.controller_support import NB, wait_owned, wait_phase
 from tests.kube.helpers import Kube
 

@@ -24,7 +24,7 @@ from pytest_jupyter.jupyter_server import *
 from tornado.ioloop import PeriodicCallback
 from typing_extensions import Self
 
-from jupyterlab_mlcluster.server.kube import NO_CLUSTER, KubeConnection
+from jupyterlab_mlcluster.kubeconn import NO_CLUSTER, KubeConnection
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
 from jupyterlab_mlcluster.server.notebook_watch import ListWatch, request_notebooks
 from jupyterlab_mlcluster.server.notebooks import OWNER_LABEL

@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from jupyterlab_mlcluster.kubeconn import NO_CLUSTER
 from jupyterlab_mlcluster.server.identity import IdentityError, calling_user
-from jupyterlab_mlcluster.server.kube import NO_CLUSTER
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
 from jupyterlab_mlcluster.server.notebooks import (
     OWNER_LABEL,
