@@ -31,7 +31,9 @@ from . import objects
 from .config import ControllerConfig
 from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culling import ProbeError, probe_activity, should_cull
+from .events import mirrored_event, notebook_event, notebook_of_event
 from .kube import KubeClient
+from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
 NotebookKey = tuple[str, str]  # namespace, name
@@ -233,12 +235,10 @@ class NotebookController:
         key = (meta["namespace"], meta["name"])
         sts = _one(indexes.get(_INDEX_OF_KIND["StatefulSet"]), key)
         pod = _one(indexes.get("owned_pods"), key)
-        status = objects.compute_status(notebook, sts, pod, self._errors.get(key))
-        if not objects.status_changed(notebook, status):
+        status = compute_status(notebook, sts, pod, self._errors.get(key))
+        if not status_changed(notebook, status):
             return
-        if key in self._written and not objects.status_changed(
-            {"status": self._written[key]}, status
-        ):
+        if key in self._written and not status_changed({"status": self._written[key]}, status):
             return
         removed = {k: None for k in (notebook.get("status") or {}) if k not in status}
         try:
@@ -322,7 +322,7 @@ class NotebookController:
         **kwargs: Any,
     ) -> None:
         assert self.kube is not None
-        name = objects.notebook_of_event(body)
+        name = notebook_of_event(body)
         notebook = self._notebook(kwargs, namespace, name) if name else None
         if notebook is None or type == "DELETED":
             return
@@ -330,7 +330,7 @@ class NotebookController:
             "metadata"
         ].get("creationTimestamp", ""):
             return  # about an earlier notebook of the same name
-        mirrored = objects.mirrored_event(notebook, _raw(body), _now())
+        mirrored = mirrored_event(notebook, _raw(body), _now())
         try:
             await self.kube.create(mirrored)
         except KubeError as exc:
@@ -409,7 +409,7 @@ class NotebookController:
                 idle = int((now - activity.last_activity).total_seconds())
                 await self.kube.patch(API_VERSION, KIND, namespace, name, objects.stop_patch(now))
                 await self.kube.create(
-                    objects.notebook_event(
+                    notebook_event(
                         notebook,
                         "Culled",
                         f"Stopped after {idle} s without activity (last: {last})",

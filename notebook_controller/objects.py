@@ -1,14 +1,14 @@
-"""Pure builders: a Notebook in, the objects it owns and its status out. No API calls here.
+"""Pure builders: a Notebook in, the objects it owns out, and the patch that repairs drift.
+No API calls here. (Its status is `status.py`'s, its events `events.py`'s.)
 
 Also the helpers the server extension uses for per-user spawning: ``notebook_resource``,
-``validate_notebook_name``, ``notebook_status_summary``, ``stop_patch``/``start_patch``.
+``validate_notebook_name``, ``stop_patch``/``start_patch``.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,17 +27,6 @@ CONTAINER_PORT = 8888
 SERVICE_PORT = 80
 MAX_NAME_LENGTH = 52  # the StatefulSet's pod gets '-0' and a controller-revision-hash label
 ISTIO_VERSIONS = ("v1", "v1beta1")  # newest first
-ERROR_WAITING_REASONS = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
 
 _NAME_RE = patterns.regex(patterns.NOTEBOOK_NAME)
 _NAMESPACE_RE = patterns.regex(patterns.NAMESPACE)
@@ -190,7 +179,8 @@ def selector_labels(name: str) -> dict[str, str]:
     return {LABEL_NOTEBOOK: name}
 
 
-def _labels(name: str) -> dict[str, str]:
+def object_labels(name: str) -> dict[str, str]:
+    """The labels of everything made for a notebook (its selector, and who manages it)."""
     return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY}
 
 
@@ -211,7 +201,7 @@ def _metadata(notebook: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": meta["namespace"],
-        "labels": _labels(meta["name"]),
+        "labels": object_labels(meta["name"]),
         "ownerReferences": [owner_reference(notebook)],
     }
 
@@ -295,7 +285,7 @@ def statefulset(notebook: Mapping[str, Any], config: ControllerConfig) -> dict[s
             "selector": {"matchLabels": selector_labels(name)},
             "template": {
                 "metadata": {
-                    "labels": {**(pod_meta.get("labels") or {}), **_labels(name)},
+                    "labels": {**(pod_meta.get("labels") or {}), **object_labels(name)},
                     **(
                         {"annotations": pod_meta["annotations"]}
                         if pod_meta.get("annotations")
@@ -483,244 +473,3 @@ def repair_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[
     if spec_patch:
         patch["spec"] = spec_patch
     return patch or None
-
-
-# --- status -----------------------------------------------------------------------------------
-
-
-def _condition(pod: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
-    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return condition
-    return {}
-
-
-def _waiting(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting")
-        if waiting:
-            return waiting
-    return {}
-
-
-def _phase_and_message(
-    notebook: Mapping[str, Any],
-    sts: Mapping[str, Any] | None,
-    pod: Mapping[str, Any] | None,
-    error: str | None,
-) -> tuple[str, str, bool]:
-    if error:
-        return f"error: {error}", error, False
-    if is_stopped(notebook):
-        since = notebook["metadata"]["annotations"][ANNOTATION_STOPPED]
-        return "stopped", "stopping" if pod is not None else f"stopped since {since}", False
-    pod_status = (pod or {}).get("status") or {}
-    if pod_status.get("phase") == "Failed":
-        why = pod_status.get("message") or pod_status.get("reason") or "the pod failed"
-        return f"error: {why}", why, False
-    waiting = _waiting(pod)
-    if waiting.get("reason") in ERROR_WAITING_REASONS:
-        why = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
-        return f"error: {why}", why, False
-    ready = _condition(pod, "Ready").get("status") == "True"
-    if ready:
-        return "ready", "ready", True
-    scheduled = _condition(pod, "PodScheduled")
-    if scheduled.get("status") == "False":
-        return (
-            "starting",
-            f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}",
-            False,
-        )
-    if waiting:
-        return "starting", waiting.get("message") or waiting.get("reason", "starting"), False
-    if pod is None:
-        return "starting", "waiting for the notebook pod to be created", False
-    if pod_status.get("phase") == "Running":
-        return "starting", "waiting for JupyterLab to answer", False
-    return "starting", "waiting for the pod to start", False
-
-
-def compute_status(
-    notebook: Mapping[str, Any],
-    sts: Mapping[str, Any] | None,
-    pod: Mapping[str, Any] | None,
-    error: str | None = None,
-) -> dict[str, Any]:
-    """The Notebook's status from its StatefulSet and pod (level-based: same in, same out)."""
-    meta = notebook["metadata"]
-    phase, message, ready = _phase_and_message(notebook, sts, pod, error)
-    old = notebook.get("status") or {}
-    old_conditions = {c["type"]: c for c in old.get("conditions") or []}
-    conditions = []
-    for source in ((pod or {}).get("status") or {}).get("conditions") or []:
-        condition = {
-            k: source[k]
-            for k in ("type", "status", "reason", "message", "lastTransitionTime")
-            if source.get(k) is not None
-        }
-        conditions.append(condition)
-    if not any(c["type"] == "Ready" for c in conditions):
-        previous = old_conditions.get("Ready", {})
-        condition = {
-            "type": "Ready",
-            "status": "True" if ready else "False",
-            "reason": "Stopped"
-            if is_stopped(notebook)
-            else ("Error" if phase.startswith("error") else "Starting"),
-        }
-        if previous.get("status") == condition["status"] and previous.get("lastTransitionTime"):
-            condition["lastTransitionTime"] = previous["lastTransitionTime"]
-        conditions.append(condition)
-    status: dict[str, Any] = {
-        "phase": phase,
-        "message": message,
-        "ready": ready,
-        "url": notebook_url(meta["namespace"], meta["name"]),
-        "readyReplicas": int(((sts or {}).get("status") or {}).get("readyReplicas") or 0),
-        "observedGeneration": int(meta.get("generation", 1)),
-        "conditions": conditions,
-    }
-    waiting = _waiting(pod)
-    if waiting:
-        status["containerState"] = {"waiting": dict(waiting)}
-    if old.get("lastActivity"):
-        status["lastActivity"] = old["lastActivity"]
-    return status
-
-
-def status_changed(notebook: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-    """Whether writing ``status`` would change anything (condition timestamps aside)."""
-
-    def essence(value: Mapping[str, Any]) -> Any:
-        return {
-            **value,
-            "conditions": [
-                {k: v for k, v in c.items() if k != "lastTransitionTime"}
-                for c in value.get("conditions") or []
-            ],
-        }
-
-    return essence(notebook.get("status") or {}) != essence(status)
-
-
-def notebook_status_summary(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the REST API and the sidebar show about one Notebook."""
-    meta = obj["metadata"]
-    status = obj.get("status") or {}
-    spec = obj.get("spec") or {}
-    container = ((spec.get("template") or {}).get("spec") or {}).get("containers", [{}])[0]
-    resources = container.get("resources") or {}
-    stopped = is_stopped(obj)
-    deleting = bool(meta.get("deletionTimestamp"))
-    phase = (
-        "deleting" if deleting else status.get("phase") or ("stopped" if stopped else "starting")
-    )
-    return {
-        "name": meta["name"],
-        "namespace": meta["namespace"],
-        "owner": spec.get("owner"),
-        "phase": phase,
-        "ready": bool(status.get("ready")) and not stopped,
-        "stopped": stopped,
-        "url": status.get("url") or notebook_url(meta["namespace"], meta["name"]),
-        "message": status.get("message", "waiting for the controller"),
-        "created": meta.get("creationTimestamp"),
-        "last_activity": status.get("lastActivity"),
-        "image": container.get("image"),
-        "cpu": (resources.get("requests") or {}).get("cpu"),
-        "memory": (resources.get("requests") or {}).get("memory"),
-        "gpus": int((resources.get("limits") or {}).get("nvidia.com/gpu", 0)),
-        "workspace_size": (spec.get("workspace") or {}).get("size"),
-    }
-
-
-# --- events -----------------------------------------------------------------------------------
-
-
-def notebook_of_event(event: Mapping[str, Any]) -> str | None:
-    """The notebook an event about a notebook's pod, StatefulSet or volume would belong to."""
-    involved = event.get("involvedObject") or {}
-    name, kind = involved.get("name") or "", involved.get("kind")
-    if kind == "Pod" and re.match(r"^.+-0$", name):
-        return name[:-2]
-    if kind == "StatefulSet":
-        return name
-    if kind == "PersistentVolumeClaim" and name.endswith("-workspace"):
-        return name[: -len("-workspace")]
-    return None
-
-
-def _notebook_event(
-    notebook: Mapping[str, Any],
-    naming: dict[str, str],
-    reason: str,
-    message: str,
-    type: str,
-    count: int,
-    first: str,
-    last: str,
-) -> dict[str, Any]:
-    meta = notebook["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {**naming, "namespace": meta["namespace"], "labels": _labels(meta["name"])},
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
-        "reason": reason,
-        "message": message,
-        "type": type,
-        "count": count,
-        "firstTimestamp": first,
-        "lastTimestamp": last,
-        "source": {"component": MANAGED_BY},
-        "reportingComponent": MANAGED_BY,
-        "reportingInstance": MANAGED_BY,
-    }
-
-
-def mirrored_event(
-    notebook: Mapping[str, Any], event: Mapping[str, Any], now: datetime.datetime
-) -> dict[str, Any]:
-    """The event re-issued on the Notebook; its name derives from the source event's uid, so
-    re-issuing after a restart updates the same event instead of adding a duplicate."""
-    involved = event["involvedObject"]
-    digest = hashlib.sha1(event["metadata"]["uid"].encode()).hexdigest()[:16]
-    stamp = rfc3339(now)
-    return _notebook_event(
-        notebook,
-        {"name": f"{notebook['metadata']['name']}.{digest}"},
-        reason=event.get("reason") or "Unknown",
-        message=f"{involved.get('kind')} {involved.get('name')}: {event.get('message', '')}",
-        type=event.get("type") or "Normal",
-        count=int(event.get("count") or 1),
-        first=event.get("firstTimestamp") or stamp,
-        last=event.get("lastTimestamp") or stamp,
-    )
-
-
-def notebook_event(
-    notebook: Mapping[str, Any],
-    reason: str,
-    message: str,
-    now: datetime.datetime,
-    type: str = "Normal",
-) -> dict[str, Any]:
-    """An event the controller itself reports on a Notebook (e.g. Culled)."""
-    stamp = rfc3339(now)
-    return _notebook_event(
-        notebook,
-        {"generateName": f"{notebook['metadata']['name']}."},
-        reason,
-        message,
-        type,
-        count=1,
-        first=stamp,
-        last=stamp,
-    )

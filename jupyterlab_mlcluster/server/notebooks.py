@@ -23,10 +23,10 @@ from notebook_controller.objects import (
     is_stopped,
     notebook_name_error,
     notebook_resource,
-    notebook_status_summary,
     start_patch,
     stop_patch,
 )
+from notebook_controller.status import notebook_status_summary
 
 from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
 

@@ -10,7 +10,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from notebook_controller import events as notebook_events
 from notebook_controller import objects
+from notebook_controller import status as notebook_status
 from notebook_controller.config import ControllerConfig
 from notebook_controller.crd import notebook_crd
 from notebook_controller.culling import Activity, judge_activity, should_cull
@@ -145,7 +147,7 @@ def test_crd_is_valid_and_accepts_what_the_builder_makes() -> None:
     pruned, unknown = prune_and_default(nb, schema)
     assert unknown == [] and pruned["spec"]["workspace"]["mountPath"] == "/home/jovyan"
     jsonschema.validate({"spec": nb["spec"]}, strict_json_schema(schema))
-    status = objects.compute_status(nb, None, None)
+    status = notebook_status.compute_status(nb, None, None)
     jsonschema.validate({"spec": nb["spec"], "status": status}, strict_json_schema(schema))
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"spec": {"owner": "x"}}, strict_json_schema(schema))
@@ -482,7 +484,7 @@ READY = [
 
 def test_status_ready() -> None:
     sts = {"status": {"readyReplicas": 1}}
-    assert objects.compute_status(notebook(), sts, pod("Running", READY)) == {
+    assert notebook_status.compute_status(notebook(), sts, pod("Running", READY)) == {
         "phase": "ready",
         "message": "ready",
         "ready": True,
@@ -555,36 +557,41 @@ def test_status_ready() -> None:
     ],
 )
 def test_status_phases(the_pod: dict[str, Any] | None, phase: str, message: str) -> None:
-    status = objects.compute_status(notebook(), None, the_pod)
+    status = notebook_status.compute_status(notebook(), None, the_pod)
     assert (status["phase"], status["message"], status["ready"]) == (phase, message, False)
 
 
 def test_status_stopped_and_error() -> None:
     nb = notebook()
     nb["metadata"]["annotations"] = {objects.ANNOTATION_STOPPED: "2026-03-01T11:00:00Z"}
-    assert objects.compute_status(nb, None, None)["message"] == "stopped since 2026-03-01T11:00:00Z"
-    assert objects.compute_status(nb, None, pod("Running", READY))["phase"] == "stopped"
-    broken = objects.compute_status(notebook(), None, None, error="StatefulSet nb1: quota exceeded")
+    assert (
+        notebook_status.compute_status(nb, None, None)["message"]
+        == "stopped since 2026-03-01T11:00:00Z"
+    )
+    assert notebook_status.compute_status(nb, None, pod("Running", READY))["phase"] == "stopped"
+    broken = notebook_status.compute_status(
+        notebook(), None, None, error="StatefulSet nb1: quota exceeded"
+    )
     assert broken["phase"] == "error: StatefulSet nb1: quota exceeded"
     assert broken["conditions"] == [{"type": "Ready", "status": "False", "reason": "Error"}]
 
 
 def test_status_changed_ignores_condition_timestamps_only() -> None:
-    nb = notebook(status=objects.compute_status(notebook(), None, pod("Running", READY)))
+    nb = notebook(status=notebook_status.compute_status(notebook(), None, pod("Running", READY)))
     again = copy.deepcopy(nb["status"])
     again["conditions"][0]["lastTransitionTime"] = "2026-03-01T11:30:00Z"
-    assert not objects.status_changed(nb, again)
-    assert objects.status_changed(nb, {**again, "phase": "starting"})
+    assert not notebook_status.status_changed(nb, again)
+    assert notebook_status.status_changed(nb, {**again, "phase": "starting"})
 
 
 def test_status_summary() -> None:
     nb = notebook(
-        status=objects.compute_status(
+        status=notebook_status.compute_status(
             notebook(), {"status": {"readyReplicas": 1}}, pod("Running", READY)
         )
     )
     nb["status"]["lastActivity"] = "2026-03-01T11:59:00Z"
-    assert objects.notebook_status_summary(nb) == {
+    assert notebook_status.notebook_status_summary(nb) == {
         "name": "nb1",
         "namespace": "alice",
         "owner": "alice@example.com",
@@ -601,7 +608,7 @@ def test_status_summary() -> None:
         "gpus": 1,
         "workspace_size": "10Gi",
     }
-    fresh = objects.notebook_status_summary(notebook())
+    fresh = notebook_status.notebook_status_summary(notebook())
     assert (fresh["phase"], fresh["ready"], fresh["message"]) == (
         "starting",
         False,
@@ -630,8 +637,8 @@ def test_mirrored_event() -> None:
         "firstTimestamp": "2026-03-01T11:00:00Z",
         "lastTimestamp": "2026-03-01T11:00:09Z",
     }
-    assert objects.notebook_of_event(source) == "nb1"
-    event = objects.mirrored_event(notebook(), source, NOW)
+    assert notebook_events.notebook_of_event(source) == "nb1"
+    event = notebook_events.mirrored_event(notebook(), source, NOW)
     assert event == {
         "apiVersion": "v1",
         "kind": "Event",
@@ -655,19 +662,19 @@ def test_mirrored_event() -> None:
     }
     validate_builtin(event)
     assert (
-        objects.mirrored_event(notebook(), source, NOW + datetime.timedelta(hours=1))["metadata"][
-            "name"
-        ]
+        notebook_events.mirrored_event(notebook(), source, NOW + datetime.timedelta(hours=1))[
+            "metadata"
+        ]["name"]
         == "nb1.622ba8a194fb776e"
     )
-    validate_builtin(objects.notebook_event(notebook(), "Culled", "idle", NOW))
+    validate_builtin(notebook_events.notebook_event(notebook(), "Culled", "idle", NOW))
     for involved, expected in [
         ({"kind": "StatefulSet", "name": "nb1"}, "nb1"),
         ({"kind": "PersistentVolumeClaim", "name": "nb1-workspace"}, "nb1"),
         ({"kind": "Pod", "name": "web-6f7d9"}, None),
         ({"kind": "Notebook", "name": "nb1"}, None),
     ]:
-        assert objects.notebook_of_event({"involvedObject": involved}) == expected
+        assert notebook_events.notebook_of_event({"involvedObject": involved}) == expected
 
 
 # --- culling ----------------------------------------------------------------------------------
@@ -754,9 +761,9 @@ def test_manifests_are_valid_and_least_privilege() -> None:
 
 
 def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
-    from jupyterlab_mlcluster.backends.kubernetes.rbac import ROLE_NAME
     import yaml
 
+    from jupyterlab_mlcluster.backends.kubernetes.rbac import ROLE_NAME
     from notebook_controller.cli import print_manifests
 
     assert (
