@@ -313,9 +313,10 @@ def _flush_open_files() -> None:
     rank made is visited. Text layers first: they write into their binary buffers."""
     text, binary = [], []
     for obj in gc.get_objects():
-        if isinstance(obj, io.TextIOWrapper):
+        kind = type(obj)  # not isinstance: a dead weakref proxy raises on __class__
+        if issubclass(kind, io.TextIOWrapper):
             text.append(obj)
-        elif isinstance(obj, (io.BufferedWriter, io.BufferedRandom)):
+        elif issubclass(kind, (io.BufferedWriter, io.BufferedRandom)):
             binary.append(obj)
     for stream in text + binary:
         with contextlib.suppress(Exception):

@@ -1,0 +1,162 @@
+"""Others' code, unchanged, under `mlcluster run --workers 2` and a `%%distributed --workers 2`
+cell, compared with `torchrun --standalone --nproc-per-node 2` on the same script.
+
+Each script prints `RESULT {json}` per rank (what it computed: losses, weights, sums) or, for
+accelerate's own test script, its section headings; the three launchers must agree. One
+torchrun run per script (the reference), one kernel for every cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+from jupyter_client.manager import start_new_kernel
+from kernel_session import KernelSession
+
+pytestmark = pytest.mark.compat
+SCRIPTS = Path(__file__).parent / "scripts"
+WORKERS = 2
+_RESULT = re.compile(r"RESULT (\{.*\})\s*$")
+
+
+def accelerate_test_script() -> Path:
+    from accelerate.test_utils import scripts
+
+    return Path(scripts.__file__).parent / "test_script.py"
+
+
+CASES = {
+    "accelerate": accelerate_test_script,
+    "hf_trainer": lambda: SCRIPTS / "hf_trainer.py",
+    "lightning_ddp": lambda: SCRIPTS / "lightning_ddp.py",
+    "dataloader_workers": lambda: SCRIPTS / "dataloader_workers.py",
+    "compile_rank": lambda: SCRIPTS / "compile_rank.py",
+}
+
+
+def summary(lines: list[str]) -> dict:
+    """What a run computed: RESULT records by rank, and accelerate's section headings."""
+    results: dict[int, dict] = {}
+    headings: list[str] = []
+    for line in lines:
+        text = re.sub(r"^\[rank \d+\] ", "", line)
+        match = _RESULT.search(text)
+        if match:
+            record = json.loads(match.group(1))
+            results[record["rank"]] = record
+        else:  # torchrun's output interleaves the ranks' lines: compare the set
+            headings += re.findall(r"\*\*([^*]+)\*\*", text)
+    return {"results": results, "headings": sorted(set(headings))}
+
+
+@pytest.fixture(scope="module")
+def compat_store(tmp_path_factory):
+    """One job store for the module's CLI runs and its kernel."""
+    root = tmp_path_factory.mktemp("compat")
+    env = {
+        **os.environ,
+        "MLCLUSTER_STORE_DIR": str(root / "store"),
+        "JUPYTER_CONFIG_DIR": str(root / "jupyter-config"),
+        "HF_HUB_OFFLINE": "1",  # nothing is downloaded: tiny models come from configs
+        "HF_OUT": str(root / "hf-out"),
+        "LT_OUT": str(root / "lt-out"),
+    }
+    return root, env
+
+
+@pytest.fixture(scope="module")
+def kernel(compat_store):
+    root, env = compat_store
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(root))
+    try:
+        yield KernelSession(km, kc)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def run_torchrun(script: Path, env: dict, cwd: Path) -> tuple[int, list[str]]:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={WORKERS}",
+            str(script),
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+    )
+    return proc.returncode, (proc.stdout + proc.stderr).splitlines()
+
+
+def run_mlcluster(script: Path, env: dict, cwd: Path) -> tuple[int, list[str]]:
+    proc = run_cli("run", "--workers", str(WORKERS), str(script), env=env, cwd=cwd, timeout=300)
+    return proc.returncode, (proc.stdout + proc.stderr).splitlines()
+
+
+def run_cell(kernel: KernelSession, script: Path, store: Path) -> tuple[int, list[str], str]:
+    """The script's source as the body of a cell; its output read back from the job's logs."""
+    from jupyterlab_mlcluster.jobs.store import JobStore
+
+    _, reply = kernel.execute(
+        f"%%distributed --workers {WORKERS}\n{script.read_text()}", timeout=300
+    )
+    jobs = JobStore(store).list_jobs()[0]
+    newest = max(jobs, key=lambda r: r.created)
+    lines, cursor = [], None
+    while True:
+        chunk, cursor = JobStore(store).read_logs(newest.id, None, cursor)
+        if not chunk:
+            break
+        lines += [line["line"] for line in chunk]
+    return (0 if reply["status"] == "ok" else 1), lines, reply.get("evalue", "")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_results_as_torchrun(case, compat_store, kernel):
+    root, env = compat_store
+    script = CASES[case]()
+    status, lines = run_torchrun(script, env, root)
+    assert status == 0, "\n".join(lines[-30:])
+    reference = summary(lines)
+    assert reference["results"] or reference["headings"], "the reference run printed nothing"
+
+    status, lines = run_mlcluster(script, env, root)
+    assert status == 0, "\n".join(lines[-30:])
+    assert summary(lines) == reference
+
+    status, lines, error = run_cell(kernel, script, root / "store")
+    assert status == 0, error
+    assert summary(lines) == reference
+
+
+def test_record_failure_is_the_jobs_error(compat_store, kernel):
+    """`@record` writes the root cause into TORCHELASTIC_ERROR_FILE, then the script exits 1
+    itself: torchrun reports that root cause and exits 1; so do `mlcluster run` and the cell."""
+    root, env = compat_store
+    script = SCRIPTS / "record_failure.py"
+    status, lines = run_torchrun(script, env, root)
+    assert status == 1
+    assert any("RuntimeError: rank 1 lost its batch" in line for line in lines)
+
+    proc = run_cli("run", "--workers", str(WORKERS), str(script), env=env, cwd=root)
+    assert proc.returncode == 1
+    assert "rank 1 failed: RuntimeError: rank 1 lost its batch" in proc.stderr
+    assert 'raise RuntimeError("rank 1 lost its batch")' in proc.stderr  # @record's traceback
+    assert "frozen runpy" not in proc.stderr
+
+    status, _, error = run_cell(kernel, script, root / "store")
+    assert status == 1 and "rank 1 failed: RuntimeError: rank 1 lost its batch" in error
