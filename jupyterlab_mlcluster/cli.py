@@ -4,6 +4,11 @@ mlcluster run --workers 4 train.py [args]   run and stream rank-prefixed output
 mlcluster jobs                              list jobs
 mlcluster logs JOB [--rank R] [--follow]
 mlcluster cancel JOB [--purge]
+mlcluster run --sweep lr=0.1,0.01 train.py  one job per trial (params as --lr=0.1 arguments)
+mlcluster sweeps [SWEEP]                    list sweeps, or one sweep's trials table
+mlcluster schedule add --cron "0 2 * * *" --name nightly train.py
+mlcluster schedule list|pause|resume|delete|runs [NAME]
+mlcluster scheduler                         fire due schedules (a daemon)
 mlcluster controller ...                    the Kubernetes notebook-controller
 mlcluster manifests                         YAML a platform team applies
 """
@@ -11,14 +16,22 @@ mlcluster manifests                         YAML a platform team applies
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import time
 from typing import Any
 
-from .jobs.model import SpecError
-from .jobs.options import add_job_arguments, spec_from_args
+from .jobs.model import JobState, SpecError
+from .jobs.options import (
+    SCHEDULE_ARGUMENTS,
+    SWEEP_ARGUMENTS,
+    add_arguments,
+    add_job_arguments,
+    spec_from_args,
+    sweep_from_args,
+)
 
 # As torchrun: 1 for a job that failed or was interrupted (Ctrl-C, SIGTERM, cancelled).
 EXIT_FAILED = 1
@@ -40,11 +53,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a script (or -m module) on N ranks")
     add_job_arguments(run)
-    run.add_argument(
-        "-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m"
+    add_arguments(run, SWEEP_ARGUMENTS)
+    _add_script_arguments(run)
+
+    sweeps = sub.add_parser("sweeps", help="list sweeps, or show one sweep's trials")
+    sweeps.add_argument("sweep", nargs="?", help="a sweep id: its trials table")
+    sweeps.add_argument("--json", action="store_true", help="print JSON")
+
+    schedule = sub.add_parser("schedule", help="scheduled trainings (cron)")
+    schedule_sub = schedule.add_subparsers(dest="schedule_command", required=True)
+    add = schedule_sub.add_parser("add", help="register a script to run on a cron schedule")
+    add.add_argument("--cron", required=True, help='cron expression, e.g. "0 2 * * *"')
+    add_job_arguments(add)
+    add_arguments(add, SCHEDULE_ARGUMENTS)
+    _add_script_arguments(add)
+    schedule_list = schedule_sub.add_parser("list", help="list schedules")
+    schedule_list.add_argument("--json", action="store_true", help="print JSON")
+    for action, text in (
+        ("pause", "stop firing (runs in progress go on)"),
+        ("resume", "fire again from the next tick"),
+        ("delete", "forget the schedule (its runs' jobs stay)"),
+        ("runs", "the schedule's runs"),
+    ):
+        p = schedule_sub.add_parser(action, help=text)
+        p.add_argument("name", help="the schedule's name")
+        if action == "runs":
+            p.add_argument("--json", action="store_true", help="print JSON")
+
+    scheduler = sub.add_parser("scheduler", help="fire due schedules until stopped (a daemon)")
+    scheduler.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between passes (default 10)"
     )
-    run.add_argument("script", help="the Python script (or module with -m)")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    scheduler.add_argument(
+        "--clock",
+        default=None,
+        metavar="START@SPEED",
+        help="simulated time for tests and dry runs: epoch or ISO START, SPEED x real time",
+    )
+    scheduler.add_argument("--once", action="store_true", help="one pass, then exit")
 
     jobs = sub.add_parser("jobs", help="list jobs")
     jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
@@ -78,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m"
+    )
+    parser.add_argument("script", help="the Python script (or module with -m)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The cluster-side commands are traitlets applications with options of their own.
@@ -97,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "pool": cmd_pool,
+            "sweeps": cmd_sweeps,
+            "schedule": cmd_schedule,
+            "scheduler": cmd_scheduler,
         }[args.command](args)
     except (SpecError, ValueError) as exc:
         print(f"mlcluster: error: {exc}", file=sys.stderr)
@@ -128,39 +185,73 @@ def handle_interrupts() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runtime.payload import Payload
-
     if not args.no_wait:
         handle_interrupts()
     service = _service()
     spec = spec_from_args(args, default_backend=service.config.default_backend)
-    if args.module:
-        payload = Payload(kind="module", filename=args.script, argv=list(args.args))
-    else:
-        path = os.path.abspath(args.script)
-        if not os.path.isfile(path):
-            raise SpecError(f"no such script: {args.script}")
-        payload = Payload(kind="script", filename=path, argv=list(args.args))
-    if spec.backend == "kubernetes" and not args.module:
-        # Pods do not share this filesystem: ship the script's source itself.
-        with open(path, encoding="utf-8") as f:
-            payload = Payload(kind="code", source=f.read(), argv=list(args.args))
-    record = service.submit(
-        spec,
-        payload,
-        origin={"kind": "cli", "command": " ".join(sys.argv[:1] + sys.argv[1:])[:500]},
-        attach_to_pid=None if args.no_wait else os.getpid(),
-    )
+    sweep = sweep_from_args(args)
+    payload = script_payload(args, spec)
+    origin = {"kind": "cli", "command": " ".join(sys.argv[:1] + sys.argv[1:])[:500]}
+    attach = None if args.no_wait else os.getpid()
+    if sweep is not None:
+        from .jobs.sweep import submit_sweep
+
+        handle = submit_sweep(service, spec, payload, sweep, origin=origin, attach_to_pid=attach)
+        if args.no_wait:
+            print(handle.id)
+            return 0
+        return follow_sweep(handle, quiet=args.quiet)
+    record = service.submit(spec, payload, origin=origin, attach_to_pid=attach)
     if args.no_wait:
         print(record.id)
         return 0
     return follow_job(service, record.id, quiet=args.quiet)
 
 
+def script_payload(args: argparse.Namespace, spec):
+    """The script (or -m module) and its arguments as a payload; a missing script is a
+    SpecError. Kubernetes pods do not share this filesystem: the source itself travels."""
+    from .runtime.payload import Payload
+
+    if args.module:
+        return Payload(kind="module", filename=args.script, argv=list(args.args))
+    path = os.path.abspath(args.script)
+    if not os.path.isfile(path):
+        raise SpecError(f"no such script: {args.script}")
+    if spec.backend == "kubernetes":
+        with open(path, encoding="utf-8") as f:
+            return Payload(kind="code", source=f.read(), argv=list(args.args))
+    return Payload(kind="script", filename=path, argv=list(args.args))
+
+
+def follow_sweep(handle, *, quiet: bool = False) -> int:
+    """Print each trial's state changes, then the trials table; Ctrl-C cancels every trial.
+    Exit status 0 if every trial succeeded, 1 if any failed."""
+    seen: set[str] = set()
+    try:
+        while True:
+            trials = handle.trials
+            for t in trials:
+                key = f"{t.job_id}:{t.state}"
+                if key not in seen and not quiet:
+                    seen.add(key)
+                    print(f"trial {t.index} {t.params} {t.state} ({t.job_id})", flush=True)
+            if all(JobState(t.state).final for t in trials):
+                break
+            time.sleep(0.2)
+            handle._service.reap()
+    except KeyboardInterrupt:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        print(f"\nmlcluster: cancelling sweep {handle.id} ...", file=sys.stderr)
+        handle.cancel()
+        return EXIT_CANCELLED
+    print(repr(handle))
+    return 0 if all(t.state == "succeeded" for t in handle.trials) else EXIT_FAILED
+
+
 def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     """Stream rank-prefixed output until the job ends; Ctrl-C cancels it."""
-    from .jobs.model import JobState
-
     cursor = None
     try:
         while True:
@@ -209,7 +300,6 @@ def _print_lines(lines: list[dict[str, Any]]) -> None:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    import json
 
     service = _service()
     records, total = service.list(states=args.state, backend=args.backend, limit=args.limit)
@@ -328,6 +418,182 @@ def cmd_pool(args: argparse.Namespace) -> int:
         f"up {status['uptime']:.0f}s"
     )
     return 0
+
+
+# -- sweeps / schedules ---------------------------------------------------------------------
+
+
+def cmd_sweeps(args: argparse.Namespace) -> int:
+
+    from .jobs.sweep import Sweep, experiments
+
+    service = _service()
+    store = experiments(service)
+    if args.sweep:
+        store.get_sweep(args.sweep)  # UnknownSweep (a KeyError) -> usage error
+        handle = Sweep(service, args.sweep)
+        print(json.dumps(handle.to_json(), indent=2) if args.json else repr(handle))
+        return 0
+    sweeps = [Sweep(service, row["id"]).to_json() for row in store.list_sweeps()]
+    if args.json:
+        print(json.dumps(sweeps, indent=2))
+        return 0
+    rows = [("ID", "NAME", "STATE", "TRIALS", "BEST", "AGE")]
+    now = time.time()
+    for s in sweeps:
+        counts: dict[str, int] = {}
+        for t in s["trials"]:
+            counts[t["state"]] = counts.get(t["state"], 0) + 1
+        rows.append(
+            (
+                s["id"],
+                s["name"],
+                s["state"],
+                ", ".join(f"{n} {state}" for state, n in counts.items()),
+                "" if s["best"] is None else f"trial {s['best']}",
+                format_age(now - s["created"]),
+            )
+        )
+    print(_table(rows) if sweeps else "no sweeps")
+    return 0
+
+
+def _table(rows) -> str:
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
+    )
+
+
+def _when(ts: float | None) -> str:
+    import datetime
+
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+
+    from .jobs import scheduler as sched
+    from .jobs.schedules import next_tick
+
+    service = _service()
+    store = sched.experiments(service)
+    action = args.schedule_command
+    if action == "add":
+        from .kernel.magics import schedule_options_from_args
+
+        spec = spec_from_args(args, default_backend=service.config.default_backend)
+        payload = script_payload(args, spec)
+        options = schedule_options_from_args(args, spec)
+        origin = {"kind": "cli", "cwd": os.getcwd()}
+        row = sched.create_schedule(
+            service,
+            spec=spec,
+            payload=payload,
+            options=options,
+            owner=_current_user(),
+            origin=origin,
+        )
+        print(
+            f"schedule {row['name']} added: {row['cron']} ({row['timezone']}), next run "
+            f"{_when(next_tick(row['cron'], row['timezone'], row['last_tick']))}"
+        )
+        return 0
+    if action == "list":
+        rows = store.list_schedules()
+        if args.json:
+            print(json.dumps([schedule_json(service, r) for r in rows], indent=2))
+            return 0
+        table = [("NAME", "CRON", "TIMEZONE", "CONCURRENCY", "STATE", "LAST RUN", "NEXT RUN")]
+        for r in rows:
+            j = schedule_json(service, r)
+            table.append(
+                (
+                    r["name"],
+                    r["cron"],
+                    r["timezone"],
+                    r["concurrency"],
+                    "paused" if r["suspended"] else "active",
+                    j["last_run"]["job_name"] if j["last_run"] else "-",
+                    "-" if r["suspended"] else _when(j["next_run_ts"]),
+                )
+            )
+        print(_table(table) if rows else "no schedules")
+        return 0
+    if action in ("pause", "resume"):
+        sched.pause(service, args.name, action == "pause")
+        print(f"{args.name} {'paused' if action == 'pause' else 'resumed'}")
+        return 0
+    if action == "delete":
+        sched.delete(service, args.name)
+        print(f"{args.name} deleted")
+        return 0
+    runs = store.runs(args.name) if store.get_schedule(args.name) else []
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return 0
+    table = [("TICK", "JOB", "STATE", "OUTCOME")]
+    for r in runs:
+        table.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
+    print(_table(table) if runs else f"{args.name} has not run yet")
+    return 0
+
+
+def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
+    """A schedule's REST/CLI shape: its settings, next tick, and its last run."""
+    from .jobs.scheduler import experiments
+    from .jobs.schedules import next_tick, run_name
+
+    runs = experiments(service).runs(row["name"], limit=1)
+    last = runs[0] if runs else None
+    after = row["last_tick"] if row["last_tick"] is not None else row["created"]
+    nxt = None if row["suspended"] else next_tick(row["cron"], row["timezone"], after)
+    return {
+        "name": row["name"],
+        "owner": row["owner"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "concurrency": row["concurrency"],
+        "starting_deadline": row["starting_deadline"],
+        "successful_history": row["successful_history"],
+        "failed_history": row["failed_history"],
+        "suspended": row["suspended"],
+        "backend": row["spec"].get("backend"),
+        "workers": row["spec"].get("workers"),
+        "next_run_ts": nxt,
+        "last_run": None
+        if last is None
+        else dict(last, job_name=run_name(row["name"], last["tick"], row["timezone"])),
+    }
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .jobs.scheduler import Clock, Scheduler
+
+    scheduler = Scheduler(_service(), Clock(args.clock))
+    if args.once:
+        for item in scheduler.fire_due():
+            print(json.dumps(item), flush=True)
+        return 0
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"mlcluster scheduler: firing due schedules every {args.interval:g}s", flush=True)
+    scheduler.run_forever(
+        args.interval, stop, on_fire=lambda item: print(json.dumps(item), flush=True)
+    )
+    return 0
+
+
+def _current_user() -> str:
+    from .jobs.service import _current_user as user
+
+    return user()
 
 
 if __name__ == "__main__":

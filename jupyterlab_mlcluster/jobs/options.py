@@ -7,7 +7,6 @@ from typing import Any
 
 from .model import JobSpec
 
-
 # (flags, argparse keyword arguments): the one definition of the job options.
 JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--workers", "-n"), {"default": None, "help": "number of ranks (default 1)"}),
@@ -75,3 +74,63 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def spec_from_args(args: argparse.Namespace, default_backend: str = "local") -> JobSpec:
     return JobSpec.from_options(spec_options(args), default_backend=default_backend)
+
+
+# The sweep options (`%%distributed` and `mlcluster run`); see jobs/sweeps.py.
+SWEEP_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (
+        ("--sweep",),
+        {
+            "action": "append",
+            "default": None,
+            "metavar": "NAME=V1,V2|uniform(a,b)|loguniform(a,b)|choice(...)",
+            "help": "run one job per value (grid), or draw values with --trials (repeatable)",
+        },
+    ),
+    (("--trials",), {"default": None, "help": "random search: this many draws"}),
+    (("--parallel",), {"default": None, "help": "at most K trials running at once"}),
+    (("--metric",), {"default": None, "help": "the key of rank 0's value that scores a trial"}),
+    (("--mode",), {"default": None, "help": "min (default) or max: which score is best"}),
+    (("--seed",), {"default": None, "help": "seed of the random search (reproducible draws)"}),
+]
+
+# The schedule policies (`%%distributed --schedule` and `mlcluster schedule add`).
+SCHEDULE_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (
+        ("--timezone",),
+        {"default": None, "help": "time zone of the cron expression (default UTC)"},
+    ),
+    (
+        ("--concurrency",),
+        {"default": None, "help": "Allow (default), Forbid or Replace a run still active"},
+    ),
+    (
+        ("--starting-deadline",),
+        {"default": None, "help": "skip a tick missed by more than this, e.g. 10m"},
+    ),
+    (
+        ("--successful-history",),
+        {"default": None, "help": "keep this many succeeded runs (default 3)"},
+    ),
+    (("--failed-history",), {"default": None, "help": "keep this many failed runs (default 1)"}),
+    (("--schedule-name",), {"default": None, "help": "the schedule's name (default --name)"}),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser, arguments) -> None:
+    for flags, kwargs in arguments:
+        parser.add_argument(*flags, **kwargs)
+
+
+def sweep_from_args(args: argparse.Namespace):
+    """The SweepSpec of --sweep/--trials/..., or None (SweepError if inconsistent)."""
+    from .sweeps import parse_sweep
+
+    return parse_sweep(
+        args.sweep,
+        trials=args.trials,
+        parallel=args.parallel,
+        metric=args.metric,
+        mode=args.mode,
+        seed=args.seed,
+    )

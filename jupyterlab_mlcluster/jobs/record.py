@@ -112,5 +112,7 @@ class JobRecord:
             "owner": self.owner,
             "origin": dict(self.origin),
             "has_result": self.has_result,
+            # A sweep's trial: {"id": sweep id, "trial": index, "parallel": K}; else null.
+            "sweep": self.origin.get("sweep"),
             "ranks": [r.to_json() for r in self.ranks],
         }

@@ -24,6 +24,7 @@ from ..config import get_config
 from .model import JobState, RankState
 from .record import JobRecord
 from .store import JobStore, format_log_line
+from .sweep import wait_for_slot
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -222,7 +223,10 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, ctx.on_signal)
     try:
-        get_backend(job.spec.backend, config).run(ctx)
+        if wait_for_slot(ctx):
+            get_backend(job.spec.backend, config).run(ctx)
+        else:
+            ctx.set_state(JobState.CANCELLED, reason=ctx.cancelled())
     except BaseException as exc:  # noqa: BLE001 - a supervisor must always finish its job
         text = "".join(traceback.format_exception(exc))
         try:

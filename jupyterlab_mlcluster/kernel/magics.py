@@ -23,7 +23,13 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..jobs.options import JOB_ARGUMENTS, spec_from_args
+from ..jobs.options import (
+    JOB_ARGUMENTS,
+    SCHEDULE_ARGUMENTS,
+    SWEEP_ARGUMENTS,
+    spec_from_args,
+    sweep_from_args,
+)
 
 CELL_MAGIC = "%%distributed"
 
@@ -47,8 +53,16 @@ def _job_arguments(func):
                 "help": "bring rank 0's variables back into the kernel",
             },
         ),
+        (
+            ("--schedule",),
+            {
+                "default": None,
+                "metavar": "CRON",
+                "help": 'register the cell to run on this cron schedule (e.g. "0 2 * * *") instead of now',
+            },
+        ),
     ]
-    for flags, kwargs in reversed(JOB_ARGUMENTS + own):
+    for flags, kwargs in reversed(JOB_ARGUMENTS + own + SWEEP_ARGUMENTS + SCHEDULE_ARGUMENTS):
         func = magic_arguments.argument(*flags, **kwargs)(func)
     return magic_arguments.magic_arguments()(func)
 
@@ -61,6 +75,24 @@ def _names(option: str, value: str | None) -> list[str]:
         if not name.isidentifier() or keyword.iskeyword(name):
             raise UsageError(f"{option} {name}: not a Python variable name")
     return names
+
+
+def schedule_options_from_args(args, spec) -> dict[str, Any]:
+    """The schedule settings of --schedule/--timezone/... (name: --schedule-name, else --name)."""
+    from ..jobs.schedules import ScheduleError
+
+    name = args.schedule_name or spec.name
+    if not name:
+        raise ScheduleError("a schedule needs a name: add --name NAME (its runs are NAME-<time>)")
+    return {
+        "name": name,
+        "cron": args.schedule if getattr(args, "schedule", None) is not None else args.cron,
+        "timezone": args.timezone,
+        "concurrency": args.concurrency,
+        "starting_deadline": args.starting_deadline,
+        "successful_history": args.successful_history,
+        "failed_history": args.failed_history,
+    }
 
 
 def _in_kernel(shell) -> bool:
@@ -93,7 +125,7 @@ WIDGET_DELAY = 0.25  # seconds
 class CellRun:
     """One execution of a %%distributed cell: submit, follow, bring the result home."""
 
-    def __init__(self, magics: "DistributedMagics", line: str, cell: str):
+    def __init__(self, magics: DistributedMagics, line: str, cell: str):
         self.magics = magics
         self.shell = magics.shell
         self.line = line
@@ -101,6 +133,9 @@ class CellRun:
         self.monitor = None
         self.job_id: str | None = None
         self.args = None
+        self.sweep = None  # a --sweep cell: the Sweep handle and its SweepMonitor
+        self.sweep_monitor = None
+        self.schedule = None  # a --schedule cell: the registered schedule's row
 
     def submit(self):
         from ..jobs.handle import Job
@@ -140,6 +175,13 @@ class CellRun:
             sys_path=[p for p in sys.path if p == "" or os.path.isdir(p)],
         )
         try:
+            sweep = sweep_from_args(args)
+            if args.schedule is not None:
+                if sweep is not None:
+                    raise SpecError("--schedule runs one job per tick; it cannot take --sweep")
+                return self.register_schedule(spec, payload)
+            if sweep is not None:
+                return self.submit_sweep(spec, payload, sweep)
             record = service.submit(spec, payload, origin=_kernel_origin())
         except (SpecError, PayloadError) as exc:
             raise UsageError(f"%%distributed: {exc}") from None
@@ -159,6 +201,54 @@ class CellRun:
         self.monitor.show()
         return Job(service, record.id)
 
+    def submit_sweep(self, spec, payload, sweep):
+        from ..jobs.sweep import submit_sweep
+        from .sweep_monitor import SweepMonitor
+
+        self.sweep = submit_sweep(
+            self.magics.service, spec, payload, sweep, origin=_kernel_origin()
+        )
+        self.sweep_monitor = SweepMonitor(
+            self.sweep, terminal=not _in_kernel(self.shell), quiet=self.args.quiet
+        )
+        self.sweep_monitor.show()
+        return self.sweep
+
+    def register_schedule(self, spec, payload):
+        from ..jobs.scheduler import create_schedule
+        from ..jobs.schedules import next_tick
+
+        args = self.args
+        origin = _kernel_origin()
+        row = create_schedule(
+            self.magics.service,
+            spec=spec,
+            payload=payload,
+            options=schedule_options_from_args(args, spec),
+            owner=origin.get("user"),
+            origin=origin,
+        )
+        self.schedule = row
+        when = next_tick(row["cron"], row["timezone"], row["last_tick"])
+        import datetime
+
+        print(
+            f"schedule {row['name']} registered: {row['cron']} ({row['timezone']}), "
+            f"next run {datetime.datetime.fromtimestamp(when, datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+            f"mlcluster schedule runs {row['name']}"
+        )
+
+    def finish_sweep(self) -> Any:
+        """The cell's value is the Sweep; --pull brings the best trial's variables back."""
+        sweep = self.sweep
+        if self.args.pull:
+            best = sweep.best
+            if best is None:
+                print("no trial has a best metric; --pull brought nothing back")
+            elif isinstance(best.value, dict):
+                self.shell.user_ns.update(best.value)
+        return sweep
+
     def finish(self, record) -> Any:
         """The cell's value: pulled variables go into the namespace; else rank 0's last
         expression. A failed or cancelled job raises."""
@@ -171,6 +261,10 @@ class CellRun:
         return value
 
     def on_interrupt(self) -> None:
+        if self.sweep is not None:
+            self.sweep.cancel()
+            self.sweep_monitor.finish()
+            return
         if self.job_id is not None:
             self.magics.service.cancel(self.job_id, wait=True)
             if self.monitor is not None:
@@ -184,6 +278,17 @@ class CellRun:
 
     def run_blocking(self) -> Any:
         job = self.submit()
+        if self.schedule is not None:
+            return None
+        if self.sweep is not None:
+            if self.args.no_wait:
+                return self.sweep
+            try:
+                self.sweep_monitor.follow_blocking()
+            except KeyboardInterrupt:
+                self.on_interrupt()
+                raise
+            return self.finish_sweep()
         if self._detached():
             return job
         try:
@@ -195,6 +300,17 @@ class CellRun:
 
     async def run_async(self) -> Any:
         job = self.submit()
+        if self.schedule is not None:
+            return None
+        if self.sweep is not None:
+            if self.args.no_wait:
+                return self.sweep
+            try:
+                await self.sweep_monitor.follow_async()
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                self.on_interrupt()
+                raise
+            return self.finish_sweep()
         if self._detached():
             return job
         try:

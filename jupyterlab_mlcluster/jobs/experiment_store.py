@@ -1,0 +1,413 @@
+"""Persistence of sweeps and schedules: their own tables, in the job store's SQLite file.
+
+Why the same file (jobs.db) and not a file of its own: the two questions that must be
+answered atomically join experiment rows with job rows in ONE transaction —
+"may this trial start? (fewer than K of its sweep's trials hold a slot and are not final)"
+and "may this tick fire? (claim it; Forbid: no run of this schedule still active)". SQLite
+cannot lock two files in one transaction. The tables are created here (CREATE IF NOT
+EXISTS) and only this module writes them; jobs/store.py knows nothing of them.
+
+    sweeps         one row per sweep (options, owner)
+    sweep_trials   trial index -> job id, params; `admitted` once it holds a parallel slot
+    schedules      one row per schedule (cron, policies, job spec); payload in a file
+    schedule_runs  one row per claimed tick: PRIMARY KEY (schedule, tick) is the claim
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .model import FINAL_STATES, SpecError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    owner TEXT,
+    created REAL NOT NULL,
+    options TEXT NOT NULL,
+    origin TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS sweep_trials (
+    sweep_id TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    job_id TEXT NOT NULL UNIQUE,
+    params TEXT NOT NULL,
+    admitted REAL,
+    PRIMARY KEY (sweep_id, trial)
+);
+CREATE TABLE IF NOT EXISTS schedules (
+    name TEXT PRIMARY KEY,
+    owner TEXT,
+    cron TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    concurrency TEXT NOT NULL,
+    starting_deadline REAL,
+    successful_history INTEGER NOT NULL,
+    failed_history INTEGER NOT NULL,
+    suspended INTEGER NOT NULL DEFAULT 0,
+    spec TEXT NOT NULL,
+    origin TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    last_tick REAL
+);
+CREATE TABLE IF NOT EXISTS schedule_runs (
+    schedule TEXT NOT NULL,
+    tick REAL NOT NULL,
+    fired REAL NOT NULL,
+    job_id TEXT,
+    outcome TEXT NOT NULL,
+    PRIMARY KEY (schedule, tick)
+);
+"""
+
+_FINAL = tuple(str(s) for s in FINAL_STATES)
+
+
+class UnknownSweep(KeyError):
+    def __str__(self) -> str:
+        return f"no sweep {self.args[0]!r}"
+
+
+class UnknownSchedule(KeyError):
+    def __str__(self) -> str:
+        return f"no schedule {self.args[0]!r}"
+
+
+class ScheduleExists(SpecError):
+    """Registering a schedule under a name that is taken: nothing is changed."""
+
+
+class ExperimentStore:
+    def __init__(self, db_path: str | os.PathLike[str], root: str | os.PathLike[str]):
+        self.db_path = Path(db_path)
+        self.root = Path(root)
+        self._local = threading.local()
+        for _ in range(100):
+            try:
+                self._db.executescript(SCHEMA)
+                break
+            except sqlite3.OperationalError as exc:  # another process creating it right now
+                if "locked" not in str(exc):
+                    raise
+                time.sleep(0.05)
+
+    @classmethod
+    def for_jobs(cls, job_store) -> ExperimentStore:
+        return cls(job_store.db_path, job_store.root)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
+            db = sqlite3.connect(
+                self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA busy_timeout = 30000")
+            self._local.db = db
+            self._local.pid = os.getpid()
+        return db
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    # -- sweeps --------------------------------------------------------------------------
+
+    def insert_sweep(
+        self, sweep_id: str, name: str, owner: str | None, options: dict, origin: dict
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sweeps (id, name, owner, created, options, origin) VALUES (?, ?, ?, ?, ?, ?)",
+                (sweep_id, name, owner, time.time(), json.dumps(options), json.dumps(origin)),
+            )
+
+    def add_trial(self, sweep_id: str, trial: int, job_id: str, params: dict) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sweep_trials (sweep_id, trial, job_id, params) VALUES (?, ?, ?, ?)",
+                (sweep_id, trial, job_id, json.dumps(params, default=repr)),
+            )
+
+    def get_sweep(self, sweep_id: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        if row is None:
+            raise UnknownSweep(sweep_id)
+        return _sweep_row(row)
+
+    def list_sweeps(self, owner: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        if owner is None:
+            rows = self._db.execute(
+                "SELECT * FROM sweeps ORDER BY created DESC LIMIT ?", (int(limit),)
+            ).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM sweeps WHERE owner = ? ORDER BY created DESC LIMIT ?",
+                (owner, int(limit)),
+            ).fetchall()
+        return [_sweep_row(r) for r in rows]
+
+    def trials(self, sweep_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT trial, job_id, params, admitted FROM sweep_trials WHERE sweep_id = ? ORDER BY trial",
+            (sweep_id,),
+        ).fetchall()
+        return [
+            {
+                "trial": r["trial"],
+                "job_id": r["job_id"],
+                "params": json.loads(r["params"]),
+                "admitted": r["admitted"],
+            }
+            for r in rows
+        ]
+
+    def try_take_slot(self, sweep_id: str, job_id: str, parallel: int | None) -> str | None:
+        """Atomically let a trial start if its sweep has a free slot and no earlier trial is
+        still waiting. None on success, else why it waits (for the job's `reason`)."""
+        with self._tx() as db:
+            me = db.execute(
+                "SELECT trial, admitted FROM sweep_trials WHERE sweep_id = ? AND job_id = ?",
+                (sweep_id, job_id),
+            ).fetchone()
+            if me is None:
+                return "waiting for its sweep to register it"
+            if me["admitted"] is not None:
+                return None
+            marks = ",".join("?" * len(_FINAL))
+            holding = db.execute(
+                "SELECT COUNT(*) FROM sweep_trials t JOIN jobs j ON j.id = t.job_id"
+                f" WHERE t.sweep_id = ? AND t.admitted IS NOT NULL AND j.state NOT IN ({marks})",
+                (sweep_id, *_FINAL),
+            ).fetchone()[0]
+            earlier = db.execute(
+                "SELECT COUNT(*) FROM sweep_trials t JOIN jobs j ON j.id = t.job_id"
+                " WHERE t.sweep_id = ? AND t.trial < ? AND t.admitted IS NULL"
+                f" AND j.state NOT IN ({marks})",
+                (sweep_id, me["trial"], *_FINAL),
+            ).fetchone()[0]
+            if parallel is not None and holding >= parallel:
+                return f"waiting for a sweep slot ({holding} of {parallel} trials running)"
+            if earlier:
+                return f"waiting for {earlier} earlier trial(s) of its sweep to start"
+            db.execute(
+                "UPDATE sweep_trials SET admitted = ? WHERE sweep_id = ? AND job_id = ?",
+                (time.time(), sweep_id, job_id),
+            )
+            return None
+
+    # -- schedules -----------------------------------------------------------------------
+
+    def schedule_dir(self, name: str) -> Path:
+        return self.root / "schedules" / name
+
+    def payload_path(self, name: str) -> Path:
+        return self.schedule_dir(name) / "payload.pkl"
+
+    def insert_schedule(self, row: dict[str, Any], payload: bytes) -> None:
+        """Payload file first (0600, written whole), then the row; a clash leaves nothing."""
+        directory = self.schedule_dir(row["name"])
+        directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._db.execute("SELECT 1 FROM schedules WHERE name = ?", (row["name"],)).fetchone():
+            raise ScheduleExists(f"a schedule named {row['name']!r} exists already")
+        directory.mkdir(exist_ok=True, mode=0o700)
+        tmp = directory / f".payload.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, self.payload_path(row["name"]))
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO schedules (name, owner, cron, timezone, concurrency,"
+                    " starting_deadline, successful_history, failed_history, suspended, spec,"
+                    " origin, created, last_tick) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        row["name"],
+                        row.get("owner"),
+                        row["cron"],
+                        row["timezone"],
+                        row["concurrency"],
+                        row.get("starting_deadline"),
+                        row["successful_history"],
+                        row["failed_history"],
+                        int(bool(row.get("suspended"))),
+                        json.dumps(row["spec"]),
+                        json.dumps(row.get("origin") or {}),
+                        row.get("created") or time.time(),
+                        row.get("last_tick"),
+                    ),
+                )
+        except sqlite3.IntegrityError:
+            raise ScheduleExists(f"a schedule named {row['name']!r} exists already") from None
+
+    def get_schedule(self, name: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT * FROM schedules WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise UnknownSchedule(name)
+        return _schedule_row(row)
+
+    def list_schedules(self, owner: str | None = None) -> list[dict[str, Any]]:
+        if owner is None:
+            rows = self._db.execute("SELECT * FROM schedules ORDER BY name").fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM schedules WHERE owner = ? ORDER BY name", (owner,)
+            ).fetchall()
+        return [_schedule_row(r) for r in rows]
+
+    def set_suspended(self, name: str, suspended: bool) -> None:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE schedules SET suspended = ? WHERE name = ?", (int(suspended), name)
+            )
+            if cur.rowcount == 0:
+                raise UnknownSchedule(name)
+
+    def delete_schedule(self, name: str) -> None:
+        """The row goes first (no scheduler can fire it after this commits), then its files.
+        Its runs' jobs stay: they are ordinary jobs with their own lifetime."""
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM schedules WHERE name = ?", (name,))
+            if cur.rowcount == 0:
+                raise UnknownSchedule(name)
+            db.execute("DELETE FROM schedule_runs WHERE schedule = ?", (name,))
+        directory = self.schedule_dir(name)
+        for child in directory.glob("*"):
+            with contextlib.suppress(OSError):
+                child.unlink()
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+    def claim_tick(self, name: str, tick: float, forbid_if_active: bool) -> tuple[str, list[str]]:
+        """Claim one tick of a schedule for this process, exactly once across processes.
+
+        Returns (outcome, active job ids): "claimed" (go and submit), "skipped" (Forbid and a
+        run is still active; the tick is recorded as skipped), or "taken" (another scheduler
+        claimed it, or the schedule is gone/paused/already past this tick)."""
+        marks = ",".join("?" * len(_FINAL))
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT suspended, last_tick FROM schedules WHERE name = ?", (name,)
+            ).fetchone()
+            if (
+                row is None
+                or row["suspended"]
+                or (row["last_tick"] is not None and row["last_tick"] >= tick)
+            ):
+                return "taken", []
+            active = [
+                r[0]
+                for r in db.execute(
+                    "SELECT r.job_id FROM schedule_runs r JOIN jobs j ON j.id = r.job_id"
+                    f" WHERE r.schedule = ? AND j.state NOT IN ({marks})",
+                    (name, *_FINAL),
+                )
+            ]
+            # A run another scheduler is submitting right now counts as active too.
+            submitting = db.execute(
+                "SELECT COUNT(*) FROM schedule_runs WHERE schedule = ? AND outcome = 'submitting'",
+                (name,),
+            ).fetchone()[0]
+            busy = bool(active) or submitting > 0
+            outcome = "skipped" if forbid_if_active and busy else "claimed"
+            try:
+                db.execute(
+                    "INSERT INTO schedule_runs (schedule, tick, fired, job_id, outcome) VALUES (?, ?, ?, NULL, ?)",
+                    (
+                        name,
+                        tick,
+                        time.time(),
+                        "skipped: a run is still active" if outcome == "skipped" else "submitting",
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                return "taken", []
+            db.execute("UPDATE schedules SET last_tick = ? WHERE name = ?", (tick, name))
+            return outcome, active
+
+    def record_run(self, name: str, tick: float, job_id: str | None, outcome: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE schedule_runs SET job_id = ?, outcome = ? WHERE schedule = ? AND tick = ?",
+                (job_id, outcome, name, tick),
+            )
+
+    def advance(self, name: str, tick: float, outcome: str) -> bool:
+        """Record a tick that was not run (missed its starting deadline); False if taken."""
+        with self._tx() as db:
+            row = db.execute("SELECT last_tick FROM schedules WHERE name = ?", (name,)).fetchone()
+            if row is None or (row["last_tick"] is not None and row["last_tick"] >= tick):
+                return False
+            db.execute(
+                "INSERT OR IGNORE INTO schedule_runs (schedule, tick, fired, job_id, outcome) VALUES (?, ?, ?, NULL, ?)",
+                (name, tick, time.time(), outcome),
+            )
+            db.execute("UPDATE schedules SET last_tick = ? WHERE name = ?", (tick, name))
+            return True
+
+    def runs(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT r.tick, r.fired, r.job_id, r.outcome, j.state FROM schedule_runs r"
+            " LEFT JOIN jobs j ON j.id = r.job_id WHERE r.schedule = ? ORDER BY r.tick DESC"
+            + (f" LIMIT {int(limit)}" if limit else ""),
+            (name,),
+        ).fetchall()
+        return [
+            {
+                "tick": r["tick"],
+                "fired": r["fired"],
+                "job_id": r["job_id"],
+                "outcome": r["outcome"],
+                "state": r["state"],
+            }
+            for r in rows
+        ]
+
+    def forget_runs(self, name: str, job_ids: list[str]) -> None:
+        """History limits: these runs' jobs were deleted; their ticks stay claimed."""
+        if not job_ids:
+            return
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE schedule_runs SET job_id = NULL, outcome = 'deleted (history limit)'"
+                " WHERE schedule = ? AND job_id = ?",
+                [(name, j) for j in job_ids],
+            )
+
+
+def _sweep_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "owner": row["owner"],
+        "created": row["created"],
+        "options": json.loads(row["options"]),
+        "origin": json.loads(row["origin"]),
+    }
+
+
+def _schedule_row(row: sqlite3.Row) -> dict[str, Any]:
+    data = dict(row)
+    data["suspended"] = bool(data["suspended"])
+    data["spec"] = json.loads(data["spec"])
+    data["origin"] = json.loads(data["origin"])
+    return data

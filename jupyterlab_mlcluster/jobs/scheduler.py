@@ -1,0 +1,201 @@
+"""Who fires schedules: `Scheduler.fire_due()`, called by the `mlcluster scheduler` daemon and
+by every Jupyter server with the extension (in an executor thread). Any number of them may
+run at once: a tick is claimed in the store (INSERT of (schedule, tick) under its primary
+key, in the same transaction as the concurrency check), so each tick fires exactly once.
+
+Schedules on the Kubernetes backend are fired by their CronJob in the cluster, not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .experiment_store import ExperimentStore, UnknownSchedule
+from .model import JobSpec, JobState
+from .schedules import ScheduleError, due_tick, missed_deadline, run_name, schedule_options
+
+log = logging.getLogger("jupyterlab_mlcluster.scheduler")
+
+DEFAULT_INTERVAL = 10.0
+MAX_BACKOFF = 60.0
+
+
+class Clock:
+    """Wall time, or a simulated one for tests and dry runs: `START@SPEED` (START in epoch
+    seconds or ISO 8601; SPEED simulated seconds per real second, e.g. 60 = a minute a
+    second). Every process given the same spec sees the same time."""
+
+    def __init__(self, spec: str | None = None):
+        self.start = self.speed = None
+        if spec:
+            start, _, speed = spec.partition("@")
+            try:
+                self.start = float(start)
+            except ValueError:
+                import datetime
+
+                try:
+                    self.start = datetime.datetime.fromisoformat(
+                        start.replace("Z", "+00:00")
+                    ).timestamp()
+                except ValueError:
+                    raise ScheduleError(
+                        f"--clock {spec!r}: START must be epoch or ISO 8601"
+                    ) from None
+            try:
+                self.speed = float(speed or 1)
+            except ValueError:
+                raise ScheduleError(f"--clock {spec!r}: SPEED must be a number") from None
+            if not self.speed > 0:
+                raise ScheduleError(f"--clock {spec!r}: SPEED must be positive")
+
+    def now(self) -> float:
+        real = time.time()
+        if self.start is None:
+            return real
+        return self.start + (real - self.start) * self.speed
+
+
+def create_schedule(
+    service,
+    *,
+    spec: JobSpec,
+    payload,
+    options: dict[str, Any],
+    owner: str | None,
+    origin: dict[str, Any],
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Validate and store a schedule (its first tick is the first after now).
+
+    ScheduleError/SpecError/PayloadError: nothing stored."""
+    opts = schedule_options(**options)
+    service.backend(spec.backend).validate(spec)
+    data = payload.dumps()
+    store = experiments(service)
+    row = dict(
+        opts,
+        owner=owner,
+        spec=spec.to_dict(),
+        origin=origin,
+        created=time.time(),
+        last_tick=time.time() if now is None else now,
+    )
+    store.insert_schedule(row, data)
+    return store.get_schedule(opts["name"])
+
+
+def experiments(service) -> ExperimentStore:
+    from .sweep import experiments as shared
+
+    return shared(service)
+
+
+class Scheduler:
+    def __init__(self, service, clock: Clock | None = None):
+        self.service = service
+        self.store = experiments(service)
+        self.clock = clock or Clock()
+
+    def fire_due(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Fire every local schedule's due tick (at most one per schedule per call);
+        returns what this process did (for logs and tests)."""
+        now = self.clock.now() if now is None else now
+        done = []
+        for row in self.store.list_schedules():
+            if row["suspended"] or row["spec"].get("backend") == "kubernetes":
+                continue
+            after = row["last_tick"] if row["last_tick"] is not None else row["created"]
+            tick = due_tick(row["cron"], row["timezone"], after, now)
+            if tick is None:
+                continue
+            try:
+                done.append(self._fire(row, tick, now))
+            except Exception as exc:
+                log.exception("schedule %s: firing tick %s failed", row["name"], tick)
+                done.append({"schedule": row["name"], "tick": tick, "outcome": f"error: {exc}"})
+        return done
+
+    def _fire(self, row: dict[str, Any], tick: float, now: float) -> dict[str, Any]:
+        name = row["name"]
+        if missed_deadline(tick, now, row["starting_deadline"]):
+            self.store.advance(name, tick, "missed: past its starting deadline")
+            return {"schedule": name, "tick": tick, "outcome": "missed"}
+        outcome, active = self.store.claim_tick(name, tick, row["concurrency"] == "Forbid")
+        if outcome != "claimed":
+            return {"schedule": name, "tick": tick, "outcome": outcome}
+        if row["concurrency"] == "Replace":
+            for job_id in active:
+                self.service.cancel(job_id, wait=True)
+        try:
+            job_id = self._submit(row, tick)
+        except Exception as exc:
+            self.store.record_run(name, tick, None, f"failed to submit: {exc}")
+            raise
+        self.store.record_run(name, tick, job_id, "submitted")
+        self.trim_history(row)
+        return {"schedule": name, "tick": tick, "outcome": "submitted", "job_id": job_id}
+
+    def _submit(self, row: dict[str, Any], tick: float) -> str:
+        from ..runtime.payload import Payload
+
+        spec = JobSpec.from_dict(row["spec"])
+        spec.name = run_name(row["name"], tick, row["timezone"])
+        payload = Payload.loads(self.store.payload_path(row["name"]).read_bytes())
+        origin = dict(row["origin"], kind="schedule", schedule=row["name"], tick=tick)
+        if row["owner"]:
+            origin["user"] = row["owner"]
+        record = self.service.submit(spec, payload, origin=origin, cwd=origin.get("cwd"))
+        return record.id
+
+    def trim_history(self, row: dict[str, Any]) -> None:
+        """Keep the newest N succeeded and M failed runs' jobs (CronJob's history limits)."""
+        runs = [r for r in self.store.runs(row["name"]) if r["job_id"] and r["state"]]
+        succeeded = [r["job_id"] for r in runs if r["state"] == str(JobState.SUCCEEDED)]
+        failed = [
+            r["job_id"]
+            for r in runs
+            if r["state"] in (str(JobState.FAILED), str(JobState.CANCELLED))
+        ]
+        extra = succeeded[row["successful_history"] :] + failed[row["failed_history"] :]
+        for job_id in extra:
+            self.service.cancel(job_id, purge=True)
+        self.store.forget_runs(row["name"], extra)
+
+    def run_forever(
+        self,
+        interval: float = DEFAULT_INTERVAL,
+        stop: threading.Event | None = None,
+        on_fire: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """The daemon's loop; a failing store backs off with jitter (capped), never spins."""
+        stop = stop or threading.Event()
+        failures = 0
+        while not stop.is_set():
+            try:
+                for item in self.fire_due():
+                    if on_fire is not None:
+                        on_fire(item)
+                failures = 0
+                wait = interval
+            except Exception:
+                failures += 1
+                log.exception("scheduler pass failed (%d in a row)", failures)
+                wait = min(MAX_BACKOFF, interval * 2 ** min(failures, 6)) * random.uniform(0.5, 1)
+            stop.wait(wait)
+
+
+def pause(service, name: str, paused: bool) -> None:
+    experiments(service).set_suspended(name, paused)
+
+
+def delete(service, name: str) -> None:
+    experiments(service).delete_schedule(name)
+
+
+__all__ = ["Clock", "Scheduler", "UnknownSchedule", "create_schedule"]
