@@ -504,11 +504,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if action == "list":
         rows = store.list_schedules()
         if args.json:
-            print(json.dumps([schedule_json(service, r) for r in rows], indent=2))
+            print(json.dumps([sched.schedule_json(service, r) for r in rows], indent=2))
             return 0
         table = [("NAME", "CRON", "TIMEZONE", "CONCURRENCY", "STATE", "LAST RUN", "NEXT RUN")]
         for r in rows:
-            j = schedule_json(service, r)
+            j = sched.schedule_json(service, r)
             table.append(
                 (
                     r["name"],
@@ -539,34 +539,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         table.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
     print(_table(table) if runs else f"{args.name} has not run yet")
     return 0
-
-
-def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
-    """A schedule's REST/CLI shape: its settings, next tick, and its last run."""
-    from .jobs.scheduler import experiments
-    from .jobs.schedules import next_tick, run_name
-
-    runs = experiments(service).runs(row["name"], limit=1)
-    last = runs[0] if runs else None
-    after = row["last_tick"] if row["last_tick"] is not None else row["created"]
-    nxt = None if row["suspended"] else next_tick(row["cron"], row["timezone"], after)
-    return {
-        "name": row["name"],
-        "owner": row["owner"],
-        "cron": row["cron"],
-        "timezone": row["timezone"],
-        "concurrency": row["concurrency"],
-        "starting_deadline": row["starting_deadline"],
-        "successful_history": row["successful_history"],
-        "failed_history": row["failed_history"],
-        "suspended": row["suspended"],
-        "backend": row["spec"].get("backend"),
-        "workers": row["spec"].get("workers"),
-        "next_run_ts": nxt,
-        "last_run": None
-        if last is None
-        else dict(last, job_name=run_name(row["name"], last["tick"], row["timezone"])),
-    }
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

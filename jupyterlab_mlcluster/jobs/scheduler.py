@@ -17,7 +17,14 @@ from typing import Any
 
 from .experiment_store import ExperimentStore, UnknownSchedule
 from .model import JobSpec, JobState
-from .schedules import ScheduleError, due_tick, missed_deadline, run_name, schedule_options
+from .schedules import (
+    ScheduleError,
+    due_tick,
+    missed_deadline,
+    next_tick,
+    run_name,
+    schedule_options,
+)
 
 log = logging.getLogger("jupyterlab_mlcluster.scheduler")
 
@@ -188,6 +195,31 @@ class Scheduler:
                 log.exception("scheduler pass failed (%d in a row)", failures)
                 wait = min(MAX_BACKOFF, interval * 2 ** min(failures, 6)) * random.uniform(0.5, 1)
             stop.wait(wait)
+
+
+def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
+    """A schedule's REST/CLI shape: its settings, next tick, and its last run."""
+    runs = experiments(service).runs(row["name"], limit=1)
+    last = runs[0] if runs else None
+    after = row["last_tick"] if row["last_tick"] is not None else row["created"]
+    nxt = None if row["suspended"] else next_tick(row["cron"], row["timezone"], after)
+    return {
+        "name": row["name"],
+        "owner": row["owner"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "concurrency": row["concurrency"],
+        "starting_deadline": row["starting_deadline"],
+        "successful_history": row["successful_history"],
+        "failed_history": row["failed_history"],
+        "suspended": row["suspended"],
+        "backend": row["spec"].get("backend"),
+        "workers": row["spec"].get("workers"),
+        "next_run_ts": nxt,
+        "last_run": None
+        if last is None
+        else dict(last, job_name=run_name(row["name"], last["tick"], row["timezone"])),
+    }
 
 
 def pause(service, name: str, paused: bool) -> None:
