@@ -109,16 +109,18 @@ def run_mlcluster(script: Path, env: dict, cwd: Path) -> tuple[int, list[str]]:
 
 def run_cell(kernel: KernelSession, script: Path, store: Path) -> tuple[int, list[str], str]:
     """The script's source as the body of a cell; its output read back from the job's logs."""
+    return run_cell_source(kernel, script.read_text(), store)
+
+
+def run_cell_source(kernel: KernelSession, source: str, store: Path) -> tuple[int, list[str], str]:
     from jupyterlab_mlcluster.jobs.store import JobStore
 
-    _, reply = kernel.execute(
-        f"%%distributed --workers {WORKERS}\n{script.read_text()}", timeout=300
-    )
-    jobs = JobStore(store).list_jobs()[0]
-    newest = max(jobs, key=lambda r: r.created)
+    _, reply = kernel.execute(f"%%distributed --workers {WORKERS}\n{source}", timeout=300)
+    jobs = JobStore(store)
+    newest = max(jobs.list_jobs()[0], key=lambda r: r.created)
     lines, cursor = [], None
     while True:
-        chunk, cursor = JobStore(store).read_logs(newest.id, None, cursor)
+        chunk, cursor = jobs.read_logs(newest.id, None, cursor)
         if not chunk:
             break
         lines += [line["line"] for line in chunk]
@@ -160,3 +162,14 @@ def test_record_failure_is_the_jobs_error(compat_store, kernel):
 
     status, _, error = run_cell(kernel, script, root / "store")
     assert status == 1 and "rank 1 failed: RuntimeError: rank 1 lost its batch" in error
+
+
+def test_a_cell_imports_a_module_next_to_the_notebook(compat_store, kernel):
+    """The kernel's working directory is the notebook's: `import nb_helpers` works there, and
+    on every rank; a cell's argv is `python -c`'s (argparse in a cell sees no arguments)."""
+    root, _ = compat_store
+    (root / "nb_helpers.py").write_text("WHERE = 'beside the notebook'\n")
+    cell = "import sys, nb_helpers\nprint('RESULT', nb_helpers.WHERE, sys.argv)"
+    status, lines, error = run_cell_source(kernel, cell, root / "store")
+    assert status == 0, error
+    assert sorted(lines) == ["RESULT beside the notebook ['-c']"] * WORKERS

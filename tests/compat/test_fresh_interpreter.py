@@ -131,3 +131,67 @@ def test_a_failing_exit_status_is_torchruns(torchrun_probe, pool_mode, service, 
     failed = record.failed_rank
     assert ours[failed]["shutdown"] == torchrun_seen[failed]["shutdown"]
     assert ours[failed]["shutdown"] == {"atexit": "ran", "thread": "joined", "unclosed": "kept"}
+
+
+PERSISTENT_WORKERS = """
+import os, torch
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(torch.arange(16.0)), batch_size=4, num_workers=2,
+    persistent_workers=True,
+)
+
+
+def total(loader):  # a function makes the namespace a reference cycle, as in most scripts
+    return sum(batch[0].sum().item() for batch in loader)
+
+
+print(total(loader))
+print("pgid", os.getpgid(0))
+"""
+
+
+def test_persistent_dataloader_workers_end_with_their_rank(service, pool_mode):
+    """DataLoader workers still alive when the code ends are stopped by the rank's shutdown
+    (multiprocessing's atexit handler), as in a fresh interpreter: none outlives the job, and
+    the job does not wait out the supervisor's output drain for their pipes."""
+    import psutil
+
+    from jupyterlab_mlcluster.backends.local.backend import DRAIN_TIMEOUT
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    record = service.submit(
+        JobSpec.from_options({"workers": 2}), Payload(source=PERSISTENT_WORKERS)
+    )
+    record = service.wait(record.id, timeout=120)
+    assert record.state == "succeeded", record.error
+    lines = [line["line"] for line in service.logs(record.id)[0]]
+    assert lines.count("120.0") == 2
+    groups = {int(line.split()[1]) for line in lines if line.startswith("pgid")}
+    left = [p.pid for p in psutil.process_iter() if _pgid(p.pid) in groups]
+    assert left == []  # no worker of either rank's process group outlived the job
+    last_rank = max(rank.finished for rank in record.ranks)
+    assert record.finished - last_rank < DRAIN_TIMEOUT
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def test_a_cell_sees_the_notebooks_directory_and_a_neutral_argv(service, pool_mode, tmp_path):
+    """A cell runs with the kernel's sys.path ('' first: a module next to the notebook
+    imports, whatever the pool's own directory) and `python -c`'s argv."""
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    (tmp_path / "utils.py").write_text("WHERE = 'next to the notebook'\n")
+    code = "import sys, utils\nprint(utils.WHERE, sys.argv, sys.path[0] == '', '/' in sys.path)"
+    payload = Payload(source=code, cwd=str(tmp_path), sys_path=["", *sys.path[1:]])
+    record = service.submit(JobSpec.from_options({"workers": 2}), payload, cwd=str(tmp_path))
+    record = service.wait(record.id, timeout=120)
+    assert record.state == "succeeded", record.error
+    lines = [line["line"] for line in service.logs(record.id)[0]]
+    assert lines == ["next to the notebook ['-c'] True False"] * 2
