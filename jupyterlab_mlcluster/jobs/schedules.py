@@ -8,16 +8,16 @@ past which a missed tick is skipped, history limits, a time zone. Cron parsing i
 from __future__ import annotations
 
 import datetime
-import re
 import zoneinfo
 from typing import Any
 
 from croniter import croniter
 
+from .. import patterns
 from .model import SpecError, parse_duration
 
 CONCURRENCY = ("Allow", "Forbid", "Replace")
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")  # + "-YYYYMMDDHHMM" <= 53
+_NAME_RE = patterns.regex(patterns.SCHEDULE_NAME)  # + "-YYYYMMDDHHMM" <= 53
 RUN_TIME_FORMAT = "%Y%m%d%H%M"
 
 

@@ -25,6 +25,7 @@ from ..config import MLClusterConfig
 from ..jobs.service import JobService
 from ..kubeconn import KubeConnection
 from .events import EventBroadcaster, EventsHandler
+from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
 from .handlers import REST_HANDLERS
 from .identity import calling_user
 from .notebook_feed import NotebookFeed
@@ -43,7 +44,9 @@ def route_pattern(api_path: str) -> str:
 
 def routes() -> list[tuple[str, type]]:
     """(OpenAPI path, handler) of every route the extension serves."""
-    return [(h.api_path, h) for h in REST_HANDLERS] + [("/events", EventsHandler)]
+    return [(h.api_path, h) for h in REST_HANDLERS + EXPERIMENT_HANDLERS] + [
+        ("/events", EventsHandler)
+    ]
 
 
 class MLClusterApp(ExtensionApp):
@@ -90,6 +93,13 @@ class MLClusterApp(ExtensionApp):
         "executor threads that read the job store and logs; each time the loop returns from "
         "I/O it may wait this long for the GIL, so a shorter interval keeps it responsive "
         "while jobs print heavily.",
+    ).tag(config=True)
+
+    schedule_interval = Float(
+        10.0,
+        help="Seconds between this server's passes over the schedules (mlcluster schedule): "
+        "due ticks are fired as jobs. Any number of servers and `mlcluster scheduler` daemons "
+        "may fire the same store's schedules; each tick runs once. 0: this server fires none.",
     ).tag(config=True)
 
     freeze_gc_on_start = Bool(
@@ -198,6 +208,8 @@ class MLClusterApp(ExtensionApp):
             )
         self.broadcaster.ensure_started()
         self.notebook_watch.start()  # publishes through the broadcaster, so after it
+        self.scheduler = ServerScheduler(self, self.schedule_interval)
+        self.scheduler.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool:
             from ..backends.local import warmpool
 
@@ -238,6 +250,8 @@ class MLClusterApp(ExtensionApp):
             except Exception:
                 self.log.exception("mlcluster: cancelling jobs on shutdown failed")
         await asyncio.to_thread(self.notebook_watch.stop)
+        if getattr(self, "scheduler", None) is not None:
+            await self.scheduler.stop()
         await self.broadcaster.stop()
         await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
 

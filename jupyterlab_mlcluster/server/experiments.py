@@ -1,0 +1,219 @@
+"""REST handlers for sweeps and schedules (`/mlcluster/api/sweeps`, `/schedules`), and the
+server's share of firing schedules (a periodic pass in the executor).
+
+Scoped like jobs: with a trusted identity header a caller sees and touches only its own
+sweeps and schedules; another user's looks exactly like a missing one (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from .. import patterns
+from ..jobs.experiment_store import UnknownSchedule, UnknownSweep
+from ..jobs.scheduler import Scheduler, experiments, schedule_json
+from ..jobs.sweep import Sweep
+from .handlers import MLClusterHandler
+
+if TYPE_CHECKING:
+    from .app import MLClusterApp
+
+log = logging.getLogger("jupyterlab_mlcluster.server")
+
+
+class ExperimentHandler(MLClusterHandler):
+    def _sweep_row(self, sweep_id: str) -> dict[str, Any]:
+        if not patterns.matches(patterns.SWEEP_ID, sweep_id):
+            raise web.HTTPError(404, f"no sweep {sweep_id!r}")
+        try:
+            row = experiments(self.app.service).get_sweep(sweep_id)
+        except UnknownSweep:
+            raise web.HTTPError(404, f"no sweep {sweep_id!r}") from None
+        scope = self.scope()
+        if scope is not None and row["owner"] != scope:
+            raise web.HTTPError(404, f"no sweep {sweep_id!r}")
+        return row
+
+    def _schedule_row(self, name: str) -> dict[str, Any]:
+        if not patterns.matches(patterns.SCHEDULE_NAME, name):
+            raise web.HTTPError(404, f"no schedule {name!r}")
+        try:
+            row = experiments(self.app.service).get_schedule(name)
+        except UnknownSchedule:
+            raise web.HTTPError(404, f"no schedule {name!r}") from None
+        scope = self.scope()
+        if scope is not None and row["owner"] != scope:
+            raise web.HTTPError(404, f"no schedule {name!r}")
+        return row
+
+
+class SweepsHandler(ExperimentHandler):
+    api_path = "/sweeps"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        scope = self.scope()
+        service = self.app.service
+
+        def listing() -> dict[str, Any]:
+            rows = experiments(service).list_sweeps(owner=scope)
+            return {"sweeps": [Sweep(service, r["id"]).to_json() for r in rows]}
+
+        await self.send_encoded(listing)
+
+
+class SweepHandler(ExperimentHandler):
+    api_path = "/sweeps/{id}"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, sweep_id: str) -> None:
+        def one() -> dict[str, Any]:
+            self._sweep_row(sweep_id)
+            return Sweep(self.app.service, sweep_id).to_json()
+
+        await self.send_encoded(one)
+
+
+class SchedulesHandler(ExperimentHandler):
+    api_path = "/schedules"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        scope = self.scope()
+        service = self.app.service
+
+        def listing() -> dict[str, Any]:
+            rows = experiments(service).list_schedules(owner=scope)
+            return {"schedules": [schedule_json(service, r) for r in rows]}
+
+        await self.send_encoded(listing)
+
+
+class ScheduleHandler(ExperimentHandler):
+    api_path = "/schedules/{name}"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, name: str) -> None:
+        await self.send_encoded(lambda: schedule_json(self.app.service, self._schedule_row(name)))
+
+    @web.authenticated
+    @authorized("write")
+    async def delete(self, name: str) -> None:
+        def delete() -> None:
+            self._schedule_row(name)
+            try:
+                experiments(self.app.service).delete_schedule(name)
+            except UnknownSchedule:  # deleted by someone else meanwhile
+                raise web.HTTPError(404, f"no schedule {name!r}") from None
+
+        await self.run(delete)
+        self.set_status(204)
+        self.finish()
+
+
+class _SuspendHandler(ExperimentHandler):
+    suspend = True
+
+    @web.authenticated
+    @authorized("write")
+    async def post(self, name: str) -> None:
+        def change() -> dict[str, Any]:
+            self._schedule_row(name)
+            store = experiments(self.app.service)
+            try:
+                store.set_suspended(name, self.suspend)
+            except UnknownSchedule:
+                raise web.HTTPError(404, f"no schedule {name!r}") from None
+            return schedule_json(self.app.service, store.get_schedule(name))
+
+        await self.send_encoded(change)
+
+
+class SchedulePauseHandler(_SuspendHandler):
+    api_path = "/schedules/{name}/pause"
+    suspend = True
+
+
+class ScheduleResumeHandler(_SuspendHandler):
+    api_path = "/schedules/{name}/resume"
+    suspend = False
+
+
+class ScheduleRunsHandler(ExperimentHandler):
+    api_path = "/schedules/{name}/runs"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, name: str) -> None:
+        def runs() -> dict[str, Any]:
+            self._schedule_row(name)
+            return {"runs": experiments(self.app.service).runs(name)}
+
+        await self.send_encoded(runs)
+
+
+EXPERIMENT_HANDLERS: list[type[MLClusterHandler]] = [
+    SweepsHandler,
+    SweepHandler,
+    SchedulesHandler,
+    ScheduleHandler,
+    SchedulePauseHandler,
+    ScheduleResumeHandler,
+    ScheduleRunsHandler,
+]
+
+
+class ServerScheduler:
+    """This server's share of firing schedules: one pass every `interval` seconds, its
+    blocking work in the extension's executor (never on tornado's loop), one pass at a time;
+    a failing pass is logged and the next waits longer (jitter, capped)."""
+
+    MAX_BACKOFF = 300.0
+
+    def __init__(self, app: MLClusterApp, interval: float):
+        self.app = app
+        self.interval = interval
+        self.scheduler = Scheduler(app.service)
+        self._task: asyncio.Task | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        if self.interval > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                fired = await self.app.run(self.scheduler.fire_due)
+                self.passes += 1
+                for item in fired:
+                    log.info("mlcluster: schedule %s", item)
+                failures = 0
+                wait = self.interval
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures += 1
+                log.exception("mlcluster: scheduler pass failed (%d in a row)", failures)
+                wait = min(self.MAX_BACKOFF, self.interval * 2 ** min(failures, 8))
+                wait *= random.uniform(0.5, 1.0)
+            await asyncio.sleep(wait)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
