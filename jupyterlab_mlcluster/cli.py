@@ -80,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "runs":
             p.add_argument("--json", action="store_true", help="print JSON")
 
+    submit = schedule_sub.add_parser(
+        "submit",
+        help="submit a schedule's stored job now and follow it (what its CronJob's pod runs)",
+    )
+    submit.add_argument("--schedule", required=True, help="the schedule's name")
+    submit.add_argument("--timezone", default="UTC", help="the schedule's time zone")
+    submit.add_argument("--spec", required=True, help="the job spec (JSON file)")
+    submit.add_argument("--payload", required=True, help="the job's payload (pickle file)")
+
     scheduler = sub.add_parser("scheduler", help="fire due schedules until stopped (a daemon)")
     scheduler.add_argument(
         "--interval", type=float, default=10.0, help="seconds between passes (default 10)"
@@ -522,6 +531,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             )
         print(_table(table) if rows else "no schedules")
         return 0
+    if action == "submit":
+        return cmd_schedule_submit(args, service)
     if action in ("pause", "resume"):
         sched.pause(service, args.name, action == "pause")
         print(f"{args.name} {'paused' if action == 'pause' else 'resumed'}")
@@ -539,6 +550,39 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         table.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
     print(_table(table) if runs else f"{args.name} has not run yet")
     return 0
+
+
+def cmd_schedule_submit(args: argparse.Namespace, service) -> int:
+    """One run of a schedule from its stored spec and payload (a CronJob's pod): an ordinary
+    job named <schedule>-<time>, followed to its end (the pod's exit status is the run's)."""
+    from .jobs.model import JobSpec
+    from .jobs.schedules import check_name, check_timezone, run_name
+    from .runtime.payload import Payload
+
+    handle_interrupts()
+    name = check_name(args.schedule)
+    timezone = check_timezone(args.timezone)
+    with open(args.spec, encoding="utf-8") as f:
+        stored = json.load(f)
+    if not isinstance(stored, dict):
+        raise SpecError(f"{args.spec}: not a job spec")
+    # Validated again: the file crossed a boundary (a Secret anyone with access could edit).
+    spec = JobSpec.from_options(
+        {k: v for k, v in stored.items() if k in JobSpec.FIELDS and v is not None},
+        default_backend=service.config.default_backend,
+    )
+    tick = time.time() // 60 * 60  # the CronJob's tick: its pods start within the minute
+    spec.name = run_name(name, tick, timezone)
+    with open(args.payload, "rb") as f:
+        payload = Payload.loads(f.read())
+    record = service.submit(
+        spec,
+        payload,
+        origin={"kind": "schedule", "schedule": name, "tick": tick},
+        attach_to_pid=os.getpid(),
+    )
+    print(f"mlcluster: schedule {name} submitted job {record.id} ({record.name})", flush=True)
+    return follow_job(service, record.id)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

@@ -152,6 +152,13 @@ class MLClusterConfig(Configurable):
         help="Service account of rank pods ('' = the namespace default).",
     ).tag(config=True)
 
+    kubernetes_schedule_service_account = Unicode(
+        "",
+        help="Service account of the pods a schedule's CronJob starts. They submit jobs, so it "
+        "needs what the notebook pods' account has (mlcluster manifests --user-namespace). "
+        "'' = the service account of the pod that registers the schedule, else the default.",
+    ).tag(config=True)
+
     kubernetes_queue = Unicode(
         "",
         help="Default Volcano queue or Kueue LocalQueue for jobs that pass no --queue "

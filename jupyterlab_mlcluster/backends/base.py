@@ -52,6 +52,19 @@ class Backend(abc.ABC):
     def cleanup_orphans(self, store: "JobStore", job: "JobRecord") -> None:
         """Stop whatever a dead supervisor may have left behind."""
 
+    # Schedules (jobs/scheduler.py). Locally, schedulers in the store fire them; a backend
+    # whose cluster fires them itself (a Kubernetes CronJob) registers them there.
+    fires_schedules = False
+
+    def register_schedule(self, row: dict[str, Any], payload: bytes) -> None:
+        """Make the cluster fire this schedule (SpecError if it cannot)."""
+
+    def suspend_schedule(self, name: str, suspended: bool) -> None:
+        """Pause or resume the cluster's schedule."""
+
+    def forget_schedule(self, name: str) -> None:
+        """Delete the cluster's schedule (absent already is fine)."""
+
 
 def get_backend(name: str, config: "MLClusterConfig") -> Backend:
     if name == "local":

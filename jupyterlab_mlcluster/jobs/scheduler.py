@@ -94,6 +94,13 @@ def create_schedule(
         last_tick=time.time() if now is None else now,
     )
     store.insert_schedule(row, data)
+    backend = service.backend(spec.backend)
+    if backend.fires_schedules:
+        try:
+            backend.register_schedule(store.get_schedule(opts["name"]), data)
+        except BaseException:
+            store.delete_schedule(opts["name"])  # nothing half-registered
+            raise
     return store.get_schedule(opts["name"])
 
 
@@ -115,8 +122,8 @@ class Scheduler:
         now = self.clock.now() if now is None else now
         done = []
         for row in self.store.list_schedules():
-            if row["suspended"] or row["spec"].get("backend") == "kubernetes":
-                continue
+            if row["suspended"] or self.service.backend(row["spec"]["backend"]).fires_schedules:
+                continue  # paused, or fired by the cluster itself (a CronJob)
             after = row["last_tick"] if row["last_tick"] is not None else row["created"]
             tick = due_tick(row["cron"], row["timezone"], after, now)
             if tick is None:
@@ -222,11 +229,25 @@ def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cluster_backend(service, name: str):
+    """The backend that fires this schedule itself (Kubernetes), or None (local schedulers)."""
+    row = experiments(service).get_schedule(name)
+    backend = service.backend(row["spec"].get("backend") or "local")
+    return backend if backend.fires_schedules else None
+
+
 def pause(service, name: str, paused: bool) -> None:
+    """Pause/resume: the cluster's CronJob first (a failure changes nothing), then the row."""
+    backend = _cluster_backend(service, name)
+    if backend is not None:
+        backend.suspend_schedule(name, paused)
     experiments(service).set_suspended(name, paused)
 
 
 def delete(service, name: str) -> None:
+    backend = _cluster_backend(service, name)
+    if backend is not None:
+        backend.forget_schedule(name)
     experiments(service).delete_schedule(name)
 
 

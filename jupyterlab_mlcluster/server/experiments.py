@@ -19,6 +19,8 @@ from tornado import web
 from .. import patterns
 from ..jobs.experiment_store import UnknownSchedule, UnknownSweep
 from ..jobs.scheduler import Scheduler, experiments, schedule_json
+from ..jobs.scheduler import delete as delete_schedule
+from ..jobs.scheduler import pause as pause_schedule
 from ..jobs.sweep import Sweep
 from .handlers import MLClusterHandler
 
@@ -113,7 +115,7 @@ class ScheduleHandler(ExperimentHandler):
         def delete() -> None:
             self._schedule_row(name)
             try:
-                experiments(self.app.service).delete_schedule(name)
+                delete_schedule(self.app.service, name)
             except UnknownSchedule:  # deleted by someone else meanwhile
                 raise web.HTTPError(404, f"no schedule {name!r}") from None
 
@@ -132,7 +134,7 @@ class _SuspendHandler(ExperimentHandler):
             self._schedule_row(name)
             store = experiments(self.app.service)
             try:
-                store.set_suspended(name, self.suspend)
+                pause_schedule(self.app.service, name, self.suspend)
             except UnknownSchedule:
                 raise web.HTTPError(404, f"no schedule {name!r}") from None
             return schedule_json(self.app.service, store.get_schedule(name))

@@ -74,6 +74,7 @@ KINDS = {
         Kind("v1", "Secret", "secrets"),
         Kind("v1", "Service", "services"),
         Kind("batch/v1", "Job", "jobs"),
+        Kind("batch/v1", "CronJob", "cronjobs"),
         Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
         Kind("kubeflow.org/v1", "TFJob", "tfjobs"),
         Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups"),
