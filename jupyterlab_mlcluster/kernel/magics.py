@@ -95,6 +95,13 @@ def schedule_options_from_args(args, spec) -> dict[str, Any]:
     }
 
 
+def _unquote(value: str | None) -> str | None:
+    """'"0 2 * * *"' -> '0 2 * * *' (one pair of matching outer quotes)."""
+    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
 def _in_kernel(shell) -> bool:
     return getattr(shell, "kernel", None) is not None
 
@@ -143,6 +150,11 @@ class CellRun:
         from ..runtime.payload import Payload, PayloadError
 
         args = magic_arguments.parse_argstring(self.magics.distributed, self.line)
+        # IPython's magic argument splitting keeps quotes: --schedule "0 2 * * *" must not.
+        for option in ("schedule", "timezone", "starting_deadline"):
+            setattr(args, option, _unquote(getattr(args, option)))
+        if args.sweep:
+            args.sweep = [_unquote(entry) for entry in args.sweep]
         self.args = args
         service = self.magics.service
         try:

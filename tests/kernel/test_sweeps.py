@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import assert_no_job_processes
+from helpers import assert_no_job_processes, wait_for
 from kernel_session import outputs
 
 from jupyterlab_mlcluster.jobs.experiment_store import ExperimentStore
@@ -139,3 +139,54 @@ def test_bad_sweeps_submit_nothing(kernel, service, line, message):
     assert message in reply["evalue"], reply["evalue"]
     assert service.store.list_jobs()[1] == 0
     assert _sweeps(service) == []
+
+
+def test_interrupt_cancels_every_trial(kernel, service):
+    msg_id = kernel.kc.execute(
+        "%%distributed --workers 2 --framework none --sweep x=1,2,3 --parallel 1\n"
+        "import time\ntime.sleep(300)\n"
+    )
+    wait_for(
+        lambda: [
+            j
+            for j in service.store.list_jobs()[0]
+            if j.ranks and all(r.state == "running" for r in j.ranks)
+        ],
+        timeout=60,
+        message="the first trial running",
+    )
+    queued = [j for j in service.store.list_jobs()[0] if j.state == "queued"]
+    assert len(queued) == 2 and all("sweep slot" in (j.reason or "") for j in queued)
+    kernel.km.interrupt_kernel()
+    _msgs, reply = kernel.collect(msg_id, timeout=60)
+    assert reply["status"] == "error"
+    jobs, total = service.store.list_jobs()
+    assert total == 3 and {str(j.state) for j in jobs} == {"cancelled"}
+    assert all(j.started is None for j in jobs if j.name != "sweep-t0")  # never started
+    assert_no_job_processes(service)
+
+
+def test_schedule_registers_the_cell_and_its_pushed_variables(kernel, service):
+    from jupyterlab_mlcluster.jobs.scheduler import Scheduler
+
+    kernel.execute("factor = 7")
+    msgs, reply = kernel.execute(
+        '%%distributed --schedule "30 2 * * *" --name nightly --push factor --framework none\n'
+        "print('factor is', factor)\nfactor * 6\n"
+    )
+    assert reply["status"] == "ok", reply
+    text = "".join(m["text"] for m in outputs(msgs, "stream"))
+    assert "schedule nightly registered: 30 2 * * * (UTC), next run" in text
+    assert service.store.list_jobs()[1] == 0  # registered, not run now
+    (row,) = ExperimentStore.for_jobs(service.store).list_schedules()
+    assert row["owner"] and row["origin"]["kind"] == "kernel"
+    # the variable travels with the schedule: it is changed in the kernel, the run keeps 7
+    kernel.execute("factor = 1")
+    (fired,) = Scheduler(service).fire_due(now=row["last_tick"] + 86400)
+    record = service.wait(fired["job_id"], timeout=60)
+    assert str(record.state) == "succeeded" and record.name.startswith("nightly-")
+    assert service.result(record.id) == ("value", 42)
+    _msgs, reply = kernel.execute('%%distributed --schedule "30 2 * * *" --name nightly\npass\n')
+    assert reply["status"] == "error" and "exists already" in reply["evalue"]
+    _msgs, reply = kernel.execute('%%distributed --schedule "30 2 * *" --name other\npass\n')
+    assert reply["status"] == "error" and "five fields" in reply["evalue"]
