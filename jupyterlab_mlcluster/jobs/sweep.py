@@ -241,7 +241,7 @@ def _jsonable(value: Any) -> Any:
 
 def _score_text(trial: Trial) -> str:
     if trial.state == "succeeded":
-        return format_value(trial.metric)
+        return "" if trial.metric is None else format_value(trial.metric)
     return trial.error or ""
 
 
