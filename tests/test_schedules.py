@@ -18,7 +18,7 @@ import time
 import pytest
 from helpers import assert_no_job_processes, run_cli, wait_for
 
-from jupyterlab_mlcluster.jobs.experiment_store import ExperimentStore
+from jupyterlab_mlcluster.jobs.experiment_store import SUBMIT_STALE_AFTER, ExperimentStore
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.scheduler import Scheduler, create_schedule
 from jupyterlab_mlcluster.jobs.schedules import ScheduleError, due_tick, schedule_options
@@ -274,3 +274,18 @@ def test_due_tick_is_the_latest_tick_not_after_now():
     assert due_tick("* * * * *", "UTC", 0, 120.0) == 120.0
     assert due_tick("* * * * *", "UTC", 0, 119.5) == 60.0
     assert due_tick("* * * * *", "UTC", 120.0, 179.0) is None
+
+
+def test_a_claim_left_by_a_dead_scheduler_does_not_block_forbid_forever(service, tmp_path):
+    _schedule(service, tmp_path, "orphan", cron="0 * * * *", concurrency="Forbid")
+    store = ExperimentStore.for_jobs(service.store)
+    first = 1_000_000_000.0 - 400 + 3600
+    # a scheduler claims the tick and dies before submitting
+    assert store.claim_tick("orphan", first, True) == ("claimed", [])
+    # while that claim is fresh, Forbid counts it as a run being submitted
+    assert store.claim_tick("orphan", first + 3600, True)[0] == "skipped"
+    store._db.execute(
+        "UPDATE schedule_runs SET fired = fired - ? WHERE schedule = 'orphan'",
+        (SUBMIT_STALE_AFTER + 1,),
+    )
+    assert store.claim_tick("orphan", first + 7200, True)[0] == "claimed"

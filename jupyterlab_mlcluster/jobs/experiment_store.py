@@ -70,6 +70,8 @@ CREATE TABLE IF NOT EXISTS schedule_runs (
 """
 
 _FINAL = tuple(str(s) for s in FINAL_STATES)
+# A tick claimed this long ago and still 'submitting' was abandoned by a dead scheduler.
+SUBMIT_STALE_AFTER = 300.0
 
 
 class UnknownSweep(KeyError):
@@ -322,10 +324,12 @@ class ExperimentStore:
                     (name, *_FINAL),
                 )
             ]
-            # A run another scheduler is submitting right now counts as active too.
+            # A run another scheduler is submitting right now counts as active too (unless
+            # that scheduler died mid-submit long ago: its claim must not block forever).
             submitting = db.execute(
-                "SELECT COUNT(*) FROM schedule_runs WHERE schedule = ? AND outcome = 'submitting'",
-                (name,),
+                "SELECT COUNT(*) FROM schedule_runs WHERE schedule = ? AND outcome = 'submitting'"
+                " AND fired > ?",
+                (name, time.time() - SUBMIT_STALE_AFTER),
             ).fetchone()[0]
             busy = bool(active) or submitting > 0
             outcome = "skipped" if forbid_if_active and busy else "claimed"
