@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: frontend unit tests (jest), then every Python test
+# Set up, then run the whole test suite: the sidebar's lint (eslint + prettier) and unit tests
+# (jest, which also checks src/model/api-types.ts against the API document), then every Python test
 # (engine, kernel, server, Kubernetes emulator, controller, real-browser sidebar). Fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +14,6 @@ if [ ! -x /usr/bin/chromium ]; then
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
   fi
 fi
+jlpm lint
 jlpm test
 python -m pytest tests "$@"

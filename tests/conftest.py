@@ -10,8 +10,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import FUZZ, assert_no_job_processes
+from hypothesis import settings
 
-from helpers import assert_no_job_processes
+# Hypothesis (and schemathesis on top of it): derandomised, so a run is repeatable, unless
+# MLCLUSTER_FUZZ=1 asks to explore. No example database: nothing carried between runs.
+settings.register_profile("mlcluster-ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("mlcluster-fuzz", derandomize=False, database=None, deadline=None)
+settings.load_profile("mlcluster-fuzz" if FUZZ else "mlcluster-ci")
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-
-import psutil
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
+
+# Randomised tests (hypothesis, schemathesis, seeded scenarios) are deterministic by default:
+# the same examples on every run, so CI only fails for a change in the code. MLCLUSTER_FUZZ=1
+# explores instead: fresh random examples each run, and more of them (README, Development).
+FUZZ = os.environ.get("MLCLUSTER_FUZZ", "") not in ("", "0")
+FIXED_SEED = 20261123
+
+
+def examples(ci: int) -> int:
+    """How many examples a property-based test tries: `ci`, or ten times as many when fuzzing."""
+    return ci * 10 if FUZZ else ci
+
+
+def scenario_seed() -> int:
+    """The seed of a randomised scenario: fixed, or a new one when fuzzing (put it in the
+    test's failure messages to replay it)."""
+    import random
+
+    return random.randrange(1 << 30) if FUZZ else FIXED_SEED
 
 
 def job_processes(service, job_id: str) -> list[psutil.Process]:

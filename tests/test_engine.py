@@ -17,6 +17,9 @@ from helpers import assert_no_job_processes, job_processes, run_cli, wait_for
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState, SpecError
 from jupyterlab_mlcluster.runtime.payload import Payload
 
+# Every engine test runs with the warm pool on and off (`pool_mode`, tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("pool_mode")
+
 ALL_REDUCE = textwrap.dedent(
     """
     import torch, torch.distributed as dist
@@ -26,11 +29,6 @@ ALL_REDUCE = textwrap.dedent(
     print(t.item())
     """
 )
-
-
-@pytest.fixture(autouse=True)
-def _both_pool_modes(pool_mode):
-    """Every engine test runs with the warm pool on and off."""
 
 
 def submit(service, source: str, **options) -> str:

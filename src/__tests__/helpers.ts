@@ -8,6 +8,7 @@ import { WebSocket, WebSocketServer } from 'ws';
 
 import { MlclusterApi, Transport } from '../model/api';
 import { SocketLike } from '../model/events';
+import { Job, NotebookServer } from '../model/types';
 
 export type Route = (
   req: http.IncomingMessage,
@@ -154,23 +155,41 @@ let counter = 0;
 export function makeJob(overrides: Record<string, unknown> = {}): any {
   counter++;
   const workers = (overrides.workers as number) ?? 2;
-  return {
+  const job: Job = {
     id: `j${counter.toString(16).padStart(9, '0')}`,
     name: `job-${counter}`,
     state: 'running',
     backend: 'local',
     workers,
+    gpus_per_worker: 0,
+    cpus: 1,
+    memory: null,
+    framework: 'pytorch',
+    image: null,
+    queue: null,
+    priority: 0,
+    timeout: null,
+    max_restarts: 0,
+    env: {},
     created: '2026-11-22T01:00:00.000Z',
     started: '2026-11-22T01:00:01.000Z',
     finished: null,
     error: null,
     failed_rank: null,
+    reason: null,
+    restarts: 0,
     queue_position: null,
+    owner: 'alice',
     origin: {},
+    has_result: false,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,
       state: 'running',
       exit_code: null,
+      pid: 1000 + rank,
+      host: 'localhost',
+      started: '2026-11-22T01:00:01.000Z',
+      finished: null,
       metrics: {
         cpu_percent: 50,
         memory_bytes: 1000,
@@ -178,7 +197,32 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
         gpu_memory_bytes: null
       },
       progress: null
-    })),
+    }))
+  };
+  return { ...job, ...overrides };
+}
+
+/** A notebook server in the REST shape (schema Notebook), with `overrides`. */
+export function makeNotebook(
+  overrides: Partial<NotebookServer> = {}
+): NotebookServer {
+  const name = overrides.name ?? 'nb';
+  return {
+    name,
+    namespace: 'users',
+    owner: 'alice',
+    phase: 'ready',
+    ready: true,
+    stopped: false,
+    url: `/notebook/users/${name}/`,
+    message: '',
+    created: '2026-11-22T01:00:00Z',
+    last_activity: null,
+    image: 'jupyter/minimal-notebook',
+    cpu: '1',
+    memory: '2Gi',
+    gpus: 0,
+    workspace_size: null,
     ...overrides
   };
 }

@@ -17,6 +17,7 @@ class FakeLog {
     for (let i = 0; i < n; i++) {
       this.lines.push({
         rank: 0,
+        ts: '2026-11-22T01:00:00.000Z',
         line: `line ${this.lines.length}`,
         stream: 'stdout'
       });
@@ -31,7 +32,11 @@ class FakeLog {
       if (url.searchParams.get('follow') === 'true') {
         const stream = this.streams.shift();
         res.writeHead(200, { 'Content-Type': 'application/x-ndjson' });
-        stream ? stream(since, res) : res.end();
+        if (stream) {
+          stream(since, res);
+        } else {
+          res.end();
+        }
         return;
       }
       const page = this.lines.slice(since, since + this.pageSize);

@@ -6,11 +6,15 @@ import {
   sortedJobs
 } from '../model/reducer';
 import { Cluster, ServerEvent } from '../model/types';
-import { makeJob } from './helpers';
+import { makeJob, makeNotebook } from './helpers';
 
 const cluster: Cluster = {
   backend: 'local',
-  capacity: { cpus: { total: 8, free: 4 }, gpus: { total: 0, free: 0 } },
+  capacity: {
+    cpus: { total: 8, free: 4 },
+    gpus: { total: 0, free: 0 },
+    memory: { total: null, free: null }
+  },
   queue: []
 };
 
@@ -48,7 +52,7 @@ describe('event stream reducer', () => {
     const b = makeJob();
     const started = { ...a, state: 'running' };
     const state = run([
-      { type: 'snapshot', jobs: [a, b] },
+      { type: 'snapshot', jobs: [a, b], cluster },
       { type: 'job', job: started }
     ]);
     expect(state.jobs[a.id].state).toBe('running');
@@ -60,13 +64,15 @@ describe('event stream reducer', () => {
   it('deleted removes the job, and a late update does not bring it back', () => {
     const a = makeJob();
     const state = run([
-      { type: 'snapshot', jobs: [a] },
+      { type: 'snapshot', jobs: [a], cluster },
       { type: 'deleted', id: a.id },
       { type: 'job', job: { ...a, state: 'cancelled' } }
     ]);
     expect(state.jobs[a.id]).toBeUndefined();
     // ...until a snapshot says otherwise (the server is the authority).
-    expect(reduce(state, { type: 'snapshot', jobs: [a] }).jobs[a.id]).toBe(a);
+    expect(
+      reduce(state, { type: 'snapshot', jobs: [a], cluster }).jobs[a.id]
+    ).toBe(a);
   });
 
   it('a finished job does not go back to running on an out-of-order message', () => {
@@ -77,7 +83,7 @@ describe('event stream reducer', () => {
       finished: '2026-11-22T01:05:00.000Z'
     };
     const state = run([
-      { type: 'snapshot', jobs: [a] },
+      { type: 'snapshot', jobs: [a], cluster },
       { type: 'job', job: done },
       { type: 'job', job: a }
     ]);
@@ -88,7 +94,7 @@ describe('event stream reducer', () => {
     const a = makeJob({ state: 'starting' });
     const running = { ...a, state: 'running' };
     const state = run([
-      { type: 'snapshot', jobs: [a], seq: 10 },
+      { type: 'snapshot', jobs: [a], cluster, seq: 10 },
       { type: 'job', job: running, seq: 9 }, // already in the snapshot
       { type: 'job', job: running, seq: 12 },
       { type: 'job', job: { ...a, state: 'starting' }, seq: 11 } // overtaken
@@ -109,24 +115,33 @@ describe('event stream reducer', () => {
   it('notebook messages update the loaded list; notebook_deleted removes', () => {
     let state = reduce(initialState, {
       type: 'notebooks_loaded',
-      notebooks: [{ name: 'a', phase: 'Running' }]
+      notebooks: [makeNotebook({ name: 'a', phase: 'Running' })]
     });
     state = run(
       [
         {
           type: 'notebook',
-          notebook: { name: 'b', phase: 'Pending', message: 'Pulling image' }
+          notebook: makeNotebook({
+            name: 'b',
+            phase: 'Pending',
+            message: 'Pulling image'
+          })
         },
-        { type: 'notebook', notebook: { name: 'a', phase: 'Stopped' } },
+        {
+          type: 'notebook',
+          notebook: makeNotebook({ name: 'a', phase: 'Stopped' })
+        },
         { type: 'notebook_deleted', name: 'b' }
       ],
       state
     );
-    expect(state.notebooks).toEqual({ a: { name: 'a', phase: 'Stopped' } });
+    expect(state.notebooks).toEqual({
+      a: makeNotebook({ name: 'a', phase: 'Stopped' })
+    });
   });
 
   it('unknown messages and no-op messages keep the same state object', () => {
-    const state = run([{ type: 'snapshot', jobs: [makeJob()] }]);
+    const state = run([{ type: 'snapshot', jobs: [makeJob()], cluster }]);
     expect(reduce(state, { type: 'future-thing' } as any)).toBe(state);
     const disconnected = reduce(state, { type: 'disconnected' });
     expect(disconnected.synced).toBe(false);
@@ -149,7 +164,11 @@ describe('event stream reducer', () => {
       created: '2026-11-22T00:00:00.000Z'
     });
     const state = run([
-      { type: 'snapshot', jobs: [done, queued, oldRunning, failed, newRunning] }
+      {
+        type: 'snapshot',
+        jobs: [done, queued, oldRunning, failed, newRunning],
+        cluster
+      }
     ]);
     expect(sortedJobs(state.jobs).map(j => j.id)).toEqual([
       newRunning.id,

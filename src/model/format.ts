@@ -147,7 +147,7 @@ export function rankSummary(
 export function jobProgress(job: Pick<Job, 'ranks'>): number | null {
   for (const rank of job.ranks) {
     const p = rank.progress;
-    if (p && typeof p.total === 'number' && p.total > 0) {
+    if (p && typeof p.step === 'number' && p.total && p.total > 0) {
       return Math.min(1, Math.max(0, p.step / p.total));
     }
   }

@@ -60,7 +60,8 @@ function without<T>(
   record: Readonly<Record<string, T>>,
   key: string
 ): Record<string, T> {
-  const { [key]: _dropped, ...rest } = record;
+  const rest = { ...record };
+  delete rest[key];
   return rest;
 }
 

@@ -17,19 +17,22 @@ function CapacityBar({
   if (!capacity) {
     return null;
   }
-  if (capacity.total <= 0) {
+  const { total, free } = capacity;
+  if (total === null || free === null || total <= 0) {
+    // null: the backend cannot tell (e.g. a cluster that reports no capacity)
+    const none = total === null || free === null ? 'unknown' : 'none';
     return (
       <div className="jp-mlc-capacity jp-mlc-capacity-none">
         <div className="jp-mlc-capacity-label">
           <span>{label}</span>
-          <span>none</span>
+          <span>{none}</span>
         </div>
       </div>
     );
   }
-  const used = Math.max(0, capacity.total - capacity.free);
-  const fraction = capacity.total > 0 ? used / capacity.total : 0;
-  const text = `${format(used)} of ${format(capacity.total)} allocated`;
+  const used = Math.max(0, total - free);
+  const fraction = used / total;
+  const text = `${format(used)} of ${format(total)} allocated`;
   return (
     <div className="jp-mlc-capacity">
       <div className="jp-mlc-capacity-label">
@@ -41,7 +44,7 @@ function CapacityBar({
         role="meter"
         aria-label={`${label}: ${text}`}
         aria-valuemin={0}
-        aria-valuemax={capacity.total}
+        aria-valuemax={total}
         aria-valuenow={used}
       >
         <div

@@ -100,7 +100,8 @@ const METRICS: Array<{
 
 function RankRow({ rank, history }: { rank: Rank; history: MetricsHistory }) {
   const p = rank.progress;
-  const progress = p && p.total ? p.step / p.total : null;
+  const progress =
+    p && typeof p.step === 'number' && p.total ? p.step / p.total : null;
   return (
     <li
       className={`jp-mlc-rank jp-mlc-rank-${rank.state}`}

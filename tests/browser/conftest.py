@@ -57,7 +57,6 @@ def lab(tmp_path_factory, lab_env):
 def page(lab, request):
     with browser_page(width=1280, height=860) as p:
         yield p
-        save_failure_screenshot(request, p)
 
 
 @pytest.fixture
@@ -75,7 +74,11 @@ def artifacts() -> Path:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
-    """Keep each phase's report on the test item, so fixtures can tell that a test failed."""
+    """A failed browser test leaves a picture of its page (whichever fixture holds the page:
+    per test, shared by a module, or loaded with JupyterLab), taken while it is still open."""
     report = yield
-    setattr(item, f"report_{report.when}", report)
+    if report.when == "call" and report.failed:
+        pages = [value for value in item.funcargs.values() if hasattr(value, "screenshot")]
+        if pages:
+            save_failure_screenshot(item.name, pages[0])
     return report

@@ -338,13 +338,11 @@ def save_docs_image(
             page.screenshot(path=str(target), clip=clip)
 
 
-def save_failure_screenshot(request, page) -> None:
-    """After a failed test (see the report hook in conftest.py), a picture of its page."""
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(Exception):  # the page may have gone with the failure
-            page.screenshot(path=str(ARTIFACTS / f"FAILED-{request.node.name}.png"))
+def save_failure_screenshot(test_name: str, page) -> None:
+    """A picture of a failed test's page (called by the report hook in conftest.py)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(Exception):  # the page may have gone with the failure
+        page.screenshot(path=str(ARTIFACTS / f"FAILED-{test_name}.png"))
 
 
 def box_union(*locators, pad: int = 0, max_width: int | None = None) -> dict:

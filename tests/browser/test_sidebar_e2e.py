@@ -35,7 +35,6 @@ from .lab import (
     run_palette_command,
     running_lab,
     save_docs_image,
-    save_failure_screenshot,
     set_theme,
     sidebar_tab_selector,
     wait_for_kernel_idle,
@@ -156,12 +155,6 @@ def server(tmp_path_factory, e2e_env, jobs):
 def page(server):
     with browser_page(width=1280, height=860) as p:
         yield p
-
-
-@pytest.fixture(autouse=True)
-def _picture_of_failures(request, page):
-    yield
-    save_failure_screenshot(request, page)
 
 
 # -- helpers ------------------------------------------------------------------------------------

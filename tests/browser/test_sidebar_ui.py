@@ -19,7 +19,6 @@ from .lab import (
     open_lab,
     open_sidebar,
     run_palette_command,
-    save_failure_screenshot,
     set_theme,
 )
 
@@ -87,7 +86,7 @@ def shared_page(lab):
 
 
 @pytest.fixture
-def api(shared_page, request) -> FakeApi:
+def api(shared_page) -> FakeApi:
     """The canned API in its initial state, and the panel showing it afresh: no dialog, the
     job list, a new snapshot (the event stream is dropped, so the panel reconnects)."""
     page, fake = shared_page
@@ -104,8 +103,7 @@ def api(shared_page, request) -> FakeApi:
         f"document.querySelectorAll('{SIDEBAR} .jp-mlc-job-row').length === {len(fake.jobs)}"
     )
     page.console_errors.clear()  # type: ignore[attr-defined]
-    yield fake
-    save_failure_screenshot(request, page)
+    return fake
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import requests
 import yaml
+from helpers import scenario_seed
 
 from notebook_controller import objects
 from notebook_controller.cli import print_manifests, run_controller
@@ -477,7 +478,7 @@ def test_sigkilled_during_a_burst_of_creates_converges(
     kube: Kube, kube_namespace: str, tmp_path: Path
 ) -> None:
     install_crds(kube)
-    seed = random.randrange(1 << 30)
+    seed = scenario_seed()
     rng = random.Random(seed)
     zygote = ControllerZygote()
     argv = [

@@ -1,5 +1,5 @@
 """The server extension's per-user NotebookService against the emulator, with the controller,
-called directly (no HTTP; the REST API and /events are in test_notebooks_api.py).
+called directly (no HTTP; the REST API and /events are in notebooks_api/).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections import Counter
 import psutil
 import pytest
 import schemathesis
+from helpers import examples
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
@@ -156,9 +157,7 @@ def test_api_conforms_to_its_openapi_document(api_schema):
 
     def fuzz(operation, mode: GenerationMode, excluded: list) -> None:
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(
-            max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None
-        )
+        @settings(max_examples=examples(20), suppress_health_check=list(HealthCheck))
         def run(case):
             response = case.call_and_validate(
                 timeout=60,

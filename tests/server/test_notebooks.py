@@ -1,7 +1,7 @@
 """Per-user notebook servers, the parts without a cluster: the request -> Notebook mapping,
 the view REST and /events show (against the OpenAPI schema), the request schema agreeing with
 the controller's own validation, the feed that decides what /events says, identities, and
-the REST API of a server that has no cluster. (With a cluster: tests/kube/test_notebooks_api.py.)"""
+the REST API of a server that has no cluster. (With a cluster: tests/kube/notebooks_api/.)"""
 
 from __future__ import annotations
 

@@ -17,10 +17,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-
-# pytest-jupyter's fixtures (jp_serverapp, jp_fetch, jp_ws_fetch, ...), for this module only:
-# its autouse loop and cleanup fixtures must not reach the controller's tests beside it.
-from pytest_jupyter.jupyter_server import *
 from tornado.ioloop import PeriodicCallback
 from typing_extensions import Self
 

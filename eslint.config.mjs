@@ -1,0 +1,42 @@
+// ESLint for the sidebar (src/), after the JupyterLab extension template: the recommended
+// JavaScript and typescript-eslint rules, prettier as a rule, and the template's house rules.
+import js from '@eslint/js';
+import { defineConfig } from 'eslint/config';
+import prettierRecommended from 'eslint-plugin-prettier/recommended';
+import globals from 'globals';
+import tseslint from 'typescript-eslint';
+
+export default defineConfig([
+  {
+    ignores: [
+      'node_modules/**',
+      'lib/**',
+      'labextension/**',
+      'coverage/**',
+      '.venv/**',
+      '**/*.js',
+      '**/*.d.ts',
+      // generated from the API document by scripts/api-types.mjs
+      'src/model/api-types.ts'
+    ]
+  },
+  js.configs.recommended,
+  tseslint.configs.recommended,
+  {
+    files: ['**/*.ts', '**/*.tsx'],
+    languageOptions: {
+      globals: { ...globals.browser, ...globals.node },
+      parserOptions: { project: 'tsconfig.eslint.json', sourceType: 'module' }
+    },
+    rules: {
+      '@typescript-eslint/no-unused-vars': ['warn', { args: 'none' }],
+      '@typescript-eslint/no-explicit-any': 'off',
+      '@typescript-eslint/no-namespace': 'off',
+      '@typescript-eslint/no-use-before-define': 'off',
+      curly: ['error', 'all'],
+      eqeqeq: 'error',
+      'prefer-arrow-callback': 'error'
+    }
+  },
+  prettierRecommended
+]);
