@@ -182,6 +182,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     owner: 'alice',
     origin: {},
     has_result: false,
+    sweep: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,
       state: 'running',

@@ -236,10 +236,223 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/sweeps': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /** Sweeps (%%distributed --sweep, mlcluster run --sweep), newest first, each with its trials */
+    get: operations['listSweeps'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/sweeps/{id}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A sweep's id. */
+        id: components['parameters']['SweepId'];
+      };
+      cookie?: never;
+    };
+    /** A sweep and its trials (each an ordinary job, GET /jobs/{id}) */
+    get: operations['getSweep'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/schedules': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /** Scheduled trainings (mlcluster schedule add, %%distributed --schedule) */
+    get: operations['listSchedules'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/schedules/{name}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    get: operations['getSchedule'];
+    put?: never;
+    post?: never;
+    /** Forget a schedule; no tick fires after this returns (its runs' jobs stay) */
+    delete: operations['deleteSchedule'];
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/schedules/{name}/pause': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /** Stop firing (a run in progress goes on) */
+    post: operations['pauseSchedule'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/schedules/{name}/resume': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /** Fire again from the next tick (ticks missed while paused are not run) */
+    post: operations['resumeSchedule'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/schedules/{name}/runs': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    /** The schedule's claimed ticks, newest first (submitted, skipped by Forbid, missed) */
+    get: operations['listScheduleRuns'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
 }
 export type webhooks = Record<string, never>;
 export interface components {
   schemas: {
+    Trial: {
+      trial: number;
+      /** @description The swept names and this trial's values (non-JSON values as their repr) */
+      params: Record<string, never>;
+      job_id: string;
+      /** @enum {unknown} */
+      state:
+        | 'queued'
+        | 'starting'
+        | 'running'
+        | 'succeeded'
+        | 'failed'
+        | 'cancelled';
+      /** @description The named --metric of rank 0's value (or the value itself), when a number */
+      metric: number | null;
+      error: string | null;
+      duration: number | null;
+    };
+    Sweep: {
+      id: string;
+      name: string;
+      owner: string | null;
+      /** @description Epoch seconds */
+      created: number;
+      /** @enum {unknown} */
+      state: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';
+      /** @description Each swept name and what it sweeps ("0.1,0.01", "loguniform(0.0001,0.1)") */
+      params: {
+        [key: string]: string;
+      };
+      trials: components['schemas']['Trial'][];
+      parallel: number | null;
+      metric: string | null;
+      /** @enum {unknown} */
+      mode: 'min' | 'max';
+      seed: number | null;
+      /** @description The index of the best succeeded trial, if any has a numeric metric */
+      best: number | null;
+    };
+    SweepList: {
+      sweeps: components['schemas']['Sweep'][];
+    };
+    ScheduleRun: {
+      /** @description The cron tick (epoch seconds) this run belongs to */
+      tick: number;
+      fired: number;
+      job_id: string | null;
+      /** @description submitted, skipped (Forbid), missed (starting deadline), failed to submit, deleted (history limit) */
+      outcome: string;
+      /** @description The run's job state */
+      state: string | null;
+    };
+    ScheduleRunList: {
+      runs: components['schemas']['ScheduleRun'][];
+    };
+    Schedule: {
+      name: string;
+      owner: string | null;
+      cron: string;
+      timezone: string;
+      /** @enum {unknown} */
+      concurrency: 'Allow' | 'Forbid' | 'Replace';
+      starting_deadline: number | null;
+      successful_history: number;
+      failed_history: number;
+      suspended: boolean;
+      /** @enum {unknown} */
+      backend: 'local' | 'kubernetes';
+      workers: number;
+      next_run_ts: number | null;
+      last_run:
+        | null
+        | (components['schemas']['ScheduleRun'] & {
+            job_name?: string;
+          });
+    };
+    ScheduleList: {
+      schedules: components['schemas']['Schedule'][];
+    };
     Error: {
       message: string;
     };
@@ -352,6 +565,12 @@ export interface components {
         [key: string]: unknown;
       };
       has_result: boolean;
+      /** @description A sweep's trial names its sweep (GET /sweeps/{id}); null for other jobs */
+      sweep: null | {
+        id: string;
+        trial: number;
+        parallel?: number | null;
+      };
       ranks: components['schemas']['Rank'][];
     };
     JobList: {
@@ -584,12 +803,34 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
+    /** @description No such sweep (or another user's) */
+    UnknownSweep: {
+      headers: {
+        [name: string]: unknown;
+      };
+      content: {
+        'application/json': components['schemas']['Error'];
+      };
+    };
+    /** @description No such schedule (or another user's) */
+    UnknownSchedule: {
+      headers: {
+        [name: string]: unknown;
+      };
+      content: {
+        'application/json': components['schemas']['Error'];
+      };
+    };
   };
   parameters: {
     /** @description A job id, or a job name (then the newest job of that name). */
     JobRef: string;
     /** @description The notebook server's name. */
     NotebookName: string;
+    /** @description A sweep's id. */
+    SweepId: string;
+    /** @description A schedule's name. */
+    ScheduleName: string;
   };
   requestBodies: never;
   headers: never;
@@ -1112,6 +1353,198 @@ export interface operations {
       404: components['responses']['UnknownNotebook'];
       502: components['responses']['ApiRefused'];
       503: components['responses']['NoCluster'];
+    };
+  };
+  listSweeps: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The sweeps */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['SweepList'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['NotFound'];
+    };
+  };
+  getSweep: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A sweep's id. */
+        id: components['parameters']['SweepId'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The sweep */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Sweep'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSweep'];
+    };
+  };
+  listSchedules: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The schedules */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ScheduleList'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['NotFound'];
+    };
+  };
+  getSchedule: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The schedule, its next tick and its last run */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Schedule'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSchedule'];
+    };
+  };
+  deleteSchedule: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description Deleted */
+      204: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSchedule'];
+    };
+  };
+  pauseSchedule: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The schedule, suspended */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Schedule'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSchedule'];
+    };
+  };
+  resumeSchedule: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The schedule, active */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Schedule'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSchedule'];
+    };
+  };
+  listScheduleRuns: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A schedule's name. */
+        name: components['parameters']['ScheduleName'];
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The runs */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ScheduleRunList'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownSchedule'];
     };
   };
 }
