@@ -177,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM (or SIGHUP) while following a job: handled like Ctrl-C."""
+    """SIGTERM, SIGHUP or SIGQUIT while following a job: handled like Ctrl-C."""
 
 
 def _raise_terminated(signum, frame) -> None:
@@ -186,10 +189,11 @@ def _raise_terminated(signum, frame) -> None:
 
 
 def handle_interrupts() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP stop the job and end this command, even when it was started
-    with SIGINT ignored (a background job of a non-interactive shell inherits SIG_IGN)."""
+    """Ctrl-C, SIGTERM, SIGHUP and SIGQUIT (torchrun's set) stop the job and end this command,
+    even when it was started with SIGINT ignored (a background job of a non-interactive shell
+    inherits SIG_IGN)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in _TERMINATING:
         signal.signal(signum, _raise_terminated)
 
 
@@ -250,7 +254,7 @@ def follow_sweep(handle, *, quiet: bool = False) -> int:
             time.sleep(0.2)
             handle._service.reap()
     except KeyboardInterrupt:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, *_TERMINATING):
             signal.signal(signum, signal.SIG_IGN)
         print(f"\nmlcluster: cancelling sweep {handle.id} ...", file=sys.stderr)
         handle.cancel()
@@ -275,7 +279,7 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
                 service.reap()
     except KeyboardInterrupt as interrupt:
         # A second signal while cancelling must not leave the job behind: ignore them now.
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, *_TERMINATING):
             signal.signal(signum, signal.SIG_IGN)
         why = f" ({interrupt})" if isinstance(interrupt, _Terminated) else ""
         print(f"\nmlcluster: cancelling job {job_id}{why} ...", file=sys.stderr)

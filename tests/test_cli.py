@@ -45,7 +45,7 @@ def test_controller_and_manifests_take_their_own_options():
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(300)\n"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGQUIT])
 def test_run_stops_the_job_on_a_signal_even_with_sigint_ignored(service, tmp_path, signum):
     """A background job of a non-interactive shell starts with SIGINT ignored; `mlcluster run`
     still cancels its job on Ctrl-C/SIGTERM and exits 1, like torchrun (not 130/143)."""
