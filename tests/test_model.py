@@ -9,7 +9,7 @@ from jupyterlab_mlcluster.jobs.model import (
     parse_duration,
     parse_memory,
 )
-from jupyterlab_mlcluster.runtime.protocol import OutputParser, encode_record, parse_tqdm
+from jupyterlab_mlcluster.runtime.protocol import MARKER, OutputParser, encode_record, parse_tqdm
 
 
 @pytest.mark.parametrize(
@@ -95,11 +95,15 @@ def test_spec_rejects(options, message):
         JobSpec.from_options(options)
 
 
+KEY = bytes(range(32))  # a job's record key
+
+
 def test_output_parser_lines_control_and_tqdm():
-    parser = OutputParser()
+    parser = OutputParser(KEY, 0)
     items = list(parser.feed(b"hello\nwor"))
     assert items == [("line", "hello")]
-    items = list(parser.feed(b"ld\n" + encode_record({"type": "progress", "step": 3, "total": 10})))
+    record = encode_record({"type": "progress", "step": 3, "total": 10}, KEY, 0)
+    items = list(parser.feed(b"ld\n" + record))
     assert items == [("line", "world"), ("control", {"type": "progress", "step": 3, "total": 10})]
     # tqdm redraws: progress from each redraw, only the final text becomes a log line
     items = list(parser.feed(b"\rtrain:  10%|#         | 10/100 [00:01<00:09, 10.00it/s]"))
@@ -112,11 +116,25 @@ def test_output_parser_lines_control_and_tqdm():
     assert ("progress", {"step": 100, "total": 100, "desc": "train", "source": "tqdm"}) in items
 
 
-def test_output_parser_marker_after_partial_line():
-    parser = OutputParser()
-    items = list(parser.feed(b"partial" + encode_record({"type": "started"})))
-    assert items == [("line", "partial"), ("control", {"type": "started"})]
-    assert list(parser.flush()) == []
+def test_output_parser_takes_only_signed_records_at_line_start():
+    """A record counts only at the start of a line, signed with the job's key by the rank
+    whose stream it is; anything else that carries the marker is just a line of text."""
+    genuine = encode_record({"type": "result", "index": 0, "count": 1, "data": "eA=="}, KEY, 0)
+    forgeries = {
+        "mid-line": b"dataset text: " + genuine,
+        "other rank": encode_record({"type": "result", "index": 0, "count": 1}, KEY, 1),
+        "other key": encode_record({"type": "result", "index": 0, "count": 1}, b"x" * 32, 0),
+        "unsigned": MARKER.encode() + b'{"type":"result","index":0,"count":1,"data":"eA=="}\n',
+        "tampered": genuine.replace(b"eA==", b"eB=="),
+    }
+    for name, data in forgeries.items():
+        items = list(OutputParser(KEY, 0).feed(data))
+        assert [kind for kind, _ in items] == ["line"], name
+        assert items[0][1] == data[:-1].decode(), name
+    assert list(OutputParser(None, 0).feed(genuine)) == [("line", genuine[:-1].decode())]
+    assert list(OutputParser(KEY, 0).feed(genuine)) == [
+        ("control", {"type": "result", "index": 0, "count": 1, "data": "eA=="})
+    ]
 
 
 def test_parse_tqdm_ignores_ordinary_text():

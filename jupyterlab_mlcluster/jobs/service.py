@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from ..backends.base import Backend, get_backend
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
+from ..runtime.protocol import key_path, new_key_file
 from .model import JobSpec, JobState, RankState, SpecError
 from .record import JobRecord
 from .store import JobStore, UnknownJob
@@ -120,6 +121,8 @@ class JobService:
         )
         self.store.insert_job(record, data)
         job_dir = self.store.job_dir(job_id)
+        # The job's secret for its ranks' reports, beside the payload (runtime/protocol.py).
+        new_key_file(key_path(self.store.payload_path(job_id)))
         if payload.kind == "code":
             (job_dir / "cell.py").write_text(payload.source)
         _write_private(

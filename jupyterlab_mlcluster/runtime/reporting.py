@@ -8,33 +8,46 @@ import threading
 import time
 from typing import Any
 
-from .protocol import encode_record
+from .protocol import encode_record, key_path, read_key_file
 
 _lock = threading.Lock()
 _last_progress = 0.0
 _fd: int | None = None
 _mode: str | None = None
+_key: bytes | None = None
+_rank = 0
+
+
+def configure() -> None:
+    """Read this rank's channel, rank and job key (beside its payload). The runtime calls it
+    before the user's code runs; the key stays in this module, never in the environment."""
+    global _mode, _fd, _key, _rank
+    setting = os.environ.get("MLCLUSTER_REPORT", "")
+    payload = os.environ.get("MLCLUSTER_PAYLOAD")
+    _key = read_key_file(key_path(payload)) if payload else None
+    _rank = int(os.environ.get("RANK", "0") or 0)
+    if _key is None:
+        _mode = "none"  # nobody would believe an unsigned record
+    elif setting.startswith("fd:"):
+        _mode, _fd = "fd", int(setting[3:])
+    elif setting == "stdout":
+        _mode = "stdout"
+    else:
+        _mode = "none"
 
 
 def _channel() -> tuple[str, int | None]:
     """('fd', n) for a local rank, ('stdout', None) in a pod, ('none', None) outside a job."""
-    global _mode, _fd
     if _mode is None:
-        setting = os.environ.get("MLCLUSTER_REPORT", "")
-        if setting.startswith("fd:"):
-            _mode, _fd = "fd", int(setting[3:])
-        elif setting == "stdout":
-            _mode = "stdout"
-        else:
-            _mode = "none"
-    return _mode, _fd
+        configure()
+    return _mode, _fd  # type: ignore[return-value]
 
 
 def send(record: dict[str, Any]) -> bool:
     mode, fd = _channel()
     if mode == "none":
         return False
-    data = encode_record(record)
+    data = encode_record(record, _key, _rank)  # type: ignore[arg-type]
     with _lock:
         if mode == "fd":
             try:

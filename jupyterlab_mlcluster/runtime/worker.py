@@ -330,6 +330,7 @@ def _flush_open_files() -> None:
 def main() -> None:
     complete_environment(os.environ)
     tie_to_supervisor()
+    reporting.configure()  # channel, rank and job key, before any user code runs
     if os.environ.get("MLCLUSTER_REPORT") == "stdout":
         # Nobody samples a pod's rank from outside: it reports its own CPU/memory/GPU.
         from .metrics import start_reporting

@@ -13,6 +13,8 @@ from jupyterlab_mlcluster.backends.kubernetes.status import observe, pod_usage
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState, SpecError
 from jupyterlab_mlcluster.runtime.protocol import encode_record
 
+KEY = bytes(range(32))  # the job's record key (runtime/protocol.py)
+
 UID = "uid-current"
 
 
@@ -256,13 +258,13 @@ def feed(output: PodOutput, *chunks: bytes) -> list[tuple[int, str, Any]]:
 def test_a_pod_log_splits_into_lines_and_reports():
     log = (
         b"\n"
-        + encode_record({"type": "started", "pid": 1})
+        + encode_record({"type": "started", "pid": 1}, KEY, 3)
         + b"hello\n\nworld\n"
         + b"\n"
-        + encode_record({"type": "progress", "step": 1, "total": 2, "desc": None})
+        + encode_record({"type": "progress", "step": 1, "total": 2, "desc": None}, KEY, 3)
         + b"no newline"
     )
-    items = feed(PodOutput([3]), log[:7], log[7:30], log[30:])
+    items = feed(PodOutput([3], key=KEY), log[:7], log[7:30], log[30:])
     assert items == [
         (3, "control", {"type": "started", "pid": 1}),
         (3, "line", "hello"),
@@ -275,9 +277,9 @@ def test_a_pod_log_splits_into_lines_and_reports():
 
 def test_a_packed_pod_log_goes_to_each_rank():
     log = b"[1]:one\n[0]:zero\nINFO torchrun says hi\n[1]:" + encode_record(
-        {"type": "error", "rank": 1}
+        {"type": "error", "rank": 1}, KEY, 1
     )
-    assert feed(PodOutput([0, 1]), log) == [
+    assert feed(PodOutput([0, 1], key=KEY), log) == [
         (1, "line", "one"),
         (0, "line", "zero"),
         (0, "line", "INFO torchrun says hi"),
@@ -288,15 +290,15 @@ def test_a_packed_pod_log_goes_to_each_rank():
 def test_a_resumed_log_skips_stored_lines_but_not_reports():
     log = (
         b"a\n"
-        + encode_record({"type": "metrics", "cpu_percent": 1.0})
+        + encode_record({"type": "metrics", "cpu_percent": 1.0}, KEY, 0)
         + b"b\n"
-        + encode_record({"type": "result", "index": 0, "count": 1, "data": "eA=="})
+        + encode_record({"type": "result", "index": 0, "count": 1, "data": "eA=="}, KEY, 0)
         + b"c\n"
     )
-    first = PodOutput([0])
+    first = PodOutput([0], key=KEY)
     list(first.feed(log[:2]))
     assert first.seen() == {0: 1}
-    resumed = PodOutput([0], skip={0: 2})
+    resumed = PodOutput([0], skip={0: 2}, key=KEY)
     assert feed(resumed, log) == [
         (0, "control", {"type": "result", "index": 0, "count": 1, "data": "eA=="}),  # never skipped
         (0, "line", "c"),

@@ -192,6 +192,23 @@ class Resources:
             raise
         return True
 
+    def holds(self, kind: Kind, name: str, uid: str) -> bool:
+        """Whether `name` is still the object with this uid: a dry-run delete with a uid
+        precondition (needs only the delete right, reads nothing, changes nothing)."""
+        options = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "dryRun": ["All"],
+            "preconditions": {"uid": uid},
+        }
+        try:
+            self.conn.request("DELETE", kind.path(self.namespace, name), body=options)
+        except Exception as exc:
+            if is_not_found(exc) or (status_of(exc) == 409 and reason_of(exc) == "Conflict"):
+                return False
+            raise
+        return True
+
     def list(self, kind: Kind, label_selector: str | None = None) -> list[dict[str, Any]]:
         return self.list_function(kind)(self.namespace, label_selector=label_selector).items
 

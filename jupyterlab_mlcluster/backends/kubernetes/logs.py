@@ -94,8 +94,8 @@ class _RankLines:
     dropped.
     """
 
-    def __init__(self, skip: int):
-        self.parser = OutputParser()
+    def __init__(self, skip: int, key: bytes | None, rank: int):
+        self.parser = OutputParser(key, rank)
         self.skip = skip
         self.seen = 0  # text lines of this rank in this stream (for the next resume)
         self._blank = False
@@ -142,13 +142,16 @@ class _RankLines:
 class PodOutput:
     """The bytes of one pod's log -> (rank, kind, value) with kind 'line', 'control' or
     'progress'. A packed pod (several ranks, torchrun inside) prefixes each line with its
-    rank; torchrun's own lines belong to the pod's first rank."""
+    rank; torchrun's own lines belong to the pod's first rank. Control records count only when
+    signed with the job's `key` by the rank whose line it is (runtime/protocol.py)."""
 
-    def __init__(self, ranks: list[int], skip: dict[int, int] | None = None):
+    def __init__(
+        self, ranks: list[int], skip: dict[int, int] | None = None, key: bytes | None = None
+    ):
         self.ranks = list(ranks)
         self.packed = len(self.ranks) > 1
         self._buffer = b""
-        self._lines = {r: _RankLines((skip or {}).get(r, 0)) for r in self.ranks}
+        self._lines = {r: _RankLines((skip or {}).get(r, 0), key, r) for r in self.ranks}
 
     def feed(self, data: bytes) -> Iterator[tuple[int, str, Any]]:
         self._buffer += data

@@ -32,12 +32,14 @@ import base64
 import copy
 import dataclasses
 import hashlib
+import hmac
 import math
 import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...jobs.model import JobSpec, SpecError, format_memory
+from ...runtime.protocol import KEY_FILE
 from .payload import chunk_name
 
 ENGINES = ("pytorchjob", "tfjob", "indexed-job")
@@ -367,13 +369,23 @@ def _command(ranks_per_pod: int) -> list[str]:
     return ["python", "-m", "torch.distributed.run", *flags, "--tee=3", "--module", WORKER_MODULE]
 
 
-def payload_volume(name: str, chunk_count: int) -> dict[str, Any]:
-    """ONE projected volume gathering every chunk Secret as files payload-000, payload-001..."""
+def payload_secret_prefix(name: str, key: bytes, attempt: int) -> str:
+    """`<name>-<token>`: the payload Secrets' names of one attempt, unguessable without the
+    job's key (nobody can create them before the supervisor does), the same for a supervisor
+    that takes the job over (it has the key)."""
+    token = hmac.new(key, f"payload-secrets/{attempt}".encode(), hashlib.sha256).hexdigest()
+    return f"{name}-{token[:20]}"
+
+
+def payload_volume(prefix: str, chunk_count: int, with_key: bool = False) -> dict[str, Any]:
+    """ONE projected volume gathering every chunk Secret as files payload-000, payload-001...
+    (and the job's record key, from the first Secret, as `report-key`)."""
     sources = [
         {
             "secret": {
-                "name": f"{name}-{chunk_name(i)}",
-                "items": [{"key": chunk_name(i), "path": chunk_name(i)}],
+                "name": f"{prefix}-{chunk_name(i)}",
+                "items": [{"key": chunk_name(i), "path": chunk_name(i)}]
+                + ([{"key": KEY_FILE, "path": KEY_FILE}] if with_key and i == 0 else []),
             }
         }
         for i in range(chunk_count)
@@ -395,8 +407,11 @@ def pod_template(
     service_account: str | None = None,
     ranks_per_pod: int = 1,
     attempt: int = 0,
+    payload_prefix: str | None = None,
+    with_key: bool = False,
 ) -> dict[str, Any]:
-    """The pod template every rank of the job runs."""
+    """The pod template every rank of the job runs (`payload_prefix`: the payload Secrets'
+    names, `name` by default; `with_key`: the first one holds the job's record key)."""
     env = [_env(k, v) for k, v in spec.env.items()]
     env += [
         _env("MLCLUSTER_JOB_ID", job_id),
@@ -426,7 +441,7 @@ def pod_template(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [
-            payload_volume(name, chunk_count),
+            payload_volume(payload_prefix or name, chunk_count, with_key),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
         # Ranks do not talk to the API server, and service-link variables could clash
@@ -452,23 +467,33 @@ def pod_template(
 
 
 def payload_secrets(
-    name: str, namespace: str, chunks: Sequence[bytes], labels: dict[str, str]
+    prefix: str,
+    namespace: str,
+    chunks: Sequence[bytes],
+    labels: dict[str, str],
+    report_key: bytes | None = None,
 ) -> list[dict[str, Any]]:
-    """One immutable Secret per chunk: `<name>-payload-000` with key `payload-000`.
+    """One immutable Secret per chunk: `<prefix>-payload-000` with key `payload-000`; the
+    first also holds the job's record key (`report-key`, runtime/protocol.py) when given.
 
     Immutable: the kubelet does not watch them, and nobody can swap the code under a job.
     """
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": _metadata(f"{name}-{chunk_name(i)}", namespace, labels),
-            "type": "Opaque",
-            "immutable": True,
-            "data": {chunk_name(i): base64.b64encode(chunk).decode("ascii")},
-        }
-        for i, chunk in enumerate(chunks)
-    ]
+    secrets = []
+    for i, chunk in enumerate(chunks):
+        data = {chunk_name(i): base64.b64encode(chunk).decode("ascii")}
+        if report_key is not None and i == 0:
+            data[KEY_FILE] = base64.b64encode(report_key).decode("ascii")
+        secrets.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": _metadata(f"{prefix}-{chunk_name(i)}", namespace, labels),
+                "type": "Opaque",
+                "immutable": True,
+                "data": data,
+            }
+        )
+    return secrets
 
 
 def headless_service(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -639,9 +664,12 @@ def build_job_objects(
     service_account: str | None = None,
     ranks_per_pod: int = 1,
     attempt: int = 0,
+    report_key: bytes | None = None,
 ) -> JobObjects:
     """All objects of one job. `queue` is the default when the spec names none;
-    `priority_class` a PriorityClass name the backend chose for `spec.priority`.
+    `priority_class` a PriorityClass name the backend chose for `spec.priority`;
+    `report_key` the job's record key: it travels in the first payload Secret, and the
+    Secrets get names derived from it (`payload_secret_prefix`).
     """
     check_request(spec, engine=engine, gang=gang, queue=queue, ranks_per_pod=ranks_per_pod)
     if not payload_chunks:
@@ -650,6 +678,7 @@ def build_job_objects(
     name = object_name(job_id, spec.name)
     labels = job_labels(job_id, user)
     pods = spec.workers // ranks_per_pod
+    prefix = name if report_key is None else payload_secret_prefix(name, report_key, attempt)
     template = pod_template(
         job_id,
         spec,
@@ -663,6 +692,8 @@ def build_job_objects(
         service_account=service_account,
         ranks_per_pod=ranks_per_pod,
         attempt=attempt,
+        payload_prefix=prefix,
+        with_key=report_key is not None,
     )
     job_labels_ = dict(labels)
     if gang == "kueue":
@@ -683,7 +714,7 @@ def build_job_objects(
         else:
             job = tf_job(metadata, template, policy, workers=spec.workers)
 
-    dependents = payload_secrets(name, namespace, payload_chunks, labels)
+    dependents = payload_secrets(prefix, namespace, payload_chunks, labels, report_key)
     if engine == "indexed-job":
         dependents.append(headless_service(name, namespace, labels))
     if gang == "volcano":

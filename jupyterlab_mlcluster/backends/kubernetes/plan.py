@@ -122,6 +122,7 @@ def plan_objects(
     user: str,
     payload_chunks: Sequence[bytes],
     attempt: int,
+    report_key: bytes | None = None,
 ) -> JobObjects:
     """The objects of one attempt of a planned job (see objects.build_job_objects)."""
     return build_job_objects(
@@ -138,4 +139,5 @@ def plan_objects(
         service_account=plan.service_account,
         ranks_per_pod=plan.ranks_per_pod,
         attempt=attempt,
+        report_key=report_key,
     )

@@ -3,7 +3,12 @@
 One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everything):
 
 1. create the objects (job object suspended, then its owned Secrets/Service/PodGroup, then
-   resume), or adopt them when a new supervisor takes over a job that lives on;
+   resume), or adopt them when a new supervisor takes over a job that lives on. The payload
+   Secrets have names derived from the job's key (unguessable), are only ever created here,
+   and are trusted by uid: each one's uid is recorded when this supervisor creates it, an
+   existing one (409) is never taken as ours unless its uid is recorded, and all are checked
+   again before the job is resumed. So nobody else's code runs in the job's ranks;
+   and rank 0's result counts only when signed with the job's key (runtime/protocol.py);
 2. follow it with two watches (`kubernetes.informer.SharedInformer`: the job object and
    the job's pods by label) and one log stream per pod, all feeding one event queue that
    this thread alone consumes: states, reasons, logs, results, errors go to the store;
@@ -25,6 +30,7 @@ from typing import Any
 
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.store import JobStore
+from ...runtime.protocol import job_key, key_path
 from .client import (
     Connection,
     KubeError,
@@ -91,6 +97,9 @@ class JobRun:
         self.res = Resources(conn)
         self.kind = kind_of(plan.api_version, plan.kind)
         self.name = object_name(ctx.job.id, self.spec.name)
+        # Signs the ranks' records and names the payload Secrets (never leaves the job's
+        # private directory, except in those Secrets).
+        self.key = job_key(key_path(self.store.payload_path(ctx.job.id)))
 
     @functools.cached_property
     def metrics_api(self) -> bool:
@@ -275,6 +284,7 @@ class _Attempt:
             user=ctx.job.owner or "unknown",
             payload_chunks=split_payload(ctx.store.payload_path(ctx.job.id).read_bytes()),
             attempt=self.number,
+            report_key=run.key,
         )
         if job is None:
             log.debug("creating %s %s", plan.kind, run.name)
@@ -282,6 +292,7 @@ class _Attempt:
         self.job, self.uid = job, job["metadata"]["uid"]
         for dependent in objects.dependents:
             self._create_dependent(with_owner(dependent, job))
+        self._check_secrets(objects.dependents)
         if objects.resume is not None and is_suspended(job, plan.engine):
             self.job = with_retries(self._resume(objects.resume), f"resume {run.name}")
         log.debug("objects ready")
@@ -315,21 +326,62 @@ class _Attempt:
         deadline = time.monotonic() + DEPENDENT_RETRY_TIMEOUT
         while True:
             try:
-                with_retries(lambda: res.create(obj), f"create {obj['kind']} {name}")
+                created = with_retries(lambda: res.create(obj), f"create {obj['kind']} {name}")
+                if kind.kind == "Secret":
+                    self._record_secret(name, created["metadata"]["uid"])
                 return
             except Exception as exc:
                 if not is_already_exists(exc):
                     raise
             if kind.kind == "Secret":
-                # Secrets cannot be read back (RBAC: create/delete only): same name and an
-                # owner that is alive means it is ours, from a supervisor that died mid-way.
-                return
+                # Ours only if this job's supervisor recorded creating it (one that died
+                # mid-way did); else someone else's, holding who knows what code.
+                if name in self._secret_uids():
+                    return
+                raise KubeError(
+                    f"Secret {name} already exists and was not created by this job: "
+                    "refusing to run the code it holds"
+                )
             found = res.get(kind, name)
             if found is not None and owned_by(found, self.uid or ""):
                 return
             if time.monotonic() > deadline:
                 raise KubeError(f"{obj['kind']} {name} exists and belongs to something else")
             time.sleep(0.2)
+
+    def _secrets_file(self):
+        return self.ctx.store.job_dir(self.ctx.job.id) / "payload-secrets.json"
+
+    def _secret_uids(self) -> dict[str, str]:
+        """name -> uid of every payload Secret this job's supervisors created."""
+        try:
+            return json.loads(self._secrets_file().read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _record_secret(self, name: str, uid: str) -> None:
+        uids = self._secret_uids()
+        uids[name] = uid
+        _write_atomically(self._secrets_file(), json.dumps(uids).encode())
+
+    def _check_secrets(self, dependents: list[dict[str, Any]]) -> None:
+        """Before any pod mounts them: each payload Secret is still the one created here
+        (same uid; a deleted-and-recreated one is not). Asked as a dry-run delete with a uid
+        precondition, so the runner needs no right to read Secrets."""
+        uids = self._secret_uids()
+        for obj in dependents:
+            if obj["kind"] != "Secret":
+                continue
+            name = obj["metadata"]["name"]
+            uid = uids.get(name)
+            if uid is None or not with_retries(
+                lambda n=name, u=uid: self.run_.res.holds(kind_of("v1", "Secret"), n, u),
+                f"check Secret {name}",
+            ):
+                raise KubeError(
+                    f"Secret {name} is no longer the one this job created: refusing to run "
+                    "the code it holds"
+                )
 
     def _resume(self, patch: dict[str, Any]):
         res, kind, name, engine = self.run_.res, self.run_.kind, self.run_.name, self.plan.engine
@@ -572,7 +624,7 @@ class _Attempt:
             skip = self.resume_skip.pop(name, None)
             if skip is None:
                 skip = {r: self.adopted_skip.get(r, 0) for r in ranks}
-            self.outputs[name] = PodOutput(ranks, skip)
+            self.outputs[name] = PodOutput(ranks, skip, key=self.run_.key)
             self.followers[name] = PodLogFollower(
                 self.run_.conn, self.plan.namespace, name, self.container, self.events
             ).start()
@@ -627,7 +679,7 @@ class _Attempt:
         elif rtype == "error":
             report = {k: v for k, v in record.items() if k != "type"}
             _write_atomically(self.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
-        elif rtype == "result":
+        elif rtype == "result" and rank == 0:  # a result comes from rank 0 or from nobody
             self._result_chunk(record)
 
     def _result_chunk(self, record: dict[str, Any]) -> None:

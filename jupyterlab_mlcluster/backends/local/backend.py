@@ -14,7 +14,7 @@ from typing import Any
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.store import JobStore
 from ...runtime.errors import read_error_file
-from ...runtime.protocol import OutputParser
+from ...runtime.protocol import OutputParser, job_key, key_path
 from ..base import Backend
 from . import launcher, pool
 from .metrics import RankSampler
@@ -204,6 +204,7 @@ class _Gang:
         ports = launcher.job_ports(spec)
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))
+        key = job_key(key_path(payload_path))  # beside the payload: each rank reads it there
         # A restart must not report the previous attempt's result or tracebacks.
         for stale in [
             store.result_path(job_id),
@@ -238,7 +239,9 @@ class _Gang:
             for fd, stream in ((proc.stdout, "o"), (proc.stderr, "e"), (proc.control, "c")):
                 os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (rank, stream))
-                self.parsers[(rank, stream)] = OutputParser()
+                # Records come only on the report pipe, signed by this rank: whatever the
+                # rank prints on stdout/stderr is text, marker or not.
+                self.parsers[(rank, stream)] = OutputParser(key if stream == "c" else None, rank)
                 self.open_fds += 1
         now = time.time()
         ctx.set_ranks(

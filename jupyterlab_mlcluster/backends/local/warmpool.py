@@ -424,7 +424,7 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
     _reseed_and_rethread()
     import jupyterlab_mlcluster.runtime.reporting as reporting
 
-    reporting._mode = None  # re-read MLCLUSTER_REPORT of this rank
+    reporting.configure()  # this rank's channel, rank and job key
     worker.tie_to_supervisor()
     payload = Payload.loads(read_payload_bytes(payload_path))
     return worker.execute(payload)

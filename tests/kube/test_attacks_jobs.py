@@ -1,0 +1,135 @@
+"""Attacks on Kubernetes jobs (issue 13), against the API emulator with real supervisors and
+real rank processes (`ClusterPlayer`). Each test names one attack and shows it refused.
+
+User B (the attacker) may create and delete Secrets in the namespace A's job runs in (a shared
+namespace, or a careless RoleBinding), and may print anything in a rank's output (a dataset
+echoing text). A's job must neither run B's code nor load B's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+from helpers import wait_for
+
+from jupyterlab_mlcluster.backends.kubernetes.payload import split_payload
+from tests.attacks import FORGED_LINES, FORGING_CELL, evil_result
+from tests.kube.emulator import RealisticKubernetes
+from tests.kube.helpers import Kube
+from tests.kube.jobs_fixtures import code, spec_of
+from tests.kube.player import objects_of
+
+DELAY = 3.0  # how long the emulator holds A's request back: B acts meanwhile
+
+
+def test_attack_forged_result_records_in_the_pod_log(k8s, player, kube, kube_namespace, tmp_path):
+    """Both ranks print result and progress records into their pod logs, where the real ones
+    travel too (mid-line, made-up MAC, another job's key, genuine but mid-line, rank 1
+    posing as rank 0 with the job's key): the result is rank 0's own and nothing forged is
+    ever unpickled."""
+    mark = tmp_path / "unpickled"
+    service = k8s()
+    record = service.submit(spec_of(workers=2), code(FORGING_CELL, evil=evil_result(mark)))
+    runs = player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "succeeded", (final.error, runs[0].text, runs[1].text)
+    assert service.result(record.id) == ("value", 42)
+    assert not mark.exists()
+    assert all((r.progress or {}).get("desc") != "forged" for r in final.ranks), final.ranks
+    for rank, count in FORGED_LINES.items():
+        lines, _ = service.logs(record.id, rank)
+        assert sum("MLCLUSTER" in line["line"] for line in lines) == count, lines
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def _attacker_payload(mark: Path) -> str:
+    """B's code, as one payload chunk: running it anywhere creates `mark`."""
+    (chunk,) = split_payload(code(f"import os\nos.mkdir({str(mark)!r})").dumps())
+    return base64.b64encode(chunk).decode()
+
+
+def _hold_back(kube: Kube, method: str, path: Any) -> None:
+    """The emulator answers A's first such request DELAY seconds late (the race B wins)."""
+
+    async def late(request: Any) -> None:
+        await asyncio.sleep(DELAY)
+        RealisticKubernetes._serve_realistically(request)
+
+    kube.on_emulator(lambda e: e[method, path][:1] << late)
+
+
+def _resumes(kube: Kube, namespace: str) -> int:
+    jobs = re.compile(rf"/apis/batch/v1/namespaces/{namespace}/jobs/[^/]+")
+    return kube.on_emulator(lambda e: len(list(e["patch", jobs])))
+
+
+def _secret(name: str, namespace: str, data: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "Opaque",
+        "data": {"payload-000": data},
+    }
+
+
+def test_attack_squatting_the_payload_secret_name(k8s, kube, kube_namespace, tmp_path):
+    """B reads the payload Secret's name from A's (still suspended) job object and creates it
+    first, holding B's code. A's supervisor gets 409 AlreadyExists and does not take it as its
+    own: the job fails before it is resumed, B's Secret is left as it was, no pod ever runs."""
+    mark = tmp_path / "b-code-ran"
+    _hold_back(kube, "post", f"/api/v1/namespaces/{kube_namespace}/secrets")
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code("6 * 7"))
+
+    def job_object() -> dict[str, Any] | None:
+        items = kube.list("batch/v1", "Job", kube_namespace)
+        return items[0] if items else None
+
+    job = wait_for(job_object, timeout=30, message="A's job object")
+    (volume,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "payload"]
+    name = volume["projected"]["sources"][0]["secret"]["name"]
+    assert name.startswith(f"{job['metadata']['name']}-") and len(name) > 40  # unguessable
+    squatter = kube.create(_secret(name, kube_namespace, _attacker_payload(mark)))
+
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "failed"
+    assert f"Secret {name} already exists and was not created by this job" in final.error
+    assert _resumes(kube, kube_namespace) == 0
+    left = kube.get("v1", "Secret", name, kube_namespace)
+    assert left["metadata"]["uid"] == squatter["metadata"]["uid"]  # untouched
+    assert kube.list("v1", "Pod", kube_namespace) == [] and not mark.exists()
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_attack_swapping_the_payload_secret(k8s, kube, kube_namespace, tmp_path):
+    """B waits until A's payload Secret exists, deletes it and creates one of the same name
+    holding B's code (immutable Secrets cannot be edited, only replaced). A's supervisor
+    checks every Secret's uid before resuming the job: the job fails, nothing runs."""
+    mark = tmp_path / "b-code-ran"
+    _hold_back(kube, "delete", re.compile(rf"/api/v1/namespaces/{kube_namespace}/secrets/.+"))
+    service = k8s()
+    record = service.submit(spec_of(workers=1), code("6 * 7"))
+    selector = f"mlcluster.io/job-id={record.id}"
+
+    def payload_secret() -> dict[str, Any] | None:
+        items = kube.list("v1", "Secret", kube_namespace, label_selector=selector)
+        return items[0] if items else None
+
+    original = wait_for(payload_secret, timeout=30, message="A's payload Secret")
+    name = original["metadata"]["name"]
+    kube.delete("v1", "Secret", name, kube_namespace)
+    wait_for(lambda: kube.find("v1", "Secret", name, kube_namespace) is None, timeout=10)
+    swapped = kube.create(_secret(name, kube_namespace, _attacker_payload(mark)))
+
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "failed"
+    assert f"Secret {name} is no longer the one this job created" in final.error
+    assert _resumes(kube, kube_namespace) == 0
+    left = kube.get("v1", "Secret", name, kube_namespace)
+    assert left["metadata"]["uid"] == swapped["metadata"]["uid"]
+    assert kube.list("v1", "Pod", kube_namespace) == [] and not mark.exists()
