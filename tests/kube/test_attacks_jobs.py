@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.kube.helpers import Kube
 from tests.kube.jobs_fixtures import code, spec_of
 from tests.kube.player import objects_of
 
-DELAY = 3.0  # how long the emulator holds A's request back: B acts meanwhile
+HOLD_LIMIT = 60.0  # the most the emulator holds A's request back while B acts
 
 
 def test_attack_forged_result_records_in_the_pod_log(k8s, player, kube, kube_namespace, tmp_path):
@@ -52,14 +53,17 @@ def _attacker_payload(mark: Path) -> str:
     return base64.b64encode(chunk).decode()
 
 
-def _hold_back(kube: Kube, method: str, path: Any) -> None:
-    """The emulator answers A's first such request DELAY seconds late (the race B wins)."""
+def _hold_back(kube: Kube, *criteria: Any) -> Callable[[], None]:
+    """The emulator holds A's first such request back until the returned function is called
+    (B wins the race, however slow the machine); then it is served as usual."""
+    released = asyncio.Event()
 
     async def late(request: Any) -> None:
-        await asyncio.sleep(DELAY)
+        await asyncio.wait_for(released.wait(), HOLD_LIMIT)
         RealisticKubernetes._serve_realistically(request)
 
-    kube.on_emulator(lambda e: e[method, path][:1] << late)
+    kube.on_emulator(lambda e: e[criteria][:1] << late)
+    return lambda: kube.on_emulator(lambda e: released.set())
 
 
 def _resumes(kube: Kube, namespace: str) -> int:
@@ -82,7 +86,7 @@ def test_attack_squatting_the_payload_secret_name(k8s, kube, kube_namespace, tmp
     first, holding B's code. A's supervisor gets 409 AlreadyExists and does not take it as its
     own: the job fails before it is resumed, B's Secret is left as it was, no pod ever runs."""
     mark = tmp_path / "b-code-ran"
-    _hold_back(kube, "post", f"/api/v1/namespaces/{kube_namespace}/secrets")
+    release = _hold_back(kube, "post", f"/api/v1/namespaces/{kube_namespace}/secrets")
     service = k8s()
     record = service.submit(spec_of(workers=1), code("6 * 7"))
 
@@ -95,6 +99,7 @@ def test_attack_squatting_the_payload_secret_name(k8s, kube, kube_namespace, tmp
     name = volume["projected"]["sources"][0]["secret"]["name"]
     assert name.startswith(f"{job['metadata']['name']}-") and len(name) > 40  # unguessable
     squatter = kube.create(_secret(name, kube_namespace, _attacker_payload(mark)))
+    release()
 
     final = service.wait(record.id, timeout=60)
     assert final.state == "failed"
@@ -111,7 +116,12 @@ def test_attack_swapping_the_payload_secret(k8s, kube, kube_namespace, tmp_path)
     holding B's code (immutable Secrets cannot be edited, only replaced). A's supervisor
     checks every Secret's uid before resuming the job: the job fails, nothing runs."""
     mark = tmp_path / "b-code-ran"
-    _hold_back(kube, "delete", re.compile(rf"/api/v1/namespaces/{kube_namespace}/secrets/.+"))
+    release = _hold_back(  # A's uid check (a dry-run delete), not B's own delete
+        kube,
+        "delete",
+        re.compile(rf"/api/v1/namespaces/{kube_namespace}/secrets/.+"),
+        lambda request: isinstance(request.data, dict) and "dryRun" in request.data,
+    )
     service = k8s()
     record = service.submit(spec_of(workers=1), code("6 * 7"))
     selector = f"mlcluster.io/job-id={record.id}"
@@ -125,6 +135,7 @@ def test_attack_swapping_the_payload_secret(k8s, kube, kube_namespace, tmp_path)
     kube.delete("v1", "Secret", name, kube_namespace)
     wait_for(lambda: kube.find("v1", "Secret", name, kube_namespace) is None, timeout=10)
     swapped = kube.create(_secret(name, kube_namespace, _attacker_payload(mark)))
+    release()
 
     final = service.wait(record.id, timeout=60)
     assert final.state == "failed"
