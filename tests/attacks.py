@@ -52,3 +52,52 @@ class _Mark:
 def evil_result(mark: Path) -> bytes:
     """A result pickle (the shape rank 0 sends) whose loading creates `mark`."""
     return pickle.dumps({"kind": "value", "value": _Mark(mark)})
+
+
+ATTACKER = "mlcattacker"
+
+
+def attacker_uid() -> int:
+    """A second, real local user (created once; the tests run as root in CI containers)."""
+    import pwd
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if os.getuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create a second real user")
+    try:
+        return pwd.getpwnam(ATTACKER).pw_uid
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
+            check=True,
+            capture_output=True,
+        )
+        return pwd.getpwnam(ATTACKER).pw_uid
+
+
+def attacker_python() -> str:
+    """An interpreter the second user may run (this venv may sit where only root can go);
+    the attacker's scripts need nothing beyond the standard library."""
+    import shutil
+    import sys
+
+    import pytest
+
+    for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin")):
+        if candidate and _world_executable(candidate):
+            return candidate
+    pytest.skip("no Python interpreter the second user may run")
+
+
+def _world_executable(path: str) -> bool:
+    """Every directory on the way is searchable and the file executable by others."""
+    import stat
+
+    path = os.path.realpath(path)
+    parts = Path(path).parents
+    if any(not os.stat(p).st_mode & stat.S_IXOTH for p in parts):
+        return False
+    return bool(os.stat(path).st_mode & stat.S_IXOTH)

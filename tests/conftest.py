@@ -27,6 +27,7 @@ def warm_pool_dir(tmp_path_factory):
     """Zygotes of this test session live here (not in a developer's pool) and are stopped
     at the end."""
     path = tmp_path_factory.mktemp("warm-pool")
+    path.chmod(0o700)  # the pool uses only a directory nobody else may enter
     old = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(path)
     yield path

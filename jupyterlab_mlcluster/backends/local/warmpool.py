@@ -15,6 +15,15 @@ process groups work exactly as for cold ranks. Each rank then gets its own envir
 One zygote per environment fingerprint (interpreter, import-relevant variables, installed
 packages): installing a package changes site-packages' mtime, hence the fingerprint, hence
 the zygote; a stale one notices and exits. An unused zygote exits after an idle timeout.
+
+Trust: the submitter sends its whole environment (tokens, cloud keys) to the zygote, so the
+socket must be this user's and nobody else's. It lives in a directory this user owns with
+mode 0700, checked with lstat (owner, mode, not a link) before every use:
+$MLCLUSTER_WARM_POOL_DIR when set, else $XDG_RUNTIME_DIR/mlcluster, $TMPDIR/mlcluster-<uid>,
+~/.cache/jupyterlab-mlcluster/warm-pool, the first that passes. One that fails is never
+used nor touched (someone else may have made it); with none, jobs start cold and a warning
+says why. Files in it are opened with O_NOFOLLOW; both ends check the other's uid
+(SO_PEERCRED) before a word is said.
 """
 
 from __future__ import annotations
@@ -26,15 +35,19 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import os
 import selectors
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +84,95 @@ def in_zygote_child() -> bool:
 # -- identity -----------------------------------------------------------------------------
 
 
-def pool_dir() -> Path:
-    path = os.environ.get("MLCLUSTER_WARM_POOL_DIR") or os.path.join(
-        tempfile.gettempdir(), f"mlcluster-{os.getuid()}"
+class UnsafePoolDir(RuntimeError):
+    """No directory the warm pool may trust: jobs start cold."""
+
+
+log = logging.getLogger("jupyterlab_mlcluster.warmpool")
+_MAX_SOCKET_PATH = 107  # bytes of sun_path on Linux, less the terminating NUL
+_SOCKET_NAME_BYTES = len("/zygote-0123456789abcdef.4194304.tmp")
+_warned: set[str] = set()
+
+
+def dir_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why `path` must not hold the pool's socket (None: it is this user's own: a real
+    directory, not a link, owned by us, no access for group or others)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory"
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return f"{path} has mode {stat.S_IMODE(info.st_mode):04o}, not 0700"
+    return None
+
+
+def _own_dir(path: str) -> str | None:
+    """Make `path` ours (0700) if it does not exist; then check it. The problem, or None."""
+    if len(os.fsencode(path)) + _SOCKET_NAME_BYTES > _MAX_SOCKET_PATH:
+        return f"{path} is too long a path for a unix socket"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # someone's: checked below, never changed
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    return dir_problem(path)
+
+
+def _candidates() -> list[str]:
+    explicit = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
+    if explicit:
+        return [explicit]  # what the user chose, or nothing
+    found = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and dir_problem(runtime) is None:
+        found.append(os.path.join(runtime, "mlcluster"))
+    found.append(os.path.join(tempfile.gettempdir(), f"mlcluster-{os.getuid()}"))
+    found.append(
+        os.path.join(os.path.expanduser("~"), ".cache", "jupyterlab-mlcluster", "warm-pool")
     )
-    Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return Path(path)
+    return found
+
+
+def pool_dir() -> Path:
+    """The first safe candidate (module docstring); UnsafePoolDir when none is."""
+    problems = []
+    for candidate in _candidates():
+        problem = _own_dir(candidate)
+        if problem is None:
+            if problems:
+                _warn_once(f"warm pool: not using {'; '.join(problems)}; using {candidate}")
+            return Path(candidate)
+        problems.append(problem)
+    raise UnsafePoolDir(
+        f"warm pool off, jobs start cold: no directory of this user's own for its socket "
+        f"({'; '.join(problems)})"
+    )
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """An fd for a file in the pool directory: never through a link, 0600 when created."""
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 def _site_dirs() -> list[str]:
@@ -113,9 +209,16 @@ def socket_path(fp: str) -> Path:
 def request(
     path: Path, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT
 ) -> dict[str, Any]:
+    """One request to a zygote; only to a socket file of ours (lstat) whose listening process
+    is ours (SO_PEERCRED): the message may carry the whole environment."""
+    info = os.lstat(path)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        raise ConnectionRefusedError(f"{path} is not a socket of this user's")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
+        if peer_uid(s) != os.getuid():
+            raise ConnectionRefusedError(f"{path} is served by another user's process")
         s.sendall(json.dumps(message).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):
@@ -137,17 +240,23 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
     With wait=False, returns None at once when none is ready yet (it keeps starting)."""
     modules = list(config.warm_pool_modules)
     fp = fingerprint(modules)
-    path = socket_path(fp)
+    try:
+        path = socket_path(fp)
+    except UnsafePoolDir as exc:
+        _warn_once(str(exc))
+        return None
     if _ping(path):
         return path
-    lock_path = pool_dir() / f"zygote-{fp}.lock"
-    with open(lock_path, "w") as lock:
+    lock_fd = _open_private(path.parent / f"zygote-{fp}.lock", os.O_WRONLY)
+    with os.fdopen(lock_fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per fingerprint, across processes
         if not _ping(path):
             _retire_others(fp)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            log = open(pool_dir() / f"zygote-{fp}.log", "ab")  # noqa: SIM115
+            zygote_log = os.fdopen(
+                _open_private(path.parent / f"zygote-{fp}.log", os.O_WRONLY | os.O_APPEND), "ab"
+            )
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -159,13 +268,13 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
                     fp,
                 ],
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=zygote_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
                 cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
-            log.close()
+            zygote_log.close()
             threading.Thread(target=proc.wait, daemon=True).start()
     if not wait:
         return None
@@ -178,7 +287,7 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
 
 
 def _ping(path: Path) -> bool:
-    if not path.exists():
+    if not os.path.lexists(path):
         return False
     try:
         return request(path, {"op": "ping"}, timeout=2.0).get("ok", False)
@@ -213,16 +322,16 @@ def spawn_supervisor(config, store_root: str, job_id: str) -> bool:
 
 
 def status(config) -> dict[str, Any] | None:
-    path = socket_path(fingerprint(list(config.warm_pool_modules)))
     try:
+        path = socket_path(fingerprint(list(config.warm_pool_modules)))
         return request(path, {"op": "status"}, timeout=2.0)
-    except (OSError, ValueError, RuntimeError):
+    except (OSError, ValueError, RuntimeError):  # UnsafePoolDir among them
         return None
 
 
 def stop(config) -> bool:
-    path = socket_path(fingerprint(list(config.warm_pool_modules)))
     try:
+        path = socket_path(fingerprint(list(config.warm_pool_modules)))
         request(path, {"op": "stop"}, timeout=2.0)
         return True
     except (OSError, ValueError, RuntimeError):
@@ -289,7 +398,9 @@ class Zygote:
                 for _key, _ in selector.select(timeout=1.0):
                     conn, _ = listener.accept()
                     with conn:
-                        self._handle(conn)
+                        # Only this user's processes may ask; others are hung up on.
+                        if peer_uid(conn) == os.getuid():
+                            self._handle(conn)
                 self._reap()
                 now = time.monotonic()
                 if now - self.last_used > self.idle_timeout:
@@ -382,7 +493,7 @@ def _run_forked_supervisor(store_root: str, job_id: str, env: dict[str, str]) ->
         os.environ.update(env)
         os.environ["MLCLUSTER_STORE_DIR"] = store_root
         log_path = os.path.join(store_root, "jobs", job_id, "supervisor.log")
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fd, 1)
