@@ -447,13 +447,14 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
         handle = Sweep(service, args.sweep)
         print(json.dumps(handle.to_json(), indent=2) if args.json else repr(handle))
         return 0
-    sweeps = [Sweep(service, row["id"]).to_json() for row in store.list_sweeps()]
+    stored = store.list_sweeps()
+    sweeps = [Sweep(service, row["id"]).to_json() for row in stored]
     if args.json:
         print(json.dumps(sweeps, indent=2))
         return 0
     rows = [("ID", "NAME", "STATE", "TRIALS", "BEST", "AGE")]
     now = time.time()
-    for s in sweeps:
+    for s, row in zip(sweeps, stored):
         counts: dict[str, int] = {}
         for t in s["trials"]:
             counts[t["state"]] = counts.get(t["state"], 0) + 1
@@ -464,7 +465,7 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
                 s["state"],
                 ", ".join(f"{n} {state}" for state, n in counts.items()),
                 "" if s["best"] is None else f"trial {s['best']}",
-                format_age(now - s["created"]),
+                format_age(now - row["created"]),
             )
         )
     print(_table(rows) if sweeps else "no sweeps")
@@ -530,7 +531,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                     r["concurrency"],
                     "paused" if r["suspended"] else "active",
                     j["last_run"]["job_name"] if j["last_run"] else "-",
-                    "-" if r["suspended"] else _when(j["next_run_ts"]),
+                    "-" if r["suspended"] else _when(sched.next_run(r)),
                 )
             )
         print(_table(table) if rows else "no schedules")

@@ -126,3 +126,43 @@ def test_cli_sweep_passes_params_as_arguments_and_lists_the_sweep(service, tmp_p
     assert bad.returncode == 2 and "no values" in bad.stderr
     assert service.store.list_jobs()[1] == 2
     assert_no_job_processes(service)
+
+
+def test_interrupting_a_sweep_while_it_submits_leaves_no_trial_running(service, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import wait_for
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab_mlcluster.cli",
+            "run",
+            "--framework",
+            "none",
+            "--sweep",
+            "x=" + ",".join(map(str, range(60))),
+            "--parallel",
+            "1",
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: service.store.list_jobs()[1] >= 3, timeout=60, message="three trials")
+    cli.send_signal(signal.SIGINT)
+    cli.communicate(timeout=120)
+    assert cli.returncode != 0
+    jobs, total = service.store.list_jobs()
+    assert 3 <= total < 60  # cut short while submitting
+    # A trial stored in the very moment of the interrupt, before its supervisor started, is
+    # never run; the first reap after the supervisor's start grace (60 s) settles it.
+    for record in jobs:
+        assert str(service.wait(record.id, timeout=90).state) == "cancelled"
+    assert_no_job_processes(service)

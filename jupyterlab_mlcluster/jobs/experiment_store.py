@@ -182,6 +182,13 @@ class ExperimentStore:
             for r in rows
         ]
 
+    def jobs_of_sweep(self, sweep_id: str) -> list[str]:
+        """Every stored job that says it is a trial of this sweep (registered or not yet)."""
+        rows = self._db.execute(
+            "SELECT id FROM jobs WHERE json_extract(origin, '$.sweep.id') = ?", (sweep_id,)
+        ).fetchall()
+        return [r[0] for r in rows]
+
     def try_take_slot(self, sweep_id: str, job_id: str, parallel: int | None) -> str | None:
         """Atomically let a trial start if its sweep has a free slot and no earlier trial is
         still waiting. None on success, else why it waits (for the job's `reason`)."""

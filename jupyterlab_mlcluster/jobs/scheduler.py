@@ -17,6 +17,7 @@ from typing import Any
 
 from .experiment_store import ExperimentStore, UnknownSchedule
 from .model import JobSpec, JobState
+from .record import iso
 from .schedules import (
     ScheduleError,
     due_tick,
@@ -204,12 +205,23 @@ class Scheduler:
             stop.wait(wait)
 
 
+def run_json(run: dict[str, Any]) -> dict[str, Any]:
+    """One claimed tick as REST shows it (times as RFC 3339, like jobs)."""
+    return dict(run, tick=iso(run["tick"]), fired=iso(run["fired"]))
+
+
+def next_run(row: dict[str, Any]) -> float | None:
+    """The schedule's next tick (epoch seconds); None while it is paused."""
+    if row["suspended"]:
+        return None
+    after = row["last_tick"] if row["last_tick"] is not None else row["created"]
+    return next_tick(row["cron"], row["timezone"], after)
+
+
 def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
-    """A schedule's REST/CLI shape: its settings, next tick, and its last run."""
+    """A schedule's REST shape: its settings, next tick, and its last run."""
     runs = experiments(service).runs(row["name"], limit=1)
     last = runs[0] if runs else None
-    after = row["last_tick"] if row["last_tick"] is not None else row["created"]
-    nxt = None if row["suspended"] else next_tick(row["cron"], row["timezone"], after)
     return {
         "name": row["name"],
         "owner": row["owner"],
@@ -222,10 +234,11 @@ def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
         "suspended": row["suspended"],
         "backend": row["spec"].get("backend"),
         "workers": row["spec"].get("workers"),
-        "next_run_ts": nxt,
+        "created": iso(row["created"]),
+        "next_run": iso(next_run(row)),
         "last_run": None
         if last is None
-        else dict(last, job_name=run_name(row["name"], last["tick"], row["timezone"])),
+        else dict(run_json(last), job_name=run_name(row["name"], last["tick"], row["timezone"])),
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from .experiment_store import ExperimentStore
 from .model import JobSpec, JobState
+from .record import iso
 from .sweeps import SweepSpec, best_index, expand, format_value, is_score, metric_of
 
 SLOT_POLL = 0.2
@@ -68,17 +69,27 @@ def submit_sweep(
     owner = origin.get("user") or _current_user()
     store = experiments(service)
     store.insert_sweep(sweep_id, base, owner, sweep.to_dict(), origin)
-    for index, params in enumerate(trials):
-        trial_spec = JobSpec.from_dict(spec.to_dict())
-        trial_spec.name = f"{base}-t{index}"
-        trial_origin = dict(
-            origin,
-            sweep={"id": sweep_id, "trial": index, "parallel": sweep.parallel},
-        )
-        record = service.submit(
-            trial_spec, trial_payload(payload, params), origin=trial_origin, **submit_kwargs
-        )
-        store.add_trial(sweep_id, index, record.id, params)
+    submitted: list[str] = []
+    try:
+        for index, params in enumerate(trials):
+            trial_spec = JobSpec.from_dict(spec.to_dict())
+            trial_spec.name = f"{base}-t{index}"
+            trial_origin = dict(
+                origin,
+                sweep={"id": sweep_id, "trial": index, "parallel": sweep.parallel},
+            )
+            record = service.submit(
+                trial_spec, trial_payload(payload, params), origin=trial_origin, **submit_kwargs
+            )
+            submitted.append(record.id)
+            store.add_trial(sweep_id, index, record.id, params)
+    except BaseException:
+        # Interrupted or failed half-way: no trial of a sweep that was not wholly submitted
+        # may run on (the store knows every job of the sweep, even one whose submit was cut
+        # short after storing it).
+        for job_id in sorted(set(submitted) | set(store.jobs_of_sweep(sweep_id))):
+            service.cancel(job_id, wait=False)
+        raise
     return Sweep(service, sweep_id)
 
 
@@ -205,7 +216,7 @@ class Sweep:
             "id": self.id,
             "name": info["name"],
             "owner": info["owner"],
-            "created": info["created"],
+            "created": iso(info["created"]),
             "state": sweep_state(states),
             **info["options"],
             "best": None if best is None else best.index,

@@ -18,7 +18,7 @@ from tornado import web
 
 from .. import patterns
 from ..jobs.experiment_store import UnknownSchedule, UnknownSweep
-from ..jobs.scheduler import Scheduler, experiments, schedule_json
+from ..jobs.scheduler import Scheduler, experiments, run_json, schedule_json
 from ..jobs.scheduler import delete as delete_schedule
 from ..jobs.scheduler import pause as pause_schedule
 from ..jobs.sweep import Sweep
@@ -160,7 +160,7 @@ class ScheduleRunsHandler(ExperimentHandler):
     async def get(self, name: str) -> None:
         def runs() -> dict[str, Any]:
             self._schedule_row(name)
-            return {"runs": experiments(self.app.service).runs(name)}
+            return {"runs": [run_json(r) for r in experiments(self.app.service).runs(name)]}
 
         await self.send_encoded(runs)
 
