@@ -10,6 +10,7 @@ queued trial holds nothing and is never partially admitted. `Sweep` is the user'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import secrets
 import time
@@ -27,12 +28,15 @@ def new_sweep_id() -> str:
     return "s" + secrets.token_hex(5)
 
 
+@functools.lru_cache(maxsize=16)
+def _experiment_store(db_path: str, root: str) -> ExperimentStore:
+    return ExperimentStore(db_path, root)
+
+
 def experiments(service) -> ExperimentStore:
-    store = getattr(service, "_experiments", None)
-    if store is None:
-        store = ExperimentStore.for_jobs(service.store)
-        service._experiments = store
-    return store
+    """The sweeps' and schedules' store beside a service's job store (one per store and
+    process; its connections are per thread)."""
+    return _experiment_store(str(service.store.db_path), str(service.store.root))
 
 
 def trial_payload(payload, params: dict[str, Any]):
@@ -156,18 +160,15 @@ class Sweep:
         options = self.info["options"]
         out = []
         for row in experiments(self._service).trials(self.id):
-            try:
-                record = self._service.store.get_job(row["job_id"])
-            except KeyError:
-                continue
-            trial = Trial(row["trial"], row["params"], record.id, str(record.state))
-            if record.started is not None:
-                trial.duration = (record.finished or time.time()) - record.started
-            if record.state == JobState.SUCCEEDED:
-                trial.value = self._value(record.id)
+            state = JobState(row["state"])
+            trial = Trial(row["trial"], row["params"], row["job_id"], str(state))
+            if row["started"] is not None:
+                trial.duration = (row["finished"] or time.time()) - row["started"]
+            if state == JobState.SUCCEEDED:
+                trial.value = self._value(row["job_id"])
                 trial.metric = metric_of(trial.value, options.get("metric"))
-            elif record.state.final:
-                trial.error = record.error or record.reason
+            elif state.final:
+                trial.error = row["error"] or row["reason"]
             out.append(trial)
         return out
 
