@@ -28,6 +28,7 @@ from .events import EventBroadcaster, EventsHandler
 from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
 from .handlers import REST_HANDLERS
 from .identity import calling_user
+from .metrics import ServerMetrics
 from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService
@@ -159,6 +160,13 @@ class MLClusterApp(ExtensionApp):
         "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
+    metrics_interval = Float(
+        5.0,
+        help="Seconds between reads of the job store for the mlcluster_* series on Jupyter "
+        "Server's /metrics (a scrape serves the newest read and never touches the store). "
+        "0: the extension exports no metrics.",
+    ).tag(config=True)
+
     # -- setup ------------------------------------------------------------------------------
 
     def initialize_settings(self) -> None:
@@ -210,6 +218,8 @@ class MLClusterApp(ExtensionApp):
         self.notebook_watch.start()  # publishes through the broadcaster, so after it
         self.scheduler = ServerScheduler(self, self.schedule_interval)
         self.scheduler.start()
+        self.metrics = ServerMetrics(self._metrics_source, self.run, self.metrics_interval)
+        self.metrics.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool:
             from ..backends.local import warmpool
 
@@ -252,8 +262,19 @@ class MLClusterApp(ExtensionApp):
         await asyncio.to_thread(self.notebook_watch.stop)
         if getattr(self, "scheduler", None) is not None:
             await self.scheduler.stop()
+        if getattr(self, "metrics", None) is not None:
+            await self.metrics.stop()
         await self.broadcaster.stop()
         await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
+
+    def _metrics_source(self) -> tuple[list[Any], dict[str, Any] | None]:
+        """The store's jobs and the cluster summary (blocking; the metrics' executor read)."""
+        jobs, _ = self.service.list()
+        try:
+            cluster = self.service.cluster()
+        except Exception:  # noqa: BLE001 - a cluster out of reach: no capacity figures
+            cluster = None
+        return jobs, cluster
 
     def _cancel_own_jobs(self, kernel_ids: set[str]) -> list[str]:
         mine = []
