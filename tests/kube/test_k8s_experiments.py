@@ -1,6 +1,9 @@
-"""Schedules on the Kubernetes backend: a real batch/v1 CronJob (validated against the 1.33
-schemas, strict) plus its Secret, created through the API emulator; the CronJob's pod command
-run for real submits the stored job, which the cluster side (player) runs to the end."""
+"""Sweeps and schedules on the Kubernetes backend, against the API emulator.
+
+Schedules: a real batch/v1 CronJob (validated against the 1.33 schemas, strict) plus its
+Secret; the CronJob's pod command run for real submits the stored job, which the cluster
+side (player) runs to the end. Sweeps: a trial beyond --parallel creates nothing in the
+cluster until a slot frees."""
 
 from __future__ import annotations
 
@@ -174,3 +177,37 @@ def test_a_refused_cronjob_leaves_nothing_behind(k8s, kube, kube_namespace, tmp_
     assert kube.find("v1", "Secret", "mlcluster-nightly", kube_namespace) is None
     assert ExperimentStore.for_jobs(service.store).list_schedules() == []
     assert json.loads(run_cli("schedule", "list", "--json").stdout) == []
+
+
+def test_a_sweep_on_kubernetes_creates_a_trial_only_when_a_slot_is_free(
+    k8s, player, kube, kube_namespace
+):
+    from helpers import wait_for
+
+    from jupyterlab_mlcluster.jobs.sweep import submit_sweep
+    from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
+    from tests.kube.jobs_fixtures import code, spec_of
+    from tests.kube.player import objects_of
+
+    service = k8s()
+    sweep = submit_sweep(
+        service,
+        spec_of(workers=2, framework="none"),
+        code("x * 10\n"),
+        parse_sweep(["x=1,2"], parallel=1),
+        origin={"kind": "test"},
+    )
+    first, second = sweep.job_ids
+    player.resumed(first)
+    waiting = wait_for(
+        lambda: (r := service.store.get_job(second)).reason and "sweep slot" in r.reason and r,
+        timeout=30,
+        message="the second trial waiting for a slot",
+    )
+    assert waiting.state == "queued"
+    assert objects_of(kube, kube_namespace, second) == {}  # nothing of it in the cluster yet
+    player.play(first)
+    assert service.wait(first, timeout=60).state == "succeeded"
+    player.play(second)
+    assert service.wait(second, timeout=60).state == "succeeded"
+    assert [t.value for t in sweep.trials] == [10, 20]
