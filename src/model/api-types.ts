@@ -396,8 +396,8 @@ export interface components {
       id: string;
       name: string;
       owner: string | null;
-      /** @description Epoch seconds */
-      created: number;
+      /** Format: date-time */
+      created: string;
       /** @enum {unknown} */
       state: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';
       /** @description Each swept name and what it sweeps ("0.1,0.01", "loguniform(0.0001,0.1)") */
@@ -417,9 +417,16 @@ export interface components {
       sweeps: components['schemas']['Sweep'][];
     };
     ScheduleRun: {
-      /** @description The cron tick (epoch seconds) this run belongs to */
-      tick: number;
-      fired: number;
+      /**
+       * Format: date-time
+       * @description The cron tick this run belongs to
+       */
+      tick: string;
+      /**
+       * Format: date-time
+       * @description When a scheduler claimed the tick
+       */
+      fired: string;
       job_id: string | null;
       /** @description submitted, skipped (Forbid), missed (starting deadline), failed to submit, deleted (history limit) */
       outcome: string;
@@ -443,7 +450,13 @@ export interface components {
       /** @enum {unknown} */
       backend: 'local' | 'kubernetes';
       workers: number;
-      next_run_ts: number | null;
+      /** Format: date-time */
+      created: string;
+      /**
+       * Format: date-time
+       * @description The next tick; null while paused
+       */
+      next_run: string | null;
       last_run:
         | null
         | (components['schemas']['ScheduleRun'] & {
@@ -722,7 +735,7 @@ export interface components {
         };
   };
   responses: {
-    /** @description Not authenticated, or not authorized for this resource */
+    /** @description Not authenticated, or not authorized for this resource, or (when the server trusts an identity header) the request has no identity header */
     Forbidden: {
       headers: {
         [name: string]: unknown;
@@ -731,7 +744,7 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
-    /** @description No such job (or not a valid job id), or a cross-origin request the server blocks (Jupyter Server answers those 404) */
+    /** @description No such job (or not a valid job id; or, when the server trusts an identity header, another user's job, exactly as a missing one), or a cross-origin request the server blocks (Jupyter Server answers those 404) */
     UnknownJob: {
       headers: {
         [name: string]: unknown;
