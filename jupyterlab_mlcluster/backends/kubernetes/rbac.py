@@ -10,7 +10,9 @@ What the Kubernetes backend does, and so what it may do:
 - `<kind>/finalizers` update: required to set `blockOwnerDeletion` on the dependents it owns
   when the OwnerReferencesPermissionEnforcement admission plugin is on;
 - payload Secrets: create and delete only. No get/list/watch: reading Secrets back is never
-  needed (they are mounted by the job's pods) and would expose every Secret in the namespace;
+  needed (they are mounted by the job's pods; that one is still the Secret the supervisor
+  created is asked with a dry-run delete carrying a uid precondition) and would expose every
+  Secret in the namespace;
 - pods (read, for per-rank state), pods/log (read), events (read, for `Unschedulable` and
   other reasons), Kueue Workloads (read, for why a job waits), pod metrics (read).
 """
