@@ -363,6 +363,12 @@ class JobService:
             )
             if moved:
                 reaped.append(record.id)
+        # Final jobs whose backend could not clean up yet (e.g. the Kubernetes API server was
+        # unreachable): the backend tries again when its own backoff says it is due.
+        for job_id in self.store.pending_cleanups():
+            record = self.store.get_job(job_id)
+            if record.final:
+                self.backend(record.backend).cleanup_orphans(self.store, record)
         return reaped
 
 

@@ -343,6 +343,14 @@ class JobStore:
                     r.queue_position = order_ids[r.backend].index(r.id)
         return records, total
 
+    def pending_cleanups(self) -> list[str]:
+        """Jobs whose backend recorded a cleanup still to do (`backend_state.pending_cleanup`:
+        e.g. Kubernetes objects not yet deleted), final or not."""
+        rows = self._db.execute(
+            "SELECT id FROM jobs WHERE json_extract(backend_state, '$.pending_cleanup') IS NOT NULL"
+        ).fetchall()
+        return [row["id"] for row in rows]
+
     def update_job(self, job_id: str, *, event: str = "job", **fields: Any) -> None:
         unknown = set(fields) - _JOB_COLUMNS
         if unknown:

@@ -67,6 +67,9 @@ class LogWriter:
             f.close()
 
 
+SUPERVISOR_LOG_BYTES = 1 << 20
+
+
 class JobContext:
     """What a backend's run() gets: the job, and ways to report on it."""
 
@@ -250,8 +253,6 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get("MLCLUSTER_DEBUG"):
-        logging.basicConfig(level=logging.DEBUG, format="%(created).3f %(name)s %(message)s")
     if len(argv) != 2:
         print(
             "usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID",
@@ -259,7 +260,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     store = JobStore(Path(argv[0]))
+    _log_to_bounded_file(store, argv[1])
     return supervise(store, argv[1])
+
+
+def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
+    """Log records go to the job's supervisor.log, rotated at SUPERVISOR_LOG_BYTES (one old
+    copy kept): a long outage of whatever the backend talks to must not fill the disk."""
+    from logging.handlers import RotatingFileHandler
+
+    try:
+        handler = RotatingFileHandler(
+            store.job_dir(job_id) / "supervisor.log",
+            maxBytes=SUPERVISOR_LOG_BYTES,
+            backupCount=1,
+        )
+    except OSError:
+        return  # no job directory (a bad id): supervise() says so
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    debug = bool(os.environ.get("MLCLUSTER_DEBUG"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Following the users' Notebooks, and the events re-issued on them, into a NotebookFeed.
 
-One thread per resource, each a list-then-watch loop: list and hand the items to the feed,
-watch from the list's resourceVersion (bookmarks move it on), resume from the last one seen
-when a connection drops or a watch request ends, list again after 410 Gone. Nothing here
-touches the event loop; the feed publishes through the broadcaster's thread-safe call.
+One thread per resource, each `kubeconn.ListWatch`'s list-then-watch loop: list and hand the
+items to the feed, watch from the list's resourceVersion (bookmarks move it on), resume from
+the last one seen when a connection drops or a watch request ends, list again after 410 Gone;
+failures wait the one backoff policy and are logged once with a count. Nothing here touches
+the event loop; the feed publishes through the broadcaster's thread-safe call.
 
 (`kubernetes.informer.SharedInformer` lists and watches too, but in client 37 it cannot list
 custom objects (it reads `.items` of the dict a custom-object list returns), and its stop()
@@ -15,13 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from notebook_controller.crd import GROUP, KIND, PLURAL, VERSION
 from notebook_controller.objects import LABEL_MANAGED_BY, MANAGED_BY
 
+from .. import kubeconn
 from ..kubeconn import KubeConnection
 from .notebook_feed import NotebookFeed
 from .notebooks import OWNER_LABEL
@@ -32,12 +33,7 @@ log = logging.getLogger(__name__)
 Request = Callable[..., Any]
 CONNECT_TIMEOUT = 10.0
 LIST_TIMEOUT = 60.0
-MAX_RETRY_DELAY = 60.0
-MIN_WATCH_SECONDS = 1.0
-
-
-class Gone(Exception):
-    """410: the resourceVersion is too old to watch from; list again."""
+FAILURES = kubeconn.FailureLog(log)  # an outage is logged once, then counted
 
 
 def request_notebooks(api: Any, namespace: str, **params: Any) -> Any:
@@ -61,8 +57,9 @@ def request_notebook_events(api: Any, namespace: str, **params: Any) -> Any:
     )
 
 
-class ListWatch:
-    """One resource's list-then-watch loop (run it in a thread of its own)."""
+class ListWatch(kubeconn.ListWatch):
+    """One resource's list-then-watch loop (kubeconn's, with its backoff) over the server's
+    re-probed connection and a typed-client request function."""
 
     def __init__(
         self,
@@ -74,88 +71,43 @@ class ListWatch:
         stopping: threading.Event,
         watch_timeout: int = 300,
     ):
-        self.what = what
+        super().__init__(
+            what, on_list, on_change, stopping, watch_timeout=watch_timeout, failures=FAILURES
+        )
         self.request = request
         self.connection = connection
-        self.on_list = on_list
-        self.on_change = on_change
-        self.stopping = stopping
-        self.watch_timeout = watch_timeout
-        self._lock = threading.Lock()
-        self._response: Any = None
-        self.lists = 0  # how many times it listed (a relist after 410 counts)
-        self._problem: str | None = None  # the API's last refusal, logged once
+        self._api: Any = None
 
-    def run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+    def host(self) -> str:
+        api = self._api
+        return api.configuration.host if api is not None else "(unknown)"
 
-        api: Any = None
-        resource_version: str | None = None
-        delay = 1.0
-        try:
-            while not self.stopping.is_set():
-                if self.connection.problem():
-                    resource_version = None  # it may be another cluster when one comes back
-                    self.stopping.wait(self.connection.PROBE_TTL)
-                    continue
-                try:
-                    api = api or self.connection.new_api_client()
-                    namespace = self.connection.namespace()
-                    if resource_version is None:
-                        resource_version = self._list(api, namespace)
-                    started = time.monotonic()
-                    resource_version = self._watch(api, namespace, resource_version)
-                    if time.monotonic() - started > MIN_WATCH_SECONDS:
-                        delay, self._problem = 1.0, None
-                        continue
-                    # A watch the server ends at once, again and again, must not spin.
-                except Gone as exc:
-                    log.info("mlcluster: listing %s again (%s)", self.what, exc)
-                    resource_version = None
-                    continue
-                except ApiException as exc:
-                    resource_version = None  # list again: the watch may have missed changes
-                    if exc.status == 410:
-                        continue
-                    # e.g. 404 while the Notebook CRD is not installed, 403 without RBAC:
-                    # said once, not every minute.
-                    problem = f"{exc.status} {exc.reason}"
-                    level = logging.DEBUG if problem == self._problem else logging.WARNING
-                    log.log(level, "mlcluster: cannot follow %s: %s", self.what, problem)
-                    self._problem = problem
-                except (HTTPError, OSError, ValueError) as exc:
-                    if self.stopping.is_set():
-                        break
-                    log.info("mlcluster: %s watch interrupted (%s); resuming", self.what, exc)
-                except Exception:
-                    # Whatever it was, the thread must not die: /events would go quiet for good.
-                    log.exception("mlcluster: following %s failed; listing again", self.what)
-                    resource_version = None
-                self.stopping.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY)
-        finally:
-            if api is not None:
-                api.close()
+    def _client(self) -> Any:
+        problem = self.connection.problem()
+        if problem:
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+            raise kubeconn.ClusterUnavailable(problem)
+        if self._api is None:
+            self._api = self.connection.new_api_client()
+        return self._api
 
-    def _list(self, api: Any, namespace: str) -> str:
-        response = self.request(
-            api, namespace, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT, LIST_TIMEOUT)
-        )
-        listing = json.loads(response.data)
-        self.lists += 1
-        self.on_list(listing.get("items") or [])
-        return str(listing["metadata"]["resourceVersion"])
-
-    def _watch(self, api: Any, namespace: str, resource_version: str) -> str:
-        """Changes from `resource_version` until the server ends the request; the last
-        resourceVersion seen."""
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.watch.watch import iter_resp_lines
-
+    def list_items(self) -> tuple[list[dict[str, Any]], str]:
+        api = self._client()
         response = self.request(
             api,
-            namespace,
+            self.connection.namespace(),
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT, LIST_TIMEOUT),
+        )
+        listing = json.loads(response.data)
+        return listing.get("items") or [], str(listing["metadata"]["resourceVersion"])
+
+    def open_watch(self, resource_version: str) -> Any:
+        return self.request(
+            self._client(),
+            self.connection.namespace(),
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
@@ -164,35 +116,11 @@ class ListWatch:
             # A connection that died silently shows as a read timeout past the server's own.
             _request_timeout=(CONNECT_TIMEOUT, self.watch_timeout + 30),
         )
-        with self._lock:
-            self._response = response
-        try:
-            if self.stopping.is_set():
-                return resource_version  # stop() came before it could shut this one down
-            for line in iter_resp_lines(response):
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event["type"], event["object"]
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone(obj.get("message") or "410 Gone")
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                resource_version = obj["metadata"].get("resourceVersion") or resource_version
-                if kind != "BOOKMARK":
-                    self.on_change(kind, obj)
-        finally:
-            with self._lock:
-                self._response = None
-            response.release_conn()
-        return resource_version
 
-    def interrupt(self) -> None:
-        """Shut the open watch response down, so a blocked read returns at once."""
-        with self._lock:
-            response = self._response
-        if response is not None:
-            response.shutdown()
+    def closed(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
 
 
 class NotebookWatch:

@@ -267,21 +267,14 @@ class KubernetesBackend(Backend):
         return "respawn"
 
     def cleanup_orphans(self, store, job) -> None:
-        """The supervisor died and the job is cancelled: delete its job object (foreground;
-        its pods and owned objects go with it). Best effort: the cluster may be gone too."""
-        from .objects import object_name
+        """The supervisor died (the job is cancelled), or a final job still has a pending
+        cleanup: delete its job object (foreground; its pods and owned objects go with
+        it). One bounded attempt; until the objects are gone the cleanup stays pending and
+        the reaper comes back (cleanup.py)."""
+        from .cleanup import set_pending_cleanup, try_cleanup
 
-        plan = JobPlan.from_dict(job.backend_state)
-        try:
-            conn = client.connect(
-                namespace=plan.namespace,
-                request_timeout=self.config.kubernetes_request_timeout,
-                probe=False,
-            )
-            kind = client.kind_of(plan.api_version, plan.kind)
-            client.Resources(conn).delete(kind, object_name(job.id, job.spec.name))
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not delete the Kubernetes objects of job %s: %s", job.id, exc)
+        set_pending_cleanup(store, job.id, True)
+        try_cleanup(store, store.get_job(job.id), self.config.kubernetes_request_timeout)
 
 
 def _allocatable(node: dict[str, Any], resource: str) -> float:

@@ -213,16 +213,14 @@ class Resources:
         return self.list_function(kind)(self.namespace, label_selector=label_selector).items
 
     def list_function(self, kind: Kind) -> Lister:
-        """A list-and-watch function for `kubernetes.informer.SharedInformer` and
-        `kubernetes.watch.Watch`, giving plain dicts."""
+        """A list function in the generated client's shape, giving plain dicts."""
         return Lister(self.conn, kind)
 
 
 class Lister:
-    """A list call shaped like the generated client's, for the informer and `Watch.stream`:
-    keyword arguments in the client's snake_case; a list answers with `.items` (dicts) and
-    `.metadata.resource_version`; a watch (`watch=True`) with the open response, whose
-    events `Watch` decodes, into dicts (there is no return type here to decode into)."""
+    """A list call shaped like the generated client's: keyword arguments in the client's
+    snake_case; a list answers with `.items` (dicts) and `.metadata.resource_version`; a
+    watch (`watch=True`) with the open streaming response."""
 
     def __init__(self, conn: Connection, kind: Kind):
         self._conn = conn

@@ -178,8 +178,10 @@ class PodOutput:
             yield rank, kind, value
 
     def seen(self) -> dict[int, int]:
-        """Text lines per rank delivered or skipped so far: what a resumed stream skips."""
-        return {r: lines.seen for r, lines in self._lines.items()}
+        """Text lines per rank already stored: delivered or skipped so far, plus what was
+        still to be skipped (a stream that broke before reaching them): what a resumed
+        stream skips."""
+        return {r: lines.seen + lines.skip for r, lines in self._lines.items()}
 
 
 def stored_line_counts(store: JobStore, job_id: str, workers: int) -> dict[int, int]:

@@ -9,7 +9,7 @@ One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everyt
    existing one (409) is never taken as ours unless its uid is recorded, and all are checked
    again before the job is resumed. So nobody else's code runs in the job's ranks;
    and rank 0's result counts only when signed with the job's key (runtime/protocol.py);
-2. follow it with two watches (`kubernetes.informer.SharedInformer`: the job object and
+2. follow it with two watches (`kubeconn.ConnectionListWatch` threads: the job object and
    the job's pods by label) and one log stream per pod, all feeding one event queue that
    this thread alone consumes: states, reasons, logs, results, errors go to the store;
 3. on an outcome (success, a failed rank, cancel, timeout) read the remaining logs, delete
@@ -25,12 +25,15 @@ import json
 import logging
 import os
 import queue
+import threading
 import time
 from typing import Any
 
+from ... import kubeconn
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.store import JobStore
 from ...runtime.protocol import job_key, key_path
+from .cleanup import pending_cleanup, set_pending_cleanup
 from .client import (
     Connection,
     KubeError,
@@ -64,12 +67,15 @@ from .status import (
 )
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
+DELETE_FAILURES = kubeconn.FailureLog(log)
 
 LOOP_TICK = 0.05
 RANK_FLUSH = 0.1  # at most this often a rank update (progress) goes to the store
 LOG_DRAIN_TIMEOUT = 10.0  # after the outcome: how long to wait for the last log lines
-LOG_RETRY_DELAY = 0.5  # before re-opening a log stream that ended early or failed
-LOG_RETRY_MAX_DELAY = 10.0
+# Before re-opening a log stream that ended early or failed: the one policy, with a lower cap
+# so that lines written during an outage are read before the drain after the outcome ends.
+LOG_BACKOFF = kubeconn.Backoff(first=kubeconn.backoff_from_env().first, cap=10.0)
 LOG_FAILURES_REPORTED = 3  # failures in a row before the user hears of it
 METRICS_API_INTERVAL = 5.0  # metrics-server scrapes every 15 s by default; no use asking often
 DEPENDENT_RETRY_TIMEOUT = 30.0  # for a same-named leftover of an earlier attempt to be collected
@@ -234,7 +240,8 @@ class _Attempt:
         self.last_metrics = 0.0
         self.last_metrics_api = 0.0
         self.reported_watch_errors: set[str] = set()
-        self.informers: list[Any] = []
+        self.watches: list[tuple[kubeconn.ListWatch, threading.Thread]] = []
+        self._stopping = threading.Event()
 
     # -- the whole attempt ------------------------------------------------------------------
 
@@ -267,6 +274,12 @@ class _Attempt:
         run, ctx, plan = self.run_, self.ctx, self.plan
         existing = run.res.get(run.kind, run.name)
         if existing is not None and not self._ours(existing):
+            if pending_cleanup(ctx.job) is not None:
+                # An earlier supervisor of this very attempt was deleting it: the outcome
+                # is not known, and running the job again is not ours to decide.
+                raise KubeError(
+                    f"{plan.kind} {run.name} was being deleted when the job's supervisor died"
+                )
             self._wait_gone(existing)
             existing = None
         if existing is not None:
@@ -415,36 +428,38 @@ class _Attempt:
     # -- watches --------------------------------------------------------------------------------
 
     def _start_watches(self) -> None:
-        from kubernetes.informer import ADDED, DELETED, ERROR, MODIFIED, SharedInformer
-
-        res, put = self.run_.res, self.events.put
-        job_watch = SharedInformer(
-            res.list_function(self.run_.kind),
-            namespace=self.plan.namespace,
-            field_selector=f"metadata.name={self.run_.name}",
+        """Two list-then-watch threads (kubeconn's: reconnects wait the one backoff policy,
+        an outage is logged once with a count), feeding the event queue."""
+        run, put = self.run_, self.events.put
+        watches = (
+            ("job", run.kind, {"fieldSelector": f"metadata.name={run.name}"}),
+            ("pod", kind_of("v1", "Pod"), {"labelSelector": job_selector(self.ctx.job.id)}),
         )
-        pod_watch = SharedInformer(
-            res.list_function(kind_of("v1", "Pod")),
-            namespace=self.plan.namespace,
-            label_selector=job_selector(self.ctx.job.id),
-        )
-        for name, informer in (("job", job_watch), ("pod", pod_watch)):
-            for event in (ADDED, MODIFIED):
-                informer.add_event_handler(event, lambda obj, n=name: put((n, obj)))
-            informer.add_event_handler(DELETED, lambda obj, n=name: put((f"{n}_deleted", obj)))
-            informer.add_event_handler(ERROR, lambda exc, n=name: put(("watch_error", n, exc)))
-            informer.start()
-            self.informers.append(informer)
+        for name, kind, query in watches:
+            watch = kubeconn.ConnectionListWatch(
+                run.conn,
+                kind.path(self.plan.namespace),
+                query,
+                f"the job's {name}s",
+                lambda items, n=name: put((f"{n}_list", items)),
+                lambda change, obj, n=name: put(
+                    (f"{n}_deleted" if change == "DELETED" else n, obj)
+                ),
+                self._stopping,
+                failures=WATCH_FAILURES,
+                on_error=lambda exc, n=name: put(("watch_error", n, exc)),
+            )
+            thread = threading.Thread(target=watch.run, name=f"watch-{name}s", daemon=True)
+            thread.start()
+            self.watches.append((watch, thread))
 
     def _stop(self) -> None:
-        # Stopping shuts the watch sockets; the informer logs the broken stream as an error.
-        informer_log = logging.getLogger("kubernetes.informer.informer")
-        informer_log.disabled = True
-        try:
-            for informer in self.informers:
-                informer.stop()
-        finally:
-            informer_log.disabled = False
+        if self.watches:
+            self._stopping.set()
+            for watch, _ in self.watches:
+                watch.interrupt()
+            for _, thread in self.watches:
+                thread.join(5)
         for follower in list(self.followers.values()):
             follower.stop()
 
@@ -587,8 +602,14 @@ class _Attempt:
             self.pods[item[1]["metadata"]["name"]] = item[1]
         elif what == "pod_deleted":
             self.pods.pop(item[1]["metadata"]["name"], None)
+        elif what == "job_list":  # a (re)list: what is not in it is gone
+            mine = [o for o in item[1] if o["metadata"].get("uid") == self.uid]
+            self.job = mine[0] if mine else None
+        elif what == "pod_list":
+            self.pods = {o["metadata"]["name"]: o for o in item[1]}
         elif what == "log":
             _, pod, data = item
+            self.log_failures.pop(pod, None)  # it streams again
             output = self.outputs.get(pod)
             if output is not None:
                 for rank, kind, value in output.feed(data):
@@ -650,7 +671,7 @@ class _Attempt:
             self.ctx.logs.system(
                 f"[mlcluster] cannot read the log of pod {pod_name}: {message_of(error)}"
             )
-        delay = min(LOG_RETRY_DELAY * 2 ** max(0, failures - 1), LOG_RETRY_MAX_DELAY)
+        delay = LOG_BACKOFF.delay(failures, getattr(error, "retry_after", None))
         self.log_retry_at[pod_name] = time.monotonic() + delay
 
     def _rank_item(self, rank: int, kind: str, value: Any) -> None:
@@ -737,44 +758,85 @@ class _Attempt:
 
     def _delete_and_wait(self) -> None:
         """Delete the job object (foreground: its pods, Secrets, Service, PodGroup go first)
-        and wait until it and every pod of the job are gone."""
+        and wait until it and every pod of the job are gone.
+
+        The delete must happen: it is retried with the one backoff policy until the API
+        server accepts it, however long that takes. The job records it as a pending cleanup
+        first, so if this supervisor dies meanwhile, the next one or the reaper finishes it."""
         run, ctx = self.run_, self.ctx
-        self.deleting = True
+        set_pending_cleanup(ctx.store, ctx.job.id, True)
+        told = False
+
+        def delete() -> bool:
+            nonlocal told
+            try:
+                return run.res.delete(run.kind, run.name)
+            except Exception as exc:
+                if kubeconn.retryable(exc) and not told:
+                    told = True
+                    ctx.logs.system(
+                        f"[mlcluster] cannot delete {run.kind.kind} {run.name} yet "
+                        f"({message_of(exc)}); retrying until it is gone"
+                    )
+                raise
+
         try:
-            with_retries(
-                lambda: run.res.delete(run.kind, run.name), f"delete {run.kind.kind} {run.name}"
+            kubeconn.call(
+                delete,
+                f"delete {run.kind.kind} {run.name}",
+                give_up_after=None,
+                sleep=self._wait_ticking,
+                failures=DELETE_FAILURES,
             )
-        except Exception as exc:  # noqa: BLE001 - reported; the reaper's cleanup tries again
+        except Exception as exc:  # noqa: BLE001 - not retryable (e.g. forbidden): say so
             ctx.logs.system(
-                f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}"
+                f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}; "
+                "the reaper tries again"
             )
             return
+        if told:
+            ctx.logs.system(f"[mlcluster] {run.kind.kind} {run.name} deleted")
         deadline = time.monotonic() + ctx.config.kubernetes_delete_timeout
         next_check = time.monotonic() + VERIFY_GONE_INTERVAL
         while time.monotonic() < deadline:
             if (
-                not self.informers
+                not self.watches
                 or (self.job is None and not self.pods)
                 or time.monotonic() > next_check
             ):
                 next_check = time.monotonic() + VERIFY_GONE_INTERVAL
                 if self._gone():
+                    set_pending_cleanup(ctx.store, ctx.job.id, False)
                     self._flush(force=True)
                     return
             self._pump(LOOP_TICK)
             self._ensure_log_streams()
             self._flush()
+        # The deletion was accepted: Kubernetes finishes it (the cleanup stays pending for
+        # the reaper, which checks that it did).
         ctx.logs.system(
             f"[mlcluster] {run.kind.kind} {run.name} or its pods were still being deleted after "
             f"{ctx.config.kubernetes_delete_timeout:g}s; Kubernetes finishes that on its own"
         )
 
+    def _wait_ticking(self, seconds: float) -> None:
+        """Sleep between retries, keeping the heartbeat (this supervisor is alive)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.ctx.tick()
+            time.sleep(min(left, 0.5))
+
     def _gone(self) -> bool:
-        """Ask the API server directly (the watches may be behind or not started)."""
+        """Ask the API server directly (the watches may be behind or not started); an
+        unreachable server means: not known to be gone yet."""
         run = self.run_
-        if run.res.get(run.kind, run.name) is not None:
+        try:
+            if run.res.get(run.kind, run.name) is not None:
+                return False
+            pods = run.res.list(kind_of("v1", "Pod"), label_selector=job_selector(self.ctx.job.id))
+        except KubeError as exc:
+            DELETE_FAILURES.failed(f"check that {run.name} is gone", exc)
             return False
-        pods = run.res.list(kind_of("v1", "Pod"), label_selector=job_selector(self.ctx.job.id))
         return not pods
 
     def _settle_ranks(self, outcome: Outcome) -> None:

@@ -1,0 +1,235 @@
+"""The Kubernetes API server fails under a running job: outages, hangs, a 429 storm, deletes
+that fail. Real supervisor processes, the API emulator behind a TCP proxy the test breaks
+(`proxy.py`); the test plays the cluster's side directly. Each test prints its figures:
+faults injected, what survived, what was lost (zero).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import wait_for
+
+from tests.kube.jobs_fixtures import code, spec_of
+from tests.kube.player import objects_of
+
+pytestmark = pytest.mark.slow
+
+OUTAGE = 20.0  # seconds the API server is cut
+TICKER = """
+import time
+i = 0
+while True:
+    print(f"tick {i}", flush=True)
+    i += 1
+    time.sleep(0.1)
+"""
+TICK = re.compile(r"^tick (\d+)$")
+
+
+def ticks(service, job_id: str) -> list[int]:
+    lines, _ = service.logs(job_id, 0)
+    return [int(m.group(1)) for item in lines if (m := TICK.match(item["line"]))]
+
+
+def files_size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def start_ticker(service, player):
+    record = service.submit(spec_of(workers=1), code(TICKER))
+    job = player.resumed(record.id)
+    (pod,) = player.create_pods(job).values()
+    player.schedule(pod)
+    player.run_rank(pod)
+    wait_for(lambda: len(ticks(service, record.id)) >= 10, timeout=60, message="ticks stored")
+    return record
+
+
+def supervisor_of(service, job_id: str) -> psutil.Process:
+    info = service.store.get_job(job_id).supervisor
+    return psutil.Process(info["pid"])
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def carries_on(service, job_id: str) -> int:
+    """New lines arrive after the fault: the job goes on; how many were stored by then."""
+    before = len(ticks(service, job_id))
+    try:
+        wait_for(
+            lambda: len(ticks(service, job_id)) >= before + 30,
+            timeout=90,
+            message="lines again after the fault",
+        )
+    except AssertionError:
+        lines, _ = service.logs(job_id)
+        system = [item["line"] for item in lines if item["stream"] == "system"]
+        log = (service.store.job_dir(job_id) / "supervisor.log").read_text()[-3000:]
+        pid = service.store.get_job(job_id).supervisor["pid"]
+        threads = psutil.Process(pid).num_threads() if psutil.pid_exists(pid) else None
+        raise AssertionError(
+            f"no lines after the fault: {system}\n{log}\n{threads}\n"
+            f"{service.store.get_job(job_id).to_json()}"
+        ) from None
+    return len(ticks(service, job_id))
+
+
+def assert_nothing_lost(service, job_id: str) -> int:
+    """Every line the rank printed up to the last one stored, once, in order."""
+    seen = ticks(service, job_id)
+    wrong = next((i for i, n in enumerate(seen) if n != i), None)
+    lines, _ = service.logs(job_id, 0)
+    assert wrong is None, (
+        f"lines lost or duplicated from #{wrong}: {seen[max(0, (wrong or 0) - 3) : (wrong or 0) + 5]}"
+        f" {[x['line'] for x in lines if not TICK.match(x['line'])]}"
+    )
+    return len(seen)
+
+
+def cancel_and_check_gone(service, player, kube, namespace: str, job_id: str) -> None:
+    final = service.cancel(job_id)
+    player.kill_deleted()
+    assert final.state == "cancelled", (final.state, final.error)
+    assert objects_of(kube, namespace, job_id) == {}
+
+
+@pytest.mark.parametrize("fault", ["refuse", "hang"])
+def test_an_api_outage_mid_job_costs_little_and_loses_nothing(
+    fault, k8s, player, kube, kube_namespace, proxy
+):
+    """Cut (connections refused, open watches and log streams reset) or hung (nothing
+    answered, open streams stalled) for 20 s: the supervisor idles, writes little, and the
+    job carries on when the server is back; cancel then deletes everything."""
+    service = k8s()
+    record = start_ticker(service, player)
+    supervisor = supervisor_of(service, record.id)
+    job_dir = service.store.job_dir(record.id)
+    cpu_before, size_before = cpu_seconds(supervisor), files_size(job_dir)
+    requests_before = len(proxy.requests)
+    started = time.monotonic()
+    proxy.set_mode(fault)
+    time.sleep(OUTAGE)
+    cut = time.monotonic() - started
+    cpu = (cpu_seconds(supervisor) - cpu_before) / cut
+    growth = files_size(job_dir) - size_before
+    attempts = len(proxy.requests) - requests_before
+    proxy.set_mode("pass")
+    assert service.store.get_job(record.id).state == "running"
+    stored = carries_on(service, record.id)
+    cancel_and_check_gone(service, player, kube, kube_namespace, record.id)
+    kept = assert_nothing_lost(service, record.id)
+    print(
+        f"\n[faults] API {fault} for {cut:.1f}s: supervisor CPU {cpu:.1%} of a core, its files "
+        f"+{growth / 1024:.1f} KiB, {attempts} requests reached the proxy meanwhile, {proxy.faults} "
+        f"connections broken/refused by the proxy; survived: the job (running, then "
+        f"{stored} lines, cancelled, 0 objects left); lost: 0 of {kept} lines"
+    )
+    assert cpu < 0.10, f"the supervisor used {cpu:.1%} of a core during the outage"
+    assert growth < 256 * 1024, f"its files grew {growth} bytes during the outage"
+    # Reconnects wait the backoff: a handful per loop, not thousands.
+    assert attempts < 60, f"{attempts} requests during a {cut:.0f}s outage"
+
+
+def test_a_429_storm_with_retry_after_is_obeyed(k8s, player, kube, kube_namespace, proxy):
+    """Every request is answered 429 with Retry-After: 3 for 15 s: no client loop asks
+    again sooner than it was told; the job carries on afterwards."""
+    proxy.retry_after = 3
+    service = k8s()
+    record = start_ticker(service, player)
+    started = time.monotonic()
+    proxy.set_mode("throttle")
+    time.sleep(15)
+    proxy.set_mode("pass")
+    ended = time.monotonic()
+    storm = [r for r in proxy.requests if started <= r.at < ended]
+    by_loop: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for seen in storm:
+        by_loop[(seen.method, seen.path.split("?")[0])].append(seen.at)
+    gaps = [b - a for times in by_loop.values() for a, b in itertools.pairwise(times)]
+    stored = carries_on(service, record.id)
+    cancel_and_check_gone(service, player, kube, kube_namespace, record.id)
+    kept = assert_nothing_lost(service, record.id)
+    print(
+        f"\n[faults] 429 storm for {ended - started:.1f}s (Retry-After 3): {len(storm)} requests "
+        f"from {len(by_loop)} loops, shortest gap in a loop "
+        f"{min(gaps, default=float('nan')):.2f}s; survived: the job ({stored} lines, cancelled, "
+        f"0 objects left); lost: 0 of {kept} lines"
+    )
+    assert storm, "the storm met no request at all"
+    assert all(gap >= 2.9 for gap in gaps), sorted(gaps)[:5]
+    assert len(storm) <= len(by_loop) * (15 // 3 + 1)
+
+
+def test_a_delete_that_fails_is_retried_until_it_happens(
+    k8s, player, kube, kube_namespace, proxy, monkeypatch
+):
+    """Deletes answered 503 for 20 s (the policy's scale shortened by
+    MLCLUSTER_KUBE_BACKOFF, its shape unchanged): the supervisor keeps the job non-final and
+    keeps trying; once deletes work, the objects go and the job ends cancelled."""
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
+    service = k8s()
+    record = start_ticker(service, player)
+    proxy.set_mode("fail_deletes")
+    started = time.monotonic()
+    service.cancel(record.id, wait=False)
+    time.sleep(20)
+    assert not service.store.get_job(record.id).final, "final while its objects live on"
+    refused = proxy.count(started, method="DELETE")
+    proxy.set_mode("pass")
+    final = service.wait(record.id, timeout=60)
+    player.kill_deleted()
+    assert final.state == "cancelled", (final.state, final.error)
+    assert objects_of(kube, kube_namespace, record.id) == {}
+    assert service.store.pending_cleanups() == []
+    print(
+        f"\n[faults] deletes failed for 20s: {refused} refused DELETEs, retried until one "
+        f"worked; objects left: 0; pending cleanups: 0"
+    )
+    assert refused >= 5
+
+
+def test_a_cleanup_left_by_a_killed_supervisor_is_finished_by_the_reaper(
+    k8s, player, kube, kube_namespace, proxy, monkeypatch
+):
+    """The supervisor is killed (-9) while its deletes fail: the job records a pending
+    cleanup, ends cancelled, and the reaper deletes the objects once the API server lets it."""
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
+    service = k8s()
+    record = start_ticker(service, player)
+    supervisor = supervisor_of(service, record.id)
+    proxy.set_mode("fail_deletes")
+    started = time.monotonic()
+    service.cancel(record.id, wait=False)
+    wait_for(
+        lambda: proxy.count(started, method="DELETE") >= 2, timeout=30, message="deletes tried"
+    )
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait(30)
+    final = service.wait(record.id, timeout=30)  # the reaper settles it
+    assert final.state == "cancelled"
+    assert service.store.pending_cleanups() == [record.id]
+    assert objects_of(kube, kube_namespace, record.id) != {}  # still there: deletes fail
+    proxy.set_mode("pass")
+
+    def reaped() -> bool:
+        service.reap(force=True)
+        return not service.store.pending_cleanups()
+
+    wait_for(reaped, timeout=60, message="the pending cleanup completed by the reaper")
+    player.kill_deleted()
+    wait_for(lambda: objects_of(kube, kube_namespace, record.id) == {}, timeout=30)
+    print(
+        f"\n[faults] supervisor killed while {proxy.count(started, method='DELETE')} DELETEs "
+        "failed: pending cleanup recorded, completed by the reaper; objects left: 0"
+    )
