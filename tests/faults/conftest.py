@@ -20,8 +20,3 @@ def proxy(kube_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "proxied.yaml", broken.url)))
     yield broken
     broken.stop()
-    paths = {}
-    for seen in broken.requests:
-        key = (seen.method, seen.path.split("?")[0])
-        paths[key] = paths.get(key, 0) + 1
-    print("proxy saw", paths)

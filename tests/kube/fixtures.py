@@ -71,11 +71,21 @@ def start_cluster(kubeconfig_path: Path, port: int = 0, **options: Any) -> KubeC
     return KubeCluster(thread.url, kubeconfig_path, thread, Kube(thread.url, thread))
 
 
+_SESSION_CLUSTER: list[KubeCluster] = []  # started once, whichever conftest asks first
+
+
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
-    """The session's emulator, at the address in $KUBECONFIG."""
+    """The session's emulator, at the address in $KUBECONFIG. Several test directories'
+    conftests import these fixtures (each its own session fixture): they share the one
+    emulator, stopped by the first that started it."""
+    if _SESSION_CLUSTER:
+        yield _SESSION_CLUSTER[0]
+        return
     cluster = start_cluster(SESSION_KUBECONFIG, port=SESSION_PORT)
+    _SESSION_CLUSTER.append(cluster)
     yield cluster
+    _SESSION_CLUSTER.clear()
     cluster.thread.stop()
 
 
