@@ -303,7 +303,7 @@ export interface paths {
     get: operations['getSchedule'];
     put?: never;
     post?: never;
-    /** Forget a schedule; no tick fires after this returns (its runs' jobs stay) */
+    /** Forget a schedule; no tick is claimed after this returns (its runs' jobs stay) */
     delete: operations['deleteSchedule'];
     options?: never;
     head?: never;
