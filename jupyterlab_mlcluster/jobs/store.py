@@ -208,6 +208,11 @@ class JobStore:
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / check_job_id(job_id)
 
+    def tensorboard_dir(self, job_id: str) -> Path:
+        """Where a local job's ranks write TensorBoard data by default
+        ($MLCLUSTER_TENSORBOARD_DIR, unless the job's env names another)."""
+        return self.job_dir(job_id) / "tensorboard"
+
     def payload_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "payload.pkl"
 

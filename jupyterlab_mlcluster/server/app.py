@@ -33,6 +33,7 @@ from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService
 from .openapi import API_PREFIX, Validators, build_document
+from .tensorboard import TensorBoards, proxy_routes
 
 T = TypeVar("T")
 
@@ -160,6 +161,23 @@ class MLClusterApp(ExtensionApp):
         "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
+    tensorboard_idle_timeout = Float(
+        1800.0,
+        help="Seconds a TensorBoard started for jobs (POST /jobs/{id}/tensorboard) may go "
+        "without a request through its proxy before it is stopped; 0 keeps it until the "
+        "server stops. Opening it again starts a new one.",
+    ).tag(config=True)
+
+    tensorboard_start_timeout = Float(
+        120.0,
+        help="Seconds to wait for a TensorBoard process to listen before answering 503.",
+    ).tag(config=True)
+
+    tensorboard_reload_interval = Float(
+        5.0,
+        help="TensorBoard's --reload_interval: seconds between its reads of new event data.",
+    ).tag(config=True)
+
     metrics_interval = Float(
         5.0,
         help="Seconds between reads of the job store for the mlcluster_* series on Jupyter "
@@ -206,6 +224,7 @@ class MLClusterApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         self.handlers.extend((route_pattern(path), handler) for path, handler in routes())
+        self.handlers.extend(proxy_routes())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Settle jobs whose supervisors died while no server was watching.
@@ -218,6 +237,12 @@ class MLClusterApp(ExtensionApp):
         self.notebook_watch.start()  # publishes through the broadcaster, so after it
         self.scheduler = ServerScheduler(self, self.schedule_interval)
         self.scheduler.start()
+        self.tensorboards = TensorBoards(
+            self.serverapp.base_url,
+            idle_timeout=self.tensorboard_idle_timeout,
+            start_timeout=self.tensorboard_start_timeout,
+            reload_interval=self.tensorboard_reload_interval,
+        )
         self.metrics = ServerMetrics(self._metrics_source, self.run, self.metrics_interval)
         self.metrics.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool:
@@ -264,6 +289,8 @@ class MLClusterApp(ExtensionApp):
             await self.scheduler.stop()
         if getattr(self, "metrics", None) is not None:
             await self.metrics.stop()
+        if getattr(self, "tensorboards", None) is not None:
+            await self.tensorboards.stop()
         await self.broadcaster.stop()
         await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
 

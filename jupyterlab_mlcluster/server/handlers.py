@@ -34,6 +34,14 @@ from .notebooks import (
     notebook_name_error,
 )
 from .openapi import API_PREFIX, RequestError
+from .tensorboard import ENV_NAME as TENSORBOARD_ENV
+from .tensorboard import (
+    NoTensorBoardData,
+    TensorBoardFailed,
+    has_event_files,
+    tensorboard_installed,
+    tensorboard_location,
+)
 
 if TYPE_CHECKING:
     from ..jobs.record import JobRecord
@@ -306,6 +314,48 @@ class MetricsHandler(MLClusterHandler):
         await self.send_encoded(metrics)
 
 
+class TensorBoardHandler(MLClusterHandler):
+    api_path = "/jobs/{id}/tensorboard"
+
+    @web.authenticated
+    @authorized("read")
+    async def post(self, ref: str) -> None:
+        body = self.json_body() if self.request.body.strip() else {}
+        records = [await self.job(ref)]
+        for other in body.get("jobs", []):
+            record = await self.job(other)
+            if all(r.id != record.id for r in records):
+                records.append(record)
+        store = self.app.service.store
+
+        def locations() -> dict[str, str]:
+            runs = {}
+            for record in records:
+                location = tensorboard_location(store, record)
+                if not has_event_files(location):
+                    raise NoTensorBoardData(
+                        f"job {record.id} ({record.name}) has written no TensorBoard data yet "
+                        f"to {location} (its ranks find the directory in ${TENSORBOARD_ENV})"
+                    )
+                runs[record.id] = location
+            return runs
+
+        try:
+            runs = await self.run(locations)
+        except NoTensorBoardData as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        if not await self.run(tensorboard_installed):
+            raise web.HTTPError(
+                503,
+                "TensorBoard is not installed in the server's environment (pip install tensorboard)",
+            )
+        try:
+            url = await self.app.tensorboards.open(runs, owner=self.scope())
+        except TensorBoardFailed as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        self.send({"url": url, "jobs": sorted(runs)})
+
+
 class ResultHandler(MLClusterHandler):
     api_path = "/jobs/{id}/result"
 
@@ -486,6 +536,7 @@ REST_HANDLERS: list[type[MLClusterHandler]] = [
     JobHandler,
     LogsHandler,
     MetricsHandler,
+    TensorBoardHandler,
     ResultHandler,
     ClusterHandler,
     OpenAPIHandler,

@@ -82,6 +82,29 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/jobs/{id}/tensorboard': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A job id, or a job name (then the newest job of that name). */
+        id: components['parameters']['JobRef'];
+      };
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Start (or reuse) a TensorBoard over the job's $MLCLUSTER_TENSORBOARD_DIR and answer its URL
+     * @description The TensorBoard runs next to the Jupyter server, bound to 127.0.0.1, and is reached only through the answered `url` (a path under the server's base URL, proxied with the server's authentication). `jobs` adds more jobs to compare in the same TensorBoard (one run per job, named by its id); the same set of jobs reuses the same TensorBoard. It stops after MLClusterApp.tensorboard_idle_timeout seconds unused. The body may be empty.
+     */
+    post: operations['openJobTensorBoard'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/jobs/{id}/result': {
     parameters: {
       query?: never;
@@ -616,6 +639,16 @@ export interface components {
       gpu_util: number | null;
       gpu_memory_bytes: number | null;
     };
+    TensorBoardRequest: {
+      /** @description More jobs (ids or names) to show beside the one in the path. */
+      jobs?: string[];
+    };
+    TensorBoard: {
+      /** @description Path of the TensorBoard under the server's base URL (ends with '/'). */
+      url: string;
+      /** @description Ids of the jobs it shows (one run each). */
+      jobs: string[];
+    };
     JobMetrics: {
       id: string;
       ranks: {
@@ -1064,6 +1097,62 @@ export interface operations {
       400: components['responses']['BadQuery'];
       403: components['responses']['Forbidden'];
       404: components['responses']['UnknownJob'];
+    };
+  };
+  openJobTensorBoard: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        /** @description A job id, or a job name (then the newest job of that name). */
+        id: components['parameters']['JobRef'];
+      };
+      cookie?: never;
+    };
+    requestBody?: {
+      content: {
+        'application/json': components['schemas']['TensorBoardRequest'];
+      };
+    };
+    responses: {
+      /** @description The TensorBoard's URL */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['TensorBoard'];
+        };
+      };
+      /** @description Invalid body */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      403: components['responses']['Forbidden'];
+      404: components['responses']['UnknownJob'];
+      /** @description A job has written no TensorBoard data yet (the message names the job and its directory) */
+      409: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description TensorBoard is not installed in the server's environment, or did not start */
+      503: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
     };
   };
   getJobResult: {

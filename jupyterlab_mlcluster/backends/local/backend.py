@@ -211,6 +211,8 @@ class _Gang:
             *(store.error_path(job_id, r) for r in range(spec.workers)),
         ]:
             stale.unlink(missing_ok=True)
+        tensorboard_dir = store.tensorboard_dir(job_id)
+        tensorboard_dir.mkdir(mode=0o700, exist_ok=True)
         warm = _running_warm()
         # A machine without GPUs leaves CUDA_VISIBLE_DEVICES as the user had it (torchrun).
         pool_has_gpus = bool((ctx.job.capacity or {}).get("gpus", True))
@@ -228,6 +230,8 @@ class _Gang:
                 pool_has_gpus=pool_has_gpus,
             )
             env["MLCLUSTER_PAYLOAD"] = payload_path
+            # The job's TensorBoard directory (README "TensorBoard"); the user's own wins.
+            env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard_dir))
             env["MLCLUSTER_ERROR_FILE"] = error_file
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))

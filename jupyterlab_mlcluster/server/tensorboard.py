@@ -1,0 +1,346 @@
+"""TensorBoard for jobs, next to the Jupyter server and behind its authentication.
+
+`TensorBoards.open(job records)` starts (or reuses) one TensorBoard process per set of jobs,
+bound to 127.0.0.1 on a port the OS picks, with `--path_prefix` set to the proxy path under
+the server's base URL; `TensorBoardProxy` (an authenticated Jupyter handler) streams the
+browser's requests to it. Nothing listens anywhere but on loopback, and nothing reaches it
+without the server's token or cookie. Processes idle for `idle_timeout` seconds are stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.utils import url_path_join
+from tornado import httpclient, web
+
+from .identity import IdentityError
+
+if TYPE_CHECKING:
+    from ..jobs.record import JobRecord
+    from ..jobs.store import JobStore
+
+log = logging.getLogger(__name__)
+
+ENV_NAME = "MLCLUSTER_TENSORBOARD_DIR"
+PROXY_PREFIX = "/mlcluster/tensorboard"
+_LISTENING = re.compile(rb"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), and ones tornado sets.
+_HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+    "cookie",
+    "authorization",
+}
+
+
+class NoTensorBoardData(Exception):
+    """A job has written no TensorBoard event file yet."""
+
+
+class TensorBoardFailed(Exception):
+    """The TensorBoard process did not come up."""
+
+
+def tensorboard_location(store: JobStore, record: JobRecord) -> str:
+    """Where a job's ranks write TensorBoard data: the job's own $MLCLUSTER_TENSORBOARD_DIR
+    (set with `--env`), else the local default in the job's directory."""
+    chosen = record.spec.env.get(ENV_NAME)
+    if chosen:
+        return chosen
+    return str(store.tensorboard_dir(record.id))
+
+
+def inner_prefix(key: str) -> str:
+    return f"/tb-{key}"
+
+
+def tensorboard_installed() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def has_event_files(location: str) -> bool:
+    """Whether a local directory holds a TensorBoard event file (blocking). A URI
+    (s3://, gs://) is TensorBoard's to read: it counts as having data."""
+    if "://" in location:
+        return True
+    root = Path(location)
+    if not root.is_dir():
+        return False
+    return any(name.startswith("events.out.tfevents") for _, _, names in os.walk(root) for name in names)  # fmt: skip
+
+
+@dataclasses.dataclass
+class TensorBoardProcess:
+    key: str
+    owner: str | None
+    process: asyncio.subprocess.Process
+    port: int
+    last_used: float
+
+
+class TensorBoards:
+    """The server's TensorBoard processes, by key (the sorted job ids they show)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        idle_timeout: float,
+        start_timeout: float,
+        reload_interval: float,
+        executable: str = sys.executable,
+    ) -> None:
+        self.base_url = base_url
+        self.idle_timeout = idle_timeout
+        self.start_timeout = start_timeout
+        self.reload_interval = reload_interval
+        self.executable = executable
+        self.running: dict[str, TensorBoardProcess] = {}
+        self._starting: dict[str, asyncio.Future] = {}
+        self._reaper: asyncio.Task | None = None
+
+    @staticmethod
+    def key(job_ids: Iterable[str]) -> str:
+        return "-".join(sorted(set(job_ids)))
+
+    def path(self, key: str) -> str:
+        return url_path_join(self.base_url, PROXY_PREFIX, key) + "/"
+
+    async def open(self, runs: dict[str, str], owner: str | None) -> str:
+        """The URL path of a TensorBoard over `runs` (job id -> data location), started if
+        none runs for these jobs yet. Concurrent calls for the same jobs share one start."""
+        key = self.key(runs)
+        current = self.running.get(key)
+        if current is not None and current.process.returncode is None:
+            current.last_used = time.monotonic()
+            return self.path(key)
+        pending = self._starting.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._start(key, runs, owner))
+            self._starting[key] = pending
+            pending.add_done_callback(lambda _: self._starting.pop(key, None))
+        await asyncio.shield(pending)
+        self._ensure_reaper()
+        return self.path(key)
+
+    async def _start(self, key: str, runs: dict[str, str], owner: str | None) -> None:
+        spec = ",".join(f"{job_id}:{location}" for job_id, location in sorted(runs.items()))
+        # Its own prefix is the key alone: the proxy maps the outer path (under the server's
+        # base URL, which may hold escaped characters) onto it; its pages link relatively.
+        prefix = inner_prefix(key)
+        process = await asyncio.create_subprocess_exec(
+            self.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir_spec",
+            spec,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--path_prefix",
+            prefix,
+            "--load_fast",
+            "false",
+            "--reload_interval",
+            str(self.reload_interval),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C at the server's terminal is the server's
+        )
+        try:
+            port = await asyncio.wait_for(self._port(process), self.start_timeout)
+        except (TimeoutError, TensorBoardFailed) as exc:
+            await _stop(process)
+            raise TensorBoardFailed(f"TensorBoard did not start: {exc or 'timed out'}") from None
+        # Keep reading its output, or TensorBoard blocks once the pipe is full.
+        asyncio.ensure_future(_drain(process))
+        self.running[key] = TensorBoardProcess(key, owner, process, port, time.monotonic())
+        log.info("mlcluster: TensorBoard for %s on 127.0.0.1:%d", key, port)
+
+    @staticmethod
+    async def _port(process: asyncio.subprocess.Process) -> int:
+        tail: list[bytes] = []
+        assert process.stderr is not None
+        while True:
+            line = await process.stderr.readline()
+            if not line:
+                said = b"".join(tail[-5:]).decode(errors="replace").strip()
+                raise TensorBoardFailed(f"it exited ({process.returncode}): {said}")
+            tail.append(line[:500])
+            match = _LISTENING.search(line)
+            if match:
+                return int(match.group(1))
+
+    def touch(self, key: str) -> TensorBoardProcess | None:
+        current = self.running.get(key)
+        if current is None or current.process.returncode is not None:
+            return None
+        current.last_used = time.monotonic()
+        return current
+
+    def _ensure_reaper(self) -> None:
+        if self.idle_timeout > 0 and (self._reaper is None or self._reaper.done()):
+            self._reaper = asyncio.ensure_future(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        while self.running:
+            await asyncio.sleep(min(30.0, max(0.05, self.idle_timeout / 4)))
+            now = time.monotonic()
+            for key, current in list(self.running.items()):
+                exited = current.process.returncode is not None
+                if exited or now - current.last_used > self.idle_timeout:
+                    self.running.pop(key, None)
+                    log.info("mlcluster: stopping idle TensorBoard for %s", key)
+                    await _stop(current.process)
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for current in list(self.running.values()):
+            await _stop(current.process)
+        self.running.clear()
+
+
+async def _drain(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(Exception):
+        while process.stderr is not None and await process.stderr.read(65536):
+            pass
+
+
+async def _stop(process: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+class TensorBoardProxy(JupyterHandler):
+    """`/mlcluster/tensorboard/<key>/...` -> that TensorBoard, for an authenticated caller
+    allowed to see its jobs. Responses are streamed, not buffered."""
+
+    auth_resource = "mlcluster"
+
+    @property
+    def app(self):
+        return self.settings["mlcluster"]
+
+    def check_xsrf_cookie(self) -> None:
+        # TensorBoard's own pages POST with the header `X-XSRF-Protected: 1` (TensorBoard
+        # refuses POSTs without it). A page of another origin cannot send a custom header
+        # without a CORS preflight, which Jupyter Server answers without allowing it; so the
+        # header proves the request comes from this origin, as Jupyter's _xsrf would.
+        if self.request.headers.get("X-XSRF-Protected") == "1":
+            return None
+        return super().check_xsrf_cookie()
+
+    def _target(self, key: str) -> TensorBoardProcess:
+        current = self.app.tensorboards.touch(key)
+        if current is None:
+            raise web.HTTPError(404, f"no TensorBoard {key!r} (stopped when idle: open it again)")
+        if self.app.trust_identity_header:
+            try:
+                caller = self.app.user_identity(self.current_user, self.request.headers)
+            except IdentityError as exc:
+                raise web.HTTPError(403, str(exc)) from None
+            if caller != current.owner:
+                raise web.HTTPError(404, f"no TensorBoard {key!r}")
+        return current
+
+    async def _forward(self, key: str, rest: str) -> None:
+        current = self._target(key)
+        if not rest:  # its pages link relatively: they need the directory's URL
+            self.redirect(self.app.tensorboards.path(key))
+            return
+        url = f"http://127.0.0.1:{current.port}{inner_prefix(key)}{rest}"
+        if self.request.query:
+            url += "?" + self.request.query
+        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in _HOP_HEADERS}
+        started = False
+
+        def on_header(line: str) -> None:
+            nonlocal started
+            line = line.strip()
+            if not line:
+                return
+            if line.startswith("HTTP/"):
+                parts = line.split(" ", 2)
+                self.set_status(int(parts[1]), parts[2] if len(parts) > 2 else None)
+                self.clear_header("Content-Type")
+                return
+            name, _, value = line.partition(":")
+            if name.lower() == "location" and value.strip().startswith(inner_prefix(key)):
+                outer = self.app.tensorboards.path(key).rstrip("/")
+                value = outer + value.strip()[len(inner_prefix(key)) :]
+            if name.lower() not in _HOP_HEADERS:
+                self.add_header(name.strip(), value.strip())
+
+        def on_chunk(chunk: bytes) -> None:
+            nonlocal started
+            started = True
+            self.write(chunk)
+            self.flush()
+
+        body = self.request.body if self.request.method in ("POST", "PUT") else None
+        request = httpclient.HTTPRequest(
+            url,
+            method=self.request.method,
+            headers=headers,
+            body=body,
+            follow_redirects=False,
+            header_callback=on_header,
+            streaming_callback=on_chunk,
+            request_timeout=300,
+            decompress_response=False,
+        )
+        try:
+            await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception as exc:  # connection refused: TensorBoard died under us
+            if started:
+                raise
+            raise web.HTTPError(502, f"TensorBoard {key!r} did not answer: {exc}") from None
+        self.finish()
+
+    @web.authenticated
+    @authorized
+    async def get(self, key: str, rest: str) -> None:
+        await self._forward(key, rest)
+
+    @web.authenticated
+    @authorized
+    async def post(self, key: str, rest: str) -> None:
+        await self._forward(key, rest)
+
+
+def proxy_routes() -> list[tuple[str, Any]]:
+    # ExtensionApp puts the server's base URL before the pattern.
+    return [(PROXY_PREFIX + r"/([a-z0-9-]+)(/.*)?", TensorBoardProxy)]
