@@ -239,8 +239,8 @@ def main() -> None:
             for v in (samples["submit"], samples["created"], samples["ready"])
         ]
         print(f"{name:<20} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
-    from jupyterlab_mlcluster.backends.local import warmpool
     from jupyterlab_mlcluster.config import get_config
+    from jupyterlab_mlcluster.jobs import warmpool
 
     warmpool.stop(get_config())  # the zygote this benchmark started
     emulator.communicate("")

@@ -307,7 +307,7 @@ def main() -> int:
 
 def _stop_pools(pool_dir: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from jupyterlab_mlcluster.backends.local import warmpool
+    from jupyterlab_mlcluster.jobs import warmpool
 
     for sock in pool_dir.glob("zygote-*.sock"):
         try:

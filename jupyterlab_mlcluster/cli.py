@@ -401,8 +401,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
-    from .backends.local import warmpool
     from .config import get_config
+    from .jobs import warmpool
 
     config = get_config()
     if args.action == "start":

@@ -31,7 +31,7 @@ def warm_pool_dir(tmp_path_factory):
     old = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(path)
     yield path
-    from jupyterlab_mlcluster.backends.local import warmpool
+    from jupyterlab_mlcluster.jobs import warmpool
 
     for sock in path.glob("zygote-*.sock"):
         try:

@@ -50,7 +50,7 @@ def default_pool_dirs(monkeypatch):
     """The pool's default places, under a fresh short directory (a socket path must fit in
     108 bytes): $TMPDIR, no $XDG_RUNTIME_DIR, and a home directory. Any zygote started there
     is stopped, and everything removed, after."""
-    from jupyterlab_mlcluster.backends.local import warmpool
+    from jupyterlab_mlcluster.jobs import warmpool
 
     base = Path(tempfile.mkdtemp(prefix="mlc-", dir="/tmp"))
     tmp, home = base / "tmp", base / "home"
@@ -135,7 +135,7 @@ except OSError as exc:  # hung up on before the request was even read
 def test_attack_another_user_talks_to_the_zygote(tmp_path, monkeypatch):
     """The zygote's socket is reachable by another user (a careless chmod): the zygote checks
     the caller's uid (SO_PEERCRED) and hangs up without a word."""
-    from jupyterlab_mlcluster.backends.local import warmpool
+    from jupyterlab_mlcluster.jobs import warmpool
     from jupyterlab_mlcluster.config import get_config
 
     uid = attacker_uid()
@@ -194,7 +194,7 @@ def test_attack_zygote_socket_served_by_another_user(service, tmp_path, monkeypa
     """A socket file of ours in the pool directory (lstat passes), but the process listening
     behind it is another user's: the submitter checks the peer's uid (SO_PEERCRED) and sends
     it nothing, not even a ping; the job runs anyway."""
-    from jupyterlab_mlcluster.backends.local import warmpool
+    from jupyterlab_mlcluster.jobs import warmpool
 
     uid = attacker_uid()
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")

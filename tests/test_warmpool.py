@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import process_gone, wait_for
-from jupyterlab_mlcluster.backends.local import warmpool
+from jupyterlab_mlcluster.jobs import warmpool
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
 

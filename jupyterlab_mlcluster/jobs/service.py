@@ -12,9 +12,7 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,6 +22,7 @@ from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import key_path, new_key_file
 from .model import JobSpec, JobState, RankState, SpecError
+from .processes import process_is, start_detached, supervisor_alive, this_host
 from .record import JobRecord
 from .store import JobStore, UnknownJob
 
@@ -146,32 +145,22 @@ class JobService:
 
     def _start_supervisor(self, job_id: str) -> None:
         if self.config.warm_pool:
-            from ..backends.local import warmpool
+            from . import warmpool
 
             if warmpool.spawn_supervisor(self.config, str(self.store.root), job_id):
                 return
-        log = open(self.store.job_dir(job_id) / "supervisor.log", "ab")  # noqa: SIM115
-        env = dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root))
-        try:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "jupyterlab_mlcluster.jobs.supervisor",
-                    str(self.store.root),
-                    job_id,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-                close_fds=True,
-            )
-        finally:
-            log.close()
-        # Reap it when it ends so no zombie stays behind in long-lived submitters.
-        threading.Thread(target=proc.wait, name=f"mlcluster-reap-{job_id}", daemon=True).start()
+        start_detached(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab_mlcluster.jobs.supervisor",
+                str(self.store.root),
+                job_id,
+            ],
+            open(self.store.job_dir(job_id) / "supervisor.log", "ab"),  # noqa: SIM115
+            env=dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root)),
+            reaper_name=f"mlcluster-reap-{job_id}",
+        )
 
     # -- read ---------------------------------------------------------------------------
 
@@ -307,8 +296,6 @@ class JobService:
         return self.store.get_job(job_id)
 
     def _signal_supervisor(self, record: JobRecord, signum: int) -> None:
-        from ..backends.local.pool import process_is, this_host
-
         info = record.supervisor or {}
         if info.get("host") == this_host() and process_is(info.get("pid"), info.get("create_time")):
             try:
@@ -322,8 +309,6 @@ class JobService:
         if not force and now - self._last_reap < 1.0:
             return []
         self._last_reap = now
-        from ..backends.local.backend import supervisor_alive
-
         reaped = []
         rows = self.store._db.execute(
             "SELECT id, supervisor, created, backend, cancel_requested FROM jobs WHERE state NOT IN (?, ?, ?)",

@@ -22,6 +22,7 @@ import psutil
 from ..backends.base import get_backend
 from ..config import get_config
 from .model import JobState, RankState
+from .processes import process_is, this_host
 from .record import JobRecord
 from .store import JobStore, format_log_line
 from .sweep import wait_for_slot
@@ -176,17 +177,13 @@ def _still_running(proc: Any) -> bool:
 def claim(store: JobStore, job_id: str) -> bool:
     """Become the job's one supervisor (atomic); False if another live one has it."""
     me = psutil.Process()
-    identity = json.dumps(
-        {"pid": me.pid, "create_time": me.create_time(), "host": os.uname().nodename}
-    )
+    identity = json.dumps({"pid": me.pid, "create_time": me.create_time(), "host": this_host()})
     with store._tx() as db:
         row = db.execute("SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or JobState(row["state"]).final:
             return False
         if row["supervisor"]:
             other = json.loads(row["supervisor"])
-            from ..backends.local.pool import process_is
-
             if other.get("pid") != me.pid and process_is(
                 other.get("pid"), other.get("create_time")
             ):

@@ -246,7 +246,7 @@ class MLClusterApp(ExtensionApp):
         self.metrics = ServerMetrics(self._metrics_source, self.run, self.metrics_interval)
         self.metrics.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool:
-            from ..backends.local import warmpool
+            from ..jobs import warmpool
 
             # Fire and forget: it takes seconds (import torch) in its own process.
             self.executor.submit(warmpool.ensure_zygote, self.mlconfig, False)

@@ -585,8 +585,8 @@ def orphaned_job(store_dir):
 
     import psutil
 
-    from jupyterlab_mlcluster.backends.local.pool import this_host
     from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+    from jupyterlab_mlcluster.jobs.processes import this_host
     from jupyterlab_mlcluster.jobs.record import JobRecord
     from jupyterlab_mlcluster.jobs.store import JobStore
 

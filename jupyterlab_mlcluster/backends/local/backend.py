@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
+from ...jobs.processes import process_is, supervisor_alive
 from ...jobs.store import JobStore
 from ...runtime.errors import read_error_file
 from ...runtime.protocol import OutputParser, job_key, key_path
@@ -33,18 +34,6 @@ class GangOutcome:
     failed_rank: int | None = None
     exit_code: int | None = None
     reason: str | None = None
-
-
-def supervisor_alive(row) -> bool:
-    """Store row -> is its supervisor still the process that claimed it?"""
-    raw = row["supervisor"]
-    if not raw:
-        # Not claimed yet: give a freshly submitted job time for its supervisor to start.
-        return time.time() - row["created"] < 60.0
-    info = json.loads(raw)
-    if info.get("host") != pool.this_host():
-        return True  # another machine's process: not ours to judge
-    return pool.process_is(info.get("pid"), info.get("create_time"))
 
 
 class LocalBackend(Backend):
@@ -74,7 +63,7 @@ class LocalBackend(Backend):
         ).fetchall()
         for row in rows:
             started = row["pgid"]  # we store the rank's process start time here
-            if pool.process_is(row["pid"], started):
+            if process_is(row["pid"], started):
                 try:
                     os.killpg(row["pid"], signal.SIGKILL)
                 except OSError:
@@ -409,6 +398,6 @@ def _duration(seconds: float | None) -> str:
 
 
 def _running_warm() -> bool:
-    from . import warmpool
+    from ...jobs import warmpool
 
     return warmpool.in_zygote_child()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from typing import Any, Callable
 
 import psutil
@@ -160,20 +159,3 @@ def describe_wait(spec: JobSpec, capacity: dict[str, Any], used: dict[str, Any],
     if need["memory"] > capacity["memory"] - used["memory"]:
         parts.append(f"{format_memory(need['memory'])} memory")
     return "waiting for " + " and ".join(parts) if parts else "waiting for resources"
-
-
-def process_is(pid: int | None, create_time: float | None) -> bool:
-    """Is `pid` still the very process that was started at `create_time`?"""
-    if not pid:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.05:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def this_host() -> str:
-    return os.uname().nodename

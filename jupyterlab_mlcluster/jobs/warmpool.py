@@ -42,7 +42,6 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,7 +50,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..._version import __version__
+from .._version import __version__
+from .processes import start_detached
 
 _IN_ZYGOTE_CHILD = False
 _ENV_KEYS = (
@@ -257,25 +257,19 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
             zygote_log = os.fdopen(
                 _open_private(path.parent / f"zygote-{fp}.log", os.O_WRONLY | os.O_APPEND), "ab"
             )
-            proc = subprocess.Popen(
+            start_detached(
                 [
                     sys.executable,
                     "-m",
-                    "jupyterlab_mlcluster.backends.local.warmpool",
+                    "jupyterlab_mlcluster.jobs.warmpool",
                     str(path),
                     ",".join(modules),
                     str(config.warm_pool_idle_timeout),
                     fp,
                 ],
-                stdin=subprocess.DEVNULL,
-                stdout=zygote_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
+                zygote_log,
                 cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
-            zygote_log.close()
-            threading.Thread(target=proc.wait, daemon=True).start()
     if not wait:
         return None
     deadline = time.monotonic() + START_TIMEOUT
@@ -500,7 +494,7 @@ def _run_forked_supervisor(store_root: str, job_id: str, env: dict[str, str]) ->
         os.dup2(fd, 2)
         os.closerange(3, _max_fd())
         _fresh_stdio()
-        from ...jobs.supervisor import main as supervisor_main
+        from .supervisor import main as supervisor_main
 
         status = supervisor_main([store_root, job_id])
     except BaseException:  # noqa: BLE001
@@ -516,8 +510,8 @@ def _run_forked_supervisor(store_root: str, job_id: str, env: dict[str, str]) ->
 
 def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
     """In a fork of a warm supervisor: turn into a rank exactly like a cold one."""
-    from ...runtime import worker
-    from ...runtime.payload import Payload, read_payload_bytes
+    from ..runtime import worker
+    from ..runtime.payload import Payload, read_payload_bytes
 
     gc.freeze()  # inherited objects: never scanned, never copied by the collector
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
@@ -604,6 +598,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # Run the package's copy of this module, not __main__'s: the fork's flags must be set
     # where the rest of the package reads them.
-    from jupyterlab_mlcluster.backends.local import warmpool as _warmpool
+    from jupyterlab_mlcluster.jobs import warmpool as _warmpool
 
     sys.exit(_warmpool.main())

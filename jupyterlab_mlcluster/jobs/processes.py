@@ -1,0 +1,79 @@
+"""Process bookkeeping shared by every part that starts or judges processes.
+
+A process is named by (host, pid, create_time): a pid alone may be reused. Whoever
+started a process (the submitter starting a supervisor, a supervisor starting ranks, the
+zygote) records that triple; whoever later asks "is it still there?" asks here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import Any, BinaryIO, Mapping
+
+import psutil
+
+# A freshly submitted job's supervisor may take this long to claim it (a cold Python start
+# on a loaded machine) before the job counts as never started.
+CLAIM_GRACE = 60.0
+
+
+def this_host() -> str:
+    return os.uname().nodename
+
+
+def process_is(pid: int | None, create_time: float | None) -> bool:
+    """Is `pid` still the very process that was started at `create_time`?"""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - create_time) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def supervisor_alive(row: Mapping[str, Any]) -> bool:
+    """A job's store row -> is its supervisor still the process that claimed it?"""
+    raw = row["supervisor"]
+    if not raw:
+        # Not claimed yet: give a freshly submitted job time for its supervisor to start.
+        return time.time() - row["created"] < CLAIM_GRACE
+    info = json.loads(raw)
+    if info.get("host") != this_host():
+        return True  # another machine's process: not ours to judge
+    return process_is(info.get("pid"), info.get("create_time"))
+
+
+def start_detached(
+    argv: list[str],
+    log: BinaryIO,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    reaper_name: str | None = None,
+) -> subprocess.Popen:
+    """Start `argv` in its own session (no terminal signals reach it), its output going to
+    `log` (an open file, closed here once the child holds it).
+
+    A daemon thread waits for it, so no zombie stays behind in a long-lived starter."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+    threading.Thread(target=proc.wait, name=reaper_name, daemon=True).start()
+    return proc
