@@ -7,15 +7,20 @@ policy) is `jupyterlab_mlcluster.kubeconn`'s; this adds the kinds the controller
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from jupyterlab_mlcluster.kubeconn import (
     MERGE_PATCH,
     AsyncConnection,
+    FailureLog,
     KubeError,
+    call_async,
     resource_path,
 )
+
+FAILURES = FailureLog(logging.getLogger("notebook_controller"))
 
 __all__ = ["KubeClient", "KubeError", "object_path"]
 
@@ -42,7 +47,13 @@ def object_path(
 
 
 class KubeClient:
-    """get / create / patch / delete by kind; failures are KubeErrors (`.status`, `.message`)."""
+    """get / create / patch / delete by kind; failures are KubeErrors (`.status`, `.message`).
+
+    Throttling (429, `Retry-After` obeyed), server errors and an unreachable API server are
+    retried with the one backoff policy for up to RETRY_FOR seconds; then the handler fails
+    and kopf (or the resync) comes back to it."""
+
+    RETRY_FOR = 30.0
 
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
@@ -59,7 +70,12 @@ class KubeClient:
         await self.conn.close()
 
     async def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        return await self.conn.request(method, path, body, **kwargs)
+        return await call_async(
+            lambda: self.conn.request(method, path, body, **kwargs),
+            f"{method} {path}",
+            give_up_after=self.RETRY_FOR,
+            failures=FAILURES,
+        )
 
     async def get(
         self, api_version: str, kind: str, namespace: str | None, name: str

@@ -272,7 +272,7 @@ class _Attempt:
 
     def _create_or_adopt(self) -> None:
         run, ctx, plan = self.run_, self.ctx, self.plan
-        existing = run.res.get(run.kind, run.name)
+        existing = with_retries(lambda: run.res.get(run.kind, run.name), f"get {run.name}")
         if existing is not None and not self._ours(existing):
             if pending_cleanup(ctx.job) is not None:
                 # An earlier supervisor of this very attempt was deleting it: the outcome
@@ -419,7 +419,7 @@ class _Attempt:
         if not (obj.get("metadata") or {}).get("deletionTimestamp"):
             with_retries(lambda: res.delete(kind, name), f"delete {kind.kind} {name}")
         deadline = time.monotonic() + self.ctx.config.kubernetes_delete_timeout
-        while res.get(kind, name) is not None:
+        while with_retries(lambda: res.get(kind, name), f"get {name}") is not None:
             if time.monotonic() > deadline:
                 raise KubeError(f"{kind.kind} {name} of an earlier attempt is still being deleted")
             self.ctx.tick()
