@@ -610,16 +610,22 @@ class FailureLog:
     """Logs a repeated failure once, then a count now and then ("... (x37 in 60s)"), so an
     outage costs a few lines, not a traceback per attempt."""
 
-    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.every = every
+        self.clock = clock
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self._count: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def failed(self, what: str, exc: BaseException, level: int = logging.WARNING) -> None:
-        now = time.monotonic()
+        now = self.clock()
         key = f"{what}: {exc}"
         with self._lock:
             count = self._count[key] = self._count.get(key, 0) + 1

@@ -1,0 +1,93 @@
+"""kubeconn's pure parts: the backoff policy, what is retried, the one error form, counted logs."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from jupyterlab_mlcluster import kubeconn
+from jupyterlab_mlcluster.kubeconn import Backoff, ClusterUnavailable, FailureLog, KubeError
+
+
+def test_backoff_is_full_jitter_exponential_capped_and_obeys_retry_after():
+    random.seed(7)
+    policy = Backoff(first=0.5, cap=60.0)
+    for attempt in range(40):
+        ceiling = min(60.0, 0.5 * 2**attempt)
+        delays = [policy.delay(attempt) for _ in range(200)]
+        assert all(0 <= d <= ceiling for d in delays)
+        assert max(delays) > ceiling * 0.8  # the whole range is used (full jitter)
+    assert all(policy.delay(0, retry_after=3) >= 3 for _ in range(100))
+    assert policy.delay(0, retry_after=10_000) == 60.0  # a server's wish is capped too
+
+
+def test_the_policy_can_be_scaled_for_tests_but_keeps_its_shape(monkeypatch):
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
+    assert kubeconn.backoff_from_env() == Backoff(first=0.2, cap=2.0)
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "nonsense")
+    assert kubeconn.backoff_from_env() == Backoff()
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "retried"),
+    [
+        (429, "TooManyRequests", True),
+        (500, "InternalError", True),
+        (503, "ServiceUnavailable", True),
+        (409, "Conflict", True),
+        (409, "AlreadyExists", False),
+        (404, "NotFound", False),
+        (403, "Forbidden", False),
+        (422, "Invalid", False),
+    ],
+)
+def test_what_is_retried(status, reason, retried):
+    error = kubeconn.refused(status, {"reason": reason, "message": "m"})
+    assert kubeconn.retryable(error) is retried
+
+
+def test_unreachable_is_retried_and_not_configured_is_not():
+    assert kubeconn.retryable(kubeconn.unreachable("http://x", ConnectionRefusedError(111, "no")))
+    assert not kubeconn.retryable(ClusterUnavailable(f"{kubeconn.NO_CLUSTER}: none"))
+    assert not kubeconn.retryable(ValueError("a bug, not the network"))
+
+
+def test_one_message_form():
+    refused_ = kubeconn.refused(
+        403, b'{"reason": "Forbidden", "message": "nope"}', {"Retry-After": "4"}
+    )
+    assert str(refused_) == "the Kubernetes API refused the request: 403 nope"
+    assert (refused_.status, refused_.reason, refused_.message, refused_.retry_after) == (
+        403,
+        "Forbidden",
+        "nope",
+        4.0,
+    )
+    cause = ConnectionRefusedError(111, "Connection refused")
+    wrapper = OSError("HTTPConnection(host=...) at 0x7f...: Failed to establish")
+    wrapper.__cause__ = cause
+    gone = kubeconn.unreachable("http://127.0.0.1:1", wrapper)
+    assert str(gone) == (
+        "the Kubernetes API server at http://127.0.0.1:1 cannot be reached: "
+        "[Errno 111] Connection refused"
+    )
+    assert isinstance(gone, KubeError) and gone.status is None
+
+
+def test_a_repeated_failure_is_logged_once_then_counted(caplog):
+    clock = [1000.0]
+    failures = FailureLog(logging.getLogger("test.kubeconn"), every=60.0, clock=lambda: clock[0])
+    error = KubeError("API unreachable")
+    with caplog.at_level(logging.WARNING, logger="test.kubeconn"):
+        for _ in range(37):
+            failures.failed("watching pods", error)
+            clock[0] += 1.0
+        failures.failed("watching pods", error)  # 37 s later: still quiet
+        clock[0] += 30.0
+        failures.failed("watching pods", error)  # past a minute: one line with the count
+    assert [r.getMessage() for r in caplog.records] == [
+        "watching pods: API unreachable",
+        "watching pods: API unreachable (x39 in 67s)",
+    ]
