@@ -134,10 +134,20 @@ class MLClusterConfig(Configurable):
     ).tag(config=True)
 
     kubernetes_engine = Enum(
-        ["auto", "pytorchjob", "tfjob", "indexed-job"],
+        ["auto", "trainjob", "pytorchjob", "tfjob", "indexed-job"],
         "auto",
-        help="How Kubernetes jobs run: 'auto' uses the Kubeflow Training Operator (PyTorchJob/"
+        help="How Kubernetes jobs run: 'auto' uses Kubeflow Trainer v2 (TrainJob, for pytorch "
+        "and jax) when the cluster serves it, else the Kubeflow Training Operator (PyTorchJob/"
         "TFJob) when its CRDs exist, else an Indexed Job plus a headless Service.",
+    ).tag(config=True)
+
+    kubernetes_trainer_runtimes = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        default_value={"pytorch": "torch-distributed", "jax": "jax-distributed"},
+        help="The Kubeflow Trainer v2 ClusterTrainingRuntime each --framework's TrainJobs run "
+        "on. A submit naming a runtime the cluster does not have fails at once, listing the "
+        "runtimes it has.",
     ).tag(config=True)
 
     kubernetes_gang = Enum(
@@ -175,7 +185,7 @@ class MLClusterConfig(Configurable):
 
     kubernetes_gpus_per_node = Int(
         0,
-        help="GPUs of one GPU node. When set, a PyTorchJob packs as many ranks into each pod "
+        help="GPUs of one GPU node. When set, a PyTorchJob or pytorch TrainJob packs as many ranks into each pod "
         "as fit one node (torchrun inside the pod, NCCL over NVLink) instead of one rank per "
         "pod. 0 = one rank per pod.",
     ).tag(config=True)

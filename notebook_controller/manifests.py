@@ -7,7 +7,7 @@ from typing import Any
 
 from .crd import GROUP, PLURAL, notebook_crd
 
-from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
+from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac, trainer_runtime_reader
 
 try:
     from jupyterlab_mlcluster._version import __version__ as _VERSION
@@ -196,4 +196,8 @@ def all_manifests(
         manifests.append(example_gateway(gateway, host))
     for user_namespace in user_namespaces:
         manifests += notebook_rbac(user_namespace, notebook_service_account)
+    if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
+        manifests += trainer_runtime_reader(
+            [(n, notebook_service_account) for n in user_namespaces]
+        )
     return manifests

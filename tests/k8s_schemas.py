@@ -180,6 +180,10 @@ def custom_resource_schema(obj: dict[str, Any]) -> dict[str, Any]:
         return training_operator_schema(obj["kind"])
     if (obj.get("apiVersion"), obj.get("kind")) == ("scheduling.volcano.sh/v1beta1", "PodGroup"):
         return PODGROUP_SCHEMA
+    if obj.get("apiVersion") == "trainer.kubeflow.org/v1alpha1":
+        from tests.kube.crds import trainer_schema  # the published CRD (tests/kube/upstream)
+
+        return trainer_schema(obj["kind"])
     raise KeyError(f"no schema for {obj.get('apiVersion')} {obj.get('kind')}")
 
 

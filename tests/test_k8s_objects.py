@@ -86,6 +86,8 @@ def build(spec: JobSpec | None = None, job_id: str = "j1", **kwargs) -> objects.
         "payload_chunks": [b"x"],
         "engine": "indexed-job",
     }
+    if kwargs.get("engine") == "trainjob":
+        defaults["runtime"] = "torch-distributed"
     return build_job_objects(job_id, spec or spec_of(), **{**defaults, **kwargs})
 
 
@@ -119,6 +121,12 @@ def pod_templates(obj: dict) -> list[dict]:
     spec = obj.get("spec", {})
     if obj["kind"] == "Job":
         return [spec["template"]]
+    if obj["kind"] == "TrainJob":  # what we patch into the runtime's pod template
+        return [
+            job["template"]["spec"]["template"]
+            for patch in spec["runtimePatches"]
+            for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        ]
     replicas = spec.get("pytorchReplicaSpecs") or spec.get("tfReplicaSpecs") or {}
     return [r["template"] for r in replicas.values()]
 
@@ -559,11 +567,15 @@ def test_every_combination_validates_against_the_schemas():
             payload_chunks=[b"a", b"b"],
             engine=engine,
             gang=gang,
-            priority_class="batch-low",
+            # a TrainJob's PriorityClass is its runtime's
+            priority_class=None if engine == "trainjob" else "batch-low",
+            runtime="torch-distributed" if engine == "trainjob" else None,
         )
         count += 1
         for obj in built.all():
             validate_manifest(obj)
+        if built.job["kind"] == "TrainJob":
+            continue  # no pod template in it (runtimePatches, checked by its own schema)
         if built.job["kind"] != "Job":  # a Job's template was just validated with the Job
             for template in pod_templates(built.job):
                 kubernetes_validate.validate(
@@ -576,8 +588,9 @@ def test_every_combination_validates_against_the_schemas():
                     desired_version=K8S_VERSION,
                     strict=True,
                 )
-    # x2 (GPUs or not): PyTorchJob 3 frameworks x 4 gangs, TFJob 1 x 4, Indexed Job 4 x 3.
-    assert count == 56
+    # x2 (GPUs or not): PyTorchJob 3 frameworks x 4 gangs, TFJob 1 x 4, Indexed Job 4 x 3,
+    # TrainJob 2 (pytorch, jax) x 3.
+    assert count == 68
 
 
 @pytest.mark.parametrize(
@@ -669,6 +682,9 @@ def test_fail_fast_policy_on_every_engine():
             } in job_spec["podFailurePolicy"]["rules"]
             assert job_spec["template"]["spec"]["restartPolicy"] == "Never"
             assert job_spec["template"]["spec"]["containers"][0]["name"] == "worker"
+        elif engine == "trainjob":
+            # Fail-fast is the runtime's (JobSet failurePolicy); the TrainJob has no knob.
+            assert "runPolicy" not in job_spec
         else:
             assert job_spec["runPolicy"]["backoffLimit"] == 0
             assert job_spec["runPolicy"]["cleanPodPolicy"] == "Running"
@@ -819,7 +835,11 @@ def test_builder_refuses_an_empty_chunk_list():
             "MLCLUSTER_PAYLOAD is set by mlcluster",
         ),
         ({"workers": 6}, {"engine": "pytorchjob", "ranks_per_pod": 4}, "must divide workers"),
-        ({"workers": 4}, {"engine": "indexed-job", "ranks_per_pod": 2}, "needs a PyTorchJob"),
+        (
+            {"workers": 4},
+            {"engine": "indexed-job", "ranks_per_pod": 2},
+            "needs a TrainJob or a PyTorchJob",
+        ),
         ({"workers": 100_001}, {"engine": "indexed-job"}, "at most 100000"),
         ({"cpus": 0.0001}, {"engine": "indexed-job"}, "at least 0.001"),
     ],
@@ -950,6 +970,21 @@ def test_notebook_role_is_exactly_this():
         },
         "rules": [
             {
+                "apiGroups": ["trainer.kubeflow.org"],
+                "resources": ["trainjobs"],
+                "verbs": ["create", "get", "list", "watch", "patch", "delete"],
+            },
+            {
+                "apiGroups": ["trainer.kubeflow.org"],
+                "resources": ["trainjobs/finalizers"],
+                "verbs": ["update"],
+            },
+            {
+                "apiGroups": ["trainer.kubeflow.org"],
+                "resources": ["trainingruntimes"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
                 "apiGroups": ["kubeflow.org"],
                 "resources": ["pytorchjobs", "tfjobs"],
                 "verbs": ["create", "get", "list", "watch", "patch", "delete"],
@@ -986,7 +1021,7 @@ def test_notebook_role_is_exactly_this():
             },
             {
                 "apiGroups": ["kueue.x-k8s.io"],
-                "resources": ["workloads"],
+                "resources": ["workloads", "localqueues"],
                 "verbs": ["get", "list", "watch"],
             },
             {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
@@ -1018,6 +1053,7 @@ def test_role_covers_every_kind_the_builders_make():
         for resource in rule["resources"]
     }
     plural = {
+        "TrainJob": "trainjobs",
         "PyTorchJob": "pytorchjobs",
         "TFJob": "tfjobs",
         "Job": "jobs",
@@ -1048,7 +1084,13 @@ def test_deploy_rbac_is_generated_from_the_builders(capsys):
     committed = (REPO / "deploy" / "notebook-rbac.yaml").read_text()
     assert committed == generated, "regenerate deploy/notebook-rbac.yaml (see deploy/README.md)"
     docs = [d for d in yaml.safe_load_all(committed) if d]
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert [d["kind"] for d in docs] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ]
     for doc in docs:
         kubernetes_validate.validate(doc, desired_version=K8S_VERSION, strict=True)
 
@@ -1129,3 +1171,96 @@ def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
         split_packed_line(line) for line in result.stdout.splitlines() if line.startswith("[")
     )
     assert seen == [(0, "0 0 2 2 1"), (1, "1 1 2 2 1")]
+
+
+# --- Kubeflow Trainer v2 ----------------------------------------------------------------
+
+
+def test_trainjob_is_exactly_this_and_fits_the_published_crd():
+    spec = spec_of(workers=4, gpus_per_worker=1, cpus=2, timeout="90s", env={"A": "1"}, queue="q")
+    built = build(
+        spec,
+        job_id="j9",
+        engine="trainjob",
+        gang="kueue",
+        runtime="torch-distributed",
+        ranks_per_pod=2,
+        user="dana",
+        namespace="team",
+    )
+    job = built.job
+    validate_manifest(job)
+    assert built.resume is None  # Kueue admits it
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert job["spec"]["suspend"] is True and job["spec"]["activeDeadlineSeconds"] == 90
+    trainer = job["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 2)
+    assert trainer["resourcesPerNode"] == {
+        "requests": {"cpu": "4"},
+        "limits": {"cpu": "4", "nvidia.com/gpu": "2"},
+    }
+    assert trainer["env"] == [{"name": "A", "value": "1"}]
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    pod = node["template"]["spec"]["template"]
+    assert pod["metadata"]["labels"] == {**labels_for("j9", "dana"), "mlcluster.io/attempt": "0"}
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["payload", "dshm"]
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "node"
+    # The Trainer refuses PET_* in trainer.env; the rendezvous comes from its PET_* variables.
+    assert not any(e["name"].startswith("PET_") for e in container["env"] + trainer["env"])
+    plain = build(spec_of(workers=3), engine="trainjob", runtime="torch-distributed")
+    env = {
+        e["name"]: e
+        for e in plain.job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+            "replicatedJobs"
+        ][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env["MASTER_ADDR"]["value"] == "j1-node-0-0.j1"
+    assert plain.resume == {"spec": {"suspend": False}}
+
+
+def test_trainjob_schema_rejects_what_the_trainer_would_drop_or_refuse():
+    job = build(spec_of(workers=2), engine="trainjob", runtime="torch-distributed").job
+    broken = copy.deepcopy(job)
+    broken["spec"]["trainer"]["numNodes"] = "2"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(broken)
+    broken = copy.deepcopy(job)
+    pod = broken["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+        "replicatedJobs"
+    ][0]["template"]["spec"]["template"]["spec"]
+    pod["priorityClassName"] = "high"  # not a field runtimePatches allows
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(broken)
+
+
+def test_trainjob_is_preferred_for_pytorch_and_jax_only():
+    served = {"TrainJob", "PyTorchJob", "TFJob"}
+    assert objects.choose_engine("pytorch", served) == "trainjob"
+    assert objects.choose_engine("jax", served) == "trainjob"
+    assert objects.choose_engine("tensorflow", served) == "tfjob"
+    assert objects.choose_engine("pytorch", served, needs_priority_class=True) == "pytorchjob"
+    assert objects.choose_engine("pytorch", {"PyTorchJob"}) == "pytorchjob"
+    with pytest.raises(SpecError, match="TFJob or an Indexed Job"):
+        check_request(spec_of(framework="tensorflow"), engine="trainjob")
+
+
+def test_trainjob_pods_map_to_ranks_by_node_index():
+    def pod(index, replicated="node"):
+        return {
+            "metadata": {
+                "labels": {
+                    "jobset.sigs.k8s.io/replicatedjob-name": replicated,
+                    "batch.kubernetes.io/job-completion-index": str(index),
+                }
+            }
+        }
+
+    assert objects.pod_ranks(pod(3), "trainjob") == [3]
+    assert objects.pod_ranks(pod(1), "trainjob", ranks_per_pod=4) == [4, 5, 6, 7]
+    assert objects.pod_ranks(pod(0, "dataset-initializer"), "trainjob") == []

@@ -210,3 +210,58 @@ def pod_metrics_crd() -> dict[str, Any]:
         },
     }
     return crd("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", schema, status=False)
+
+
+# --- Kubeflow Trainer v2: the published CRDs and runtimes, as fetched (tests/kube/upstream) ---
+
+UPSTREAM = importlib.resources.files("tests.kube").joinpath("upstream")
+
+
+@functools.cache
+def _trainer_file(name: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(UPSTREAM.joinpath("kubeflow-trainer", name).read_text())
+
+
+def trainer_crds() -> list[dict[str, Any]]:
+    """TrainJob, TrainingRuntime and ClusterTrainingRuntime (trainer.kubeflow.org), v2.3.0."""
+    return [
+        copy.deepcopy(_trainer_file(f"trainer.kubeflow.org_{plural}.yaml"))
+        for plural in ("trainjobs", "trainingruntimes", "clustertrainingruntimes")
+    ]
+
+
+def trainer_runtime(name: str = "torch-distributed") -> dict[str, Any]:
+    """One of the Trainer's own ClusterTrainingRuntimes (torch-distributed, jax-distributed)."""
+    files = {
+        "torch-distributed": "torch_distributed.yaml",
+        "jax-distributed": "jax_distributed.yaml",
+    }
+    return copy.deepcopy(_trainer_file(files[name]))
+
+
+def trainer_schema(kind: str = "TrainJob") -> dict[str, Any]:
+    """The published openAPIV3Schema of a Trainer kind, made strict for tests: an object
+    with declared properties admits no others (a real server prunes them: a field we set
+    that the Trainer does not know would silently vanish)."""
+    plural = {"TrainJob": "trainjobs", "ClusterTrainingRuntime": "clustertrainingruntimes"}[kind]
+    crd = _trainer_file(f"trainer.kubeflow.org_{plural}.yaml")
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+
+
+def _strict(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        for value in schema.values():
+            _strict(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _strict(item)
+    return schema

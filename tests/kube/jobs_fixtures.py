@@ -15,7 +15,13 @@ from helpers import assert_no_job_processes
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.runtime.payload import Payload
-from tests.kube.crds import pod_metrics_crd, podgroup_crd, training_operator_crds
+from tests.kube.crds import (
+    pod_metrics_crd,
+    podgroup_crd,
+    trainer_crds,
+    trainer_runtime,
+    training_operator_crds,
+)
 from tests.kube.helpers import Kube
 from tests.kube.player import ClusterPlayer
 
@@ -95,6 +101,15 @@ def training_operator(kube: Kube):
     """The Training Operator's CRDs are served (for this test only)."""
     with served(kube, training_operator_crds()):
         yield
+
+
+@pytest.fixture
+def trainer(kube: Kube):
+    """Kubeflow Trainer v2's CRDs (as published) are served, with its `torch-distributed`
+    ClusterTrainingRuntime; yields a function adding another runtime by name."""
+    with served(kube, trainer_crds()):
+        kube.create(trainer_runtime("torch-distributed"))
+        yield lambda name: kube.create(trainer_runtime(name))
 
 
 @pytest.fixture

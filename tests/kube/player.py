@@ -24,7 +24,12 @@ from typing import Any
 
 from .helpers import Kube, KubeApiError
 
-JOB_KINDS = (("batch/v1", "Job"), ("kubeflow.org/v1", "PyTorchJob"), ("kubeflow.org/v1", "TFJob"))
+JOB_KINDS = (
+    ("batch/v1", "Job"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+    ("kubeflow.org/v1", "TFJob"),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+)
 REPO = Path(__file__).resolve().parents[2]
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
@@ -90,7 +95,9 @@ class ClusterPlayer:
     def suspended(job: dict[str, Any]) -> bool:
         spec = job["spec"]
         return bool(
-            spec.get("suspend") if job["kind"] == "Job" else spec["runPolicy"].get("suspend")
+            spec.get("suspend")
+            if job["kind"] in ("Job", "TrainJob")
+            else spec["runPolicy"].get("suspend")
         )
 
     def resumed(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
@@ -111,6 +118,13 @@ class ClusterPlayer:
             return {
                 i: self._create_pod(job, i, self._indexed_pod(job, i))
                 for i in range(job["spec"]["completions"])
+            }
+        if job["kind"] == "TrainJob":
+            nodes = job["spec"]["trainer"]["numNodes"]
+            per_pod = job["spec"]["trainer"].get("numProcPerNode") or 1
+            return {
+                i * per_pod: self._create_pod(job, i, self._trainer_pod(job, i))
+                for i in range(nodes)
             }
         if job["kind"] == "TFJob":
             workers = job["spec"]["tfReplicaSpecs"]["Worker"]["replicas"]
@@ -159,6 +173,71 @@ class ClusterPlayer:
             "kind": "Pod",
             "metadata": {
                 "name": f"{name}-{index}-{pysecrets.token_hex(3)[:5]}",
+                "labels": labels,
+                "annotations": {**meta.get("annotations", {}), INDEX_KEY: str(index)},
+            },
+            "spec": spec,
+        }
+
+    def _trainer_pod(self, job: dict[str, Any], index: int) -> dict[str, Any]:
+        """A pod of a TrainJob as Kubeflow Trainer v2.3 + JobSet + the Job controller make it:
+        the runtime's `node` container with the TrainJob's trainer image/command/env/resources,
+        the Trainer's PET_* variables, the runtimePatches merged in; named
+        `<jobset>-node-0-<index>-<random>`, labelled as JobSet labels its pods. (The JobSet
+        and its Jobs are not played: the emulator serves no JobSet; the pod's ownerReference
+        names the TrainJob instead, so deletion reaches it as through the real chain.)"""
+        name = job["metadata"]["name"]
+        trainer = job["spec"]["trainer"]
+        (patch,) = job["spec"].get("runtimePatches") or [{}]
+        (node_job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod_patch = node_job["template"]["spec"]["template"]
+        (container_patch,) = pod_patch["spec"]["containers"]
+        master = f"{name}-node-0-0.{name}"
+        env = [
+            *(trainer.get("env") or []),
+            {"name": "PET_NNODES", "value": str(trainer["numNodes"])},
+            {"name": "PET_NPROC_PER_NODE", "value": str(trainer.get("numProcPerNode") or 1)},
+            {
+                "name": "PET_NODE_RANK",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}},
+            },
+            {"name": "PET_MASTER_ADDR", "value": master},
+            {"name": "PET_MASTER_PORT", "value": "29500"},
+            *container_patch.get("env", []),
+        ]
+        container = {
+            "name": "node",
+            "image": trainer["image"],
+            "command": trainer["command"],
+            "env": env,
+            "resources": trainer.get("resourcesPerNode") or {},
+            "ports": [{"containerPort": 29500}],
+            "volumeMounts": container_patch.get("volumeMounts", []),
+        }
+        spec = {
+            k: v for k, v in pod_patch["spec"].items() if k not in ("containers", "initContainers")
+        }
+        spec.update(
+            containers=[container],
+            restartPolicy="Never",
+            hostname=f"{name}-node-0-{index}",
+            subdomain=name,
+        )
+        meta = pod_patch.get("metadata") or {}
+        labels = {
+            **meta.get("labels", {}),
+            "jobset.sigs.k8s.io/jobset-name": name,
+            "jobset.sigs.k8s.io/replicatedjob-name": "node",
+            "jobset.sigs.k8s.io/job-index": "0",
+            "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+            "batch.kubernetes.io/job-name": f"{name}-node-0",
+            INDEX_KEY: str(index),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-node-0-{index}-{pysecrets.token_hex(3)[:5]}",
                 "labels": labels,
                 "annotations": {**meta.get("annotations", {}), INDEX_KEY: str(index)},
             },
@@ -227,7 +306,30 @@ class ClusterPlayer:
         """The controller's verdict on the job object (status subresource)."""
         now = _now()
         job = self.refresh(job)
-        if job["kind"] == "Job":
+        if job["kind"] == "TrainJob":
+            kind = "Complete" if succeeded else "Failed"
+            status = {
+                "conditions": [
+                    {
+                        "type": kind,
+                        "status": "True",
+                        "reason": reason or ("JobSetCompleted" if succeeded else "JobSetFailed"),
+                        "message": message or kind,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "jobsStatus": [
+                    {
+                        "name": "node",
+                        "active": 0,
+                        "ready": 0,
+                        "succeeded": 1 if succeeded else 0,
+                        "failed": 0 if succeeded else 1,
+                        "suspended": 0,
+                    }
+                ],
+            }
+        elif job["kind"] == "Job":
             kind = "Complete" if succeeded else "Failed"
             status = {
                 "conditions": [

@@ -772,6 +772,19 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
     assert printed == all_manifests(include_gateway=False, user_namespaces=["team-a", "team-b"])
     extra = printed[len(all_manifests(include_gateway=False)) :]
+    *extra, reader_role, reader_binding = extra
+    assert (reader_role["kind"], reader_binding["kind"]) == ("ClusterRole", "ClusterRoleBinding")
+    assert reader_role["rules"] == [
+        {
+            "apiGroups": ["trainer.kubeflow.org"],
+            "resources": ["clustertrainingruntimes"],
+            "verbs": ["get", "list"],
+        }
+    ]
+    assert reader_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mlcluster-notebook", "namespace": ns}
+        for ns in ("team-a", "team-b")
+    ]
     assert [(m["kind"], m["metadata"]["namespace"]) for m in extra] == [
         (kind, namespace)
         for namespace in ("team-a", "team-b")

@@ -121,7 +121,9 @@ def _to_json_schema(schema: Any) -> Any:
     result = {
         key: _to_json_schema(value)
         for key, value in schema.items()
-        if not key.startswith("x-kubernetes-") and key != "nullable"
+        # properties: converted once, below (converting it here too doubled the work at
+        # every level: minutes for the Kubeflow Trainer's deep schemas)
+        if not key.startswith("x-kubernetes-") and key not in ("nullable", "properties")
     }
     if schema.get("x-kubernetes-int-or-string") and "type" not in schema:
         result.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
@@ -181,6 +183,11 @@ def prune_and_default(
             if not (path == "" and key in ("apiVersion", "kind", "metadata")):
                 unknown.append(f"{path}.{key}" if path else key)
                 continue
+        if path == "" and key == "metadata":
+            # ObjectMeta is the apiserver's own, never pruned by a CRD's schema (which may
+            # say no more than `type: object` about it, as controller-gen writes).
+            result[key] = copy.deepcopy(value)
+            continue
         pruned, lost = prune_and_default(value, sub, f"{path}.{key}" if path else key)
         result[key] = pruned
         unknown += lost

@@ -17,13 +17,18 @@ from ...jobs.model import JobSpec, SpecError
 from ..base import Backend
 from . import client
 from .plan import JobPlan, make_plan
+from .trainjob import runtime_missing_message
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
 DISCOVERY_TTL = 30.0  # seconds a discovery answer (served kinds) is trusted
 NODES_TTL = 30.0  # seconds the node list (allocatable resources) is reused
 # Where the kinds that decide engine and gang are served.
-DISCOVERED_GROUPS = ("kubeflow.org/v1", "scheduling.volcano.sh/v1beta1")
+DISCOVERED_GROUPS = (
+    "trainer.kubeflow.org/v1alpha1",
+    "kubeflow.org/v1",
+    "scheduling.volcano.sh/v1beta1",
+)
 
 
 class KubernetesBackend(Backend):
@@ -96,9 +101,39 @@ class KubernetesBackend(Backend):
             priority_classes=dict(c.kubernetes_priority_classes),
             service_account=c.kubernetes_service_account,
             gpus_per_node=c.kubernetes_gpus_per_node,
+            trainer_runtimes=dict(c.kubernetes_trainer_runtimes),
         )
+        if plan.engine == "trainjob":
+            self._check_runtime(conn, spec, plan.runtime or "")
         self._check_fits(spec, plan)
         return plan
+
+    def _check_runtime(self, conn: client.Connection, spec: JobSpec, runtime: str) -> None:
+        """A TrainJob naming a runtime the cluster lacks would be refused by the Trainer's
+        webhook (or wait forever): refuse it now, naming the runtimes there are. Nothing is
+        created. Where runtimes cannot be read (RBAC), the Trainer's answer will tell."""
+        kind = client.kind_of("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime")
+        try:
+            client.with_retries(
+                lambda: conn.request("GET", kind.path(name=runtime)), f"read runtime {runtime}"
+            )
+            return
+        except Exception as exc:
+            if client.status_of(exc) == 403:
+                log.debug("cannot read ClusterTrainingRuntime %s: %s", runtime, exc)
+                return
+            if not client.is_not_found(exc):
+                raise SpecError(
+                    f"could not check the Kubeflow Trainer runtime {runtime!r}: "
+                    f"{client.message_of(exc)}"
+                ) from None
+        try:
+            listing = conn.request("GET", kind.path())
+            available = [i["metadata"]["name"] for i in listing.get("items") or []]
+        except Exception as exc:  # noqa: BLE001 - the message says what is missing anyway
+            log.debug("cannot list ClusterTrainingRuntimes: %s", exc)
+            available = []
+        raise SpecError(runtime_missing_message(runtime, available, spec.framework))
 
     def _check_fits(self, spec: JobSpec, plan: JobPlan) -> None:
         """A pod that needs more GPUs than any GPU node has would wait forever: refuse it

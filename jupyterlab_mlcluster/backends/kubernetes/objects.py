@@ -42,7 +42,7 @@ from ...jobs.model import JobSpec, SpecError, format_memory
 from ...runtime.protocol import KEY_FILE
 from .payload import chunk_name
 
-ENGINES = ("pytorchjob", "tfjob", "indexed-job")
+ENGINES = ("trainjob", "pytorchjob", "tfjob", "indexed-job")
 GANGS = ("none", "volcano", "kueue", "training-operator")
 
 MANAGED_BY = "jupyterlab-mlcluster"
@@ -72,6 +72,7 @@ WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
 PYTORCH_CONTAINER, PYTORCH_PORT_NAME, PYTORCH_PORT = "pytorch", "pytorchjob-port", 23456
 TF_CONTAINER, TF_PORT_NAME, TF_PORT = "tensorflow", "tfjob-port", 2222
 INDEXED_CONTAINER = "worker"
+TRAINJOB_CONTAINER = "node"  # the container of the upstream Trainer runtimes' `node` job
 MASTER_PORT = 29500  # torch's default, where we choose it (Indexed Job, TFJob)
 JAX_PORT = 6666  # coordinator, beside the torch store port (JAXJob's default)
 
@@ -79,6 +80,8 @@ JAX_PORT = 6666  # coordinator, beside the torch store port (JAXJob's default)
 # DNS-1035 labels (63): 50 + len("-worker-") + 5 digits = 63. Indexed Job pod hostnames
 # <job>-<index> fit as well.
 MAX_NAME_LENGTH = 50
+# Engines that can run torchrun inside a pod (several ranks per pod).
+TORCHRUN_ENGINES = ("pytorchjob", "trainjob")
 MAX_WORKERS = 100_000
 # torchrun prefixes every line of a packed pod's log with the global rank (split_packed_line).
 PACKED_LOG_PREFIX_TEMPLATE = "[${rank}]:"
@@ -212,21 +215,28 @@ def check_request(
         raise SpecError(f"gang scheduler must be one of {', '.join(GANGS)}, got {gang!r}")
     if engine == "tfjob" and spec.framework != "tensorflow":
         raise SpecError(f"a TFJob runs --framework tensorflow only, not {spec.framework}")
+    if engine == "trainjob" and spec.framework not in ("pytorch", "jax"):
+        raise SpecError(
+            f"--framework {spec.framework} has no Kubeflow Trainer runtime here; it runs as a "
+            "TFJob or an Indexed Job"
+        )
     if engine == "pytorchjob" and spec.framework == "tensorflow":
         raise SpecError(
             "--framework tensorflow runs as a TFJob or an Indexed Job, not a PyTorchJob"
         )
-    if gang == "training-operator" and engine == "indexed-job":
+    if gang == "training-operator" and engine in ("indexed-job", "trainjob"):
         raise SpecError(
             "gang scheduling through the Training Operator needs its CRDs (PyTorchJob/TFJob); "
-            "use volcano or kueue for plain Jobs"
+            "use volcano or kueue for plain Jobs and TrainJobs"
         )
     if spec.workers > MAX_WORKERS:
         raise SpecError(f"workers must be at most {MAX_WORKERS} on Kubernetes, got {spec.workers}")
     if ranks_per_pod < 1 or spec.workers % ranks_per_pod:
         raise SpecError(f"ranks per pod ({ranks_per_pod}) must divide workers ({spec.workers})")
-    if ranks_per_pod > 1 and engine != "pytorchjob":
-        raise SpecError("several ranks per pod needs a PyTorchJob (torchrun inside the pod)")
+    if ranks_per_pod > 1 and engine not in TORCHRUN_ENGINES:
+        raise SpecError(
+            "several ranks per pod needs a TrainJob or a PyTorchJob (torchrun inside the pod)"
+        )
     if round(spec.cpus * 1000) < 1:
         raise SpecError(f"cpus must be at least 0.001 on Kubernetes, got {spec.cpus}")
     clashes = sorted(set(spec.env) & ENGINE_ENV)
@@ -245,12 +255,18 @@ def check_request(
         )
 
 
-def choose_engine(framework: str, served_kinds: Collection[str]) -> str:
+def choose_engine(
+    framework: str, served_kinds: Collection[str], *, needs_priority_class: bool = False
+) -> str:
     """The engine for a framework, given the kinds the cluster serves (from API discovery).
 
-    The Training Operator when its CRD is there (it wires the rendezvous and reports
-    replica statuses), a plain Indexed Job otherwise.
+    Kubeflow Trainer v2 (TrainJob) first, for the frameworks it has runtimes for, unless the
+    job needs a PriorityClass (a TrainJob cannot set one; its runtime does); then the
+    Training Operator (it wires the rendezvous and reports replica statuses); else a plain
+    Indexed Job.
     """
+    if framework in ("pytorch", "jax") and "TrainJob" in served_kinds and not needs_priority_class:
+        return "trainjob"
     if framework == "tensorflow":
         return "tfjob" if "TFJob" in served_kinds else "indexed-job"
     return "pytorchjob" if "PyTorchJob" in served_kinds else "indexed-job"
@@ -259,10 +275,11 @@ def choose_engine(framework: str, served_kinds: Collection[str]) -> str:
 def choose_ranks_per_pod(spec: JobSpec, *, engine: str, gpus_per_node: int | None) -> int:
     """How many ranks share a pod: the most that fit one GPU node and divide the world size.
 
-    Only when the admin declares the GPU node size, the job uses GPUs and runs as a
-    PyTorchJob (torchrun inside the pod); otherwise one rank per pod.
+    Only when the admin declares the GPU node size, the job uses GPUs and runs torchrun
+    inside the pod (a PyTorchJob, or a pytorch TrainJob); otherwise one rank per pod.
     """
-    if engine != "pytorchjob" or not gpus_per_node or spec.gpus_per_worker < 1:
+    torchrun = engine == "pytorchjob" or (engine == "trainjob" and spec.framework == "pytorch")
+    if not torchrun or not gpus_per_node or spec.gpus_per_worker < 1:
         return 1
     fit = min(gpus_per_node // spec.gpus_per_worker, spec.workers)
     return next((k for k in range(fit, 1, -1) if spec.workers % k == 0), 1)
@@ -328,6 +345,17 @@ def rank_environment(
             _env("MASTER_ADDR", master),
             _env("MASTER_PORT", str(MASTER_PORT)),
         ]
+    elif engine == "trainjob":
+        # JobSet pod `<name>-node-0-<index>` (index = node = rank) behind the headless
+        # Service `<name>`; the Trainer points PET_MASTER_ADDR at the same pod and port.
+        master = f"{name}-{TRAINJOB_CONTAINER}-0-0.{name}"
+        if ranks_per_pod == 1:
+            env += [
+                _env_from_field("RANK", f"metadata.annotations['{COMPLETION_INDEX_KEY}']"),
+                _env("WORLD_SIZE", str(world)),
+                _env("MASTER_ADDR", master),
+                _env("MASTER_PORT", str(MASTER_PORT)),
+            ]
     else:
         master = f"{name}-master-0"
     if ranks_per_pod == 1:
@@ -356,7 +384,8 @@ def rank_environment(
 
 def container_name(engine: str) -> str:
     """The rank container's name (the operator finds its port through it; logs come from it)."""
-    return {"pytorchjob": PYTORCH_CONTAINER, "tfjob": TF_CONTAINER}.get(engine, INDEXED_CONTAINER)
+    names = {"pytorchjob": PYTORCH_CONTAINER, "tfjob": TF_CONTAINER, "trainjob": TRAINJOB_CONTAINER}
+    return names.get(engine, INDEXED_CONTAINER)
 
 
 def _command(ranks_per_pod: int) -> list[str]:
@@ -644,7 +673,7 @@ def indexed_job(
 
 def resume_patch(engine: str) -> dict[str, Any]:
     """Merge patch that lets a suspended job object start its pods."""
-    if engine == "indexed-job":
+    if engine in ("indexed-job", "trainjob"):
         return {"spec": {"suspend": False}}
     return {"spec": {"runPolicy": {"suspend": False}}}
 
@@ -665,11 +694,13 @@ def build_job_objects(
     ranks_per_pod: int = 1,
     attempt: int = 0,
     report_key: bytes | None = None,
+    runtime: str | None = None,
 ) -> JobObjects:
     """All objects of one job. `queue` is the default when the spec names none;
     `priority_class` a PriorityClass name the backend chose for `spec.priority`;
     `report_key` the job's record key: it travels in the first payload Secret, and the
     Secrets get names derived from it (`payload_secret_prefix`).
+    `runtime` the Trainer runtime of a TrainJob.
     """
     check_request(spec, engine=engine, gang=gang, queue=queue, ranks_per_pod=ranks_per_pod)
     if not payload_chunks:
@@ -703,6 +734,28 @@ def build_job_objects(
         annotations[ANNOTATION_NAME] = spec.name
     metadata = _metadata(name, namespace, job_labels_, annotations)
 
+    if engine == "trainjob":
+        from .trainjob import train_job
+
+        if priority_class:
+            raise SpecError("a TrainJob cannot set a PriorityClass (its runtime does)")
+        if not runtime:
+            raise ValueError("a TrainJob needs the name of its runtime")
+        job = train_job(
+            spec,
+            metadata=_metadata(name, namespace, labels, annotations),
+            template=template,
+            runtime=runtime,
+            gang=gang,
+            queue=chosen_queue,
+            ranks_per_pod=ranks_per_pod,
+            attempt=attempt,
+        )
+        dependents = payload_secrets(prefix, namespace, payload_chunks, labels, report_key)
+        # Volcano: the runtime's podGroupPolicy makes the PodGroup; Kueue resumes it.
+        return JobObjects(
+            job=job, dependents=dependents, resume=None if gang == "kueue" else resume_patch(engine)
+        )
     if engine == "indexed-job":
         job = indexed_job(metadata, template, spec)
     else:
@@ -741,6 +794,11 @@ def pod_ranks(pod: dict[str, Any], engine: str, ranks_per_pod: int = 1) -> list[
     """The ranks a pod of this job runs (from the labels its controller set); [] if unknown."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
+    if engine == "trainjob":
+        from .trainjob import pod_node
+
+        node = pod_node(pod)
+        return [] if node is None else list(range(node * ranks_per_pod, (node + 1) * ranks_per_pod))
     try:
         if engine == "indexed-job":
             index = (

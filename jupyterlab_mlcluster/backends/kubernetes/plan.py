@@ -22,6 +22,7 @@ from .objects import (
 
 # engine -> (apiVersion, kind) of the job object
 JOB_KINDS = {
+    "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
     "pytorchjob": ("kubeflow.org/v1", "PyTorchJob"),
     "tfjob": ("kubeflow.org/v1", "TFJob"),
     "indexed-job": ("batch/v1", "Job"),
@@ -38,6 +39,7 @@ class JobPlan:
     priority_class: str | None = None
     service_account: str | None = None
     ranks_per_pod: int = 1
+    runtime: str | None = None  # the Trainer runtime of a TrainJob
 
     @property
     def api_version(self) -> str:
@@ -69,13 +71,42 @@ def make_plan(
     priority_classes: Mapping[str, str] | None = None,
     service_account: str = "",
     gpus_per_node: int = 0,
+    trainer_runtimes: Mapping[str, str] | None = None,
 ) -> JobPlan:
     """Decide engine, image, gang, queue, priority class and packing; SpecError (with the
     setting to change) for anything that cannot work."""
+    priority_class = None
+    if spec.priority:
+        priority_class = (priority_classes or {}).get(str(spec.priority))
+        if not priority_class:
+            raise SpecError(
+                f"--priority {spec.priority}: no PriorityClass is configured for it "
+                "(MLClusterConfig.kubernetes_priority_classes maps priorities to PriorityClass names)"
+            )
     engine = (
-        choose_engine(spec.framework, served_kinds) if engine_setting == "auto" else engine_setting
+        choose_engine(spec.framework, served_kinds, needs_priority_class=bool(priority_class))
+        if engine_setting == "auto"
+        else engine_setting
     )
-    if engine != "indexed-job" and JOB_KINDS[engine][1] not in served_kinds:
+    if engine == "trainjob" and "TrainJob" not in served_kinds:
+        raise SpecError(
+            "MLClusterConfig.kubernetes_engine is 'trainjob', but this cluster does not serve "
+            "TrainJob (trainer.kubeflow.org): is Kubeflow Trainer v2 installed?"
+        )
+    if engine == "trainjob" and priority_class:
+        raise SpecError(
+            f"--priority {spec.priority}: a TrainJob cannot set a PriorityClass (its runtime "
+            "does); set MLClusterConfig.kubernetes_engine to 'pytorchjob' or 'indexed-job'"
+        )
+    runtime = None
+    if engine == "trainjob":
+        runtime = (trainer_runtimes or {}).get(spec.framework)
+        if not runtime:
+            raise SpecError(
+                f"no Kubeflow Trainer runtime is configured for --framework {spec.framework} "
+                "(MLClusterConfig.kubernetes_trainer_runtimes)"
+            )
+    if engine not in ("indexed-job", "trainjob") and JOB_KINDS[engine][1] not in served_kinds:
         raise SpecError(
             f"MLClusterConfig.kubernetes_engine is {engine!r}, but this cluster does not serve "
             f"{JOB_KINDS[engine][1]} (is the Kubeflow Training Operator installed?)"
@@ -91,14 +122,6 @@ def make_plan(
             "MLClusterConfig.kubernetes_gang is 'volcano', but this cluster does not serve "
             "PodGroup (scheduling.volcano.sh): is Volcano installed?"
         )
-    priority_class = None
-    if spec.priority:
-        priority_class = (priority_classes or {}).get(str(spec.priority))
-        if not priority_class:
-            raise SpecError(
-                f"--priority {spec.priority}: no PriorityClass is configured for it "
-                "(MLClusterConfig.kubernetes_priority_classes maps priorities to PriorityClass names)"
-            )
     ranks_per_pod = choose_ranks_per_pod(spec, engine=engine, gpus_per_node=gpus_per_node or None)
     queue = default_queue or None
     check_request(spec, engine=engine, gang=gang, queue=queue, ranks_per_pod=ranks_per_pod)
@@ -111,6 +134,7 @@ def make_plan(
         priority_class=priority_class,
         service_account=service_account or None,
         ranks_per_pod=ranks_per_pod,
+        runtime=runtime,
     )
 
 
@@ -140,4 +164,5 @@ def plan_objects(
         ranks_per_pod=plan.ranks_per_pod,
         attempt=attempt,
         report_key=report_key,
+        runtime=plan.runtime,
     )

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...jobs.model import JobState, RankState
-from .objects import container_name, pod_ranks
+from .objects import ANNOTATION_ATTEMPT, container_name, pod_ranks
+from .trainjob import ATTEMPT_LABEL, JOBSET_NAME_LABEL
 
 # Container waiting reasons that will not fix themselves quickly: shown to the user.
 STUCK_WAITING = frozenset(
@@ -103,7 +104,7 @@ def _true(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def is_suspended(job: dict[str, Any], engine: str) -> bool:
     spec = job.get("spec") or {}
-    if engine == "indexed-job":
+    if engine in ("indexed-job", "trainjob"):
         return bool(spec.get("suspend"))
     return bool((spec.get("runPolicy") or {}).get("suspend"))
 
@@ -113,6 +114,22 @@ def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
         ref.get("uid") == owner_uid
         for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
     )
+
+
+def pod_belongs(
+    pod: dict[str, Any], *, engine: str, owner_uid: str | None, name: str, attempt: str | None
+) -> bool:
+    """Whether a pod is one of this attempt's job object's. Pods of the other engines are
+    owned by it; a TrainJob's are owned by a Job of its JobSet, so they are known by the
+    JobSet's name label and the attempt label we put on them (runtimePatches)."""
+    if engine == "trainjob":
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return (
+            labels.get(JOBSET_NAME_LABEL) == name
+            and attempt is not None
+            and labels.get(ATTEMPT_LABEL) == attempt
+        )
+    return owner_uid is not None and owned_by(pod, owner_uid)
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -183,13 +200,23 @@ def pod_rank(pod: dict[str, Any], container: str) -> PodRank:
 
 
 def current_pods(
-    pods: Iterable[dict[str, Any]], owner_uid: str | None, engine: str, ranks_per_pod: int
+    pods: Iterable[dict[str, Any]],
+    job: dict[str, Any] | None,
+    engine: str,
+    ranks_per_pod: int,
 ) -> dict[int, dict[str, Any]]:
-    """rank -> the pod that runs it now: owned by this attempt's job object, the newest if
-    a controller replaced one."""
+    """rank -> the pod that runs it now: one of this attempt's job object's (`pod_belongs`),
+    the newest if a controller replaced one."""
+    meta = (job or {}).get("metadata") or {}
     chosen: dict[int, dict[str, Any]] = {}
     for pod in pods:
-        if owner_uid is not None and not owned_by(pod, owner_uid):
+        if job is not None and not pod_belongs(
+            pod,
+            engine=engine,
+            owner_uid=meta.get("uid"),
+            name=meta.get("name", ""),
+            attempt=(meta.get("annotations") or {}).get(ANNOTATION_ATTEMPT),
+        ):
             continue
         created = (pod.get("metadata") or {}).get("creationTimestamp") or ""
         for rank in pod_ranks(pod, engine, ranks_per_pod):
@@ -216,8 +243,7 @@ def observe(
     queue: str | None = None,
 ) -> Observation:
     container = container_name(engine)
-    uid = ((job or {}).get("metadata") or {}).get("uid")
-    by_rank = current_pods(pods, uid, engine, ranks_per_pod)
+    by_rank = current_pods(pods, job, engine, ranks_per_pod)
     ranks = {rank: pod_rank(pod, container) for rank, pod in by_rank.items()}
     obs = Observation(state=JobState.QUEUED, reason=None, ranks=ranks)
     if job is None:
@@ -284,7 +310,10 @@ def _wait_reason(
             f"scheduled yet ({first.waiting})"
         )
     if missing and len(missing) == workers:
-        creator = "the Job controller" if engine == "indexed-job" else "the Training Operator"
+        creator = {
+            "indexed-job": "the Job controller",
+            "trainjob": "the Kubeflow Trainer (JobSet)",
+        }.get(engine, "the Training Operator")
         return f"waiting for {creator} to create the pods"
     if missing:
         return f"waiting for the pods of {_ranks_text(missing)}"
@@ -292,7 +321,7 @@ def _wait_reason(
 
 
 def _job_succeeded(job: dict[str, Any], engine: str) -> bool:
-    kind = "Complete" if engine == "indexed-job" else "Succeeded"
+    kind = "Complete" if engine in ("indexed-job", "trainjob") else "Succeeded"
     return _true(job, kind) is not None
 
 

@@ -62,6 +62,7 @@ from .status import (
     later_rank_state,
     observe,
     owned_by,
+    pod_belongs,
     pod_usage,
     rank_fields,
 )
@@ -494,6 +495,16 @@ class _Attempt:
             self._ensure_log_streams()
             changed = self._pump(LOOP_TICK)
 
+    def _mine(self, pod: dict[str, Any]) -> bool:
+        """One of this attempt's pods (not a leftover of an earlier one)."""
+        return pod_belongs(
+            pod,
+            engine=self.plan.engine,
+            owner_uid=self.uid,
+            name=self.run_.name,
+            attempt=str(self.number),
+        )
+
     def _observe(self) -> Observation:
         return observe(
             self.job,
@@ -567,7 +578,7 @@ class _Attempt:
         usage: dict[int, dict[str, Any]] = {}
         for item in items:
             pod = self.pods.get((item.get("metadata") or {}).get("name", ""))
-            if pod is None or not owned_by(pod, self.uid or ""):
+            if pod is None or not self._mine(pod):
                 continue
             for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
                 usage[rank] = pod_usage(item, self.container)
@@ -632,7 +643,7 @@ class _Attempt:
     def _ensure_log_streams(self) -> None:
         now = time.monotonic()
         for name, pod in self.pods.items():
-            if name in self.followers or name in self.log_done or not owned_by(pod, self.uid or ""):
+            if name in self.followers or name in self.log_done or not self._mine(pod):
                 continue
             if (
                 self.log_retry_at.get(name, 0.0) > now
@@ -718,7 +729,7 @@ class _Attempt:
         """The outcome is known; wait (a little) for the log lines that tell its story: all
         ranks' after a success (rank 0's result), the failing pod's after a failure."""
         if outcome.kind == "succeeded":
-            wanted = {n for n, p in self.pods.items() if owned_by(p, self.uid or "")}
+            wanted = {n for n, p in self.pods.items() if self._mine(p)}
         elif outcome.kind == "failed" and outcome.failed_pod:
             wanted = {outcome.failed_pod}
         else:

@@ -1,0 +1,178 @@
+"""Kubeflow Trainer v2 (TrainJob) against the API emulator, end to end.
+
+The Trainer's published CRDs (v2.3.0, tests/kube/upstream) are served and its own
+`torch-distributed` ClusterTrainingRuntime exists. The JobService submits for real and a
+real supervisor drives the job over HTTP; the test plays the Trainer + JobSet + Job
+controllers (`ClusterPlayer._trainer_pod`: pods named and labelled as they make them), the
+scheduler and the kubelet, running the real worker runtime for each rank.
+"""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+from helpers import wait_for
+
+from jupyterlab_mlcluster.jobs.model import SpecError
+from tests.kube.crds import trainer_schema
+from tests.kube.jobs_fixtures import IMAGE, code, log_text, spec_of
+from tests.kube.player import objects_of
+
+TRAINJOB = ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+
+CELL = """
+import os
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
+{"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "x": x}
+"""
+
+SLEEPY_CELL = """
+import os, time
+print("rank", os.environ["RANK"], "waiting", flush=True)
+time.sleep(300)
+"""
+
+
+def wait_state(service, job_id, predicate, timeout=30, message="state"):
+    def matching():
+        record = service.store.get_job(job_id)
+        return record if predicate(record) else None
+
+    return wait_for(matching, timeout=timeout, message=message)
+
+
+def as_built(obj: dict) -> dict:
+    """The object as a client sent it: what the server added (uid, status, ...) removed."""
+    meta = {
+        k: v
+        for k, v in obj["metadata"].items()
+        if k in ("name", "namespace", "labels", "annotations")
+    }
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "metadata": meta,
+        "spec": obj["spec"],
+    }
+
+
+def test_a_4_rank_cell_becomes_one_trainjob_preferred_over_pytorchjob(
+    training_operator, trainer, k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    record = service.submit(spec_of(workers=4, cpus=0.5, timeout="10m"), code(CELL, x=41))
+    job = player.job_object(record.id)
+    assert (job["apiVersion"], job["kind"]) == TRAINJOB
+    # Valid against the Trainer's published schema, made strict (no field it would prune).
+    jsonschema.Draft202012Validator(trainer_schema()).validate(as_built(job))
+    spec = job["spec"]
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
+    assert spec["trainer"]["image"] == IMAGE
+    assert (spec["trainer"]["numNodes"], spec["trainer"]["numProcPerNode"]) == (4, 1)
+    assert spec["trainer"]["resourcesPerNode"]["limits"] == {"cpu": "500m"}
+    assert spec["activeDeadlineSeconds"] == 600
+    # Nothing else made a job object: one TrainJob, no PyTorchJob.
+    assert kube.list("kubeflow.org/v1", "PyTorchJob", kube_namespace) == []
+    secrets = kube.list(
+        "v1", "Secret", kube_namespace, label_selector=f"mlcluster.io/job-id={record.id}"
+    )
+    assert [ref["kind"] for s in secrets for ref in s["metadata"]["ownerReferences"]] == [
+        "TrainJob"
+    ] * len(secrets)
+
+    runs = player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "succeeded", (final.error, [r.text for r in runs.values()])
+    assert service.result(record.id) == ("value", {"rank": 0, "world": 4, "x": 41})
+    assert [r.state for r in final.ranks] == ["succeeded"] * 4
+    name = job["metadata"]["name"]
+    # Rank i is the pod of node i, named as JobSet names them.
+    assert [r.host.rsplit("-", 1)[0] for r in final.ranks] == [
+        f"{name}-node-0-{i}" for i in range(4)
+    ]
+    for rank in range(4):
+        assert log_text(service, record.id, rank) == [f"{rank}:hello from rank {rank} of 4"]
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_a_failing_node_fails_the_job_with_its_traceback(
+    trainer, k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    failing = 'import os\nif os.environ["RANK"] == "1":\n    raise ValueError("bad shard")\n'
+    record = service.submit(spec_of(workers=2), code(failing))
+    job = player.resumed(record.id)
+    pods = player.create_pods(job)
+    for pod in pods.values():
+        player.schedule(pod)
+    player.end_rank(player.run_rank(pods[1]))
+    final = service.wait(record.id, timeout=60)
+    player.kill_deleted()
+    assert final.state == "failed"
+    assert final.failed_rank == 1
+    assert final.error == "rank 1 failed: ValueError: bad shard"
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_cancel_deletes_the_trainjob_and_its_pods(trainer, k8s, player, kube, kube_namespace):
+    service = k8s()
+    record = service.submit(spec_of(workers=2), code(SLEEPY_CELL))
+    job = player.resumed(record.id)
+    pods = player.create_pods(job)
+    for pod in pods.values():
+        player.schedule(pod)
+        player.run_rank(pod)
+    wait_state(
+        service,
+        record.id,
+        lambda r: r.state == "running" and all(rk.state == "running" for rk in r.ranks),
+        message="ranks running",
+    )
+    wait_for(lambda: len(log_text(service, record.id)) == 2, message="both ranks logging")
+    assert objects_of(kube, kube_namespace, record.id).keys() == {"Pod", "Secret", "TrainJob"}
+
+    final = service.cancel(record.id)
+    player.kill_deleted()
+    assert final.state == "cancelled" and final.reason == "cancelled by user"
+    assert [r.state for r in final.ranks] == ["cancelled", "cancelled"]
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_a_missing_runtime_is_a_clear_error_and_nothing_is_created(
+    trainer, k8s, kube, kube_namespace
+):
+    kube.delete("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", "torch-distributed")
+    trainer("jax-distributed")
+    service = k8s()
+    with pytest.raises(SpecError) as refused:
+        service.submit(spec_of(workers=4), code("1"))
+    message = str(refused.value)
+    assert "'torch-distributed'" in message and "it has: jax-distributed" in message
+    assert "kubernetes_trainer_runtimes" in message
+    assert service.store.list_jobs()[0] == []
+    assert kube.list(*TRAINJOB, kube_namespace) == []
+    assert kube.list("v1", "Secret", kube_namespace) == []
+
+    # A configured runtime that exists is used.
+    service = k8s(kubernetes_trainer_runtimes={"pytorch": "jax-distributed"})
+    record = service.submit(spec_of(workers=1), code("1"))
+    wait_for(lambda: kube.list(*TRAINJOB, kube_namespace), message="the TrainJob")
+    (job,) = kube.list(*TRAINJOB, kube_namespace)
+    assert job["spec"]["runtimeRef"]["name"] == "jax-distributed"
+    assert service.cancel(record.id).state == "cancelled"
+
+
+def test_queue_puts_the_kueue_label_and_leaves_it_suspended(trainer, k8s, player, kube):
+    service = k8s(kubernetes_gang="kueue")
+    record = service.submit(spec_of(workers=2, queue="team-a"), code("1"))
+    job = player.job_object(record.id)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    rec = wait_state(service, record.id, lambda r: r.reason and "Kueue" in r.reason)
+    assert rec.state == "queued"
+    assert player.suspended(player.refresh(job))  # mlcluster leaves the resume to Kueue
+    assert service.cancel(record.id).state == "cancelled"
