@@ -118,7 +118,7 @@ class KubernetesBackend(Backend):
                 lambda: conn.request("GET", kind.path(name=runtime)), f"read runtime {runtime}"
             )
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - sorted below: 403, 404, anything else
             if client.status_of(exc) == 403:
                 log.debug("cannot read ClusterTrainingRuntime %s: %s", runtime, exc)
                 return
