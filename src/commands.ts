@@ -1,7 +1,9 @@
 /** The extension's commands: the panel's buttons run them too, so both ask the same questions. */
 import {
   Dialog,
+  IFrame,
   InputDialog,
+  MainAreaWidget,
   showDialog,
   showErrorMessage
 } from '@jupyterlab/apputils';
@@ -16,6 +18,7 @@ export namespace CommandIds {
   export const cancelJob = 'mlcluster:cancel-job';
   export const deleteJob = 'mlcluster:delete-job';
   export const refresh = 'mlcluster:refresh';
+  export const openTensorBoard = 'mlcluster:open-tensorboard';
 }
 
 export const PALETTE_CATEGORY = 'Distributed Jobs';
@@ -55,10 +58,34 @@ async function pickJob(
   return candidates[labels.indexOf(choice.value)] ?? null;
 }
 
+/** A tab showing a page of this server (TensorBoard through its authenticated proxy). */
+export function serverPageTab(
+  url: string,
+  label: string
+): MainAreaWidget<IFrame> {
+  // TensorBoard's page must run its scripts and fetch its data with the server's cookie;
+  // it is served by this server's own origin, behind its authentication.
+  const frame = new IFrame({
+    sandbox: [
+      'allow-scripts',
+      'allow-same-origin',
+      'allow-downloads',
+      'allow-popups'
+    ]
+  });
+  frame.url = url;
+  const widget = new MainAreaWidget({ content: frame });
+  widget.title.label = label;
+  widget.title.closable = true;
+  widget.addClass('jp-mlc-tensorboard');
+  return widget;
+}
+
 export function addCommands(
   commands: CommandRegistry,
   store: PanelStore,
-  openPanel: (jobId?: string) => void
+  openPanel: (jobId?: string) => void,
+  openTab?: (widget: MainAreaWidget, id: string) => void
 ): void {
   commands.addCommand(CommandIds.openPanel, {
     label: 'Open Distributed Jobs Panel',
@@ -132,6 +159,40 @@ export function addCommands(
             error as Error
           );
         }
+      }
+    }
+  });
+
+  commands.addCommand(CommandIds.openTensorBoard, {
+    label: args => (args.id ? 'TensorBoard' : 'Open TensorBoard of a Job…'),
+    caption:
+      "Open a TensorBoard over the job's $MLCLUSTER_TENSORBOARD_DIR in a tab (args.id; args.compare: more job ids)",
+    isEnabled: () => openTab !== undefined,
+    execute: async args => {
+      const job = await pickJob(
+        store,
+        args,
+        sortedJobs(store.state.jobs),
+        'show in TensorBoard'
+      );
+      if (!job || !openTab) {
+        return;
+      }
+      const others = Array.isArray(args.compare)
+        ? args.compare.filter((id): id is string => typeof id === 'string')
+        : [];
+      try {
+        const answer = await store.api.openTensorBoard(job.id, others);
+        const label = `TensorBoard: ${[job.name, ...others].join(', ')}`;
+        openTab(
+          serverPageTab(answer.url, label),
+          `mlcluster-tb-${answer.jobs.join('-')}`
+        );
+      } catch (error) {
+        await showErrorMessage(
+          `No TensorBoard for ${job.name}`,
+          error as Error
+        );
       }
     }
   });

@@ -130,12 +130,30 @@ const plugin: JupyterFrontEndPlugin<void> = {
       store.configure(storeOptions(next));
     });
 
-    addCommands(app.commands, store, jobId => {
-      if (jobId) {
-        store.select(jobId);
+    addCommands(
+      app.commands,
+      store,
+      jobId => {
+        if (jobId) {
+          store.select(jobId);
+        }
+        app.shell.activateById(PANEL_ID);
+      },
+      (widget, id) => {
+        // One tab per set of jobs: opening it again brings that tab forward.
+        const open = Array.from(app.shell.widgets('main')).find(
+          w => w.id === id
+        );
+        if (open) {
+          widget.dispose();
+          app.shell.activateById(id);
+          return;
+        }
+        widget.id = id;
+        app.shell.add(widget, 'main');
+        app.shell.activateById(id);
       }
-      app.shell.activateById(PANEL_ID);
-    });
+    );
     store.subscribe(() =>
       app.commands.notifyCommandChanged(CommandIds.cancelJob)
     );
@@ -143,7 +161,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       CommandIds.openPanel,
       CommandIds.cancelJob,
       CommandIds.deleteJob,
-      CommandIds.refresh
+      CommandIds.refresh,
+      CommandIds.openTensorBoard
     ]) {
       palette?.addItem({ command, category: PALETTE_CATEGORY });
     }

@@ -27,6 +27,21 @@ describe('REST client over real HTTP', () => {
     ]);
   });
 
+  it('opens a TensorBoard with a JSON body naming the jobs to compare', async () => {
+    const answer = { url: '/mlcluster/tensorboard/j1-j2/', jobs: ['j1', 'j2'] };
+    server.json('POST', 'jobs/j1/tensorboard', 200, answer);
+    expect(await api.openTensorBoard('j1', ['j2'])).toEqual(answer);
+    expect(server.requests[0].method).toBe('POST');
+    expect(server.requests[0].headers['content-type']).toBe('application/json');
+    server.json('POST', 'jobs/j3/tensorboard', 409, {
+      message:
+        'job j3 (x) has written no TensorBoard data yet to /s/j3/tensorboard'
+    });
+    const error: ApiError = await api.openTensorBoard('j3').catch(e => e);
+    expect(error.status).toBe(409);
+    expect(error.message).toMatch(/no TensorBoard data yet/);
+  });
+
   it('errors carry the server message and status', async () => {
     server.json('GET', 'notebooks', 503, {
       message: 'No Kubernetes cluster is configured.'

@@ -6,7 +6,14 @@
  */
 import { MetricsHistory, historyFromResponse } from './metrics';
 import { readNdjson } from './ndjson';
-import { Cluster, Job, LogLine, LogsPage, NotebookServer } from './types';
+import {
+  Cluster,
+  Job,
+  LogLine,
+  LogsPage,
+  NotebookServer,
+  TensorBoardAnswer
+} from './types';
 
 export const API_PATH = 'mlcluster/api';
 
@@ -170,6 +177,21 @@ export class MlclusterApi {
   async getMetrics(id: string): Promise<MetricsHistory> {
     return historyFromResponse(
       await this.json(`jobs/${encodeURIComponent(id)}/metrics`)
+    );
+  }
+
+  /**
+   * Start (or reuse) a TensorBoard over this job's data, and `others` beside it to compare;
+   * answers its URL (a path under the server's base URL). 409: no data written yet.
+   */
+  openTensorBoard(
+    id: string,
+    others: string[] = []
+  ): Promise<TensorBoardAnswer> {
+    return this.send(
+      'POST',
+      `jobs/${encodeURIComponent(id)}/tensorboard`,
+      others.length ? { jobs: others } : {}
     );
   }
 

@@ -23,6 +23,8 @@ export type LogsPage = Schemas['LogPage'];
 /** One sample of `GET /jobs/{id}/metrics`. */
 export type MetricsSample = Schemas['MetricsSample'];
 export type JobMetrics = Schemas['JobMetrics'];
+/** `POST /jobs/{id}/tensorboard`: where the job's TensorBoard is served. */
+export type TensorBoardAnswer = Schemas['TensorBoard'];
 /**
  * The messages of the `/mlcluster/api/events` websocket. `seq`, when the server sends it, is
  * the store's change-feed position: a message never has a lower seq than one sent before it.

@@ -227,6 +227,16 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         <button
           className="jp-mlc-button"
           onClick={() =>
+            void commands.execute(CommandIds.openTensorBoard, { id: job.id })
+          }
+          aria-label={`Open TensorBoard of job ${job.name}`}
+          title="Open the job's TensorBoard ($MLCLUSTER_TENSORBOARD_DIR) in a tab"
+        >
+          TensorBoard
+        </button>
+        <button
+          className="jp-mlc-button"
+          onClick={() =>
             void commands.execute(CommandIds.deleteJob, { id: job.id })
           }
           aria-label={`Delete job ${job.name}`}
