@@ -418,7 +418,9 @@ def test_kueue_admits_the_suspended_job(k8s, player, kube, kube_namespace):
     kube.delete("v1", "Pod", pod, kube_namespace)
     player.kill_deleted()
     rec = wait_state(service, record.id, lambda r: r.state == "queued", message="queued again")
-    assert rec.reason == "waiting for Kueue to admit the job (queue team-a)"
+    assert rec.reason == (
+        "preempted by Kueue (suspended again): waiting for Kueue to admit the job (queue team-a)"
+    )
 
     # Admitted again: new pods run it to the end.
     (player.workdir / "go").touch()

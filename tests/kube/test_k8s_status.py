@@ -339,3 +339,57 @@ def test_plans():
         plan({}, gang="volcano")
     with pytest.raises(SpecError, match="through the Training Operator needs its CRDs"):
         plan({}, gang="training-operator")
+
+
+# --- Kueue standing (backends/kubernetes/kueue.py) ------------------------------------------
+
+
+def test_kueue_standing_text_and_backoff_when_kueue_answers_nothing():
+    import random
+
+    from jupyterlab_mlcluster.backends.kubernetes.kueue import (
+        KueueView,
+        standing_from,
+        standing_text,
+    )
+
+    workload = {
+        "metadata": {"name": "w1"},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "False", "message": "no quota"}]
+        },
+    }
+    pending = [
+        {"metadata": {"name": "other"}, "positionInLocalQueue": 0},
+        {"metadata": {"name": "w1"}, "positionInLocalQueue": 1},
+    ]
+    standing = standing_from("lq", "cq", workload, pending, "uid-1")
+    assert standing_text(standing, preempted=False) == (
+        "Kueue position 2 in LocalQueue lq (ClusterQueue cq); no quota"
+    )
+    # Found by owner uid when the Workload cannot be read; a bogus position is ignored.
+    by_owner = [{"metadata": {"ownerReferences": [{"uid": "uid-1"}]}, "positionInLocalQueue": -3}]
+    assert standing_text(standing_from("lq", None, None, by_owner, "uid-1"), preempted=True) == (
+        "preempted by Kueue (suspended again), waiting in LocalQueue lq"
+    )
+
+    class Refusing:
+        calls = 0
+
+        def request(self, method, path, query=None):
+            Refusing.calls += 1
+            raise RuntimeError("404 page not found")
+
+    view = KueueView(Refusing(), "ns", "lq", rng=random.Random(7))
+    assert view.look("uid-1", now=0.0) is None  # Kueue said nothing: the old reason stays
+    assert Refusing.calls == 3
+    delays = []
+    now = 0.0
+    for _ in range(8):
+        now = view.next_look
+        delays.append(view.next_look)
+        assert view.look("uid-1", now=now - 0.01) is None  # not yet: nothing asked
+        view.look("uid-1", now=now)
+    assert Refusing.calls == 3 + 8 * 3
+    gaps = [b - a for a, b in zip(delays, delays[1:])]
+    assert all(2.0 <= g <= 60.0 for g in gaps) and max(gaps) > 10  # backs off, capped

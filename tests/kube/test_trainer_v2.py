@@ -176,3 +176,116 @@ def test_queue_puts_the_kueue_label_and_leaves_it_suspended(trainer, k8s, player
     assert rec.state == "queued"
     assert player.suspended(player.refresh(job))  # mlcluster leaves the resume to Kueue
     assert service.cancel(record.id).state == "cancelled"
+
+
+def test_kueue_position_moves_3_1_admitted_in_mlcluster_jobs_and_the_monitor(
+    trainer, k8s, player, kube, kube_namespace
+):
+    """Kueue is played through the API: its LocalQueue, the job's Workload and the
+    visibility API's pending workloads (positions 0-based), answered as they change."""
+    from jupyterlab_mlcluster.cli import format_jobs_table
+    from jupyterlab_mlcluster.kernel.monitor import status_line
+
+    kueue = "/apis/kueue.x-k8s.io/v1beta1/namespaces/" + kube_namespace
+    visibility = "/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/" + kube_namespace
+    played = {"uid": None, "position": 2, "evicted": False}
+
+    def workloads():
+        if played["uid"] is None:
+            return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadList", "items": []}
+        conditions = [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Pending",
+                "message": "couldn't assign flavors to pod set node: insufficient quota",
+            }
+        ]
+        if played["evicted"]:
+            conditions.append(
+                {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by a"}
+            )
+        return {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "WorkloadList",
+            "items": [
+                {
+                    "metadata": {
+                        "name": "trainjob-x-1a2b3",
+                        "labels": {"kueue.x-k8s.io/job-uid": played["uid"]},
+                    },
+                    "status": {"conditions": conditions},
+                }
+            ],
+        }
+
+    def pending():
+        items = []
+        if played["position"] is not None:
+            items = [
+                {
+                    "metadata": {"name": "trainjob-x-1a2b3"},
+                    "localQueueName": "team-a",
+                    "positionInLocalQueue": played["position"],
+                    "positionInClusterQueue": played["position"] + 4,
+                    "priority": 0,
+                }
+            ]
+        return {"kind": "PendingWorkloadsSummary", "items": items}
+
+    def play_kueue(e):
+        e["get", f"{kueue}/localqueues/team-a"] << {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "LocalQueue",
+            "metadata": {"name": "team-a", "namespace": kube_namespace},
+            "spec": {"clusterQueue": "gpu-cq"},
+        }
+        e["get", f"{kueue}/workloads"] << (lambda: workloads())
+        e["get", f"{visibility}/localqueues/team-a/pendingworkloads"] << (lambda: pending())
+
+    kube.on_emulator(play_kueue)
+    service = k8s(kubernetes_gang="kueue")
+    record = service.submit(spec_of(workers=1, queue="team-a"), code(SLEEPY_CELL))
+    job = player.job_object(record.id)
+    played["uid"] = job["metadata"]["uid"]
+
+    def shown(text):
+        rec = wait_state(service, record.id, lambda r: r.reason and text in r.reason, message=text)
+        table = format_jobs_table(service.store.list_jobs()[0])
+        return rec, table, status_line(rec)
+
+    rec, table, line = shown("position 3")
+    assert rec.state == "queued"
+    assert rec.reason.startswith("Kueue position 3 in LocalQueue team-a (ClusterQueue gpu-cq)")
+    assert "insufficient quota" in rec.reason
+    assert "Kueue position 3 in LocalQueue team-a (ClusterQueue gpu-cq)" in table
+    assert "queued" in line and "Kueue position 3 in LocalQueue team-a" in line
+
+    played["position"] = 0
+    rec, table, line = shown("position 1")
+    assert "Kueue position 1 in LocalQueue team-a" in table
+    assert "Kueue position 1 in LocalQueue team-a" in line
+
+    # Admitted: Kueue lifts the suspension; the job leaves the queue and runs.
+    played["position"] = None
+    kube.patch(*TRAINJOB, job["metadata"]["name"], {"spec": {"suspend": False}}, kube_namespace)
+    (pod,) = player.create_pods(player.resumed(record.id)).values()
+    player.schedule(pod)
+    player.run_rank(pod)
+    rec = wait_state(service, record.id, lambda r: r.state == "running", message="running")
+    assert "Kueue" not in (rec.reason or "")
+    assert "Kueue" not in status_line(rec)
+
+    # Preempted: suspended again (its pods go), back in the queue, said as such.
+    played.update(position=0, evicted=True)
+    kube.patch(*TRAINJOB, job["metadata"]["name"], {"spec": {"suspend": True}}, kube_namespace)
+    kube.delete("v1", "Pod", pod, kube_namespace)
+    player.kill_deleted()
+    rec, table, line = shown("preempted")
+    assert rec.state == "queued"
+    assert rec.reason.startswith(
+        "preempted by Kueue (suspended again) [Preempted: by a], position 1 in LocalQueue team-a"
+    )
+    assert "preempted by Kueue" in table and "preempted by Kueue" in line
+    assert service.cancel(record.id).state == "cancelled"
+    assert objects_of(kube, kube_namespace, record.id) == {}

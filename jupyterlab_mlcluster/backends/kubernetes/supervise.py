@@ -44,6 +44,7 @@ from .client import (
     served_kinds,
     with_retries,
 )
+from .kueue import KueueView, Standing, standing_text
 from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
 from .objects import (
     ANNOTATION_ATTEMPT,
@@ -243,6 +244,16 @@ class _Attempt:
         self.reported_watch_errors: set[str] = set()
         self.watches: list[tuple[kubeconn.ListWatch, threading.Thread]] = []
         self._stopping = threading.Event()
+        # Kueue: where the job stands while it is held (kueue.py), and whether Kueue had
+        # admitted it before (then a suspension is a preemption).
+        self.kueue = (
+            KueueView(run.conn, self.plan.namespace, self.plan.queue)
+            if self.plan.gang == "kueue" and self.plan.queue
+            else None
+        )
+        self.kueue_standing: Standing | None = None
+        self.held_reason: str | None = None  # observe()'s reason while suspended
+        self.admitted_once = False
 
     # -- the whole attempt ------------------------------------------------------------------
 
@@ -492,6 +503,8 @@ class _Attempt:
                     return Outcome("succeeded")
             else:
                 self._flush()
+                if self.held_reason is not None:
+                    self.ctx.set_reason(self._held_reason())
             self._ensure_log_streams()
             changed = self._pump(LOOP_TICK)
 
@@ -535,7 +548,30 @@ class _Attempt:
                 if obs.state == JobState.RUNNING and not ctx.job.started:
                     ctx.job.started = job_fields["started"] = time.time()
                 ctx.set_state(obs.state, **job_fields)
-        ctx.set_reason(obs.reason)
+        if obs.suspended:
+            self.held_reason = obs.reason
+            ctx.set_reason(self._held_reason())
+        else:
+            if self.held_reason is not None:
+                self.kueue_standing = None  # admitted: a later hold is looked at afresh
+                if self.kueue is not None:
+                    self.kueue.next_look = 0.0
+            self.held_reason = None
+            self.admitted_once = self.admitted_once or self.job is not None
+            ctx.set_reason(obs.reason)
+
+    def _held_reason(self) -> str | None:
+        """The reason of a suspended job: where it stands in Kueue when Kueue says, and
+        whether it was preempted (suspended again after Kueue had admitted it)."""
+        if self.kueue is not None and self.uid:
+            standing = self.kueue.look(self.uid)
+            if standing is not None:
+                self.kueue_standing = standing
+        if self.kueue_standing is not None:
+            return standing_text(self.kueue_standing, preempted=self.admitted_once)
+        if self.admitted_once and self.plan.gang == "kueue":
+            return f"preempted by Kueue (suspended again): {self.held_reason}"
+        return self.held_reason
 
     def _rank_update(self, rank: int, fields: dict[str, Any]) -> None:
         written = self.written.setdefault(rank, {})
