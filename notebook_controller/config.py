@@ -110,6 +110,17 @@ class ControllerConfig(Configurable):
     )
     probe_timeout = Float(5.0, config=True, help="Seconds to wait for a notebook's activity API.")
 
+    # Metrics.
+    metrics_port = Integer(
+        0,
+        config=True,
+        help="Port of the controller's Prometheus /metrics (notebooks by phase, culled, "
+        "reconcile latency and errors); 0: none.",
+    )
+    metrics_address = Unicode(
+        "0.0.0.0", config=True, help="Address the /metrics endpoint listens on."
+    )
+
     # Reconciling.
     resync_period = Float(
         600.0,

@@ -33,6 +33,7 @@ from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culling import ProbeError, probe_activity, should_cull
 from .events import mirrored_event, notebook_event, notebook_of_event
 from .kube import KubeClient
+from .metrics import CULLED, RECONCILE_ERRORS, RECONCILES, MetricsServer
 from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
@@ -87,6 +88,7 @@ class NotebookController:
         self._written: dict[NotebookKey, dict[str, Any]] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
+        self.metrics = MetricsServer()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def startup(self, logger: logging.Logger, **kwargs: Any) -> None:
@@ -103,6 +105,10 @@ class NotebookController:
         self._loops.append(
             asyncio.create_task(self._every(self.config.resync_period, self.resync_all))
         )
+        if self.config.metrics_port:
+            self.metrics.start(
+                self.config.metrics_port, self.config.metrics_address, self._live_notebooks
+            )
         if self.config.culling_enabled:
             self._loops.append(
                 asyncio.create_task(self._every(self.config.cull_check_period, self.cull_all))
@@ -112,6 +118,7 @@ class NotebookController:
         return await connection_info(self.config.kubeconfig, settings)
 
     async def cleanup(self, **_: Any) -> None:
+        self.metrics.stop()
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -160,8 +167,10 @@ class NotebookController:
             return
         # A full pass trusts the object's own status, not our memory of writing it.
         self._written.pop((notebook["metadata"]["namespace"], notebook["metadata"]["name"]), None)
-        error = await self.reconcile(notebook, kwargs, logger)
+        with RECONCILES.time():
+            error = await self.reconcile(notebook, kwargs, logger)
         if error:
+            RECONCILE_ERRORS.inc()
             raise kopf.TemporaryError(error, delay=self.config.retry_delay)
 
     async def reconcile(
@@ -416,6 +425,7 @@ class NotebookController:
                         now,
                     )
                 )
+                CULLED.inc()
                 log.info("Culled %s/%s after %d s idle", namespace, name, idle)
             elif (notebook.get("status") or {}).get("lastActivity") != last:
                 await self.kube.patch(

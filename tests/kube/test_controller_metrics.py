@@ -1,0 +1,60 @@
+"""The notebook-controller's own /metrics, scraped while it runs against the emulator."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.kube.controller_support import create_notebook, wait_phase
+from tests.kube.helpers import Kube
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]] | None:
+    """The served samples, or None while nothing listens yet (the controller is starting)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except urllib.error.URLError:
+        return None
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return samples
+
+
+def test_notebooks_by_phase_and_reconciles_are_scraped(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    port = free_port()
+    with controller(metrics_port=port, metrics_address="127.0.0.1"):
+        before = kube.wait_for(lambda: scrape(port), 15)
+        reconciled = before["mlcluster_controller_reconcile_seconds_count"][()]
+        create_notebook(kube, kube_namespace, "nb-metrics")
+        wait_phase(kube, kube_namespace, "nb-metrics", "starting")
+
+        def counted():
+            samples = scrape(port) or {}
+            phases = samples.get("mlcluster_controller_notebooks", {})
+            return samples if phases.get((("phase", "starting"),)) == 1 else None
+
+        after = kube.wait_for(counted, 15)
+        assert after["mlcluster_controller_reconcile_seconds_count"][()] > reconciled
+        assert "mlcluster_controller_culled_total" in after
+        assert "mlcluster_controller_reconcile_errors_total" in after
+        # Only the controller's own series: not the process-wide default registry's.
+        assert not any(name.startswith("python_gc") for name in after)
+    # Stopped with the controller: nothing listens any more.
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
