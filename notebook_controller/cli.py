@@ -98,7 +98,14 @@ class ManifestsApp(Application):
         "no-gateway": (
             {"ManifestsApp": {"include_gateway": False}},
             "Leave out the example Gateway.",
-        )
+        ),
+        "monitoring": (
+            {"ManifestsApp": {"monitoring": True}},
+            (
+                "Also serve the controller's /metrics, and print a Service and ServiceMonitor "
+                "(Prometheus Operator) for it and a Grafana dashboard ConfigMap."
+            ),
+        ),
     }
     namespace = Unicode("mlcluster-system", config=True, help="The controller's namespace.")
     image = Unicode("", config=True, help="Controller image (default: the release image).")
@@ -108,6 +115,12 @@ class ManifestsApp(Application):
     host = Unicode("*", config=True, help="Host the notebook routes answer on.")
     owner_header = Unicode("kubeflow-userid", config=True, help="Header with the user's identity.")
     include_gateway = Bool(True, config=True, help="Include the example Istio Gateway.")
+    monitoring = Bool(
+        False,
+        config=True,
+        help="Serve the controller's /metrics and print its ServiceMonitor and a Grafana "
+        "dashboard (label grafana_dashboard: '1', for Grafana's dashboard sidecar).",
+    )
     user_namespaces = List(
         Unicode(),
         config=True,
@@ -148,7 +161,14 @@ class ManifestsApp(Application):
         }
         if self.image:
             options["image"] = self.image
-        sys.stdout.write(yaml.safe_dump_all(all_manifests(**options), sort_keys=False))
+        documents = []
+        if self.monitoring:
+            from .monitoring import METRICS_PORT, monitoring_manifests
+
+            options["extra_args"] = [f"--ControllerConfig.metrics_port={METRICS_PORT}"]
+            documents = monitoring_manifests(self.namespace)
+        documents = all_manifests(**options) + documents
+        sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
 
 
 def _unknown_options(app: Application, argv: list[str]) -> list[str]:
