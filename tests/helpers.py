@@ -41,12 +41,9 @@ def job_processes(service, job_id: str) -> list[psutil.Process]:
     sup = record.supervisor or {}
     if process_is(sup.get("pid"), sup.get("create_time")):
         found.append(psutil.Process(sup["pid"]))
-    rows = service.store._db.execute(
-        "SELECT pid, pgid FROM ranks WHERE job_id = ?", (job_id,)
-    ).fetchall()
-    for row in rows:
-        if process_is(row["pid"], row["pgid"]):
-            found.append(psutil.Process(row["pid"]))
+    for _rank, pid, started in service.store.rank_processes(job_id):
+        if process_is(pid, started):
+            found.append(psutil.Process(pid))
     return found
 
 

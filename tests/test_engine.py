@@ -378,3 +378,31 @@ def test_the_submitters_settings_govern_its_job(store_dir):
     assert record.state == JobState.CANCELLED
     assert time.monotonic() - started < 2.5, "the default 3 s grace period was used"
     assert_no_job_processes(svc, timeout=5)
+
+
+def test_a_store_of_an_older_version_is_migrated(tmp_path):
+    """ranks.pgid always held the rank's process start time; it is now named for that,
+    and a store written before the rename keeps its rows (opened twice: idempotent)."""
+    import sqlite3
+
+    from jupyterlab_mlcluster.jobs.store import JobStore
+
+    root = tmp_path / "old-store"
+    root.mkdir()
+    old = sqlite3.connect(root / "jobs.db")
+    old.executescript(
+        """CREATE TABLE ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, state TEXT NOT NULL,
+        exit_code INTEGER, pid INTEGER, pgid INTEGER, host TEXT, started REAL, finished REAL,
+        metrics TEXT NOT NULL DEFAULT '{}', progress TEXT, PRIMARY KEY (job_id, rank));
+        INSERT INTO ranks (job_id, rank, state, pid, pgid) VALUES ('jold000001', 0, 'running', 4242, 1700000000.25);"""
+    )
+    old.commit()
+    old.close()
+    for _ in range(2):
+        store = JobStore(root)
+        check = sqlite3.connect(root / "jobs.db")
+        columns = {row[1] for row in check.execute("PRAGMA table_info(ranks)")}
+        check.close()
+        assert "process_start" in columns and "pgid" not in columns
+        assert store.rank_processes("jold000001") == [(0, 4242, 1700000000.25)]
+        store.close()

@@ -310,11 +310,7 @@ class JobService:
             return []
         self._last_reap = now
         reaped = []
-        rows = self.store._db.execute(
-            "SELECT id, supervisor, created, backend, cancel_requested FROM jobs WHERE state NOT IN (?, ?, ?)",
-            [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
-        ).fetchall()
-        for row in rows:
+        for row in self.store.unfinished_jobs():
             if supervisor_alive(row):
                 continue
             record = self.store.get_job(row["id"])

@@ -16,7 +16,6 @@ transaction, so readers can follow changes by sequence number instead of diffing
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -24,8 +23,9 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from . import logfiles
 from .model import JOB_ID_RE, JobSpec, JobState, RankState
 from .record import JobRecord, RankRecord
 
@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS ranks (
     state TEXT NOT NULL,
     exit_code INTEGER,
     pid INTEGER,
-    pgid INTEGER,
+    process_start REAL,
     host TEXT,
     started REAL,
     finished REAL,
@@ -117,7 +117,7 @@ _RANK_COLUMNS = {
     "state",
     "exit_code",
     "pid",
-    "pgid",
+    "process_start",
     "host",
     "started",
     "finished",
@@ -177,12 +177,25 @@ class JobStore:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = NORMAL")
                 db.executescript(SCHEMA)
+                self._migrate(db)
                 return
             except sqlite3.OperationalError as exc:  # another process creating it right now
                 if "locked" not in str(exc):
                     raise
                 time.sleep(0.05)
         raise RuntimeError(f"job store {self.db_path} stays locked")
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """Bring a store written by an older version up to this schema.
+
+        Judged by the columns themselves, not PRAGMA user_version: jobs.db is shared with
+        ExperimentStore, so one version number would have to speak for both."""
+        with self._tx() as tx:
+            columns = {row["name"] for row in tx.execute("PRAGMA table_info(ranks)")}
+            if "pgid" in columns:
+                # It always held the rank's process start time (pid + start time name a
+                # process), never a process group id.
+                tx.execute("ALTER TABLE ranks RENAME COLUMN pgid TO process_start")
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -348,6 +361,61 @@ class JobStore:
                     r.queue_position = order_ids[r.backend].index(r.id)
         return records, total
 
+    def unfinished_jobs(self) -> list[sqlite3.Row]:
+        """(id, supervisor, created, backend, cancel_requested) of every job not final:
+        what the reaper needs to judge whether each one's supervisor still lives."""
+        return self._db.execute(
+            "SELECT id, supervisor, created, backend, cancel_requested FROM jobs"
+            " WHERE state NOT IN (?, ?, ?)",
+            [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
+        ).fetchall()
+
+    def held_allocations(self, backend: str) -> list[sqlite3.Row]:
+        """Rows of the jobs of `backend` holding resources (starting or running)."""
+        return self._db.execute(
+            "SELECT * FROM jobs WHERE backend = ? AND state IN ('starting', 'running')"
+            " AND allocation IS NOT NULL",
+            (backend,),
+        ).fetchall()
+
+    def cancel_requested(self, job_id: str) -> bool | None:
+        """Has someone asked to cancel the job? None: the job is gone (purged)."""
+        row = self._db.execute(
+            "SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        return None if row is None else bool(row[0])
+
+    def rank_processes(self, job_id: str) -> list[tuple[int, int, float | None]]:
+        """(rank, pid, process start time) of every rank that was given a process."""
+        rows = self._db.execute(
+            "SELECT rank, pid, process_start FROM ranks WHERE job_id = ? AND pid IS NOT NULL",
+            (job_id,),
+        ).fetchall()
+        return [(row["rank"], row["pid"], row["process_start"]) for row in rows]
+
+    def claim_supervisor(
+        self, job_id: str, me: dict[str, Any], holder_alive: Callable[[dict[str, Any]], bool]
+    ) -> bool:
+        """Record `me` as the job's supervisor, atomically; False if the job is final or
+        gone, or another supervisor holds it and `holder_alive(its identity)`."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if row is None or JobState(row["state"]).final:
+                return False
+            if row["supervisor"]:
+                other = json.loads(row["supervisor"])
+                if other.get("pid") != me.get("pid") and holder_alive(other):
+                    return False
+            now = time.time()
+            db.execute(
+                "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ? WHERE id = ?",
+                (json.dumps(me), now, now, job_id),
+            )
+            self._event(db, job_id, "job")
+        return True
+
     def pending_cleanups(self) -> list[str]:
         """Jobs whose backend recorded a cleanup still to do (`backend_state.pending_cleanup`:
         e.g. Kubernetes objects not yet deleted), final or not."""
@@ -392,9 +460,6 @@ class JobStore:
             if cur.rowcount:
                 self._event(db, job_id, "job")
             return bool(cur.rowcount)
-
-    def update_rank(self, job_id: str, rank: int, **fields: Any) -> None:
-        self.update_ranks(job_id, {rank: fields})
 
     def update_ranks(
         self, job_id: str, changes: dict[int, dict[str, Any]], *, event: str = "ranks"
@@ -593,7 +658,7 @@ class JobStore:
         ranks = [rank] if rank is not None else list(range(record.spec.workers))
         if rank is not None and not 0 <= rank < record.spec.workers:
             raise ValueError(f"rank must be between 0 and {record.spec.workers - 1}, got {rank}")
-        offsets = parse_cursor(cursor)
+        offsets = logfiles.parse_cursor(cursor)
         lines: list[dict[str, Any]] = []
         budget = max(1, max_bytes // max(1, len(ranks)))
         for r in ranks:
@@ -602,7 +667,7 @@ class JobStore:
             try:
                 with open(path, "rb") as f:
                     if tail is not None and start == 0:
-                        start = _tail_offset(f, tail)
+                        start = logfiles.tail_offset(f, tail)
                     f.seek(start)
                     chunk = f.read(budget)
             except FileNotFoundError:
@@ -610,90 +675,14 @@ class JobStore:
             # Only whole lines: a writer may be mid-line.
             end = chunk.rfind(b"\n") + 1
             for raw in chunk[:end].splitlines():
-                parsed = parse_log_line(raw, r)
+                parsed = logfiles.parse_log_line(raw, r)
                 if parsed is not None:
                     lines.append(parsed)
             offsets[r] = start + end
         lines.sort(key=lambda item: item["_ts"])
         for item in lines:
-            item["ts"] = _iso_us(item.pop("_ts"))
-        return lines, format_cursor(offsets)
-
-
-def parse_cursor(cursor: str | None) -> dict[int, int]:
-    offsets: dict[int, int] = {}
-    if not cursor:
-        return offsets
-    for part in str(cursor).split(","):
-        rank, sep, offset = part.partition(":")
-        if not sep:
-            raise ValueError(f"since must be a cursor returned by a previous call, got {cursor!r}")
-        try:
-            offsets[int(rank)] = max(0, int(offset))
-        except ValueError:
-            raise ValueError(
-                f"since must be a cursor returned by a previous call, got {cursor!r}"
-            ) from None
-    return offsets
-
-
-def format_cursor(offsets: dict[int, int]) -> str:
-    return ",".join(f"{r}:{o}" for r, o in sorted(offsets.items()))
-
-
-_STREAMS = {b"o": "stdout", b"e": "stderr", b"s": "system"}
-
-
-def parse_log_line(raw: bytes, rank: int) -> dict[str, Any] | None:
-    ts, _, rest = raw.partition(b" ")
-    stream, _, text = rest.partition(b" ")
-    try:
-        when = float(ts)
-    except ValueError:
-        return None
-    return {
-        "rank": rank,
-        "_ts": when,
-        "stream": _STREAMS.get(stream, "stdout"),
-        "line": text.decode("utf-8", "replace"),
-    }
-
-
-def format_log_line(ts: float, stream: str, text: str) -> bytes:
-    """One stored log line. `stream` is 'o', 'e' or 's' (system: restarts, kills)."""
-    return f"{ts:.6f} {stream} ".encode() + text.encode("utf-8", "replace") + b"\n"
-
-
-def _tail_offset(f, lines: int) -> int:
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    if lines <= 0:
-        return size
-    block, pos, found, data = 65536, size, 0, b""
-    while pos > 0 and found <= lines:
-        step = min(block, pos)
-        pos -= step
-        f.seek(pos)
-        data = f.read(step) + data
-        found = data.count(b"\n")
-    if found <= lines:
-        return 0
-    # offset just after the (found - lines)th newline counted from the start of `data`
-    idx = -1
-    for _ in range(found - lines):
-        idx = data.index(b"\n", idx + 1)
-    return pos + idx + 1
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_second(second: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-
-
-def _iso_us(ts: float) -> str:
-    """RFC 3339 with microseconds; the per-second part is cached (logs are read in bulk)."""
-    second = int(ts)
-    return f"{_iso_second(second)}.{int(round((ts - second) * 1e6)) % 1000000:06d}Z"
+            item["ts"] = logfiles.iso_us(item.pop("_ts"))
+        return lines, logfiles.format_cursor(offsets)
 
 
 def _to_column(key: str, value: Any) -> Any:

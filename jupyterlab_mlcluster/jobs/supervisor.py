@@ -21,10 +21,11 @@ import psutil
 
 from ..backends.base import get_backend
 from ..config import get_config
+from .logfiles import format_log_line
 from .model import JobState, RankState
 from .processes import process_is, this_host
 from .record import JobRecord
-from .store import JobStore, format_log_line
+from .store import JobStore
 from .sweep import wait_for_slot
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -97,11 +98,9 @@ class JobContext:
         now = time.monotonic()
         if self._signalled or now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
             self._last_cancel_poll = now
-            row = self.store._db.execute(
-                "SELECT cancel_requested FROM jobs WHERE id = ?", (self.job.id,)
-            ).fetchone()
-            if row is None or row[0]:
-                self._cancel = "cancelled by user" if row is not None else "job was deleted"
+            requested = self.store.cancel_requested(self.job.id)
+            if requested is None or requested:
+                self._cancel = "cancelled by user" if requested else "job was deleted"
             elif self._attached is not None and not _still_running(self._attached):
                 self._cancel = (
                     f"cancelled: the submitting process (pid {self._attached.pid}) exited"
@@ -177,23 +176,10 @@ def _still_running(proc: Any) -> bool:
 def claim(store: JobStore, job_id: str) -> bool:
     """Become the job's one supervisor (atomic); False if another live one has it."""
     me = psutil.Process()
-    identity = json.dumps({"pid": me.pid, "create_time": me.create_time(), "host": this_host()})
-    with store._tx() as db:
-        row = db.execute("SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None or JobState(row["state"]).final:
-            return False
-        if row["supervisor"]:
-            other = json.loads(row["supervisor"])
-            if other.get("pid") != me.pid and process_is(
-                other.get("pid"), other.get("create_time")
-            ):
-                return False
-        db.execute(
-            "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ? WHERE id = ?",
-            (identity, time.time(), time.time(), job_id),
-        )
-        store._event(db, job_id, "job")
-    return True
+    identity = {"pid": me.pid, "create_time": me.create_time(), "host": this_host()}
+    return store.claim_supervisor(
+        job_id, identity, lambda other: process_is(other.get("pid"), other.get("create_time"))
+    )
 
 
 def _submitter_config(store: JobStore, job_id: str):

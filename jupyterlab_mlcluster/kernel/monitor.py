@@ -335,9 +335,6 @@ class JobMonitor:
         self.status_id = f"mlcluster-status-{uuid.uuid4().hex}"
         self.last_state: str | None = None
         self.last_redraw = 0.0
-        self.last_clock = 0.0
-        self.cancel_requested = False
-        self.redraws = 0
         self.widgets_to_build = widgets and not terminal and not quiet
         self.widget_delay = widget_delay
         self.shown_at = 0.0
@@ -385,7 +382,6 @@ class JobMonitor:
 
     def request_cancel(self) -> None:
         """The Cancel button: ask the job to stop; the monitor sees it end."""
-        self.cancel_requested = True
         if self.view is not None:
             self.view.cancel.disabled = True
             self.view.cancel.description = "Cancelling…"
@@ -431,8 +427,6 @@ class JobMonitor:
             and now - self.shown_at >= self.widget_delay
             and self._build_view()
         )
-        if self.outputs.dirty or self.view is not None or state != self.last_state:
-            self.redraws += 1
         self.last_redraw = now
         if self.view is not None:
             self.view.update(self.record)

@@ -220,7 +220,6 @@ class _Attempt:
         self.events: queue.Queue = queue.Queue()
         self.job: dict[str, Any] | None = None
         self.uid: str | None = None
-        self.deleting = False  # we asked for the deletion
         self.pods: dict[str, dict[str, Any]] = {}
         self.container = container_name(self.plan.engine)
         # logs

@@ -58,14 +58,10 @@ class LocalBackend(Backend):
 
     def cleanup_orphans(self, store: JobStore, job) -> None:
         """Kill rank process groups a dead supervisor left (they should have died with it)."""
-        rows = store._db.execute(
-            "SELECT rank, pid, pgid FROM ranks WHERE job_id = ? AND pid IS NOT NULL", (job.id,)
-        ).fetchall()
-        for row in rows:
-            started = row["pgid"]  # we store the rank's process start time here
-            if process_is(row["pid"], started):
+        for _rank, pid, started in store.rank_processes(job.id):
+            if process_is(pid, started):
                 try:
-                    os.killpg(row["pid"], signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)
                 except OSError:
                     pass
 
@@ -118,10 +114,7 @@ class LocalBackend(Backend):
     def _wait_reason(self, store: JobStore, job) -> str:
         queue = store.queue(job.backend)
         ahead = queue.index(job.id) if job.id in queue else 0
-        rows = store._db.execute(
-            "SELECT * FROM jobs WHERE backend = ? AND state IN ('starting', 'running') AND allocation IS NOT NULL",
-            (job.backend,),
-        ).fetchall()
+        rows = store.held_allocations(job.backend)
         used = pool.used_resources(
             [json.loads(r["allocation"]) for r in rows if supervisor_alive(r)]
         )
@@ -242,7 +235,7 @@ class _Gang:
                 p.rank: {
                     "state": RankState.STARTING,
                     "pid": p.pid,
-                    "pgid": p.create_time,
+                    "process_start": p.create_time,
                     "host": "localhost",
                     "started": now,
                     "finished": None,
