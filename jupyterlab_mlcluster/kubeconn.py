@@ -245,30 +245,53 @@ def _unusable(files: str, exc: BaseException) -> ClusterUnavailable:
     return ClusterUnavailable(f"{NO_CLUSTER}: {source} cannot be used ({exc})")
 
 
+@contextlib.contextmanager
+def _unusable_on_error(files: str) -> Iterator[None]:
+    try:
+        yield
+    except _config_errors() as exc:
+        raise _unusable(files, exc) from None
+
+
+def _resolve_config(
+    client_module: Any, config_module: Any, kubeconfig: str, service_account_dir: Path
+) -> tuple[Any, ClusterConfig | None, str]:
+    """A fresh client Configuration, with the in-cluster settings already loaded when no
+    kubeconfig applies, else the kubeconfig files to load (os.pathsep-joined). Shared by the
+    blocking and the asyncio loaders, whose modules differ only in load_kube_config being async."""
+    configuration = client_module.Configuration()
+    with _unusable_on_error(""):
+        if not _uses_kubeconfig(kubeconfig, service_account_dir):
+            config_module.incluster_config.InClusterConfigLoader(
+                token_filename=str(service_account_dir / "token"),
+                cert_filename=str(service_account_dir / "ca.crt"),
+            ).load_and_set(configuration)
+            return configuration, ClusterConfig(configuration, True, None, service_account_dir), ""
+        files = os.pathsep.join(kubeconfig_files(kubeconfig))
+    if not files:
+        raise _no_kubeconfig(kubeconfig)
+    return configuration, None, files
+
+
+def _from_kubeconfig(configuration: Any, files: str, service_account_dir: Path) -> ClusterConfig:
+    with _unusable_on_error(files):
+        return ClusterConfig(configuration, False, _context_namespace(files), service_account_dir)
+
+
 def load_config(
     kubeconfig: str = "", service_account_dir: Path = SERVICE_ACCOUNT_DIR
 ) -> ClusterConfig:
     """The blocking client's configuration; ClusterUnavailable (NO_CLUSTER ...) if none."""
     from kubernetes import client, config
 
-    configuration = client.Configuration()
-    files = ""
-    try:
-        if not _uses_kubeconfig(kubeconfig, service_account_dir):
-            config.incluster_config.InClusterConfigLoader(
-                token_filename=str(service_account_dir / "token"),
-                cert_filename=str(service_account_dir / "ca.crt"),
-            ).load_and_set(configuration)
-            return ClusterConfig(configuration, True, None, service_account_dir)
-        files = os.pathsep.join(kubeconfig_files(kubeconfig))
-        if not files:
-            raise _no_kubeconfig(kubeconfig)
-        config.load_kube_config(
-            config_file=files, client_configuration=configuration, persist_config=False
-        )
-        return ClusterConfig(configuration, False, _context_namespace(files), service_account_dir)
-    except _config_errors() as exc:
-        raise _unusable(files, exc) from None
+    configuration, ready, files = _resolve_config(client, config, kubeconfig, service_account_dir)
+    if ready is None:
+        with _unusable_on_error(files):
+            config.load_kube_config(
+                config_file=files, client_configuration=configuration, persist_config=False
+            )
+        ready = _from_kubeconfig(configuration, files, service_account_dir)
+    return ready
 
 
 async def load_config_async(
@@ -277,24 +300,14 @@ async def load_config_async(
     """The same, for the asyncio client (`kubernetes.aio`)."""
     from kubernetes.aio import client, config
 
-    configuration = client.Configuration()
-    files = ""
-    try:
-        if not _uses_kubeconfig(kubeconfig, service_account_dir):
-            config.incluster_config.InClusterConfigLoader(
-                token_filename=str(service_account_dir / "token"),
-                cert_filename=str(service_account_dir / "ca.crt"),
-            ).load_and_set(configuration)
-            return ClusterConfig(configuration, True, None, service_account_dir)
-        files = os.pathsep.join(kubeconfig_files(kubeconfig))
-        if not files:
-            raise _no_kubeconfig(kubeconfig)
+    configuration, ready, files = _resolve_config(client, config, kubeconfig, service_account_dir)
+    if ready is not None:
+        return ready
+    with _unusable_on_error(files):
         await config.load_kube_config(
             config_file=files, client_configuration=configuration, persist_config=False
         )
-        return ClusterConfig(configuration, False, _context_namespace(files), service_account_dir)
-    except _config_errors() as exc:
-        raise _unusable(files, exc) from None
+    return _from_kubeconfig(configuration, files, service_account_dir)
 
 
 def configuration_problem(kubeconfig: str = "") -> str | None:
