@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jupyter_server.auth.decorator import authorized
@@ -31,33 +32,46 @@ log = logging.getLogger("jupyterlab_mlcluster.server")
 
 
 class ExperimentHandler(MLClusterHandler):
-    def _sweep_row(self, sweep_id: str) -> dict[str, Any]:
-        if not patterns.matches(patterns.SWEEP_ID, sweep_id):
-            raise web.HTTPError(404, f"no sweep {sweep_id!r}")
+    def _owned_row(
+        self, what: str, key: str, pattern: Any, get: Callable[[str], dict[str, Any]], unknown: type
+    ) -> dict[str, Any]:
+        """The row `get(key)` when the key is well formed, exists and the caller may see it;
+        404 alike for all three, so that others' names are not revealed."""
+        missing = web.HTTPError(404, f"no {what} {key!r}")
+        if not patterns.matches(pattern, key):
+            raise missing
         try:
-            row = experiments(self.app.service).get_sweep(sweep_id)
-        except UnknownSweep:
-            raise web.HTTPError(404, f"no sweep {sweep_id!r}") from None
+            row = get(key)
+        except unknown:
+            raise missing from None
         scope = self.scope()
         if scope is not None and row["owner"] != scope:
-            raise web.HTTPError(404, f"no sweep {sweep_id!r}")
+            raise missing
         return row
+
+    def _sweep_row(self, sweep_id: str) -> dict[str, Any]:
+        def get(key: str) -> dict[str, Any]:
+            return experiments(self.app.service).get_sweep(key)
+
+        return self._owned_row("sweep", sweep_id, patterns.SWEEP_ID, get, UnknownSweep)
 
     def _schedule_row(self, name: str) -> dict[str, Any]:
-        if not patterns.matches(patterns.SCHEDULE_NAME, name):
-            raise web.HTTPError(404, f"no schedule {name!r}")
-        try:
-            row = experiments(self.app.service).get_schedule(name)
-        except UnknownSchedule:
-            raise web.HTTPError(404, f"no schedule {name!r}") from None
-        scope = self.scope()
-        if scope is not None and row["owner"] != scope:
-            raise web.HTTPError(404, f"no schedule {name!r}")
-        return row
+        def get(key: str) -> dict[str, Any]:
+            return experiments(self.app.service).get_schedule(key)
+
+        return self._owned_row("schedule", name, patterns.SCHEDULE_NAME, get, UnknownSchedule)
 
 
-class SweepsHandler(ExperimentHandler):
-    api_path = "/sweeps"
+class _ListingHandler(ExperimentHandler):
+    """GET a collection: the caller's own rows (all of them without an identity header)."""
+
+    collection: str
+
+    def rows(self, store: Any, owner: str | None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def item(self, service: Any, row: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
 
     @web.authenticated
     @authorized("read")
@@ -66,10 +80,21 @@ class SweepsHandler(ExperimentHandler):
         service = self.app.service
 
         def listing() -> dict[str, Any]:
-            rows = experiments(service).list_sweeps(owner=scope)
-            return {"sweeps": [Sweep(service, r["id"]).to_json() for r in rows]}
+            rows = self.rows(experiments(service), scope)
+            return {self.collection: [self.item(service, r) for r in rows]}
 
         await self.send_encoded(listing)
+
+
+class SweepsHandler(_ListingHandler):
+    api_path = "/sweeps"
+    collection = "sweeps"
+
+    def rows(self, store: Any, owner: str | None) -> list[dict[str, Any]]:
+        return store.list_sweeps(owner=owner)
+
+    def item(self, service: Any, row: dict[str, Any]) -> dict[str, Any]:
+        return Sweep(service, row["id"]).to_json()
 
 
 class SweepHandler(ExperimentHandler):
@@ -85,20 +110,15 @@ class SweepHandler(ExperimentHandler):
         await self.send_encoded(one)
 
 
-class SchedulesHandler(ExperimentHandler):
+class SchedulesHandler(_ListingHandler):
     api_path = "/schedules"
+    collection = "schedules"
 
-    @web.authenticated
-    @authorized("read")
-    async def get(self) -> None:
-        scope = self.scope()
-        service = self.app.service
+    def rows(self, store: Any, owner: str | None) -> list[dict[str, Any]]:
+        return store.list_schedules(owner=owner)
 
-        def listing() -> dict[str, Any]:
-            rows = experiments(service).list_schedules(owner=scope)
-            return {"schedules": [schedule_json(service, r) for r in rows]}
-
-        await self.send_encoded(listing)
+    def item(self, service: Any, row: dict[str, Any]) -> dict[str, Any]:
+        return schedule_json(service, row)
 
 
 class ScheduleHandler(ExperimentHandler):
