@@ -13,10 +13,12 @@ plain blocking cell magic does the same work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import keyword
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core import magic_arguments
@@ -288,49 +290,43 @@ class CellRun:
             self.monitor.follow_in_background()
         return self.args.no_wait
 
-    def run_blocking(self) -> Any:
-        job = self.submit()
+    def _to_follow(self, job) -> tuple[Any, Any]:
+        """(monitor, finish) when the cell waits: follow the monitor, then `finish` its
+        result; (value, None) when the cell returns `value` at once (a schedule, --no-wait)."""
         if self.schedule is not None:
-            return None
+            return None, None
         if self.sweep is not None:
             if self.args.no_wait:
-                return self.sweep
-            try:
-                self.sweep_monitor.follow_blocking()
-            except KeyboardInterrupt:
-                self.on_interrupt()
-                raise
-            return self.finish_sweep()
+                return self.sweep, None
+            return self.sweep_monitor, lambda _result: self.finish_sweep()
         if self._detached():
-            return job
-        try:
-            record = self.monitor.follow_blocking()
-        except KeyboardInterrupt:
-            self.on_interrupt()
-            raise
-        return self.finish(record)
+            return job, None
+        return self.monitor, self.finish
 
-    async def run_async(self) -> Any:
-        job = self.submit()
-        if self.schedule is not None:
-            return None
-        if self.sweep is not None:
-            if self.args.no_wait:
-                return self.sweep
-            try:
-                await self.sweep_monitor.follow_async()
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                self.on_interrupt()
-                raise
-            return self.finish_sweep()
-        if self._detached():
-            return job
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """Ctrl-C (or the kernel cancelling an async cell) cancels what the cell started."""
         try:
-            record = await self.monitor.follow_async()
+            yield
         except (KeyboardInterrupt, asyncio.CancelledError):
             self.on_interrupt()
             raise
-        return self.finish(record)
+
+    def run_blocking(self) -> Any:
+        monitor, finish = self._to_follow(self.submit())
+        if finish is None:
+            return monitor
+        with self._interruptible():
+            result = monitor.follow_blocking()
+        return finish(result)
+
+    async def run_async(self) -> Any:
+        monitor, finish = self._to_follow(self.submit())
+        if finish is None:
+            return monitor
+        with self._interruptible():
+            result = await monitor.follow_async()
+        return finish(result)
 
 
 @magics_class
