@@ -21,11 +21,11 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .model import FINAL_STATES, SpecError
+from .store import JobStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -106,30 +106,11 @@ class ExperimentStore:
     def for_jobs(cls, job_store) -> ExperimentStore:
         return cls(job_store.db_path, job_store.root)
 
-    @property
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
-            db = sqlite3.connect(
-                self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA busy_timeout = 30000")
-            self._local.db = db
-            self._local.pid = os.getpid()
-        return db
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        else:
-            db.execute("COMMIT")
+    # The job store's per-thread connection and BEGIN IMMEDIATE transaction, reused as is:
+    # same file, same rules (they need only `db_path` and `_local`).
+    _connect = JobStore._connect
+    _db = JobStore._db
+    _tx = JobStore._tx
 
     # -- sweeps --------------------------------------------------------------------------
 
