@@ -77,10 +77,13 @@ def test_forked_ranks_get_their_own_seeds_and_threads(service, warm):
     assert {d[3] for d in draws} == {"1"}  # OMP_NUM_THREADS=1 applied after the fork
 
 
-def test_pool_is_replaced_when_the_environment_changes(service, warm, monkeypatch):
+def test_pool_is_replaced_when_the_environment_changes(service, warm, tmp_path, monkeypatch):
     run(service, "pass", workers=1)
     first = warmpool.status(service.config)
-    monkeypatch.setenv("PYTHONPATH", os.getcwd())  # imports may now resolve differently
+    # imports may now resolve differently: add an entry, keeping the caller's PYTHONPATH (so
+    # the checkout under test stays importable) and guaranteeing the value really changes.
+    extended = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*extended, str(tmp_path)]))
     run(service, "pass", workers=1)
     second = warmpool.status(service.config)
     assert second["pid"] != first["pid"] and second["fingerprint"] != first["fingerprint"]
