@@ -6,9 +6,14 @@ The lead's ``mlcluster`` CLI calls ``run_controller(argv)`` and ``print_manifest
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import sys
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -16,9 +21,11 @@ from traitlets import Bool, List, TraitError, Unicode, validate
 from traitlets.config import Application
 
 from .config import ControllerConfig
+from .ingress import IngressAuth
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
 from .objects import namespace_error
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _CONFIG_ALIASES = {
     "namespace": "ControllerConfig.namespaces",
     "kubeconfig": "ControllerConfig.kubeconfig",
@@ -62,9 +69,9 @@ class ControllerApp(Application):
         self.controller_config = ControllerConfig(parent=self)
 
     def start(self) -> None:
-        import kopf
+        import asyncio
 
-        from .handlers import build_registry, build_settings
+        import kopf
 
         config = self.controller_config
         if config.kubeconfig:
@@ -72,14 +79,99 @@ class ControllerApp(Application):
         level = getattr(logging, config.log_level.upper(), logging.INFO)
         # kopf has three levels: debug (DEBUG), default (INFO), quiet (WARNING).
         kopf.configure(debug=level <= logging.DEBUG, quiet=level >= logging.WARNING)
-        kopf.run(
+        code = asyncio.run(self._run())
+        if code:
+            raise SystemExit(code)
+
+    async def _operator(self) -> None:
+        import kopf
+
+        from .handlers import build_registry, build_settings
+
+        config = self.controller_config
+        await kopf.operator(
             registry=build_registry(config),
             settings=build_settings(config),
-            standalone=True,
+            standalone=True,  # the Lease, not kopf's peering, decides who reconciles
             clusterwide=not config.namespaces,
             namespaces=config.namespaces,
             liveness_endpoint=self.liveness_endpoint or None,
         )
+
+    async def _run(self) -> int:
+        """The operator; with leader election, only while this controller holds the Lease."""
+        import asyncio
+
+        from .kube import KubeClient
+        from .leader import LeaderElection, LeadershipLost
+
+        config = self.controller_config
+        if not config.leader_election:
+            await self._operator()
+            return 0
+        kube = await KubeClient.connect(config.kubeconfig, 2)
+        election = LeaderElection(
+            kube,
+            lease_namespace(config),
+            config.leader_election_lease,
+            config.leader_election_identity or os.environ.get("POD_NAME") or socket.gethostname(),
+            lease_duration=config.lease_duration,
+            renew_period=config.lease_renew_period,
+            retry_period=config.lease_retry_period,
+        )
+        try:
+            async with standby_health(self.liveness_endpoint):
+                await election.acquire()
+            operator = asyncio.create_task(self._operator())
+            holding = asyncio.create_task(election.hold())
+            await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
+            if operator.done():  # stopped (SIGTERM): hand over at once
+                holding.cancel()
+                await asyncio.gather(holding, return_exceptions=True)
+                await election.release()
+                operator.result()
+                return 0
+            operator.cancel()
+            await asyncio.gather(operator, return_exceptions=True)
+            try:
+                holding.result()
+            except LeadershipLost as exc:
+                # Another controller may lead now: stop reconciling, exit for a restart.
+                logging.getLogger("notebook_controller").error("Leadership lost: %s", exc)
+            return 1
+        finally:
+            await kube.close()
+
+
+def lease_namespace(config: ControllerConfig) -> str:
+    if config.leader_election_namespace:
+        return config.leader_election_namespace
+    try:
+        return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+    except OSError:
+        return config.namespaces[0] if config.namespaces else "default"
+
+
+@contextlib.asynccontextmanager
+async def standby_health(endpoint: str) -> AsyncIterator[None]:
+    """While waiting for the Lease, answer the liveness probe (kopf's own endpoint only
+    exists once it runs): a standby is healthy, not to be restarted."""
+    if not endpoint:
+        yield
+        return
+    from aiohttp import web
+
+    url = urllib.parse.urlsplit(endpoint)
+    app = web.Application()
+    app.router.add_get(url.path or "/", lambda _request: web.json_response({"standby": True}))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, url.hostname, url.port or 80)
+    await site.start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
 
 
 class ManifestsApp(Application):
@@ -93,11 +185,16 @@ class ManifestsApp(Application):
         "owner-header": "ManifestsApp.owner_header",
         "user-namespace": "ManifestsApp.user_namespaces",
         "notebook-service-account": "ManifestsApp.notebook_service_account",
+        "oidc-issuer": "ManifestsApp.oidc_issuer",
+        "jwks-uri": "ManifestsApp.jwks_uri",
+        "audience": "ManifestsApp.audiences",
+        "user-claim": "ManifestsApp.user_claim",
+        "tls-secret": "ManifestsApp.tls_secret",
     }
     flags = {
         "no-gateway": (
             {"ManifestsApp": {"include_gateway": False}},
-            "Leave out the example Gateway.",
+            "Leave out the Gateway and its authentication.",
         ),
         "monitoring": (
             {"ManifestsApp": {"monitoring": True}},
@@ -114,7 +211,39 @@ class ManifestsApp(Application):
     )
     host = Unicode("*", config=True, help="Host the notebook routes answer on.")
     owner_header = Unicode("kubeflow-userid", config=True, help="Header with the user's identity.")
-    include_gateway = Bool(True, config=True, help="Include the example Istio Gateway.")
+    include_gateway = Bool(
+        True,
+        config=True,
+        help="Include the Istio Gateway with its JWT verification (needs --oidc-issuer).",
+    )
+    oidc_issuer = Unicode(
+        "",
+        config=True,
+        help="The platform's OIDC issuer (the 'iss' of its JWTs, e.g. https://dex.example.com). "
+        "Without it no Gateway is printed: nothing could verify who a request comes from.",
+    )
+    jwks_uri = Unicode(
+        "",
+        config=True,
+        help="URL of the issuer's signing keys (empty: found from the issuer's "
+        "/.well-known/openid-configuration).",
+    )
+    audiences = List(
+        Unicode(),
+        config=True,
+        help="Accepted 'aud' values of the JWTs (repeat the option; empty: any).",
+    )
+    user_claim = Unicode(
+        "email",
+        config=True,
+        help="The JWT claim that names the user; copied into the identity header.",
+    )
+    tls_secret = Unicode(
+        "",
+        config=True,
+        help="Secret (in the gateway's namespace) with the host's TLS certificate; with it the "
+        "Gateway serves HTTPS and redirects HTTP.",
+    )
     monitoring = Bool(
         False,
         config=True,
@@ -158,7 +287,23 @@ class ManifestsApp(Application):
             "include_gateway": self.include_gateway,
             "user_namespaces": self.user_namespaces,
             "notebook_service_account": self.notebook_service_account,
+            "tls_secret": self.tls_secret,
         }
+        if self.oidc_issuer:
+            options["ingress_auth"] = IngressAuth(
+                issuer=self.oidc_issuer,
+                jwks_uri=self.jwks_uri,
+                audiences=tuple(self.audiences),
+                user_claim=self.user_claim,
+                owner_header=self.owner_header,
+            )
+        elif self.include_gateway:
+            sys.stderr.write(
+                f"{self.name}: no Gateway printed: without --oidc-issuer nothing verifies who a "
+                "request comes from, and anyone reaching the ingress could send the identity "
+                "header of any user. Give --oidc-issuer (and --jwks-uri, --audience) of your "
+                "platform's OIDC provider, or --no-gateway to bring your own.\n"
+            )
         if self.image:
             options["image"] = self.image
         documents = []

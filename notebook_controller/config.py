@@ -136,6 +136,37 @@ class ControllerConfig(Configurable):
         config=True,
         help="Re-issue events of notebook pods on their Notebook (spawn progress).",
     )
+    # Leader election: any number of controllers may run; one (the Lease's holder) reconciles.
+    leader_election = Bool(
+        True,
+        config=True,
+        help="Reconcile only while holding the Lease, so two replicas (or a second controller "
+        "run from a kubeconfig) never fight; off: reconcile at once, alone.",
+    )
+    leader_election_namespace = Unicode(
+        "",
+        config=True,
+        help="Namespace of the Lease; empty: this pod's namespace, else the first served "
+        "namespace, else 'default'.",
+    )
+    leader_election_lease = Unicode(
+        "notebook-controller", config=True, help="Name of the Lease (coordination.k8s.io/v1)."
+    )
+    leader_election_identity = Unicode(
+        "",
+        config=True,
+        help="This controller's name in the Lease; empty: $POD_NAME, else the host name "
+        "(a restarted container reclaims its own lease at once).",
+    )
+    lease_duration = Float(
+        15.0,
+        config=True,
+        help="Seconds a Lease not renewed stays valid; a standby takes over after that.",
+    )
+    lease_renew_period = Float(5.0, config=True, help="Seconds between renewals by the leader.")
+    lease_retry_period = Float(
+        2.0, config=True, help="Seconds between a standby's attempts to take the Lease."
+    )
     api_connections = Integer(
         32, config=True, help="Maximum concurrent connections to the Kubernetes API."
     )

@@ -66,11 +66,34 @@ def _raw(body: Mapping[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def _one(index: Any, key: Any) -> dict[str, Any] | None:
-    """The live (not terminating) object under a kopf index key, if any."""
+def _one(index: Any, key: Any, owner_uid: str | None = None) -> dict[str, Any] | None:
+    """The live (not terminating) object under a kopf index key, if any; with `owner_uid`,
+    only one whose ownerReferences name that owner (a label anyone may set says nothing)."""
     values = list(index.get(key, ())) if index is not None else []
+    if owner_uid is not None:
+        values = [v for v in values if _owned_by(v, owner_uid)]
     live = [v for v in values if not v["metadata"].get("deletionTimestamp")]
     return (live or values or [None])[-1]
+
+
+def _owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _notebook_owner(obj: Mapping[str, Any]) -> str | None:
+    """The name of the Notebook that controls ``obj`` (its controller ownerReference)."""
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if (
+            ref.get("kind") == KIND
+            and ref.get("controller")
+            and ref.get("apiVersion", "").startswith(f"{GROUP}/")
+        ):
+            return str(ref.get("name"))
+    return None
+
+
+class NotOurs(Exception):
+    """An object with the name a child must have exists, and this Notebook does not own it."""
 
 
 class NotebookController:
@@ -152,9 +175,16 @@ class NotebookController:
         return {(namespace, name): dict(body)}
 
     @staticmethod
-    def index_owned(
+    def index_owned(namespace: str, body: Mapping[str, Any], **_: Any) -> dict[NotebookKey, Any]:
+        """Children by the Notebook their ownerReference names (uids are checked on use)."""
+        owner = _notebook_owner(body)
+        return {(namespace, owner): dict(body)} if owner else {}
+
+    @staticmethod
+    def index_pod(
         namespace: str, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
     ) -> dict[NotebookKey, Any]:
+        """Pods by label (their owner is the StatefulSet, whose uid is checked on use)."""
         return {(namespace, labels[objects.LABEL_NOTEBOOK]): dict(body)}
 
     # -- reconciling ---------------------------------------------------------------------
@@ -193,9 +223,11 @@ class NotebookController:
             for desired in objects.desired_children(notebook, self.config, istio):
                 if only_kind is not None and desired["kind"] != only_kind:
                     continue
-                actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key)
+                actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key, meta["uid"])
                 try:
                     await self._ensure(desired, actual, logger)
+                except NotOurs as exc:
+                    errors.append(str(exc))
                 except KubeError as exc:
                     if exc.status not in _PERMANENT_STATUSES:
                         raise
@@ -227,6 +259,14 @@ class NotebookController:
                 raise kopf.TemporaryError(
                     f"{desired['kind']} {meta['name']} is being replaced", delay=1
                 )
+        ours = desired["metadata"]["ownerReferences"][0]["uid"]
+        if not _owned_by(actual, ours):
+            # Never adopt: someone else's object under our name (a Service pointing at their
+            # pod, say) stays theirs and untouched, and this notebook reports it.
+            raise NotOurs(
+                f"{desired['kind']} {meta['name']} exists and does not belong to this notebook;"
+                " delete or rename it"
+            )
         if actual["metadata"].get("deletionTimestamp"):
             raise kopf.TemporaryError(
                 f"waiting for the old {desired['kind']} {meta['name']} to go", delay=1
@@ -242,8 +282,8 @@ class NotebookController:
         assert self.kube is not None
         meta = notebook["metadata"]
         key = (meta["namespace"], meta["name"])
-        sts = _one(indexes.get(_INDEX_OF_KIND["StatefulSet"]), key)
-        pod = _one(indexes.get("owned_pods"), key)
+        sts = _one(indexes.get(_INDEX_OF_KIND["StatefulSet"]), key, meta["uid"])
+        pod = _one(indexes.get("owned_pods"), key, sts["metadata"]["uid"]) if sts else None
         status = compute_status(notebook, sts, pod, self._errors.get(key))
         if not status_changed(notebook, status):
             return
@@ -277,14 +317,15 @@ class NotebookController:
         type: str | None,
         body: Mapping[str, Any],
         namespace: str,
-        labels: Mapping[str, str],
         logger: logging.Logger,
         **kwargs: Any,
     ) -> None:
         """An owned object changed or went away: put it back, and refresh the status."""
-        notebook = self._notebook(kwargs, namespace, labels.get(objects.LABEL_NOTEBOOK, ""))
+        notebook = self._notebook(kwargs, namespace, _notebook_owner(body) or "")
         if notebook is None or type is None:  # type None: initial listing; resume handles that
             return
+        if not _owned_by(body, notebook["metadata"]["uid"]):
+            return  # an earlier notebook's, or one only labelled like ours
         kind = body.get("kind")
         gone = type == "DELETED" or bool(body["metadata"].get("deletionTimestamp"))
         if gone and not any(
@@ -416,7 +457,14 @@ class NotebookController:
         try:
             if should_cull(activity, now, self.config.cull_idle_time, self.config.cull_connected):
                 idle = int((now - activity.last_activity).total_seconds())
-                await self.kube.patch(API_VERSION, KIND, namespace, name, objects.stop_patch(now))
+                # Only the notebook that was probed, unchanged since: not a new one of that name.
+                await self.kube.patch(
+                    API_VERSION,
+                    KIND,
+                    namespace,
+                    name,
+                    objects.guarded_stop_patch(notebook, True, now),
+                )
                 await self.kube.create(
                     notebook_event(
                         notebook,
@@ -481,7 +529,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
         )
     present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
     kopf.index("", "v1", "pods", labels=present, registry=registry, id="owned_pods")(
-        controller.index_owned
+        controller.index_pod
     )
     kopf.on.event("", "v1", "pods", labels=present, registry=registry, id="pod_status")(
         controller.on_pod_event

@@ -33,7 +33,9 @@ PLURALS = {
     "Event": "events",
     "VirtualService": "virtualservices",
     "AuthorizationPolicy": "authorizationpolicies",
+    "Lease": "leases",
 }
+JSON_PATCH = "application/json-patch+json"
 
 
 def object_path(
@@ -99,14 +101,16 @@ class KubeClient:
         kind: str,
         namespace: str | None,
         name: str,
-        patch: Mapping[str, Any],
+        patch: Mapping[str, Any] | list[dict[str, Any]],
         subresource: str | None = None,
     ) -> dict[str, Any]:
+        """A merge patch, or a JSON patch when given a list of operations."""
+        json_patch = isinstance(patch, list)
         return await self.request(
             "PATCH",
             object_path(api_version, kind, namespace, name, subresource),
-            dict(patch),
-            content_type=MERGE_PATCH,
+            list(patch) if json_patch else dict(patch),
+            content_type=JSON_PATCH if json_patch else MERGE_PATCH,
         )
 
     async def delete(

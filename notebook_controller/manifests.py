@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .crd import GROUP, PLURAL, notebook_crd
+from jupyterlab_mlcluster.backends.kubernetes.rbac import trainer_runtime_reader
 
-from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac, trainer_runtime_reader
+from .admission import admission_objects
+from .crd import GROUP, PLURAL, notebook_crd
+from .ingress import IngressAuth, ingress_objects
+from .namespaces import user_namespace_objects
 
 try:
     from jupyterlab_mlcluster._version import __version__ as _VERSION
@@ -19,6 +22,17 @@ DEFAULT_IMAGE = f"ghcr.io/jupyterlab-mlcluster/jupyterlab-mlcluster:{_VERSION}"
 HEALTH_PORT = 8080
 # What notebook pods run as in the user namespaces that `mlcluster manifests` prepares.
 NOTEBOOK_SERVICE_ACCOUNT = "mlcluster-notebook"
+# The Lease two controller replicas elect their leader with (in the controller's namespace).
+LEASE_NAME = CONTROLLER_NAME
+LEASE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": [LEASE_NAME],
+        "verbs": ["get", "patch", "update"],
+    },
+]
 
 # Least privilege: what the controller's requests need, nothing more (a test derives the
 # requests a real run makes against the emulator and checks each is allowed by these rules).
@@ -78,20 +92,36 @@ def controller_deployment(namespace: str, image: str, args: list[str]) -> dict[s
         "kind": "Deployment",
         "metadata": {"name": CONTROLLER_NAME, "namespace": namespace, "labels": _labels()},
         "spec": {
-            "replicas": 1,
-            # Standalone kopf: two controllers must never overlap during an upgrade.
-            "strategy": {"type": "Recreate"},
+            # Two replicas, one leader (a Lease): a lost node does not stop reconciling and
+            # culling, and a rolling upgrade hands over without a gap.
+            "replicas": 2,
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
             "selector": {"matchLabels": {"app.kubernetes.io/name": CONTROLLER_NAME}},
             "template": {
                 "metadata": {"labels": _labels()},
                 "spec": {
                     "serviceAccountName": CONTROLLER_NAME,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [
                         {
                             "name": "controller",
                             "image": image,
                             "command": ["mlcluster", "controller"],
                             "args": [f"--liveness=http://0.0.0.0:{HEALTH_PORT}/healthz", *args],
+                            # The leader's identity: the pod (a restarted container takes its
+                            # own lease back at once).
+                            "env": [
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                }
+                            ],
                             "ports": [{"name": "http-health", "containerPort": HEALTH_PORT}],
                             "livenessProbe": {
                                 "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
@@ -111,28 +141,6 @@ def controller_deployment(namespace: str, image: str, args: list[str]) -> dict[s
     }
 
 
-def example_gateway(gateway: str, host: str) -> dict[str, Any]:
-    namespace, _, name = gateway.rpartition("/")
-    return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "Gateway",
-        "metadata": {
-            "name": name,
-            "namespace": namespace or "istio-system",
-            "annotations": {
-                "mlcluster.io/note": "Example: use your own Gateway, with "
-                "TLS and the auth proxy that sets the identity header."
-            },
-        },
-        "spec": {
-            "selector": {"istio": "ingressgateway"},
-            "servers": [
-                {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": [host]}
-            ],
-        },
-    }
-
-
 def all_manifests(
     *,
     namespace: str = "mlcluster-system",
@@ -141,30 +149,40 @@ def all_manifests(
     host: str = "*",
     owner_header: str = "kubeflow-userid",
     include_gateway: bool = True,
+    ingress_auth: IngressAuth | None = None,
+    tls_secret: str = "",
     extra_args: list[str] | None = None,
     user_namespaces: Sequence[str] = (),
     notebook_service_account: str = NOTEBOOK_SERVICE_ACCOUNT,
 ) -> list[dict[str, Any]]:
-    """CRD, namespace, service account, RBAC, controller Deployment and an example Gateway;
-    with `user_namespaces`, also the service account its notebook pods run as there, allowed
-    to run `%%distributed --backend kubernetes` jobs in that namespace and nothing more."""
+    """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
+    leader), the admission policy for pod templates; the Gateway with JWT verification when
+    an issuer is given (`ingress_auth`: never an unauthenticated Gateway); with
+    `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS) and
+    the service account its notebook pods run as there, allowed to run `%%distributed
+    --backend kubernetes` jobs in that namespace and nothing more."""
     role = f"mlcluster-{CONTROLLER_NAME}"
     args = [
         f"--gateway={gateway}",
         f"--host={host}",
         f"--owner-header={owner_header}",
         f"--ControllerConfig.controller_principal=cluster.local/ns/{namespace}/sa/{CONTROLLER_NAME}",
+        f"--ControllerConfig.leader_election_namespace={namespace}",
     ]
     if user_namespaces:
         args.append(f"--ControllerConfig.service_account={notebook_service_account}")
     args += extra_args or []
+    binding_subjects = [{"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": namespace}]
     manifests = [
         notebook_crd(),
         # In the mesh: the notebooks' AuthorizationPolicy admits the controller by its identity.
         {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {"istio-injection": "enabled"}},
+            "metadata": {
+                "name": namespace,
+                "labels": {"istio-injection": "enabled"},
+            },
         },
         {
             "apiVersion": "v1",
@@ -186,16 +204,32 @@ def all_manifests(
                 "kind": "ClusterRole",
                 "name": role,
             },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": namespace}
-            ],
+            "subjects": binding_subjects,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": f"{role}-leader", "namespace": namespace, "labels": _labels()},
+            "rules": LEASE_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{role}-leader", "namespace": namespace, "labels": _labels()},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": f"{role}-leader",
+            },
+            "subjects": binding_subjects,
         },
         controller_deployment(namespace, image, args),
+        *admission_objects([notebook_service_account, "default"]),
     ]
-    if include_gateway:
-        manifests.append(example_gateway(gateway, host))
+    if include_gateway and ingress_auth is not None:
+        manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
     for user_namespace in user_namespaces:
-        manifests += notebook_rbac(user_namespace, notebook_service_account)
+        manifests += user_namespace_objects(user_namespace, notebook_service_account)
     if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
         manifests += trainer_runtime_reader(
             [(n, notebook_service_account) for n in user_namespaces]

@@ -98,6 +98,39 @@ def start_patch() -> dict[str, Any]:
     return {"metadata": {"annotations": {ANNOTATION_STOPPED: None}}}
 
 
+_STOPPED_POINTER = "/metadata/annotations/" + ANNOTATION_STOPPED.replace("~", "~0").replace(
+    "/", "~1"
+)
+
+
+def guarded_stop_patch(
+    notebook: Mapping[str, Any], stopped: bool, now: datetime.datetime
+) -> list[dict[str, Any]]:
+    """JSON patch (RFC 6902) that stops or starts exactly the notebook that was read: `test`
+    ops on its uid and resourceVersion fail (422) when it was replaced or changed meanwhile,
+    so a decision taken on one object is never applied to another of the same name."""
+    meta = notebook["metadata"]
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+    ]
+    annotations = meta.get("annotations") or {}
+    if stopped:
+        if "annotations" not in meta or meta["annotations"] is None:
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {ANNOTATION_STOPPED: rfc3339(now)},
+                }
+            )
+        else:
+            ops.append({"op": "add", "path": _STOPPED_POINTER, "value": rfc3339(now)})
+    elif ANNOTATION_STOPPED in annotations:
+        ops.append({"op": "remove", "path": _STOPPED_POINTER})
+    return ops
+
+
 def preferred_istio_version(served: Sequence[str]) -> str | None:
     """The newest Istio API version among those the cluster serves."""
     return next((version for version in ISTIO_VERSIONS if version in served), None)
@@ -461,9 +494,6 @@ def repair_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[
     labels = actual["metadata"].get("labels") or {}
     if not contains(labels, desired["metadata"]["labels"]):
         patch["metadata"] = {"labels": desired["metadata"]["labels"]}
-    ours = desired["metadata"]["ownerReferences"][0]["uid"]
-    if not any(ref.get("uid") == ours for ref in actual["metadata"].get("ownerReferences") or []):
-        patch.setdefault("metadata", {})["ownerReferences"] = desired["metadata"]["ownerReferences"]
     fields, exact = _REPAIRABLE[desired["kind"]]
     spec_patch = {}
     for field in fields:

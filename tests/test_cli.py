@@ -14,7 +14,15 @@ from helpers import assert_no_job_processes, run_cli
 
 
 def test_manifests_prints_everything_a_platform_team_applies():
-    proc = run_cli("manifests", "--namespace", "ml-system", "--host", "ml.example.com")
+    proc = run_cli(
+        "manifests",
+        "--namespace",
+        "ml-system",
+        "--host",
+        "ml.example.com",
+        "--oidc-issuer",
+        "https://dex.example.com",
+    )
     assert proc.returncode == 0, proc.stderr
     objects = [o for o in yaml.safe_load_all(proc.stdout) if o]
     kinds = {o["kind"] for o in objects}
@@ -25,7 +33,14 @@ def test_manifests_prints_everything_a_platform_team_applies():
         "ClusterRole",
         "ClusterRoleBinding",
         "Gateway",
+        "RequestAuthentication",
+        "ValidatingAdmissionPolicy",
     } <= kinds
+    # Without an issuer: no Gateway (it could not tell users apart), and stderr says why.
+    open_gateway = run_cli("manifests")
+    assert open_gateway.returncode == 0
+    assert "Gateway" not in {o["kind"] for o in yaml.safe_load_all(open_gateway.stdout) if o}
+    assert "--oidc-issuer" in open_gateway.stderr
     crd = next(o for o in objects if o["kind"] == "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "notebooks.mlcluster.io"
     deployment = next(o for o in objects if o["kind"] == "Deployment")

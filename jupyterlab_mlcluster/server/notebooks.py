@@ -20,11 +20,10 @@ from typing import Any
 from notebook_controller.crd import GROUP, PLURAL, VERSION
 from notebook_controller.objects import (
     InvalidNotebook,
+    guarded_stop_patch,
     is_stopped,
     notebook_name_error,
     notebook_resource,
-    start_patch,
-    stop_patch,
 )
 from notebook_controller.status import notebook_status_summary
 
@@ -253,17 +252,29 @@ class NotebookService:
         return self._set_stopped(user, name, False)
 
     def _set_stopped(self, user: str, name: str, stopped: bool) -> dict[str, Any]:
-        obj = self._get_owned(user, name)
-        if is_stopped(obj) == stopped:
-            return self._view(obj)  # already so: a stopped one keeps its original stop time
-        patch = stop_patch(_now()) if stopped else start_patch()
-        try:
-            with self.connection.errors():
-                patched = self._custom_objects().patch_namespaced_custom_object(
-                    GROUP, VERSION, self.connection.namespace(), PLURAL, name, patch
-                )
-        except KubeError as exc:
-            if exc.status != 404:
+        """Stop or start the caller's notebook, exactly the one checked: the JSON patch tests
+        its uid and resourceVersion, so a notebook replaced (or changed) between the owner
+        check and the write is never touched; a change meanwhile is read and checked again."""
+        for _attempt in range(5):
+            obj = self._get_owned(user, name)
+            if is_stopped(obj) == stopped:
+                return self._view(obj)  # already so: a stopped one keeps its original stop time
+            try:
+                with self.connection.errors():
+                    patched = self._custom_objects().patch_namespaced_custom_object(
+                        GROUP,
+                        VERSION,
+                        obj["metadata"]["namespace"],
+                        PLURAL,
+                        name,
+                        guarded_stop_patch(obj, stopped, _now()),
+                        _content_type="application/json-patch+json",
+                    )
+            except KubeError as exc:
+                if exc.status == 404:
+                    raise NotebookNotFound(name) from None
+                if exc.status in (409, 422):
+                    continue  # changed or replaced since it was read: look again
                 raise
-            raise NotebookNotFound(name) from None
-        return self._view(patched)
+            return self._view(patched)
+        raise KubeError(f"notebook server {name!r} keeps changing; try again", status=409)

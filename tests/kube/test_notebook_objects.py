@@ -16,8 +16,10 @@ from notebook_controller import status as notebook_status
 from notebook_controller.config import ControllerConfig
 from notebook_controller.crd import notebook_crd
 from notebook_controller.culling import Activity, judge_activity, should_cull
+from notebook_controller.ingress import IngressAuth
 from notebook_controller.manifests import RULES, all_manifests
 from tests.kube.istio import SPEC_SCHEMAS, strict_json_schema
+from tests.kube.istio_upstream import validate_istio_upstream
 from tests.kube.validation import prune_and_default
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -454,12 +456,12 @@ def test_drift_is_repaired() -> None:
     widened = with_server_defaults(ap)
     widened["spec"]["rules"][0]["when"][0]["values"].append("mallory")
     assert objects.repair_patch(ap, widened) == {"spec": {"rules": ap["spec"]["rules"]}}
-    disowned = with_server_defaults(objects.service(notebook(), config))
-    disowned["metadata"]["ownerReferences"] = []
-    disowned["metadata"]["labels"] = {}
-    assert objects.repair_patch(objects.service(notebook(), config), disowned) == {
-        "metadata": {"labels": LABELS, "ownerReferences": [OWNER_REF]}
+    relabelled = with_server_defaults(objects.service(notebook(), config))
+    relabelled["metadata"]["labels"] = {}
+    assert objects.repair_patch(objects.service(notebook(), config), relabelled) == {
+        "metadata": {"labels": LABELS}
     }
+    # Ownership is never patched in: the controller does not adopt (see test_attacks_cluster).
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -727,19 +729,30 @@ def test_should_cull(
 
 
 def test_manifests_are_valid_and_least_privilege() -> None:
-    manifests = all_manifests(namespace="ml-system", image="registry.example.com/mlcluster:1.0")
+    manifests = all_manifests(
+        namespace="ml-system",
+        image="registry.example.com/mlcluster:1.0",
+        ingress_auth=IngressAuth(issuer="https://dex.example.com"),
+    )
     assert [m["kind"] for m in manifests] == [
         "CustomResourceDefinition",
         "Namespace",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
         "Gateway",
+        "RequestAuthentication",
+        "AuthorizationPolicy",
     ]
     for manifest in manifests:
-        if manifest["kind"] == "Gateway":
-            validate_istio(manifest)
+        if "istio.io" in manifest["apiVersion"]:
+            validate_istio_upstream(manifest)
         else:
             validate_builtin(manifest)
     by_kind = {m["kind"]: m for m in manifests}
@@ -757,7 +770,9 @@ def test_manifests_are_valid_and_least_privilege() -> None:
     assert all(
         "*" not in rule["resources"] and "secrets" not in rule["resources"] for rule in RULES
     )
-    assert [m["kind"] for m in all_manifests(include_gateway=False)][-1] == "Deployment"
+    # No issuer, or --no-gateway: no Gateway at all (never an unauthenticated one).
+    for plain in (all_manifests(), all_manifests(include_gateway=False)):
+        assert not {"Gateway", "RequestAuthentication"} & {m["kind"] for m in plain}
 
 
 def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -785,13 +800,17 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
         {"kind": "ServiceAccount", "name": "mlcluster-notebook", "namespace": ns}
         for ns in ("team-a", "team-b")
     ]
-    assert [(m["kind"], m["metadata"]["namespace"]) for m in extra] == [
+    assert [(m["kind"], m["metadata"].get("namespace", m["metadata"]["name"])) for m in extra] == [
         (kind, namespace)
         for namespace in ("team-a", "team-b")
-        for kind in ("ServiceAccount", "Role", "RoleBinding")
+        for kind in ("Namespace", "PeerAuthentication", "ServiceAccount", "Role", "RoleBinding")
     ]
     for manifest in extra:
-        validate_builtin(manifest)
+        if "istio.io" in manifest["apiVersion"]:
+            validate_istio_upstream(manifest)
+        else:
+            validate_builtin(manifest)
+    extra = [m for m in extra if m["kind"] not in ("Namespace", "PeerAuthentication")]
     binding = extra[2]
     assert binding["roleRef"]["name"] == ROLE_NAME
     assert binding["subjects"] == [
@@ -812,7 +831,7 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
         assert captured.out == "" and "namespaces are at most 63" in captured.err
     # Without user namespaces, nothing of the kind: notebook pods keep the namespace default.
     plain = all_manifests(include_gateway=False)
-    assert not any(m["kind"] == "Role" for m in plain)
+    assert not any(m["kind"] == "Role" and m["metadata"]["name"] == ROLE_NAME for m in plain)
     assert not any(
         "service_account" in a
         for a in next(m for m in plain if m["kind"] == "Deployment")["spec"]["template"]["spec"][

@@ -1,0 +1,361 @@
+"""User B (mallory) against user A (alice), on the cluster side: each attack refused.
+
+Against the Kubernetes API emulator with the real controller (kopf), the shipped manifests
+checked against Istio's upstream CRDs and Kubernetes 1.33 schemas, and the shipped
+ValidatingAdmissionPolicy's own CEL expressions evaluated with a CEL interpreter.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import time
+from typing import Any
+
+import pytest
+
+from notebook_controller import objects
+from notebook_controller.admission import admission_objects, admission_policy
+from notebook_controller.cli import print_manifests
+from notebook_controller.ingress import IngressAuth
+from notebook_controller.manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
+from notebook_controller.namespaces import USER_NAMESPACE_LABEL
+from tests.kube.admission_cel import denials
+from tests.kube.controller_support import NB, create_notebook, wait_owned, wait_phase
+from tests.kube.helpers import Kube, KubeApiError
+from tests.kube.istio_upstream import validate_istio_upstream
+from tests.kube.validation import validate_builtin_uncached
+
+AUTH = IngressAuth(
+    issuer="https://dex.example.com",
+    jwks_uri="https://dex.example.com/keys",
+    audiences=("mlcluster",),
+    user_claim="email",
+    owner_header="kubeflow-userid",
+)
+
+
+def _validate(obj: dict[str, Any]) -> None:
+    if "istio.io" in obj["apiVersion"]:
+        validate_istio_upstream(obj)
+    else:
+        assert validate_builtin_uncached(obj) == [], obj["kind"]
+
+
+# --- 1. a forged identity header at the ingress -------------------------------------------------
+
+
+def test_attack_forged_identity_header_needs_a_verified_jwt() -> None:
+    """Mallory sends `kubeflow-userid: alice` with no token (or a token without the claim):
+    the shipped Gateway comes with a RequestAuthentication that writes the header from the
+    verified claim (replacing the client's), and a DENY policy for requests without a verified
+    request principal or without the claim, on the notebook paths."""
+    manifests = all_manifests(ingress_auth=AUTH, host="ml.example.com", tls_secret="ml-tls")
+    for manifest in manifests:
+        _validate(manifest)
+    kinds = [m["kind"] for m in manifests]
+    assert "Gateway" in kinds
+    gateway = next(m for m in manifests if m["kind"] == "Gateway")
+    selector = gateway["spec"]["selector"]
+    [authn] = [m for m in manifests if m["kind"] == "RequestAuthentication"]
+    assert authn["spec"]["selector"]["matchLabels"] == selector
+    [rule] = authn["spec"]["jwtRules"]
+    assert rule["issuer"] == AUTH.issuer and rule["jwksUri"] == AUTH.jwks_uri
+    assert rule["audiences"] == ["mlcluster"]
+    assert rule["outputClaimToHeaders"] == [{"header": "kubeflow-userid", "claim": "email"}]
+    [deny] = [
+        m
+        for m in manifests
+        if m["kind"] == "AuthorizationPolicy" and m["metadata"]["namespace"] == "istio-system"
+    ]
+    assert deny["spec"]["action"] == "DENY"
+    assert deny["spec"]["selector"]["matchLabels"] == selector
+    no_principal, no_claim = deny["spec"]["rules"]
+    assert no_principal["from"] == [{"source": {"notRequestPrincipals": ["*"]}}]
+    assert no_claim["when"] == [{"key": "request.auth.claims[email]", "notValues": ["*"]}]
+    for denied in (no_principal, no_claim):  # the notebook routes are all under /notebook/
+        assert denied["to"] == [{"operation": {"paths": ["/notebook/*", "/notebook"]}}]
+    # TLS: the Gateway serves HTTPS with the platform's certificate and redirects HTTP.
+    https, http = gateway["spec"]["servers"]
+    assert https["tls"] == {"mode": "SIMPLE", "credentialName": "ml-tls"}
+    assert http["tls"] == {"httpsRedirect": True}
+
+
+def test_attack_no_issuer_means_no_open_gateway(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without an issuer there is no Gateway at all (it would let Mallory claim any identity),
+    and `mlcluster manifests` says why on stderr."""
+    assert print_manifests([]) == 0
+    captured = capsys.readouterr()
+    assert "kind: Gateway" not in captured.out and "RequestAuthentication" not in captured.out
+    assert "no Gateway printed" in captured.err and "--oidc-issuer" in captured.err
+    assert print_manifests(["--oidc-issuer=https://dex.example.com", "--audience=mlcluster"]) == 0
+    captured = capsys.readouterr()
+    assert "kind: Gateway" in captured.out and "kind: RequestAuthentication" in captured.out
+    assert captured.err == ""
+    assert print_manifests(["--no-gateway"]) == 0  # bring your own: no note either
+    assert capsys.readouterr().err == ""
+
+
+# --- 2. unmeshed pods, plain-text access, privileged pods in user namespaces ---------------------
+
+
+def test_attack_direct_pod_access_is_closed_in_user_namespaces() -> None:
+    """Mallory calls `http://nb1.alice.svc/...` from her own pod, around the gateway: the user
+    namespace is meshed (sidecars enforce the notebook's AuthorizationPolicy), mTLS is STRICT
+    (her plain-text request is refused), and Pod Security baseline is enforced there."""
+    manifests = all_manifests(user_namespaces=["alice", "mallory"])
+    for manifest in manifests:
+        _validate(manifest)
+    for namespace in ("alice", "mallory"):
+        [ns] = [
+            m for m in manifests if m["kind"] == "Namespace" and m["metadata"]["name"] == namespace
+        ]
+        labels = ns["metadata"]["labels"]
+        assert labels["istio-injection"] == "enabled"
+        assert labels["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
+        assert labels[USER_NAMESPACE_LABEL] == "true"
+        [peer] = [
+            m
+            for m in manifests
+            if m["kind"] == "PeerAuthentication" and m["metadata"]["namespace"] == namespace
+        ]
+        assert peer["spec"] == {"mtls": {"mode": "STRICT"}} and "selector" not in peer["spec"]
+        # Each user's notebooks run as that namespace's own service account.
+        [sa] = [
+            m
+            for m in manifests
+            if m["kind"] == "ServiceAccount" and m["metadata"]["namespace"] == namespace
+        ]
+        assert sa["metadata"]["name"] == NOTEBOOK_SERVICE_ACCOUNT
+
+
+# --- 4. privileged / host / foreign-service-account templates -----------------------------------
+
+POLICY = admission_policy([NOTEBOOK_SERVICE_ACCOUNT, "default"])
+
+
+def _notebook() -> dict[str, Any]:
+    return objects.notebook_resource("nb1", "mallory", "mallory@example.com", cpu="1")
+
+
+def _job(kind: str) -> dict[str, Any]:
+    pod = {"spec": {"containers": [{"name": "rank", "image": "python:3.11"}]}}
+    if kind == "Job":
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "j", "namespace": "mallory"},
+            "spec": {"template": copy.deepcopy(pod)},
+        }
+    field = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "tfReplicaSpecs"
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": kind,
+        "metadata": {"name": "j", "namespace": "mallory"},
+        "spec": {
+            field: {
+                "Master": {"replicas": 1, "template": copy.deepcopy(pod)},
+                "Worker": {"replicas": 3, "template": copy.deepcopy(pod)},
+            }
+        },
+    }
+
+
+def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] in ("PyTorchJob", "TFJob"):
+        return [r["template"]["spec"] for r in next(iter(obj["spec"].values())).values()]
+    return [obj["spec"]["template"]["spec"]]
+
+
+ESCALATIONS = {
+    "privileged container": lambda s: s["containers"][0].update(
+        securityContext={"privileged": True}
+    ),
+    "privileged init container": lambda s: s.update(
+        initContainers=[{"name": "i", "image": "x", "securityContext": {"privileged": True}}]
+    ),
+    "SYS_ADMIN capability": lambda s: s["containers"][0].update(
+        securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}
+    ),
+    "hostPath of the node's root": lambda s: s.update(
+        volumes=[{"name": "root", "hostPath": {"path": "/"}}]
+    ),
+    "hostNetwork": lambda s: s.update(hostNetwork=True),
+    "hostPID": lambda s: s.update(hostPID=True),
+    "hostIPC": lambda s: s.update(hostIPC=True),
+    "the controller's service account": lambda s: s.update(
+        serviceAccountName="notebook-controller"
+    ),
+    "another service account (deprecated field)": lambda s: s.update(serviceAccount="admin"),
+}
+
+
+@pytest.mark.parametrize("kind", ["Notebook", "Job", "PyTorchJob", "TFJob"])
+@pytest.mark.parametrize("escalation", sorted(ESCALATIONS))
+def test_attack_escalating_pod_templates_are_denied_by_the_admission_policy(
+    kind: str, escalation: str
+) -> None:
+    """Mallory hands the cluster a pod template that would own the node or borrow another
+    identity: the shipped policy's CEL denies it (only one replica's template need be bad)."""
+    obj = _notebook() if kind == "Notebook" else _job(kind)
+    _validate_shape(obj)
+    ESCALATIONS[escalation](_pod_specs(obj)[-1])
+    assert denials(POLICY, obj), f"{kind} with {escalation} was admitted"
+
+
+@pytest.mark.parametrize("kind", ["Notebook", "Job", "PyTorchJob", "TFJob"])
+def test_benign_templates_are_admitted(kind: str) -> None:
+    obj = _notebook() if kind == "Notebook" else _job(kind)
+    spec = _pod_specs(obj)[0]
+    spec["serviceAccountName"] = NOTEBOOK_SERVICE_ACCOUNT
+    spec["containers"][0]["securityContext"] = {
+        "privileged": False,
+        "runAsNonRoot": True,
+        "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+    }
+    spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    spec["hostNetwork"] = False
+    assert denials(POLICY, obj) == []
+    assert denials(POLICY, _notebook() if kind == "Notebook" else _job(kind)) == []
+
+
+def _validate_shape(obj: dict[str, Any]) -> None:
+    if obj["kind"] == "Job":
+        assert validate_builtin_uncached(obj) == []
+
+
+def test_admission_policy_is_shipped_valid_and_bound() -> None:
+    """The policy and its bindings are valid Kubernetes 1.33 objects; Notebooks are checked in
+    every namespace, job kinds in the user namespaces, and a denial denies (not just warns)."""
+    shipped = all_manifests()
+    policy, *bindings = admission_objects([NOTEBOOK_SERVICE_ACCOUNT, "default"])
+    assert policy in shipped and all(b in shipped for b in bindings)
+    for obj in (policy, *bindings):
+        _validate(obj)
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    notebooks, jobs = bindings
+    for binding in bindings:
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert "namespaceSelector" not in notebooks["spec"]["matchResources"]
+    assert jobs["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {USER_NAMESPACE_LABEL: "true"}
+    }
+    # A pod (not a template) is Pod Security's to judge: this policy does not cover pods.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"hostPID": True}}
+    assert denials(policy, pod) == []
+
+
+# --- 3. hijacking another notebook's objects (shared namespace) ----------------------------------
+
+
+def test_attack_precreated_service_is_not_adopted(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    """Mallory creates the Service `nb1` (selecting her own pod) before Alice's notebook: the
+    controller never adopts it (it finds its objects by ownerReference uid), leaves it exactly
+    as it was, and Alice's notebook reports the conflict."""
+    trap = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "nb1",
+                "namespace": kube_namespace,
+                "labels": {objects.LABEL_NOTEBOOK: "nb1"},
+            },
+            "spec": {"selector": {"app": "mallory"}, "ports": [{"port": 80, "targetPort": 9999}]},
+        }
+    )
+    with controller():
+        create_notebook(kube, kube_namespace, workspace=None)
+        status = wait_phase(kube, kube_namespace, "nb1", "error")
+        assert "Service nb1 exists and does not belong to this notebook" in status["phase"]
+        time.sleep(1)
+        after = kube.get("v1", "Service", "nb1", kube_namespace)
+        assert after["metadata"]["resourceVersion"] == trap["metadata"]["resourceVersion"]
+        assert after["spec"]["selector"] == {"app": "mallory"}
+        assert not after["metadata"].get("ownerReferences")
+        # Alice's other objects are made and hers.
+        sts = kube.get("apps/v1", "StatefulSet", "nb1", kube_namespace)
+        uid = kube.get(NB, "Notebook", "nb1", kube_namespace)["metadata"]["uid"]
+        assert [r["uid"] for r in sts["metadata"]["ownerReferences"]] == [uid]
+
+
+def test_attack_lookalike_pod_does_not_set_the_status(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    """Mallory labels her own Running, Ready pod as Alice's notebook pod: Alice's notebook
+    stays `starting` (the controller reads only pods its own StatefulSet owns)."""
+    with controller():
+        create_notebook(kube, kube_namespace, workspace=None)
+        wait_owned(kube, kube_namespace, "nb1", count=4)
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "nb1-0",
+                    "namespace": kube_namespace,
+                    "labels": {objects.LABEL_NOTEBOOK: "nb1"},
+                },
+                "spec": {"containers": [{"name": "evil", "image": "mallory/evil:1"}]},
+            }
+        )
+        kube.set_pod_phase(kube_namespace, "nb1-0", "Running", ready=True)
+        time.sleep(1.5)
+        status = kube.get(NB, "Notebook", "nb1", kube_namespace)["status"]
+        assert status["phase"] == "starting" and status["ready"] is False
+
+
+def test_attack_stop_of_a_replaced_notebook_is_refused(kube: Kube, kube_namespace: str) -> None:
+    """A stop decided on Alice's notebook never lands on a notebook of the same name made
+    since (by Mallory, after Alice deleted hers), nor on one changed since it was read: the
+    JSON patch tests uid and resourceVersion; the other object is left untouched."""
+    from tests.kube.controller_support import install_crds
+
+    install_crds(kube)
+    alice = create_notebook(kube, kube_namespace, workspace=None)
+    now = datetime.datetime.now(datetime.UTC)
+    stale = objects.guarded_stop_patch(alice, True, now)
+    kube.delete(NB, "Notebook", "nb1", kube_namespace)
+    kube.wait_for(lambda: kube.find(NB, "Notebook", "nb1", kube_namespace) is None)
+    mallory = kube.create(objects.notebook_resource("nb1", kube_namespace, "mallory@example.com"))
+    with pytest.raises(KubeApiError) as refused:
+        kube.patch(
+            NB, "Notebook", "nb1", stale, kube_namespace, content_type="application/json-patch+json"
+        )
+    assert refused.value.status == 422
+    after = kube.get(NB, "Notebook", "nb1", kube_namespace)
+    assert after["metadata"]["resourceVersion"] == mallory["metadata"]["resourceVersion"]
+    assert not objects.is_stopped(after)
+    # Changed since read (same uid): refused as well; read again, it applies.
+    kube.patch(NB, "Notebook", "nb1", {"metadata": {"labels": {"x": "y"}}}, kube_namespace)
+    with pytest.raises(KubeApiError):
+        kube.patch(
+            NB,
+            "Notebook",
+            "nb1",
+            objects.guarded_stop_patch(mallory, True, now),
+            kube_namespace,
+            content_type="application/json-patch+json",
+        )
+    fresh = kube.get(NB, "Notebook", "nb1", kube_namespace)
+    stopped = kube.patch(
+        NB,
+        "Notebook",
+        "nb1",
+        objects.guarded_stop_patch(fresh, True, now),
+        kube_namespace,
+        content_type="application/json-patch+json",
+    )
+    assert objects.is_stopped(stopped)
+    started = kube.patch(
+        NB,
+        "Notebook",
+        "nb1",
+        objects.guarded_stop_patch(stopped, False, now),
+        kube_namespace,
+        content_type="application/json-patch+json",
+    )
+    assert not objects.is_stopped(started)
