@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...jobs.model import JobSpec, SpecError
 from ..base import Backend
 from . import client
 from .plan import JobPlan, make_plan
 from .trainjob import runtime_missing_message
+
+if TYPE_CHECKING:
+    from ...jobs.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
@@ -281,7 +284,7 @@ class KubernetesBackend(Backend):
 
     # -- in the job's supervisor ------------------------------------------------------------
 
-    def run(self, ctx) -> None:
+    def run(self, ctx: JobContext) -> None:
         from .supervise import JobRun
 
         plan = JobPlan.from_dict(ctx.job.backend_state)

@@ -23,14 +23,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+# RESTART_MARKER is in the system line written to every rank's log before a restart: lines
+# after the last one came from the current attempt's pods (what a resumed stream skips).
+from ...jobs.lifecycle import RESTART_MARKER
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser
 from .client import Connection, kind_of
 from .objects import split_packed_line
 
-# In the system line written to every rank's log before a restart: lines after the last
-# one came from the current attempt's pods (what a resumed stream skips).
-RESTART_MARKER = "restarting all ranks"
 QUIET_STREAM_TIMEOUT = 3600.0
 
 

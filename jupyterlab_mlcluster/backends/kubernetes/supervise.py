@@ -19,7 +19,6 @@ One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everyt
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import json
 import logging
@@ -27,9 +26,11 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import kubeconn
+from ...jobs import lifecycle
+from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.store import JobStore
 from ...runtime.protocol import job_key, key_path
@@ -45,7 +46,7 @@ from .client import (
     with_retries,
 )
 from .kueue import KueueView, Standing, standing_text
-from .logs import RESTART_MARKER, PodLogFollower, PodOutput, stored_line_counts
+from .logs import PodLogFollower, PodOutput, stored_line_counts
 from .objects import (
     ANNOTATION_ATTEMPT,
     container_name,
@@ -68,12 +69,14 @@ from .status import (
     rank_fields,
 )
 
+if TYPE_CHECKING:
+    from ...jobs.supervisor import JobContext
+
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
 DELETE_FAILURES = kubeconn.FailureLog(log)
 
 LOOP_TICK = 0.05
-RANK_FLUSH = 0.1  # at most this often a rank update (progress) goes to the store
 LOG_DRAIN_TIMEOUT = 10.0  # after the outcome: how long to wait for the last log lines
 # Before re-opening a log stream that ended early or failed: the one policy, with a lower cap
 # so that lines written during an outage are read before the drain after the outcome ends.
@@ -86,17 +89,8 @@ VERIFY_GONE_INTERVAL = 2.0
 _STATE_ORDER = {JobState.QUEUED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
 
 
-@dataclasses.dataclass
-class Outcome:
-    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
-    message: str | None = None
-    failed_rank: int | None = None
-    failed_pod: str | None = None
-    restartable: bool = True  # False: re-creating the objects would fail the same way
-
-
 class JobRun:
-    def __init__(self, ctx: Any, plan: JobPlan, conn: Connection):
+    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection):
         self.ctx = ctx
         self.plan = plan
         self.conn = conn
@@ -117,79 +111,18 @@ class JobRun:
         )
 
     def run(self) -> None:
-        ctx = self.ctx
-        attempt = ctx.job.restarts
-        while True:
-            reason = ctx.cancelled()
-            if reason:
-                self._finish(Outcome("cancelled", reason))
-                return
-            outcome = _Attempt(self, attempt).run()
-            if (
-                outcome.kind == "failed"
-                and outcome.restartable
-                and attempt < self.spec.max_restarts
-            ):
-                attempt += 1
-                ctx.logs.system(
-                    f"[mlcluster] {self._failure_text(outcome)}; {RESTART_MARKER} "
-                    f"(restart {attempt} of {self.spec.max_restarts})"
-                )
-                self.store.update_job(ctx.job.id, restarts=attempt, error=None, failed_rank=None)
-                ctx.job.restarts = attempt
-                self._forget_attempt_outputs()
-                continue
-            self._finish(outcome)
-            return
-
-    def _forget_attempt_outputs(self) -> None:
-        job_id = self.ctx.job.id
-        self.store.result_path(job_id).unlink(missing_ok=True)
-        for rank in range(self.spec.workers):
-            self.store.error_path(job_id, rank).unlink(missing_ok=True)
-        self.ctx.set_all_ranks(
-            state=RankState.PENDING,
-            exit_code=None,
-            host=None,
-            started=None,
-            finished=None,
-            progress=None,
+        lifecycle.run_attempts(
+            self.ctx,
+            lambda number: _Attempt(self, number).run(),
+            before_restart=lambda: self.ctx.set_all_ranks(
+                state=RankState.PENDING,
+                exit_code=None,
+                host=None,
+                started=None,
+                finished=None,
+                progress=None,
+            ),
         )
-
-    def _finish(self, outcome: Outcome) -> None:
-        ctx, job_id = self.ctx, self.ctx.job.id
-        if outcome.kind == "succeeded":
-            ctx.set_state(
-                JobState.SUCCEEDED, has_result=self.store.result_path(job_id).exists(), reason=None
-            )
-        elif outcome.kind == "cancelled":
-            ctx.set_state(JobState.CANCELLED, reason=outcome.message)
-        elif outcome.kind == "timeout":
-            ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
-        else:
-            ctx.set_state(
-                JobState.FAILED,
-                error=self._failure_text(outcome),
-                failed_rank=outcome.failed_rank,
-                reason=None,
-            )
-
-    def _failure_text(self, outcome: Outcome) -> str:
-        """The failing rank's exception when it reported one, else what its pod says."""
-        rank = outcome.failed_rank
-        report = _read_error(self.store, self.ctx.job.id, rank) if rank is not None else None
-        if report:
-            return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(
-                ": "
-            )
-        return outcome.message or "the job failed"
-
-
-def _read_error(store: JobStore, job_id: str, rank: int) -> dict[str, Any] | None:
-    try:
-        return json.loads(store.error_path(job_id, rank).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _quietly(fn, default):
@@ -234,10 +167,9 @@ class _Attempt:
         self.started_ranks: set[int] = set()
         self.result_chunks: dict[int, str] = {}
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
-        self.pending_ranks: dict[int, dict[str, Any]] = {}
+        self.rank_updates = lifecycle.RankUpdates(run.ctx)
         self.written: dict[int, dict[str, Any]] = {}
         self.state_order = -1
-        self.last_flush = 0.0
         self.last_metrics = 0.0
         self.last_metrics_api = 0.0
         self.reported_watch_errors: set[str] = set()
@@ -484,7 +416,9 @@ class _Attempt:
             if reason:
                 return Outcome("cancelled", reason)
             if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
-                return Outcome("timeout", f"timed out after {_duration(spec.timeout)}")
+                return Outcome(
+                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
+                )
             if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(
                     "failed",
@@ -496,7 +430,10 @@ class _Attempt:
                 self._report(obs)
                 if obs.failure is not None:
                     if obs.failure.deadline:
-                        return Outcome("timeout", f"timed out after {_duration(spec.timeout or 0)}")
+                        return Outcome(
+                            "timeout",
+                            f"timed out after {lifecycle.format_duration(spec.timeout or 0)}",
+                        )
                     return Outcome("failed", obs.failure.message, obs.failure.rank, obs.failure.pod)
                 if obs.succeeded:
                     return Outcome("succeeded")
@@ -577,16 +514,12 @@ class _Attempt:
         changed = {k: v for k, v in fields.items() if written.get(k, ...) != v}
         if changed:
             written.update(changed)
-            self.pending_ranks.setdefault(rank, {}).update(changed)
+            self.rank_updates.update(rank, **changed)
 
     def _flush(self, force: bool = False) -> None:
         now = time.monotonic()
         # A rank's state goes out at once (with the job's state and reason); progress waits.
-        urgent = force or any("state" in fields for fields in self.pending_ranks.values())
-        if self.pending_ranks and (urgent or now - self.last_flush >= RANK_FLUSH):
-            self.ctx.set_ranks(self.pending_ranks)
-            self.pending_ranks = {}
-            self.last_flush = now
+        self.rank_updates.flush(force)
         if now - self.last_metrics >= self.ctx.config.metrics_interval:
             self.last_metrics = now
             self._record_metrics(now)
@@ -724,7 +657,7 @@ class _Attempt:
         if kind == "line":
             self.ctx.logs.line(rank, "o", value)
         elif kind == "progress":
-            self._rank_update(rank, {"progress": _progress(value)})
+            self._rank_update(rank, {"progress": lifecycle.clean_progress(value)})
         elif kind == "control":
             self._control(rank, value)
 
@@ -737,7 +670,7 @@ class _Attempt:
             if not RankState(state).final:
                 self._rank_update(rank, {"state": RankState.RUNNING})
         elif rtype == "progress":
-            self._rank_update(rank, {"progress": _progress(record)})
+            self._rank_update(rank, {"progress": lifecycle.clean_progress(record)})
         elif rtype == "metrics":
             self.runtime_metrics[rank] = {
                 k: record.get(k)
@@ -893,15 +826,3 @@ class _Attempt:
             if not state.final:
                 self._rank_update(rank, {"state": RankState.CANCELLED, "finished": now})
         self._flush(force=True)
-
-
-def _progress(value: dict[str, Any]) -> dict[str, Any]:
-    return {k: value.get(k) for k in ("step", "total", "desc")}
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:g}s"
-    if seconds < 7200:
-        return f"{seconds / 60:g}m"
-    return f"{seconds / 3600:g}h"

@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import selectors
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ...jobs import lifecycle
+from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.processes import process_is, supervisor_alive
 from ...jobs.store import JobStore
-from ...runtime.errors import read_error_file
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ..base import Backend
 from . import launcher, pool
 from .metrics import RankSampler
 
+if TYPE_CHECKING:
+    from ...jobs.supervisor import JobContext
+
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 ADMISSION_POLL = 0.05
 LOOP_TICK = 0.05
-PROGRESS_FLUSH = 0.1
 DRAIN_TIMEOUT = 2.0
-
-
-@dataclasses.dataclass
-class GangOutcome:
-    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
-    failed_rank: int | None = None
-    exit_code: int | None = None
-    reason: str | None = None
 
 
 class LocalBackend(Backend):
@@ -67,7 +61,7 @@ class LocalBackend(Backend):
 
     # -- inside the supervisor -------------------------------------------------------------
 
-    def run(self, ctx) -> None:
+    def run(self, ctx: JobContext) -> None:
         spec: JobSpec = ctx.job.spec
         allocation = self._admit(ctx)
         if allocation is None:
@@ -75,24 +69,14 @@ class LocalBackend(Backend):
         log.debug("admitted")
         launch = _read_launch(ctx.store, ctx.job.id)
         sampler = RankSampler()
-        attempt = ctx.job.restarts
         try:
-            while True:
-                outcome = _Gang(ctx, spec, allocation, launch, attempt, sampler).run()
-                if outcome.kind == "failed" and attempt < spec.max_restarts:
-                    attempt += 1
-                    ctx.logs.system(
-                        f"[mlcluster] rank {outcome.failed_rank} failed; restarting all ranks "
-                        f"(restart {attempt} of {spec.max_restarts})"
-                    )
-                    ctx.store.update_job(ctx.job.id, restarts=attempt, error=None, failed_rank=None)
-                    continue
-                self._finish(ctx, outcome)
-                return
+            lifecycle.run_attempts(
+                ctx, lambda n: _Gang(ctx, spec, allocation, launch, n, sampler).run()
+            )
         finally:
             sampler.gpu.close()
 
-    def _admit(self, ctx) -> dict[str, Any] | None:
+    def _admit(self, ctx: JobContext) -> dict[str, Any] | None:
         store, job = ctx.store, ctx.job
         decide = pool.make_decider(supervisor_alive)
         last_reason = 0.0
@@ -120,22 +104,6 @@ class LocalBackend(Backend):
         )
         return pool.describe_wait(job.spec, job.capacity, used, ahead)
 
-    def _finish(self, ctx, outcome: GangOutcome) -> None:
-        log.debug("finishing: %s", outcome.kind)
-        job_id = ctx.job.id
-        if outcome.kind == "succeeded":
-            has_result = ctx.store.result_path(job_id).exists()
-            ctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
-        elif outcome.kind == "cancelled":
-            ctx.set_state(JobState.CANCELLED, reason=outcome.reason)
-        elif outcome.kind == "timeout":
-            ctx.set_state(JobState.FAILED, error=outcome.reason, reason=outcome.reason)
-        else:
-            error = _failure_message(ctx.store, job_id, outcome)
-            ctx.set_state(
-                JobState.FAILED, error=error, failed_rank=outcome.failed_rank, reason=None
-            )
-
 
 def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
     path = store.job_dir(job_id) / "launch.json"
@@ -145,24 +113,12 @@ def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
         return {"env": dict(os.environ), "cwd": os.getcwd()}
 
 
-def _failure_message(store: JobStore, job_id: str, outcome: GangOutcome) -> str:
-    rank, code = outcome.failed_rank, outcome.exit_code
-    report = read_error_file(store.error_path(job_id, rank), rank) if rank is not None else None
-    if report is not None:
-        return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
-    if code is not None and code < 0:
-        name = (
-            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        )
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"rank {rank} was killed by {name}{hint}"
-    return f"rank {rank} exited with status {code}"
-
-
 class _Gang:
     """One attempt: start every rank, pump their output, watch them, stop them."""
 
-    def __init__(self, ctx, spec: JobSpec, allocation, launch, attempt: int, sampler: RankSampler):
+    def __init__(
+        self, ctx: JobContext, spec: JobSpec, allocation, launch, attempt: int, sampler: RankSampler
+    ):
         self.ctx = ctx
         self.spec = spec
         self.allocation = allocation
@@ -172,8 +128,9 @@ class _Gang:
         self.ranks: list[launcher.RankProcess] = []
         self.selector = selectors.DefaultSelector()
         self.parsers: dict[tuple[int, str], OutputParser] = {}
-        self.pending_ranks: dict[int, dict[str, Any]] = {}
-        self.last_flush = 0.0
+        # Ranks' states wait for the next flush with their progress (a rank's
+        # start is seen within RANK_FLUSH_INTERVAL anyway; its exit forces a flush).
+        self.rank_updates = lifecycle.RankUpdates(ctx, states_at_once=False)
         self.last_metrics = 0.0
         self.open_fds = 0
         self.done: set[int] = set()  # ranks whose exit we have seen
@@ -187,12 +144,6 @@ class _Gang:
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))
         key = job_key(key_path(payload_path))  # beside the payload: each rank reads it there
-        # A restart must not report the previous attempt's result or tracebacks.
-        for stale in [
-            store.result_path(job_id),
-            *(store.error_path(job_id, r) for r in range(spec.workers)),
-        ]:
-            stale.unlink(missing_ok=True)
         tensorboard_dir = store.tensorboard_dir(job_id)
         tensorboard_dir.mkdir(mode=0o700, exist_ok=True)
         warm = _running_warm()
@@ -278,20 +229,17 @@ class _Gang:
                     continue
                 self.ctx.logs.line(rank, stream, value)
             elif kind == "progress":
-                self.pending_ranks.setdefault(rank, {})["progress"] = _clean_progress(value)
+                self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
             elif kind == "control":
                 rtype = value.get("type")
                 if rtype == "started" and rank not in self.done:
-                    self.pending_ranks.setdefault(rank, {})["state"] = RankState.RUNNING
+                    self.rank_updates.update(rank, state=RankState.RUNNING)
                 elif rtype == "progress":
-                    self.pending_ranks.setdefault(rank, {})["progress"] = _clean_progress(value)
+                    self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.pending_ranks and (force or now - self.last_flush >= PROGRESS_FLUSH):
-            self.ctx.set_ranks(self.pending_ranks)
-            self.pending_ranks = {}
-            self.last_flush = now
+        self.rank_updates.flush(force)
         if now - self.last_metrics >= self.ctx.config.metrics_interval:
             self.last_metrics = now
             samples = {}
@@ -306,7 +254,7 @@ class _Gang:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def run(self) -> GangOutcome:
+    def run(self) -> Outcome:
         try:
             self.start()
             outcome = self.watch()
@@ -316,7 +264,7 @@ class _Gang:
         self.drain()
         return outcome
 
-    def watch(self) -> GangOutcome:
+    def watch(self) -> Outcome:
         ctx, spec = self.ctx, self.spec
         deadline = ctx.job.started + spec.timeout if spec.timeout else None
         finished = self.done
@@ -327,24 +275,27 @@ class _Gang:
                     continue
                 finished.add(p.rank)
                 ok = p.returncode == 0
-                self.pending_ranks.setdefault(p.rank, {}).update(
+                self.rank_updates.update(
+                    p.rank,
                     state=RankState.SUCCEEDED if ok else RankState.FAILED,
                     exit_code=p.returncode,
                     finished=time.time(),
                 )
                 if not ok:
                     self.stop(exclude={p.rank})
-                    return GangOutcome("failed", failed_rank=p.rank, exit_code=p.returncode)
+                    return Outcome("failed", failed_rank=p.rank, exit_code=p.returncode)
             if len(finished) == len(self.ranks):
                 log.debug("all ranks exited")
-                return GangOutcome("succeeded")
+                return Outcome("succeeded")
             reason = ctx.cancelled()
             if reason:
                 self.stop()
-                return GangOutcome("cancelled", reason=reason)
+                return Outcome("cancelled", reason)
             if deadline is not None and time.time() > deadline:
                 self.stop()
-                return GangOutcome("timeout", reason=f"timed out after {_duration(spec.timeout)}")
+                return Outcome(
+                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
+                )
             self.flush()
 
     def stop(self, exclude: set[int] = frozenset()) -> None:
@@ -355,11 +306,11 @@ class _Gang:
         for p in self.ranks:
             if p.rank in exclude:
                 continue
-            state = self.pending_ranks.get(p.rank, {}).get("state")
+            state = self.rank_updates.get(p.rank, "state")
             if state in (RankState.SUCCEEDED, RankState.FAILED):
                 continue
-            self.pending_ranks.setdefault(p.rank, {}).update(
-                state=RankState.CANCELLED, exit_code=p.returncode, finished=now
+            self.rank_updates.update(
+                p.rank, state=RankState.CANCELLED, exit_code=p.returncode, finished=now
             )
 
     def drain(self) -> None:
@@ -373,21 +324,6 @@ class _Gang:
         self.selector.close()
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)
-
-
-def _clean_progress(value: dict[str, Any]) -> dict[str, Any]:
-    return {k: value.get(k) for k in ("step", "total", "desc")}
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = float(seconds)
-    if seconds < 120:
-        return f"{seconds:g}s"
-    if seconds < 7200:
-        return f"{seconds / 60:g}m"
-    return f"{seconds / 3600:g}h"
 
 
 def _running_warm() -> bool:

@@ -1,0 +1,162 @@
+"""The life of a job inside its supervisor, the same for every backend.
+
+A backend runs attempts (all ranks started together, watched until an outcome); this
+module turns outcomes into the job's final state, restarts the whole gang while
+`max_restarts` allows, reads the failing rank's own error report, and batches per-rank
+updates so a chatty job does not write the store on every progress tick. Each backend
+keeps only what differs: how an attempt starts, is watched and is stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..runtime.errors import read_error_file
+from .model import JobState
+
+if TYPE_CHECKING:
+    from .store import JobStore
+    from .supervisor import JobContext
+
+# Written into the ranks' logs before a restart; log readers split attempts on it.
+RESTART_MARKER = "restarting all ranks"
+RANK_FLUSH_INTERVAL = 0.1
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one attempt ended."""
+
+    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
+    message: str | None = None  # the reason (cancel, timeout) or what the backend saw
+    failed_rank: int | None = None
+    failed_pod: str | None = None
+    restartable: bool = True  # False: starting again would fail the same way
+    exit_code: int | None = None  # of the failed rank's process, where there is one
+
+
+def run_attempts(
+    ctx: JobContext,
+    attempt: Callable[[int], Outcome],
+    *,
+    before_restart: Callable[[], None] = lambda: None,
+) -> None:
+    """Run `attempt(n)` until it succeeds, is stopped, or fails past `max_restarts`;
+    then put the job in its final state."""
+    spec = ctx.job.spec
+    number = ctx.job.restarts
+    while True:
+        reason = ctx.cancelled()
+        if reason:
+            finish(ctx, Outcome("cancelled", reason))
+            return
+        outcome = attempt(number)
+        if outcome.kind == "failed" and outcome.restartable and number < spec.max_restarts:
+            number += 1
+            ctx.logs.system(
+                f"[mlcluster] {failure_text(ctx.store, ctx.job.id, outcome)}; {RESTART_MARKER} "
+                f"(restart {number} of {spec.max_restarts})"
+            )
+            ctx.store.update_job(ctx.job.id, restarts=number, error=None, failed_rank=None)
+            ctx.job.restarts = number
+            forget_attempt_outputs(ctx)
+            before_restart()
+            continue
+        finish(ctx, outcome)
+        return
+
+
+def forget_attempt_outputs(ctx: JobContext) -> None:
+    """A new attempt must not report the previous one's result or tracebacks."""
+    store, job_id = ctx.store, ctx.job.id
+    store.result_path(job_id).unlink(missing_ok=True)
+    for rank in range(ctx.job.spec.workers):
+        store.error_path(job_id, rank).unlink(missing_ok=True)
+
+
+def finish(ctx: JobContext, outcome: Outcome) -> None:
+    """The job's final state from the last attempt's outcome."""
+    job_id = ctx.job.id
+    if outcome.kind == "succeeded":
+        has_result = ctx.store.result_path(job_id).exists()
+        ctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
+    elif outcome.kind == "cancelled":
+        ctx.set_state(JobState.CANCELLED, reason=outcome.message)
+    elif outcome.kind == "timeout":
+        ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
+    else:
+        ctx.set_state(
+            JobState.FAILED,
+            error=failure_text(ctx.store, job_id, outcome),
+            failed_rank=outcome.failed_rank,
+            reason=None,
+        )
+
+
+def read_error_report(store: JobStore, job_id: str, rank: int) -> dict[str, Any] | None:
+    """The rank's own account of its exception (ours, or a torchelastic `@record` one)."""
+    return read_error_file(store.error_path(job_id, rank), rank)
+
+
+def failure_text(store: JobStore, job_id: str, outcome: Outcome) -> str:
+    """The failing rank's exception when it reported one, else how its process ended,
+    else what the backend saw."""
+    rank, code = outcome.failed_rank, outcome.exit_code
+    report = read_error_report(store, job_id, rank) if rank is not None else None
+    if report:
+        return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+    if outcome.message:
+        return outcome.message
+    if rank is None:
+        return "the job failed"
+    if code is not None and code < 0:
+        name = (
+            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        )
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"rank {rank} was killed by {name}{hint}"
+    return f"rank {rank} exited with status {code}"
+
+
+class RankUpdates:
+    """Per-rank changes gathered and written together: a rank's state goes out at the
+    next flush, progress at most every RANK_FLUSH_INTERVAL."""
+
+    def __init__(self, ctx: JobContext, *, states_at_once: bool = True):
+        self.ctx = ctx
+        self.states_at_once = states_at_once
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.last_flush = 0.0
+
+    def update(self, rank: int, **fields: Any) -> None:
+        self.pending.setdefault(rank, {}).update(fields)
+
+    def get(self, rank: int, key: str) -> Any:
+        return self.pending.get(rank, {}).get(key)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        urgent = force or (self.states_at_once and any("state" in f for f in self.pending.values()))
+        if self.pending and (urgent or now - self.last_flush >= RANK_FLUSH_INTERVAL):
+            self.ctx.set_ranks(self.pending)
+            self.pending = {}
+            self.last_flush = now
+
+
+def clean_progress(value: dict[str, Any]) -> dict[str, Any]:
+    """Only the fields a progress report may carry (it comes from user code)."""
+    return {k: value.get(k) for k in ("step", "total", "desc")}
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"
