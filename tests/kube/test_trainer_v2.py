@@ -14,6 +14,7 @@ import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.jobs.model import SpecError
+from tests.attacks import FORGED_LINES, FORGING_CELL, evil_result
 from tests.kube.crds import trainer_schema
 from tests.kube.jobs_fixtures import IMAGE, code, log_text, spec_of
 from tests.kube.player import objects_of
@@ -288,4 +289,28 @@ def test_kueue_position_moves_3_1_admitted_in_mlcluster_jobs_and_the_monitor(
     )
     assert "preempted by Kueue" in table and "preempted by Kueue" in line
     assert service.cancel(record.id).state == "cancelled"
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_attack_forged_control_records_change_no_result_on_the_trainjob_path(
+    trainer, k8s, player, kube, kube_namespace, tmp_path
+):
+    """The attack of test_attacks_jobs on the TrainJob engine: both ranks print forged
+    result and progress records (mid-line, made-up MAC, another job's key, genuine but
+    mid-line, rank 1 posing as rank 0) into their pod logs. The per-job report key reaches
+    the Trainer's pods through runtimePatches (the payload volume), so only rank 0's own
+    signed result counts and nothing forged is ever unpickled."""
+    mark = tmp_path / "unpickled"
+    service = k8s()
+    record = service.submit(spec_of(workers=2), code(FORGING_CELL, evil=evil_result(mark)))
+    assert (player.job_object(record.id)["kind"]) == "TrainJob"
+    runs = player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "succeeded", (final.error, [r.text for r in runs.values()])
+    assert service.result(record.id) == ("value", 42)
+    assert not mark.exists()
+    assert all((r.progress or {}).get("desc") != "forged" for r in final.ranks), final.ranks
+    for rank, count in FORGED_LINES.items():
+        lines, _ = service.logs(record.id, rank)
+        assert sum("MLCLUSTER" in line["line"] for line in lines) == count, lines
     assert objects_of(kube, kube_namespace, record.id) == {}
