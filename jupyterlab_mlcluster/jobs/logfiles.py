@@ -58,25 +58,46 @@ def format_log_line(ts: float, stream: str, text: str) -> bytes:
     return f"{ts:.6f} {stream} ".encode() + text.encode("utf-8", "replace") + b"\n"
 
 
-def tail_offset(f, lines: int) -> int:
+# Why a byte cap: a tail is for a monitor attaching late, which reads at most a few MiB
+# anyway (Store.read_logs' budget); scanning further back in a huge log only costs time.
+TAIL_MAX_BYTES = 16 * 1024 * 1024
+_TAIL_BLOCK = 65536
+
+
+def tail_offset(f, lines: int, max_bytes: int | None = TAIL_MAX_BYTES) -> int:
+    """The offset where the last `lines` lines of `f` begin (0 if it has no more).
+
+    A line is counted by its newline: the offset is just after the (lines+1)th newline from
+    the end, so a partial last line (a writer mid-line) rides along uncounted. The file is
+    read backwards block by block and each block's newlines are counted once. At most
+    `max_bytes` (None: no cap) are scanned: past that, the tail starts just after the first
+    newline inside the scanned window (the end of the file if there is none), a line start.
+    """
     f.seek(0, os.SEEK_END)
     size = f.tell()
     if lines <= 0:
         return size
-    block, pos, found, data = 65536, size, 0, b""
-    while pos > 0 and found <= lines:
-        step = min(block, pos)
+    limit = 0 if max_bytes is None else max(0, size - max_bytes)
+    needed = lines + 1  # newlines from the end; the last one ends the last counted line
+    pos = size
+    earliest = -1  # the first newline in the window seen so far (absolute offset)
+    while pos > limit:
+        step = min(_TAIL_BLOCK, pos - limit)
         pos -= step
         f.seek(pos)
-        data = f.read(step) + data
-        found = data.count(b"\n")
-    if found <= lines:
+        block = f.read(step)
+        count = block.count(b"\n")
+        if count >= needed:
+            idx = len(block)
+            for _ in range(needed):
+                idx = block.rindex(b"\n", 0, idx)
+            return pos + idx + 1
+        needed -= count
+        if count:
+            earliest = pos + block.index(b"\n")
+    if limit == 0:
         return 0
-    # offset just after the (found - lines)th newline counted from the start of `data`
-    idx = -1
-    for _ in range(found - lines):
-        idx = data.index(b"\n", idx + 1)
-    return pos + idx + 1
+    return earliest + 1 if earliest >= 0 else size
 
 
 @functools.lru_cache(maxsize=4096)
@@ -87,4 +108,4 @@ def _iso_second(second: int) -> str:
 def iso_us(ts: float) -> str:
     """RFC 3339 with microseconds; the per-second part is cached (logs are read in bulk)."""
     second = int(ts)
-    return f"{_iso_second(second)}.{int(round((ts - second) * 1e6)) % 1000000:06d}Z"
+    return f"{_iso_second(second)}.{round((ts - second) * 1e6) % 1000000:06d}Z"
