@@ -314,3 +314,48 @@ def test_attack_forged_control_records_change_no_result_on_the_trainjob_path(
         lines, _ = service.logs(record.id, rank)
         assert sum("MLCLUSTER" in line["line"] for line in lines) == count, lines
     assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_jobs_status_shows_in_the_reason_and_a_failed_node_job_fails_early(
+    trainer, k8s, player, kube, kube_namespace
+):
+    """The test plays the Trainer copying its JobSet's per-replicated-job counts into the
+    TrainJob's `status.jobsStatus` (v2.3 CRD): while the pods are not there yet the reason
+    says where the JobSet stands; a failed `node` child Job fails the job at once, before
+    any Failed condition, and the job's objects are cleaned up."""
+    from jupyterlab_mlcluster.cli import format_jobs_table
+    from jupyterlab_mlcluster.kernel.monitor import status_line
+
+    service = k8s()
+    record = service.submit(spec_of(workers=2), code("6 * 7"))
+    job = player.resumed(record.id)
+    name = job["metadata"]["name"]
+
+    def jobs_status(**counts):
+        zero = dict.fromkeys(("active", "ready", "succeeded", "failed", "suspended"), 0)
+        entry = {"name": "node", **zero, **counts}
+        initializer = {"name": "dataset-initializer", **zero, "succeeded": 1}
+        kube.patch(
+            *TRAINJOB,
+            name,
+            {"status": {"jobsStatus": [initializer, entry]}},
+            kube_namespace,
+            subresource="status",
+        )
+
+    jobs_status(suspended=1)
+    rec = wait_state(service, record.id, lambda r: "not resumed its JobSet" in (r.reason or ""))
+    assert rec.state == "queued"
+    assert "the Kubeflow Trainer (JobSet) to create the pods" in rec.reason
+    jobs_status(active=1)
+    rec = wait_state(service, record.id, lambda r: "0 of 1 ready" in (r.reason or ""))
+    assert rec.reason.startswith("JobSet node job: 0 of 1 ready; waiting for")
+    assert "JobSet node job: 0 of 1 ready" in format_jobs_table(service.store.list_jobs()[0])
+    assert "JobSet node job: 0 of 1 ready" in status_line(rec)
+    jobs_status(failed=1)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "failed"
+    assert final.error == "the Kubeflow Trainer reports 1 failed node job(s) (jobsStatus)", (
+        final.error
+    )
+    assert objects_of(kube, kube_namespace, record.id) == {}

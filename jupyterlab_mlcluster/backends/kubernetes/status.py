@@ -20,7 +20,7 @@ from typing import Any
 
 from ...jobs.model import JobState, RankState
 from .objects import ANNOTATION_ATTEMPT, container_name, pod_ranks
-from .trainjob import ATTEMPT_LABEL, JOBSET_NAME_LABEL
+from .trainjob import ATTEMPT_LABEL, JOBSET_NAME_LABEL, NODE
 
 # Container waiting reasons that will not fix themselves quickly: shown to the user.
 STUCK_WAITING = frozenset(
@@ -270,6 +270,7 @@ def observe(
         obs.state = JobState.RUNNING
         return obs
 
+    counts = node_jobs_status(job) if engine == "trainjob" else None
     if is_suspended(job, engine):
         obs.suspended = True
         obs.reason = (
@@ -283,6 +284,8 @@ def observe(
     if missing or pending:
         obs.state = JobState.QUEUED
         obs.reason = _wait_reason(ranks, pending, missing, engine, workers)
+        if counts is not None:  # first: it is what `mlcluster jobs` has room for
+            obs.reason = f"{_jobs_status_text(counts)}; {obs.reason}"
         return obs
     starting = [r for r in range(workers) if ranks[r].state == RankState.STARTING]
     obs.state = JobState.STARTING if starting else JobState.RUNNING
@@ -325,11 +328,41 @@ def _job_succeeded(job: dict[str, Any], engine: str) -> bool:
     return _true(job, kind) is not None
 
 
+def node_jobs_status(job: dict[str, Any]) -> dict[str, int] | None:
+    """A TrainJob's `status.jobsStatus` entry for its `node` replicated job (the Trainer copies
+    it from the JobSet): how many of its child Jobs are active/ready/succeeded/failed/suspended.
+    None before the Trainer reports it. Counts are child Jobs, not pods."""
+    for entry in (job.get("status") or {}).get("jobsStatus") or []:
+        if isinstance(entry, dict) and entry.get("name") == NODE:
+            return {
+                key: int(entry.get(key) or 0)
+                for key in ("active", "ready", "succeeded", "failed", "suspended")
+            }
+    return None
+
+
+def _jobs_status_text(counts: dict[str, int]) -> str:
+    """Where the Trainer's JobSet stands. A suspended count after our resume is the Trainer
+    not yet having passed the resume on (Kueue's preemption suspends the TrainJob itself,
+    which `is_suspended` sees), so it is said, not taken as a hold."""
+    if counts["suspended"]:
+        return "the Trainer has not resumed its JobSet yet"
+    total = sum(counts[k] for k in ("active", "succeeded", "failed"))
+    return f"JobSet node job: {counts['ready']} of {max(total, 1)} ready"
+
+
 def _job_failed(job: dict[str, Any], engine: str) -> tuple[str, bool] | None:
-    """(why the job object says it failed, whether it was its deadline), or None."""
+    """(why the job object says it failed, whether it was its deadline), or None. A TrainJob's
+    Failed condition is the final word; before the Trainer sets it, a failed child Job in
+    `jobsStatus` already fails the job."""
     cond = _true(job, "Failed") or (
         _true(job, "FailureTarget") if engine == "indexed-job" else None
     )
+    if cond is None and engine == "trainjob" and _condition(job, "Failed") is None:
+        counts = node_jobs_status(job)
+        if counts and counts["failed"]:
+            failed = counts["failed"]
+            return f"the Kubeflow Trainer reports {failed} failed node job(s) (jobsStatus)", False
     if cond is None:
         return None
     reason, message = cond.get("reason") or "", cond.get("message") or ""
