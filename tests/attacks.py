@@ -54,6 +54,17 @@ def evil_result(mark: Path) -> bytes:
     return pickle.dumps({"kind": "value", "value": _Mark(mark)})
 
 
+def assert_forgeries_refused(service, final, mark: Path) -> None:
+    """A FORGING_CELL job's outcome: rank 0's own result, nothing forged unpickled or shown
+    as progress, and every forgery kept in the log as the text it is."""
+    assert service.result(final.id) == ("value", 42)
+    assert not mark.exists()
+    assert all((r.progress or {}).get("desc") != "forged" for r in final.ranks), final.ranks
+    for rank, count in FORGED_LINES.items():
+        lines, _ = service.logs(final.id, rank)
+        assert sum("MLCLUSTER" in line["line"] for line in lines) == count, lines
+
+
 ATTACKER = "mlcattacker"
 
 

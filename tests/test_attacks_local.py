@@ -11,7 +11,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from attacks import FORGED_LINES, FORGING_CELL, attacker_python, attacker_uid, evil_result
+from attacks import (
+    FORGING_CELL,
+    assert_forgeries_refused,
+    attacker_python,
+    attacker_uid,
+    evil_result,
+)
 
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.runtime.payload import Payload
@@ -27,12 +33,7 @@ def test_attack_forged_result_records_on_stdout(pool_mode, service, tmp_path):
     record = service.submit(spec, Payload(source=FORGING_CELL, push={"evil": evil_result(mark)}))
     final = service.wait(record.id, timeout=120)
     assert final.state == "succeeded", final.error
-    assert service.result(record.id) == ("value", 42)
-    assert not mark.exists()
-    assert all((r.progress or {}).get("desc") != "forged" for r in final.ranks), final.ranks
-    for rank, count in FORGED_LINES.items():
-        lines, _ = service.logs(record.id, rank)
-        assert sum("MLCLUSTER" in line["line"] for line in lines) == count, lines
+    assert_forgeries_refused(service, final, mark)
 
 
 # -- the warm pool's socket ------------------------------------------------------------------
@@ -135,8 +136,8 @@ except OSError as exc:  # hung up on before the request was even read
 def test_attack_another_user_talks_to_the_zygote(tmp_path, monkeypatch):
     """The zygote's socket is reachable by another user (a careless chmod): the zygote checks
     the caller's uid (SO_PEERCRED) and hangs up without a word."""
-    from jupyterlab_mlcluster.jobs import warmpool
     from jupyterlab_mlcluster.config import get_config
+    from jupyterlab_mlcluster.jobs import warmpool
 
     uid = attacker_uid()
     pool = Path(tempfile.mkdtemp(prefix="mlc-pool-", dir="/tmp"))  # reachable by that user

@@ -80,22 +80,19 @@ def fired(outputs: list[str]) -> list[dict]:
     return items
 
 
+def add_every_minute(name: str, path, *options: str):
+    """`mlcluster schedule add` of a plain script firing each minute, keeping 100 runs."""
+    added = run_cli(
+        "schedule", "add", "--cron", "* * * * *", "--name", name, "--framework", "none",
+        "--successful-history", "100", *options, path,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    return added
+
+
 def test_two_daemons_fire_each_minute_exactly_once(service, script):
     path = script("print('tick run')\n")
-    added = run_cli(
-        "schedule",
-        "add",
-        "--cron",
-        "* * * * *",
-        "--name",
-        "every",
-        "--framework",
-        "none",
-        "--successful-history",
-        "100",
-        path,
-    )
-    assert added.returncode == 0, added.stderr
+    added = add_every_minute("every", path)
     assert "schedule every added: * * * * * (UTC)" in added.stdout
     daemons = start_daemons(2, f"{time.time():.3f}@30")
     try:
@@ -126,22 +123,7 @@ def test_two_daemons_fire_each_minute_exactly_once(service, script):
 
 def test_forbid_skips_ticks_while_a_run_is_active_and_delete_stops_it(service, script):
     path = script("import time\ntime.sleep(5)\n")  # 2.5 simulated minutes
-    added = run_cli(
-        "schedule",
-        "add",
-        "--cron",
-        "* * * * *",
-        "--name",
-        "slow",
-        "--framework",
-        "none",
-        "--concurrency",
-        "Forbid",
-        "--successful-history",
-        "100",
-        path,
-    )
-    assert added.returncode == 0, added.stderr
+    add_every_minute("slow", path, "--concurrency", "Forbid")
     store = ExperimentStore.for_jobs(service.store)
     daemons = start_daemons(2, f"{time.time():.3f}@30")
     try:

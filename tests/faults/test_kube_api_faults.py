@@ -104,6 +104,15 @@ def cancel_and_check_gone(service, player, kube, namespace: str, job_id: str) ->
     assert objects_of(kube, namespace, job_id) == {}
 
 
+def survives(service, player, kube, namespace: str, job_id: str) -> str:
+    """After the fault the job carries on, is cancelled without leftovers and lost no line;
+    the report's closing words."""
+    stored = carries_on(service, job_id)
+    cancel_and_check_gone(service, player, kube, namespace, job_id)
+    kept = assert_nothing_lost(service, job_id)
+    return f"survived: the job ({stored} lines, cancelled, 0 objects left); lost: 0 of {kept} lines"
+
+
 @pytest.mark.parametrize("fault", ["refuse", "hang"])
 def test_an_api_outage_mid_job_costs_little_and_loses_nothing(
     fault, k8s, player, kube, kube_namespace, proxy
@@ -126,14 +135,11 @@ def test_an_api_outage_mid_job_costs_little_and_loses_nothing(
     attempts = len(proxy.requests) - requests_before
     proxy.set_mode("pass")
     assert service.store.get_job(record.id).state == "running"
-    stored = carries_on(service, record.id)
-    cancel_and_check_gone(service, player, kube, kube_namespace, record.id)
-    kept = assert_nothing_lost(service, record.id)
+    outcome = survives(service, player, kube, kube_namespace, record.id)
     print(
         f"\n[faults] API {fault} for {cut:.1f}s: supervisor CPU {cpu:.1%} of a core, its files "
         f"+{growth / 1024:.1f} KiB, {attempts} requests reached the proxy meanwhile, {proxy.faults} "
-        f"connections broken/refused by the proxy; survived: the job (running, then "
-        f"{stored} lines, cancelled, 0 objects left); lost: 0 of {kept} lines"
+        f"connections broken/refused by the proxy; the job still running; {outcome}"
     )
     assert cpu < 0.10, f"the supervisor used {cpu:.1%} of a core during the outage"
     assert growth < 256 * 1024, f"its files grew {growth} bytes during the outage"
@@ -157,14 +163,11 @@ def test_a_429_storm_with_retry_after_is_obeyed(k8s, player, kube, kube_namespac
     for seen in storm:
         by_loop[(seen.method, seen.path.split("?")[0])].append(seen.at)
     gaps = [b - a for times in by_loop.values() for a, b in itertools.pairwise(times)]
-    stored = carries_on(service, record.id)
-    cancel_and_check_gone(service, player, kube, kube_namespace, record.id)
-    kept = assert_nothing_lost(service, record.id)
+    outcome = survives(service, player, kube, kube_namespace, record.id)
     print(
         f"\n[faults] 429 storm for {ended - started:.1f}s (Retry-After 3): {len(storm)} requests "
         f"from {len(by_loop)} loops, shortest gap in a loop "
-        f"{min(gaps, default=float('nan')):.2f}s; survived: the job ({stored} lines, cancelled, "
-        f"0 objects left); lost: 0 of {kept} lines"
+        f"{min(gaps, default=float('nan')):.2f}s; {outcome}"
     )
     assert storm, "the storm met no request at all"
     assert all(gap >= 2.9 for gap in gaps), sorted(gaps)[:5]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_no_job_processes
+from helpers import assert_no_job_processes, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.service import JobService
@@ -23,7 +23,7 @@ from tests.kube.crds import (
     training_operator_crds,
 )
 from tests.kube.helpers import Kube
-from tests.kube.player import ClusterPlayer
+from tests.kube.player import ClusterPlayer, objects_of
 
 IMAGE = "registry.example.com/team/notebook:2.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -130,3 +130,42 @@ def log_text(service: JobService, job_id: str, rank: int | None = None) -> list[
     """'rank:line' of a job's stored output (no system lines)."""
     lines, _ = service.logs(job_id, rank)
     return [f"{item['rank']}:{item['line']}" for item in lines if item["stream"] != "system"]
+
+
+SLEEPY_CELL = """
+import os, time
+print("rank", os.environ["RANK"], "waiting", flush=True)
+time.sleep(300)
+"""
+
+
+def cancel_running(
+    service: JobService,
+    player: ClusterPlayer,
+    kube: Kube,
+    namespace: str,
+    job_id: str,
+    job: dict[str, Any],
+    kinds: set[str],
+) -> None:
+    """Both ranks of the SLEEPY_CELL job `job_id`, whose resumed job object is `job`, are
+    scheduled, running and logging while objects of `kinds` stand; a cancel then stops both
+    and leaves nothing behind."""
+    pods = player.create_pods(job)
+    for pod in pods.values():
+        player.schedule(pod)
+        player.run_rank(pod)
+
+    def running() -> bool:
+        record = service.store.get_job(job_id)
+        return record.state == "running" and all(rk.state == "running" for rk in record.ranks)
+
+    wait_for(running, timeout=30, message="ranks running")
+    wait_for(lambda: len(log_text(service, job_id)) == 2, message="both ranks logging")
+    assert objects_of(kube, namespace, job_id).keys() == kinds
+
+    final = service.cancel(job_id)
+    player.kill_deleted()
+    assert final.state == "cancelled" and final.reason == "cancelled by user"
+    assert [r.state for r in final.ranks] == ["cancelled", "cancelled"]
+    assert objects_of(kube, namespace, job_id) == {}

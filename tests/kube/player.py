@@ -306,18 +306,18 @@ class ClusterPlayer:
         """The controller's verdict on the job object (status subresource)."""
         now = _now()
         job = self.refresh(job)
-        if job["kind"] == "TrainJob":
+        if job["kind"] in ("TrainJob", "Job"):
             kind = "Complete" if succeeded else "Failed"
+        else:  # Kubeflow v1 jobs
+            kind = "Succeeded" if succeeded else "Failed"
+        condition = {"type": kind, "status": "True", "reason": reason or kind, "message": message}
+        if job["kind"] == "TrainJob":
+            # JobSet's own reasons, and a message always present.
+            condition["reason"] = reason or ("JobSetCompleted" if succeeded else "JobSetFailed")
+            condition["message"] = message or kind
+            condition["lastTransitionTime"] = now
             status = {
-                "conditions": [
-                    {
-                        "type": kind,
-                        "status": "True",
-                        "reason": reason or ("JobSetCompleted" if succeeded else "JobSetFailed"),
-                        "message": message or kind,
-                        "lastTransitionTime": now,
-                    }
-                ],
+                "conditions": [condition],
                 "jobsStatus": [
                     {
                         "name": "node",
@@ -330,38 +330,13 @@ class ClusterPlayer:
                 ],
             }
         elif job["kind"] == "Job":
-            kind = "Complete" if succeeded else "Failed"
-            status = {
-                "conditions": [
-                    {
-                        "type": kind,
-                        "status": "True",
-                        "reason": reason or kind,
-                        "message": message,
-                        "lastProbeTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "startTime": now,
-                "completionTime": now if succeeded else None,
-            }
-            status = {k: v for k, v in status.items() if v is not None}
+            condition.update(lastProbeTime=now, lastTransitionTime=now)
+            status = {"conditions": [condition], "startTime": now}
+            if succeeded:
+                status["completionTime"] = now
         else:
-            kind = "Succeeded" if succeeded else "Failed"
-            status = {
-                "conditions": [
-                    {
-                        "type": kind,
-                        "status": "True",
-                        "reason": reason or kind,
-                        "message": message,
-                        "lastUpdateTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "replicaStatuses": {},
-                "startTime": now,
-            }
+            condition.update(lastUpdateTime=now, lastTransitionTime=now)
+            status = {"conditions": [condition], "replicaStatuses": {}, "startTime": now}
         self.kube.patch(
             job["apiVersion"],
             job["kind"],

@@ -17,7 +17,7 @@ from helpers import process_gone, wait_for
 from jupyterlab_mlcluster.jobs.model import SpecError
 from jupyterlab_mlcluster.jobs.service import JobService
 from tests.kube.helpers import Kube
-from tests.kube.jobs_fixtures import IMAGE, code, log_text, spec_of
+from tests.kube.jobs_fixtures import IMAGE, SLEEPY_CELL, cancel_running, code, log_text, spec_of
 from tests.kube.player import objects_of
 
 CELL = """
@@ -149,12 +149,6 @@ def test_pytorchjob_failing_rank_fails_the_job_with_its_traceback(
 
 # -- cancel, and gang scheduling through Volcano ------------------------------------------------------
 
-SLEEPY_CELL = """
-import os, time
-print("rank", os.environ["RANK"], "waiting", flush=True)
-time.sleep(300)
-"""
-
 
 def test_cancel_deletes_everything_including_the_podgroup(
     volcano, k8s, player, kube, kube_namespace
@@ -171,30 +165,8 @@ def test_cancel_deletes_everything_including_the_podgroup(
     assert group["spec"]["minMember"] == 2 and group["spec"]["queue"] == "training"
     assert group["spec"]["minResources"] == {"cpu": "4", "memory": "2Gi"}
     assert job["spec"]["template"]["spec"]["schedulerName"] == "volcano"
-    pods = player.create_pods(job)
-    for pod in pods.values():
-        player.schedule(pod)
-        player.run_rank(pod)
-    wait_state(
-        service,
-        record.id,
-        lambda r: all(rk.state == "running" for rk in r.ranks),
-        message="ranks running",
-    )
-    wait_for(lambda: len(log_text(service, record.id)) == 2, message="both ranks logging")
-    assert objects_of(kube, kube_namespace, record.id).keys() == {
-        "Pod",
-        "Secret",
-        "Service",
-        "Job",
-        "PodGroup",
-    }
-
-    final = service.cancel(record.id)
-    player.kill_deleted()
-    assert final.state == "cancelled" and final.reason == "cancelled by user"
-    assert [r.state for r in final.ranks] == ["cancelled", "cancelled"]
-    assert objects_of(kube, kube_namespace, record.id) == {}
+    kinds = {"Pod", "Secret", "Service", "Job", "PodGroup"}
+    cancel_running(service, player, kube, kube_namespace, record.id, job, kinds)
 
 
 # -- conflicts ---------------------------------------------------------------------------------------

@@ -213,19 +213,13 @@ def test_all_ranks_succeeded_is_success_without_waiting_for_the_controller():
 def test_a_packed_pod_carries_several_ranks():
     pods = [
         pod(
-            "train-master-0",
-            replica=("master", 0),
+            f"train-{role}-0",
+            replica=(role, 0),
             phase="Running",
             container=RUNNING,
             container_name="pytorch",
-        ),
-        pod(
-            "train-worker-0",
-            replica=("worker", 0),
-            phase="Running",
-            container=RUNNING,
-            container_name="pytorch",
-        ),
+        )
+        for role in ("master", "worker")
     ]
     obs = observe(job("PyTorchJob"), pods, engine="pytorchjob", workers=4, ranks_per_pod=2)
     assert {r: pr.pod for r, pr in obs.ranks.items()} == {

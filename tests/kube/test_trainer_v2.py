@@ -16,7 +16,7 @@ from helpers import wait_for
 from jupyterlab_mlcluster.jobs.model import SpecError
 from tests.attacks import FORGED_LINES, FORGING_CELL, evil_result
 from tests.kube.crds import trainer_schema
-from tests.kube.jobs_fixtures import IMAGE, code, log_text, spec_of
+from tests.kube.jobs_fixtures import IMAGE, SLEEPY_CELL, cancel_running, code, log_text, spec_of
 from tests.kube.player import objects_of
 
 TRAINJOB = ("trainer.kubeflow.org/v1alpha1", "TrainJob")
@@ -26,12 +26,6 @@ import os
 rank = int(os.environ["RANK"])
 print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
 {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "x": x}
-"""
-
-SLEEPY_CELL = """
-import os, time
-print("rank", os.environ["RANK"], "waiting", flush=True)
-time.sleep(300)
 """
 
 
@@ -124,24 +118,8 @@ def test_cancel_deletes_the_trainjob_and_its_pods(trainer, k8s, player, kube, ku
     service = k8s()
     record = service.submit(spec_of(workers=2), code(SLEEPY_CELL))
     job = player.resumed(record.id)
-    pods = player.create_pods(job)
-    for pod in pods.values():
-        player.schedule(pod)
-        player.run_rank(pod)
-    wait_state(
-        service,
-        record.id,
-        lambda r: r.state == "running" and all(rk.state == "running" for rk in r.ranks),
-        message="ranks running",
-    )
-    wait_for(lambda: len(log_text(service, record.id)) == 2, message="both ranks logging")
-    assert objects_of(kube, kube_namespace, record.id).keys() == {"Pod", "Secret", "TrainJob"}
-
-    final = service.cancel(record.id)
-    player.kill_deleted()
-    assert final.state == "cancelled" and final.reason == "cancelled by user"
-    assert [r.state for r in final.ranks] == ["cancelled", "cancelled"]
-    assert objects_of(kube, kube_namespace, record.id) == {}
+    kinds = {"Pod", "Secret", "TrainJob"}
+    cancel_running(service, player, kube, kube_namespace, record.id, job, kinds)
 
 
 def test_a_missing_runtime_is_a_clear_error_and_nothing_is_created(
