@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
 
 CONFIG_FILE_BASENAME = "jupyter_mlcluster_config"
@@ -91,6 +91,27 @@ class MLClusterConfig(Configurable):
         1.0,
         help="Seconds between CPU/memory/GPU samples of each running rank.",
     ).tag(config=True)
+
+    tensorboard_dir = Unicode(
+        "",
+        help="Where jobs write TensorBoard data unless `--tensorboard DIR` says otherwise: an "
+        "absolute path (a shared volume on Kubernetes) or a URI TensorBoard reads such as "
+        "'s3://bucket/runs/{job}'; `{job}` becomes the job id. Empty: local jobs use a "
+        "directory in the job store, Kubernetes jobs get no MLCLUSTER_TENSORBOARD_DIR.",
+    ).tag(config=True)
+
+    @validate("tensorboard_dir")
+    def _check_tensorboard_dir(self, proposal):
+        from .jobs.model import SpecError, parse_tensorboard_dir
+
+        if not proposal["value"]:
+            return ""
+        try:
+            return parse_tensorboard_dir(
+                proposal["value"], option="MLClusterConfig.tensorboard_dir"
+            )
+        except SpecError as exc:
+            raise TraitError(str(exc)) from None
 
     warm_pool = Bool(
         help="Start ranks from a warm, CUDA-clean zygote process that has already imported "

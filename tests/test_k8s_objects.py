@@ -1264,3 +1264,14 @@ def test_trainjob_pods_map_to_ranks_by_node_index():
     assert objects.pod_ranks(pod(3), "trainjob") == [3]
     assert objects.pod_ranks(pod(1), "trainjob", ranks_per_pod=4) == [4, 5, 6, 7]
     assert objects.pod_ranks(pod(0, "dataset-initializer"), "trainjob") == []
+
+
+def test_tensorboard_dir_reaches_the_ranks_only_when_named():
+    def rank_env(spec):
+        container = build(spec).job["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    # No default on Kubernetes: the notebook's disk is not the pods' (README "TensorBoard").
+    assert "MLCLUSTER_TENSORBOARD_DIR" not in rank_env(spec_of())
+    spec = spec_of(tensorboard="s3://bucket/runs/j1")
+    assert rank_env(spec)["MLCLUSTER_TENSORBOARD_DIR"] == "s3://bucket/runs/j1"

@@ -140,3 +140,25 @@ def test_output_parser_takes_only_signed_records_at_line_start():
 def test_parse_tqdm_ignores_ordinary_text():
     assert parse_tqdm("loss 0.25 at step 10") is None
     assert parse_tqdm(" 45/100 [00:01<00:01]")["step"] == 45
+
+
+def test_tensorboard_option_from_the_command_line_and_the_setting():
+    import argparse
+
+    from traitlets import TraitError
+
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.model import tensorboard_dir_for
+    from jupyterlab_mlcluster.jobs.options import add_job_arguments, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    spec = spec_from_args(parser.parse_args(["--tensorboard", "gs://b/{job}/tb"]))
+    assert spec.tensorboard == "gs://b/{job}/tb"
+    assert tensorboard_dir_for(spec.tensorboard, "j0123456789") == "gs://b/j0123456789/tb"
+    assert tensorboard_dir_for("/r/{{x}}/{job}", "j1") == "/r/{x}/j1"
+    with pytest.raises(SpecError, match="absolute path"):
+        spec_from_args(parser.parse_args(["--tensorboard", "runs"]))
+    assert MLClusterConfig(tensorboard_dir="/shared/{job}").tensorboard_dir == "/shared/{job}"
+    with pytest.raises(TraitError, match="MLClusterConfig.tensorboard_dir"):
+        MLClusterConfig(tensorboard_dir="/shared/{user}")

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import math
 import re
+import string
 from typing import Any
 
 from .. import patterns
@@ -189,6 +190,9 @@ class JobSpec:
     max_restarts: int = 0
     queue: str | None = None
     priority: int = 0
+    # Where the ranks write TensorBoard data ($MLCLUSTER_TENSORBOARD_DIR): an absolute path or
+    # a URI; `{job}` is replaced by the job id when the job is submitted.
+    tensorboard: str | None = None
 
     FIELDS = (
         "workers",
@@ -204,6 +208,7 @@ class JobSpec:
         "max_restarts",
         "queue",
         "priority",
+        "tensorboard",
     )
 
     @classmethod
@@ -271,6 +276,12 @@ class JobSpec:
             spec.queue = queue
         if "priority" in values:
             spec.priority = _as_int("priority", values["priority"], minimum=None)
+        if "tensorboard" in values:
+            spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
+            if TENSORBOARD_ENV in spec.env:
+                raise SpecError(
+                    f"give the TensorBoard directory once: --tensorboard or --env {TENSORBOARD_ENV}"
+                )
         return spec
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +291,42 @@ class JobSpec:
     def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
         """Trusted round trip of to_dict() (from our own store); no validation."""
         return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
+
+
+TENSORBOARD_ENV = "MLCLUSTER_TENSORBOARD_DIR"
+_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
+
+
+def parse_tensorboard_dir(value: Any, *, option: str = "tensorboard") -> str:
+    """A TensorBoard directory template: an absolute path or a URI TensorBoard reads
+    (s3://, gs://, hdfs://), optionally with `{job}` (the job id). SpecError otherwise."""
+    example = "an absolute path or a URI such as 's3://bucket/runs/{job}'"
+    if not isinstance(value, str):
+        raise SpecError(f"{option} must be {example}, got {value!r}")
+    text = value.strip()
+    if not text or len(text) > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise SpecError(f"{option} must be {example}, got {value!r}")
+    if not (text.startswith("/") or _URI_RE.fullmatch(text)):
+        raise SpecError(f"{option} must be {example} (ranks may run elsewhere), got {value!r}")
+    try:
+        fields = [
+            (name, spec, conv)
+            for _, name, spec, conv in string.Formatter().parse(text)
+            if name is not None
+        ]
+    except ValueError:
+        fields = [("", None, None)]
+    if any(name != "job" or spec or conv for name, spec, conv in fields):
+        raise SpecError(
+            f"{option} may only use the placeholder {{job}} (write {{{{ }}}} for a brace), "
+            f"got {value!r}"
+        )
+    return text
+
+
+def tensorboard_dir_for(template: str, job_id: str) -> str:
+    """The directory of one job: the template (checked by parse_tensorboard_dir) with `{job}`."""
+    return template.format(job=job_id)
 
 
 def parse_env(value: Any) -> dict[str, str]:

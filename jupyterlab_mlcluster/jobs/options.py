@@ -37,6 +37,15 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--queue",), {"default": None, "help": "scheduler queue (Volcano/Kueue on kubernetes)"}),
     (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
     (
+        ("--tensorboard",),
+        {
+            "default": None,
+            "metavar": "DIR",
+            "help": "the ranks' $MLCLUSTER_TENSORBOARD_DIR: an absolute path or a URI such as "
+            "s3://bucket/runs/{job} (default MLClusterConfig.tensorboard_dir)",
+        },
+    ),
+    (
         ("--no-wait",),
         {"action": "store_true", "default": False, "help": "return at once with a job handle"},
     ),
@@ -68,6 +77,7 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_restarts": args.max_restarts,
         "queue": args.queue,
         "priority": args.priority,
+        "tensorboard": args.tensorboard,
     }
     return {k: v for k, v in names.items() if v is not None}
 

@@ -101,6 +101,7 @@ class JobRecord:
             "timeout": spec.timeout,
             "max_restarts": spec.max_restarts,
             "env": dict(spec.env),
+            "tensorboard": spec.tensorboard,
             "created": iso(self.created),
             "started": iso(self.started),
             "finished": iso(self.finished),

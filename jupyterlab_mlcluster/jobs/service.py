@@ -7,6 +7,7 @@ processes can hold a JobService on the same store at once.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -21,7 +22,14 @@ from ..backends.base import Backend, get_backend
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import key_path, new_key_file
-from .model import JobSpec, JobState, RankState, SpecError
+from .model import (
+    TENSORBOARD_ENV,
+    JobSpec,
+    JobState,
+    RankState,
+    SpecError,
+    tensorboard_dir_for,
+)
 from .processes import process_is, start_detached, supervisor_alive, this_host
 from .record import JobRecord
 from .store import JobStore, UnknownJob
@@ -57,6 +65,17 @@ class JobCancelled(RuntimeError):
 def new_job_id() -> str:
     # Starts with a letter: ids also name Kubernetes objects.
     return "j" + secrets.token_hex(5)
+
+
+def _with_tensorboard_dir(spec: JobSpec, setting: str, job_id: str) -> JobSpec:
+    """The spec with its TensorBoard directory resolved for this job: `--tensorboard`, else
+    the setting (unless the user's own --env names one), `{job}` replaced by the id."""
+    template = spec.tensorboard
+    if template is None and setting and TENSORBOARD_ENV not in spec.env:
+        template = setting
+    if template is None:
+        return spec
+    return dataclasses.replace(spec, tensorboard=tensorboard_dir_for(template, job_id))
 
 
 class JobService:
@@ -96,6 +115,7 @@ class JobService:
                 f"the code cannot be encoded as UTF-8: {exc.reason} at position {exc.start}"
             ) from None
         job_id = new_job_id()
+        spec = _with_tensorboard_dir(spec, self.config.tensorboard_dir, job_id)
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
         data = payload.dumps()

@@ -64,9 +64,10 @@ class TensorBoardFailed(Exception):
 
 
 def tensorboard_location(store: JobStore, record: JobRecord) -> str:
-    """Where a job's ranks write TensorBoard data: the job's own $MLCLUSTER_TENSORBOARD_DIR
-    (set with `--env`), else the local default in the job's directory."""
-    chosen = record.spec.env.get(ENV_NAME)
+    """Where a job's ranks write TensorBoard data: `--tensorboard` or the setting (resolved
+    at submit), the job's own $MLCLUSTER_TENSORBOARD_DIR (`--env`), else the local default
+    in the job's directory."""
+    chosen = record.spec.tensorboard or record.spec.env.get(ENV_NAME)
     if chosen:
         return chosen
     return str(store.tensorboard_dir(record.id))

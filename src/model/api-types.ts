@@ -515,6 +515,8 @@ export interface components {
       max_restarts?: number;
       queue?: string;
       priority?: number;
+      /** @description The ranks' $MLCLUSTER_TENSORBOARD_DIR: an absolute path or a URI such as 's3://bucket/runs/{job}' ({job} is the job id). Default: the server's MLClusterConfig.tensorboard_dir. */
+      tensorboard?: string;
       /** @description Variables of rank 0 to keep as the job's result (see /jobs/{id}/result). */
       pull?: string[];
     };
@@ -570,6 +572,8 @@ export interface components {
       image: string | null;
       queue: string | null;
       priority: number;
+      /** @description The job's TensorBoard directory when --tensorboard or the setting named one. */
+      tensorboard?: string | null;
       timeout: number | null;
       max_restarts: number;
       env: {

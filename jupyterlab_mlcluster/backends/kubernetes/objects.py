@@ -450,6 +450,8 @@ def pod_template(
         _env("TORCHELASTIC_RESTART_COUNT", str(attempt)),
         _env("TORCHELASTIC_MAX_RESTARTS", str(spec.max_restarts)),
     ]
+    if spec.tensorboard:  # no default on Kubernetes: only a directory the user named
+        env.append(_env("MLCLUSTER_TENSORBOARD_DIR", spec.tensorboard))
     env += rank_environment(spec, engine=engine, name=name, ranks_per_pod=ranks_per_pod)
     container: dict[str, Any] = {
         "name": container_name(engine),

@@ -163,8 +163,12 @@ class _Gang:
                 pool_has_gpus=pool_has_gpus,
             )
             env["MLCLUSTER_PAYLOAD"] = payload_path
-            # The job's TensorBoard directory (README "TensorBoard"); the user's own wins.
-            env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard_dir))
+            # The job's TensorBoard directory (README "TensorBoard"): --tensorboard or the
+            # setting (resolved at submit), else the user's own --env, else the job store's.
+            if spec.tensorboard:
+                env["MLCLUSTER_TENSORBOARD_DIR"] = spec.tensorboard
+            else:
+                env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard_dir))
             env["MLCLUSTER_ERROR_FILE"] = error_file
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
