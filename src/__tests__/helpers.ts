@@ -168,6 +168,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     image: null,
     queue: null,
     priority: 0,
+    tensorboard: null,
     timeout: null,
     max_restarts: 0,
     env: {},

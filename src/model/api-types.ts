@@ -573,7 +573,7 @@ export interface components {
       queue: string | null;
       priority: number;
       /** @description The job's TensorBoard directory when --tensorboard or the setting named one. */
-      tensorboard?: string | null;
+      tensorboard: string | null;
       timeout: number | null;
       max_restarts: number;
       env: {
