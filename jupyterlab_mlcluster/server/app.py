@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
@@ -31,9 +31,10 @@ from .identity import calling_user
 from .metrics import ServerMetrics
 from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
-from .notebooks import NotebookService
+from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
 from .tensorboard import TensorBoards, proxy_routes
+from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, check_template
 
 T = TypeVar("T")
 
@@ -120,8 +121,23 @@ class MLClusterApp(ExtensionApp):
 
     notebook_namespace = Unicode(
         "",
-        help="Namespace of the users' Notebook objects ('' = MLClusterConfig.kubernetes_namespace, "
-        "else this pod's namespace, else 'default').",
+        help="One namespace for every user's Notebook objects (a single-namespace install: "
+        "users are then told apart only by spec.owner). '' (the default): with "
+        "trust_identity_header, each user's notebooks live in the user's own namespace "
+        "(user_namespace_template); without it (one user per server), in "
+        "MLClusterConfig.kubernetes_namespace, else this pod's namespace, else 'default'.",
+    ).tag(config=True)
+
+    user_namespace_template = Unicode(
+        DEFAULT_TEMPLATE,
+        help="Where a user's notebooks live when each user has their own namespace (see "
+        "notebook_namespace): the namespace of a Kubeflow Profile the user owns "
+        "(kubeflow.org/v1, spec.owner {kind: User, name: <user>}) where the Profile CRD is "
+        "served, else this template with {user} replaced, made a DNS-1123 label (lowercase, "
+        "other characters '-', at most 63; a hash of the name is appended whenever that "
+        "changes it, so two users never share one). Keep a prefix: '{user}' alone would let a "
+        "user named 'kube-system' spawn there. The namespace must exist (`mlcluster manifests "
+        "--user-namespace NS`).",
     ).tag(config=True)
 
     notebook_image = Unicode(
@@ -185,6 +201,19 @@ class MLClusterApp(ExtensionApp):
         "0: the extension exports no metrics.",
     ).tag(config=True)
 
+    @property
+    def per_user_namespaces(self) -> bool:
+        """Each user's notebooks in their own namespace: identity from the trusted header
+        (many users on this server) and no single namespace forced (notebook_namespace)."""
+        return self.trust_identity_header and not self.notebook_namespace
+
+    @validate("user_namespace_template")
+    def _valid_template(self, proposal: Any) -> str:
+        try:
+            return check_template(proposal["value"])
+        except BadTemplate as exc:
+            raise TraitError(str(exc)) from None
+
     # -- setup ------------------------------------------------------------------------------
 
     def initialize_settings(self) -> None:
@@ -202,15 +231,26 @@ class MLClusterApp(ExtensionApp):
             snapshot_limit=self.snapshot_limit,
         )
         namespace = self.notebook_namespace or self.mlconfig.kubernetes_namespace
-        self.notebook_feed = NotebookFeed(self.broadcaster.publish_to_user)
         # Connections of their own: the watch's looking for a cluster in the background must
         # not decide what a REST call finds (each looks again when it needs to).
-        self.notebook_watch = NotebookWatch(KubeConnection(namespace), self.notebook_feed)
+        namespace_of = None
+        if self.per_user_namespaces:
+            namespace_of = UserNamespaces(KubeConnection(), self.user_namespace_template)
+        self.notebook_feed = NotebookFeed(
+            self.broadcaster.publish_to_user,
+            belongs=(lambda owner, ns: namespace_of(owner) == ns) if namespace_of else None,
+        )
+        self.notebook_watch = NotebookWatch(
+            KubeConnection(namespace),
+            self.notebook_feed,
+            all_namespaces=self.per_user_namespaces,
+        )
         self.notebooks = NotebookService(
             KubeConnection(namespace),
             image=self.notebook_image or self.mlconfig.kubernetes_image,
             quota=self.notebook_quota,
             progress=self.notebook_feed.progress,
+            namespace_of=namespace_of,
         )
         # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"

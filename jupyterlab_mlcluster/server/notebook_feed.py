@@ -16,10 +16,17 @@ from notebook_controller.crd import KIND
 from .notebooks import is_spawning, notebook_view
 
 Publish = Callable[[str, str, dict[str, Any]], None]
+# (owner, namespace) -> whether that namespace is where the owner's notebooks live.
+Belongs = Callable[[str, str], bool]
+Key = tuple[str, str]  # (namespace, name): two users' namespaces may hold the same name
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:
     return obj["metadata"].get("uid")
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    return obj["metadata"].get("namespace") or "", obj["metadata"]["name"]
 
 
 def event_time(event: Mapping[str, Any]) -> str:
@@ -35,14 +42,19 @@ def event_time(event: Mapping[str, Any]) -> str:
 class NotebookFeed:
     """Thread-safe. Spawn progress is the newest event on a Notebook (by its uid, so a
     notebook re-made under the same name starts afresh) since it last began spawning: it is
-    forgotten whenever the notebook is stopped, ready or failed."""
+    forgotten whenever the notebook is stopped, ready or failed.
 
-    def __init__(self, publish: Publish):
+    `belongs`, where given, must accept a Notebook's namespace for its owner before the owner
+    hears of it: a Notebook someone made in their own namespace naming another user as its
+    owner is shown to nobody."""
+
+    def __init__(self, publish: Publish, belongs: Belongs | None = None):
         self._publish = publish
+        self._belongs = belongs
         self._lock = threading.Lock()
-        self._notebooks: dict[str, dict[str, Any]] = {}
+        self._notebooks: dict[Key, dict[str, Any]] = {}
         self._progress: dict[str, dict[str, str]] = {}  # notebook uid -> {message, time}
-        self._shown: dict[str, tuple[str | None, dict[str, Any]]] = {}  # name -> (owner, view)
+        self._shown: dict[Key, tuple[str | None, dict[str, Any]]] = {}  # -> (owner, view)
 
     def progress(self, obj: Mapping[str, Any]) -> dict[str, str] | None:
         with self._lock:
@@ -54,9 +66,9 @@ class NotebookFeed:
         """A fresh list: what is no longer there was deleted while nobody watched."""
         items = list(items)
         with self._lock:
-            present = {obj["metadata"]["name"] for obj in items}
-            for name in [n for n in self._notebooks if n not in present]:
-                self._remove(name)
+            present = {_key(obj) for obj in items}
+            for key in [k for k in self._notebooks if k not in present]:
+                self._remove(key)
             for obj in items:
                 self._update(obj)
             uids = {_uid(obj) for obj in items}
@@ -66,38 +78,42 @@ class NotebookFeed:
     def notebook_changed(self, change: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
             if change == "DELETED":
-                self._remove(obj["metadata"]["name"])
+                self._remove(_key(obj))
             else:
                 self._update(obj)
 
     def _update(self, obj: Mapping[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        old = self._notebooks.get(name)
+        key = _key(obj)
+        old = self._notebooks.get(key)
         if old is not None and _uid(old) != _uid(obj):
             self._progress.pop(_uid(old) or "", None)
-        self._notebooks[name] = dict(obj)
+        self._notebooks[key] = dict(obj)
         if not is_spawning(obj):
             self._progress.pop(_uid(obj) or "", None)
-        self._show(name)
+        self._show(key)
 
-    def _remove(self, name: str) -> None:
-        obj = self._notebooks.pop(name, None)
+    def _remove(self, key: Key) -> None:
+        obj = self._notebooks.pop(key, None)
         if obj is not None:
             self._progress.pop(_uid(obj) or "", None)
-        owner, _ = self._shown.pop(name, (None, None))
+        owner, _ = self._shown.pop(key, (None, None))
         if owner:
+            name = key[1]
             self._publish(owner, name, {"type": "notebook_deleted", "name": name})
 
-    def _show(self, name: str) -> None:
-        obj = self._notebooks[name]
+    def _show(self, key: Key) -> None:
+        obj = self._notebooks[key]
+        name = key[1]
         view = notebook_view(obj, self._progress.get(_uid(obj) or ""))
         owner = view.get("owner")
-        previous = self._shown.get(name)
+        if owner and self._belongs is not None and not self._belongs(owner, key[0]):
+            owner = None  # not in the owner's namespace: nobody's to see
+        previous = self._shown.get(key)
         if previous == (owner, view):
             return  # e.g. only kopf's bookkeeping annotations changed
         if previous is not None and previous[0] and previous[0] != owner:
             self._publish(previous[0], name, {"type": "notebook_deleted", "name": name})
-        self._shown[name] = (owner, view)
+        self._shown[key] = (owner, view)
         if owner:
             self._publish(owner, name, {"type": "notebook", "notebook": view})
 
@@ -108,21 +124,22 @@ class NotebookFeed:
             self._progress.clear()
             for event in sorted(items, key=event_time):
                 self._take(event)
-            for name in list(self._notebooks):
-                self._show(name)
+            for key in list(self._notebooks):
+                self._show(key)
 
     def event_changed(self, change: str, event: Mapping[str, Any]) -> None:
         if change == "DELETED":
             return  # an event expiring says nothing new about a notebook
         with self._lock:
-            name = self._take(event)
-            if name is not None:
-                self._show(name)
+            key = self._take(event)
+            if key is not None:
+                self._show(key)
 
-    def _take(self, event: Mapping[str, Any]) -> str | None:
-        """Record an event as its notebook's progress; the notebook's name if it was."""
+    def _take(self, event: Mapping[str, Any]) -> Key | None:
+        """Record an event as its notebook's progress; the notebook's key if it was."""
         involved = event.get("involvedObject") or {}
-        notebook = self._notebooks.get(involved.get("name") or "")
+        namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
+        notebook = self._notebooks.get((namespace or "", involved.get("name") or ""))
         if (
             involved.get("kind") != KIND
             or notebook is None
@@ -135,4 +152,4 @@ class NotebookFeed:
         if current is not None and when < current["time"]:
             return None  # an older event, arriving late
         self._progress[uid] = {"message": event.get("message") or "", "time": when}
-        return notebook["metadata"]["name"]
+        return _key(notebook)

@@ -29,32 +29,40 @@ from .notebooks import OWNER_LABEL
 
 log = logging.getLogger(__name__)
 
-# (api client, namespace, query parameters) -> the raw urllib3 response of a list or watch.
+# (api client, namespace or None for all, query parameters) -> the raw urllib3 response of a
+# list or watch.
 Request = Callable[..., Any]
 CONNECT_TIMEOUT = 10.0
 LIST_TIMEOUT = 60.0
 FAILURES = kubeconn.FailureLog(log)  # an outage is logged once, then counted
 
 
-def request_notebooks(api: Any, namespace: str, **params: Any) -> Any:
+def request_notebooks(api: Any, namespace: str | None, **params: Any) -> Any:
     """Notebooks spawned through this API (they carry the owner label)."""
     from kubernetes import client
 
-    return client.CustomObjectsApi(api).list_namespaced_custom_object(
+    custom = client.CustomObjectsApi(api)
+    if namespace is None:
+        return custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, label_selector=OWNER_LABEL, **params
+        )
+    return custom.list_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, label_selector=OWNER_LABEL, **params
     )
 
 
-def request_notebook_events(api: Any, namespace: str, **params: Any) -> Any:
+def request_notebook_events(api: Any, namespace: str | None, **params: Any) -> Any:
     """Events the notebook-controller re-issues on Notebooks (pod scheduling, image pulls...)."""
     from kubernetes import client
 
-    return client.CoreV1Api(api).list_namespaced_event(
-        namespace,
-        field_selector=f"involvedObject.kind={KIND}",
-        label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}",
-        **params,
-    )
+    selectors = {
+        "field_selector": f"involvedObject.kind={KIND}",
+        "label_selector": f"{LABEL_MANAGED_BY}={MANAGED_BY}",
+    }
+    core = client.CoreV1Api(api)
+    if namespace is None:
+        return core.list_event_for_all_namespaces(**selectors, **params)
+    return core.list_namespaced_event(namespace, **selectors, **params)
 
 
 class ListWatch(kubeconn.ListWatch):
@@ -70,12 +78,14 @@ class ListWatch(kubeconn.ListWatch):
         on_change: Callable[[str, Mapping[str, Any]], None],
         stopping: threading.Event,
         watch_timeout: int = 300,
+        all_namespaces: bool = False,
     ):
         super().__init__(
             what, on_list, on_change, stopping, watch_timeout=watch_timeout, failures=FAILURES
         )
         self.request = request
         self.connection = connection
+        self.all_namespaces = all_namespaces
         self._api: Any = None
 
     def host(self) -> str:
@@ -93,11 +103,14 @@ class ListWatch(kubeconn.ListWatch):
             self._api = self.connection.new_api_client()
         return self._api
 
+    def _namespace(self) -> str | None:
+        return None if self.all_namespaces else self.connection.namespace()
+
     def list_items(self) -> tuple[list[dict[str, Any]], str]:
         api = self._client()
         response = self.request(
             api,
-            self.connection.namespace(),
+            self._namespace(),
             _preload_content=False,
             _request_timeout=(CONNECT_TIMEOUT, LIST_TIMEOUT),
         )
@@ -107,7 +120,7 @@ class ListWatch(kubeconn.ListWatch):
     def open_watch(self, resource_version: str) -> Any:
         return self.request(
             self._client(),
-            self.connection.namespace(),
+            self._namespace(),
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
@@ -124,9 +137,17 @@ class ListWatch(kubeconn.ListWatch):
 
 
 class NotebookWatch:
-    """Keeps a NotebookFeed current from the cluster, in two daemon threads."""
+    """Keeps a NotebookFeed current from the cluster, in two daemon threads: the connection's
+    namespace, or every namespace (`all_namespaces`: each user's notebooks in their own; the
+    feed tells each owner only of notebooks in the owner's namespace)."""
 
-    def __init__(self, connection: KubeConnection, feed: NotebookFeed, watch_timeout: int = 300):
+    def __init__(
+        self,
+        connection: KubeConnection,
+        feed: NotebookFeed,
+        watch_timeout: int = 300,
+        all_namespaces: bool = False,
+    ):
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self.events = ListWatch(
@@ -137,6 +158,7 @@ class NotebookWatch:
             feed.event_changed,
             self._stopping,
             watch_timeout,
+            all_namespaces,
         )
         self.notebooks = ListWatch(
             "Notebooks",
@@ -146,6 +168,7 @@ class NotebookWatch:
             feed.notebook_changed,
             self._stopping,
             watch_timeout,
+            all_namespaces,
         )
 
     def _notebooks_listed(

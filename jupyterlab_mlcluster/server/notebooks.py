@@ -14,6 +14,7 @@ import datetime
 import hashlib
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,14 @@ from notebook_controller.objects import (
 from notebook_controller.status import notebook_status_summary
 
 from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
+from .user_namespace import (
+    DEFAULT_TEMPLATE,
+    PROFILE_GROUP,
+    PROFILE_PLURAL,
+    PROFILE_VERSION,
+    check_template,
+    user_namespace,
+)
 
 __all__ = [
     "NO_CLUSTER",
@@ -39,6 +48,7 @@ __all__ = [
     "NotebookNotFound",
     "NotebookService",
     "QuotaExceeded",
+    "UserNamespaces",
     "is_spawning",
     "notebook_name_error",
     "notebook_view",
@@ -119,7 +129,49 @@ def notebook_view(
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
+
+
+# -- where each user's notebooks live ---------------------------------------------------------
+
+
+class UserNamespaces:
+    """User -> namespace on the cluster (`user_namespace.py`'s rule), with the cluster's
+    Profiles read at most every `ttl` seconds. Blocking: call from an executor thread."""
+
+    def __init__(
+        self, connection: KubeConnection, template: str = DEFAULT_TEMPLATE, ttl: float = 30.0
+    ):
+        self.connection = connection
+        self.template = check_template(template)
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._profiles: list[dict[str, Any]] | None = None
+        self._read_at = -float("inf")
+
+    def _read_profiles(self) -> list[dict[str, Any]] | None:
+        """The cluster's Profiles; None where the Profile CRD is not served (404)."""
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self.connection.api_client())
+        try:
+            with self.connection.errors():
+                found = api.list_cluster_custom_object(
+                    PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL
+                )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise  # e.g. 403: guessing a namespace instead could put notebooks in the wrong one
+        return list(found.get("items") or [])
+
+    def __call__(self, user: str) -> str:
+        with self._lock:
+            if time.monotonic() - self._read_at > self.ttl:
+                self._profiles = self._read_profiles()
+                self._read_at = time.monotonic()
+            profiles = self._profiles
+        return user_namespace(user, profiles, self.template)
 
 
 # -- the service -------------------------------------------------------------------------------
@@ -129,6 +181,9 @@ class NotebookService:
     """The calling user's notebook servers. Blocking: call from an executor thread.
 
     `progress` gives the spawn progress the server's watch knows of a Notebook (or None).
+    `namespace_of` says where a user's notebooks live (`UserNamespaces`); without it, all in
+    the connection's namespace. Every call reads and writes only in the caller's namespace:
+    no request names one.
     """
 
     def __init__(
@@ -138,8 +193,10 @@ class NotebookService:
         image: str = "",
         quota: int = 0,
         progress: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
+        namespace_of: Callable[[str], str] | None = None,
     ):
         self.connection = connection
+        self.namespace_of = namespace_of or (lambda _user: connection.namespace())
         self.image = image
         self.quota = quota
         self._progress = progress
@@ -164,7 +221,7 @@ class NotebookService:
             found = api.list_namespaced_custom_object(
                 GROUP,
                 VERSION,
-                self.connection.namespace(),
+                self.namespace_of(user),
                 PLURAL,
                 label_selector=f"{OWNER_LABEL}={owner_label(user)}",
             )
@@ -175,7 +232,7 @@ class NotebookService:
         try:
             with self.connection.errors():
                 obj = api.get_namespaced_custom_object(
-                    GROUP, VERSION, self.connection.namespace(), PLURAL, name
+                    GROUP, VERSION, self.namespace_of(user), PLURAL, name
                 )
         except KubeError as exc:
             if exc.status == 404:
@@ -202,7 +259,7 @@ class NotebookService:
             labels={OWNER_LABEL: owner_label(user)},
         )
         api = self._custom_objects()
-        namespace = body["metadata"]["namespace"] = self.connection.namespace()
+        namespace = body["metadata"]["namespace"] = self.namespace_of(user)
         with self._user_lock(user):
             if self.quota:
                 live = [
@@ -238,7 +295,7 @@ class NotebookService:
         try:
             with self.connection.errors():
                 self._custom_objects().delete_namespaced_custom_object(
-                    GROUP, VERSION, self.connection.namespace(), PLURAL, name, body=options
+                    GROUP, VERSION, obj["metadata"]["namespace"], PLURAL, name, body=options
                 )
         except KubeError as exc:
             if exc.status not in (404, 409):

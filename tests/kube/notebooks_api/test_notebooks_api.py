@@ -13,12 +13,11 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Self
 
 import pytest
 from tornado.ioloop import PeriodicCallback
-from typing_extensions import Self
 
 from jupyterlab_mlcluster.kubeconn import NO_CLUSTER, KubeConnection
 from jupyterlab_mlcluster.server.notebook_feed import NotebookFeed
@@ -55,21 +54,6 @@ def jp_server_config(store_dir, monkeypatch, kube_namespace, mlc_settings):
         # One login cookie name for the REST client (127.0.0.1) and the websocket (localhost).
         "IdentityProvider": {"cookie_name": "mlcluster-test-user"},
     }
-
-
-@pytest.fixture
-def mlc(jp_serverapp, jp_asyncio_loop):
-    """The running MLClusterApp (its start hook run, as `jupyter server` would)."""
-    app = jp_serverapp.extension_manager.extension_points["mlcluster"].app
-    jp_asyncio_loop.run_until_complete(app._start_jupyter_server_extension(jp_serverapp))
-    return app
-
-
-@pytest.fixture
-def run(jp_asyncio_loop) -> Callable[[Coroutine[Any, Any, Any]], Any]:
-    """Run a scenario on the server's event loop (these tests are plain functions, so the
-    controller's context manager can wrap them)."""
-    return jp_asyncio_loop.run_until_complete
 
 
 class User:
@@ -122,7 +106,7 @@ class User:
         with_timeout = asyncio.wait_for(self.until(lambda m: False, timeout=3600), quiet)
         try:
             await with_timeout
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self.seen
 

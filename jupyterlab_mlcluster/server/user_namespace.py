@@ -1,0 +1,80 @@
+"""User -> namespace: where one user's notebook servers live (pure functions).
+
+The namespace of a Kubeflow-style Profile the user owns (`kubeflow.org/v1` Profile, cluster
+scoped: `spec.owner` is `{kind: User, name: <user>}` and the Profile's name is the namespace),
+else a template such as `mlcluster-{user}`, made a DNS-1123 label. Making a name a label must
+never let two users share a namespace: whenever it changes the name (case, characters, length),
+a hash of the whole name is appended, and a name that already ends the way such a hash does
+gets one too, so `a.b@x` (-> `a-b-x-<hash>`) and `a-b-x` (-> `a-b-x`) stay apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL = "kubeflow.org", "v1", "profiles"
+DEFAULT_TEMPLATE = "mlcluster-{user}"
+
+MAX_LABEL = 63
+_HASH_CHARS = 10
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_HASH_SHAPED_END = re.compile(rf"-[0-9a-f]{{{_HASH_CHARS}}}$")
+
+
+class BadTemplate(ValueError):
+    pass
+
+
+def check_template(template: str) -> str:
+    """The template, if it names `{user}` and nothing else (else BadTemplate, saying why)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise BadTemplate(f"user_namespace_template {template!r}: {exc}") from None
+    if fields != ["user"]:
+        raise BadTemplate(
+            f"user_namespace_template {template!r} must contain '{{user}}' exactly once and no "
+            "other field"
+        )
+    return template
+
+
+def dns_label(name: str) -> str:
+    """`name` if it is a DNS-1123 label that cannot be mistaken for a hashed one, else its
+    sanitised form (lowercase, runs of other characters one "-", trimmed) with `-<hash of name>`."""
+    if len(name) <= MAX_LABEL and _LABEL.fullmatch(name) and not _HASH_SHAPED_END.search(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_CHARS]
+    head = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    head = head[: MAX_LABEL - _HASH_CHARS - 1].rstrip("-")
+    return f"{head}-{digest}" if head else digest
+
+
+def template_namespace(user: str, template: str = DEFAULT_TEMPLATE) -> str:
+    return dns_label(check_template(template).format(user=user))
+
+
+def profile_namespace(user: str, profiles: Iterable[Mapping[str, Any]]) -> str | None:
+    """The namespace of a Profile `user` owns (the first by name if several), or None."""
+    owned = sorted(
+        p["metadata"]["name"]
+        for p in profiles
+        if ((p.get("spec") or {}).get("owner") or {}).get("kind") == "User"
+        and ((p.get("spec") or {}).get("owner") or {}).get("name") == user
+        and not p["metadata"].get("deletionTimestamp")
+    )
+    return owned[0] if owned else None
+
+
+def user_namespace(
+    user: str,
+    profiles: Iterable[Mapping[str, Any]] | None,
+    template: str = DEFAULT_TEMPLATE,
+) -> str:
+    """`profiles`: the cluster's Profiles, or None where the Profile CRD is not served."""
+    owned = profile_namespace(user, profiles) if profiles is not None else None
+    return owned or template_namespace(user, template)
