@@ -266,7 +266,7 @@ def test_a_claim_left_by_a_dead_scheduler_does_not_block_forbid_forever(service,
     assert store.claim_tick("orphan", first, True) == ("claimed", [])
     # while that claim is fresh, Forbid counts it as a run being submitted
     assert store.claim_tick("orphan", first + 3600, True)[0] == "skipped"
-    store._db.execute(
+    store.database.connection.execute(
         "UPDATE schedule_runs SET fired = fired - ? WHERE schedule = 'orphan'",
         (SUBMIT_STALE_AFTER + 1,),
     )

@@ -19,13 +19,12 @@ import contextlib
 import json
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from .database import Database
 from .model import FINAL_STATES, SpecError
-from .store import JobStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -92,7 +91,7 @@ class ExperimentStore:
     def __init__(self, db_path: str | os.PathLike[str], root: str | os.PathLike[str]):
         self.db_path = Path(db_path)
         self.root = Path(root)
-        self._local = threading.local()
+        self.database = Database(self.db_path)
         for _ in range(100):
             try:
                 self._db.executescript(SCHEMA)
@@ -106,11 +105,12 @@ class ExperimentStore:
     def for_jobs(cls, job_store) -> ExperimentStore:
         return cls(job_store.db_path, job_store.root)
 
-    # The job store's per-thread connection and BEGIN IMMEDIATE transaction, reused as is:
-    # same file, same rules (they need only `db_path` and `_local`).
-    _connect = JobStore._connect
-    _db = JobStore._db
-    _tx = JobStore._tx
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self.database.connection
+
+    def _tx(self):
+        return self.database.transaction()
 
     # -- sweeps --------------------------------------------------------------------------
 

@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 import sqlite3
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from . import logfiles
+from .database import Database
 from .model import JOB_ID_RE, JobSpec, JobState, RankState
 from .record import JobRecord, RankRecord
 
@@ -146,29 +146,17 @@ class JobStore:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.root / "jobs").mkdir(exist_ok=True, mode=0o700)
         self.db_path = self.root / "jobs.db"
-        self._local = threading.local()
+        self.database = Database(self.db_path)
         self._ensure_schema()
 
     # -- connections -------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False
-        )
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA busy_timeout = 30000")
-        return db
-
     @property
     def _db(self) -> sqlite3.Connection:
-        # One connection per thread: the server uses executor threads, sqlite3 objects
-        # must not be shared between threads mid-transaction.
-        db = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
-            db = self._connect()
-            self._local.db = db
-            self._local.pid = os.getpid()
-        return db
+        return self.database.connection
+
+    def _tx(self):
+        return self.database.transaction()
 
     def _ensure_schema(self) -> None:
         db = self._db
@@ -197,24 +185,8 @@ class JobStore:
                 # process), never a process group id.
                 tx.execute("ALTER TABLE ranks RENAME COLUMN pgid TO process_start")
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction; BEGIN IMMEDIATE so read-modify-write cannot interleave."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        else:
-            db.execute("COMMIT")
-
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self.database.close()
 
     # -- paths -------------------------------------------------------------------------
 
