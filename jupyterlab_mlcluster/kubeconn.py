@@ -678,10 +678,12 @@ def call(
     give_up_after: float | None = 120.0,
     sleep: Callable[[float], Any] = time.sleep,
     failures: FailureLog | None = None,
+    on_retry: Callable[[BaseException], Any] | None = None,
 ) -> T:
     """Run `action` (which must re-read what it depends on) until it succeeds, retrying
     what `retryable` allows with `policy`; after `give_up_after` seconds (None: never) the
-    last failure is raised. `sleep` may raise to stop waiting (a supervisor told to exit)."""
+    last failure is raised. `sleep` may raise to stop waiting (a supervisor told to exit).
+    `on_retry(exc)` is told of each failure about to be retried (the controller counts them)."""
     policy = policy or backoff_from_env()
     started = time.monotonic()
     for attempt in range(1 << 62):
@@ -694,6 +696,8 @@ def call(
             if give_up_after is not None and time.monotonic() + wait - started > give_up_after:
                 raise
             (failures or CALL_FAILURES).failed(what, exc, logging.INFO)
+            if on_retry is not None:
+                on_retry(exc)
             sleep(wait)
             continue
         if failures is not None and attempt:
@@ -709,6 +713,7 @@ async def call_async(
     policy: Backoff | None = None,
     give_up_after: float | None = 120.0,
     failures: FailureLog | None = None,
+    on_retry: Callable[[BaseException], Any] | None = None,
 ) -> T:
     """`call` for coroutines (the controller)."""
     import asyncio
@@ -726,6 +731,8 @@ async def call_async(
             if give_up_after is not None and time.monotonic() + wait - started > give_up_after:
                 raise
             (failures or CALL_FAILURES).failed(what, exc, logging.INFO)
+            if on_retry is not None:
+                on_retry(exc)
             await asyncio.sleep(wait)
             attempt += 1
 

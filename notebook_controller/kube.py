@@ -20,6 +20,8 @@ from jupyterlab_mlcluster.kubeconn import (
     resource_path,
 )
 
+from .metrics import count_api_retry
+
 FAILURES = FailureLog(logging.getLogger("notebook_controller"))
 
 __all__ = ["KubeClient", "KubeError", "object_path"]
@@ -77,6 +79,7 @@ class KubeClient:
             f"{method} {path}",
             give_up_after=self.RETRY_FOR,
             failures=FAILURES,
+            on_retry=count_api_retry,
         )
 
     async def get(

@@ -34,11 +34,35 @@ CULLED = Counter(
     registry=REGISTRY,
 )
 
+API_RETRIES = Counter(
+    "mlcluster_controller_api_retries",
+    "Kubernetes API calls the controller tried again (kubeconn's backoff), by why.",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
+def count_api_retry(exc: BaseException) -> None:
+    """kubeconn.call_async's `on_retry`: one retried API call, labelled by a few kinds only
+    (bounded label values, whatever the error text)."""
+    status = getattr(exc, "status", None)
+    if status == 429:
+        reason = "throttled"
+    elif status == 409:
+        reason = "conflict"
+    elif isinstance(status, int) and status >= 500:
+        reason = "server_error"
+    else:
+        reason = "unreachable"
+    API_RETRIES.labels(reason=reason).inc()
+
+
 # name -> kind, for the dashboard test (the series this module exports).
 SERIES = {
     "mlcluster_controller_reconcile_seconds": "histogram",
     "mlcluster_controller_reconcile_errors_total": "counter",
     "mlcluster_controller_culled_total": "counter",
+    "mlcluster_controller_api_retries_total": "counter",
     "mlcluster_controller_notebooks": "gauge",
 }
 

@@ -91,3 +91,26 @@ def test_a_repeated_failure_is_logged_once_then_counted(caplog):
         "watching pods: API unreachable",
         "watching pods: API unreachable (x39 in 67s)",
     ]
+
+
+def test_call_tells_on_retry_of_each_retried_failure_only():
+    told: list[BaseException] = []
+    outcomes = [KubeError("busy", status=503), KubeError("slow down", status=429), "done"]
+
+    def action():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    result = kubeconn.call(action, "GET /x", sleep=lambda _: None, on_retry=told.append)
+    assert result == "done" and [e.status for e in told] == [503, 429]
+    told.clear()
+    with pytest.raises(KubeError):  # not retryable: raised, not counted
+        kubeconn.call(
+            lambda: (_ for _ in ()).throw(KubeError("no", status=403)),
+            "GET /y",
+            sleep=lambda _: None,
+            on_retry=told.append,
+        )
+    assert told == []

@@ -58,3 +58,21 @@ def test_notebooks_by_phase_and_reconciles_are_scraped(
     # Stopped with the controller: nothing listens any more.
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_api_retries_are_counted_by_reason(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    port = free_port()
+    path = f"/apis/apps/v1/namespaces/{kube_namespace}/statefulsets"
+    with controller(metrics_port=port, metrics_address="127.0.0.1"):
+        kube.wait_for(lambda: scrape(port), 15)
+        kube.on_emulator(lambda e: e["post", path][:1] << 503)  # exactly one failure
+        create_notebook(kube, kube_namespace, "nb-retried")
+        wait_phase(kube, kube_namespace, "nb-retried", "starting")  # the retry went through
+
+        def retried():
+            retries = (scrape(port) or {}).get("mlcluster_controller_api_retries_total", {})
+            return retries.get((("reason", "server_error"),))
+
+        assert kube.wait_for(retried, 15) >= 1
