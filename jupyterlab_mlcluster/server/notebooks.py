@@ -150,19 +150,26 @@ class UserNamespaces:
         self._read_at = -float("inf")
 
     def _read_profiles(self) -> list[dict[str, Any]] | None:
-        """The cluster's Profiles; None where the Profile CRD is not served (404)."""
+        """The cluster's Profiles; None where the Profile CRD is not served.
+
+        Discovery first (open to every authenticated client): a server whose service account
+        may not list Profiles gets 403 for them whether or not they exist, and only where they
+        do is that 403 an error."""
         from kubernetes import client
 
         api = client.CustomObjectsApi(self.connection.api_client())
         try:
             with self.connection.errors():
-                found = api.list_cluster_custom_object(
-                    PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL
-                )
+                served = api.get_api_resources(PROFILE_GROUP, PROFILE_VERSION)
         except KubeError as exc:
             if exc.status == 404:
-                return None
-            raise  # e.g. 403: guessing a namespace instead could put notebooks in the wrong one
+                return None  # no kubeflow.org/v1 at all
+            raise
+        if not any(r.name == PROFILE_PLURAL for r in served.resources or []):
+            return None
+        with self.connection.errors():
+            # A 403 here raises: guessing a namespace could put notebooks in the wrong one.
+            found = api.list_cluster_custom_object(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL)
         return list(found.get("items") or [])
 
     def __call__(self, user: str) -> str:

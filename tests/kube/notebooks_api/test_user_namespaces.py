@@ -300,6 +300,38 @@ def test_a_profile_the_user_owns_is_where_the_notebooks_go(
         kube.uninstall_crd(profile_crd()["metadata"]["name"])
 
 
+def test_profiles_forbidden_to_the_server_only_matter_where_they_exist(
+    kube: Kube, kube_namespace: str, namespaces, template, mlc, jp_fetch, jp_ws_fetch, run
+) -> None:
+    """A server that may not list Profiles (403 whether or not the CRD exists) still uses the
+    template where no Profile CRD is served; where one is, it refuses (the cluster's 403, passed
+    on as 502) rather than guess."""
+    install_crds(kube)
+    erin_ns = user_namespace_for(kube, namespaces, template, "erin")
+    erin = User(jp_fetch, jp_ws_fetch, "erin")
+    profiles = "/apis/kubeflow.org/v1/profiles"
+    kube.on_emulator(lambda e: e["get", profiles] << 403)
+    try:
+
+        async def without_crd() -> None:
+            status, made, _ = await erin.call("POST", "notebooks", body={"name": "nb1"})
+            assert status == 201 and made["namespace"] == erin_ns, made
+
+        run(without_crd())
+        kube.install_crd(profile_crd())
+        mlc.notebooks.namespace_of.ttl = 0  # read again now
+
+        async def with_crd() -> None:
+            status, error, _ = await erin.call("POST", "notebooks", body={"name": "nb2"})
+            assert status == 502 and "403 Forbidden" in error["message"], error
+            assert await blocking(kube.find, NB, "Notebook", "nb2", erin_ns) is None
+
+        run(with_crd())
+    finally:
+        kube.on_emulator(lambda e: e.remove_reactions())
+        kube.uninstall_crd(profile_crd()["metadata"]["name"])
+
+
 def test_a_missing_user_namespace_is_a_clear_error_and_makes_nothing(
     kube: Kube,
     template,
