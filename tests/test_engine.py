@@ -256,7 +256,7 @@ def test_priority_orders_the_queue(service, monkeypatch):
     [
         ({"workers": 100}, "needs 100 CPU slots"),
         ({"workers": 2, "gpus_per_worker": 1}, "needs 2 GPUs .* no GPUs"),
-        ({"workers": 1, "memory": "100Ei"}, "of memory"),
+        ({"workers": 1, "memory": "1Ei"}, "of memory"),
         ({"workers": 1, "image": "python:3.11"}, "--image only applies to the kubernetes backend"),
     ],
 )

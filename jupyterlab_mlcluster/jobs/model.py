@@ -7,13 +7,14 @@ builds a JobSpec and hands it to the JobService; every backend reads one.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import enum
 import math
 import re
 import string
 from typing import Any
 
-from .. import patterns
+from .. import bounds, patterns
 
 
 class SpecError(ValueError):
@@ -113,17 +114,22 @@ def parse_memory(value: str | int | None) -> int | None:
     if isinstance(value, bool):
         raise SpecError(f"memory must be a size like '4Gi' or '512M', got {value!r}")
     if isinstance(value, int):
-        if value <= 0:
-            raise SpecError(f"memory must be positive, got {value}")
-        return value
-    m = _MEMORY_RE.fullmatch(str(value))
-    if not m:
-        raise SpecError(f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {value!r}")
-    number, unit = m.groups()
-    result = int(float(number) * _MEMORY_UNITS[unit])
-    if result <= 0:
-        raise SpecError(f"memory must be positive, got {value!r}")
-    return result
+        exact: int | decimal.Decimal = value
+    else:
+        m = _MEMORY_RE.fullmatch(str(value))
+        if not m:
+            raise SpecError(
+                f"memory must be a size like '4Gi', '512Mi', '2G' or '2GB', got {_shown(value)}"
+            )
+        number, unit = m.groups()
+        # Exact decimal arithmetic: a float turns a 400-digit size into inf (OverflowError).
+        exact = decimal.Decimal(number) * _MEMORY_UNITS[unit]
+    if not bounds.MEMORY.contains(exact) or int(exact) < 1:
+        raise SpecError(
+            f"memory must be at least 1 byte and at most {format_memory(bounds.MEMORY.maximum)} "
+            f"({bounds.MEMORY.maximum} bytes), got {_shown(value)}"
+        )
+    return int(exact)
 
 
 def format_memory(num_bytes: int | None) -> str:
@@ -142,7 +148,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(value: str | float | int | None) -> float | None:
+def parse_duration(value: str | float | None) -> float | None:
     """'90s', '30m', '1h30m', '2d', '45' (seconds) -> seconds."""
     if value is None or value == "":
         return None
@@ -165,8 +171,10 @@ def parse_duration(value: str | float | int | None) -> float | None:
                 raise SpecError(
                     f"timeout must be a duration like '90s', '30m' or '1h30m', got {value!r}"
                 ) from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise SpecError(f"timeout must be a positive, finite duration, got {value!r}")
+    if not math.isfinite(seconds) or not bounds.TIMEOUT.contains(seconds):
+        raise SpecError(
+            f"timeout must be a duration {bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
+        )
     return seconds
 
 
@@ -212,7 +220,7 @@ class JobSpec:
     )
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], *, default_backend: str = "local") -> "JobSpec":
+    def from_options(cls, options: dict[str, Any], *, default_backend: str = "local") -> JobSpec:
         """Build and validate a spec from user-facing options (magic, CLI, REST JSON).
 
         Accepts strings where users type strings ('4Gi', '30m'); raises SpecError with a
@@ -227,11 +235,13 @@ class JobSpec:
         values = {k: v for k, v in options.items() if v is not None}
         spec = cls(backend=default_backend)
         if "workers" in values:
-            spec.workers = _as_int("workers", values["workers"], minimum=1)
+            spec.workers = _as_int("workers", values["workers"], bounds.WORKERS)
         if "gpus_per_worker" in values:
-            spec.gpus_per_worker = _as_int("gpus_per_worker", values["gpus_per_worker"], minimum=0)
+            spec.gpus_per_worker = _as_int(
+                "gpus_per_worker", values["gpus_per_worker"], bounds.GPUS_PER_WORKER
+            )
         if "cpus" in values:
-            spec.cpus = _as_float("cpus", values["cpus"], minimum_exclusive=0.0)
+            spec.cpus = _as_float("cpus", values["cpus"], bounds.CPUS)
         if "memory" in values:
             spec.memory = parse_memory(values["memory"])
         if "framework" in values:
@@ -268,14 +278,14 @@ class JobSpec:
         if "timeout" in values:
             spec.timeout = parse_duration(values["timeout"])
         if "max_restarts" in values:
-            spec.max_restarts = _as_int("max_restarts", values["max_restarts"], minimum=0)
+            spec.max_restarts = _as_int("max_restarts", values["max_restarts"], bounds.MAX_RESTARTS)
         if "queue" in values:
             queue = str(values["queue"]).strip()
             if not queue:
                 raise SpecError("queue must not be empty")
             spec.queue = queue
         if "priority" in values:
-            spec.priority = _as_int("priority", values["priority"], minimum=None)
+            spec.priority = _as_int("priority", values["priority"], bounds.PRIORITY)
         if "tensorboard" in values:
             spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
             if TENSORBOARD_ENV in spec.env:
@@ -284,11 +294,16 @@ class JobSpec:
                 )
         return spec
 
+    def validate(self) -> None:
+        """SpecError if this spec (built in Python, not by from_options) is out of bounds
+        or malformed: the same checks as every front end's options."""
+        JobSpec.from_options(self.to_dict(), default_backend=self.backend)
+
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.FIELDS}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         """Trusted round trip of to_dict() (from our own store); no validation."""
         return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
 
@@ -355,27 +370,44 @@ def parse_env(value: Any) -> dict[str, str]:
     return env
 
 
-def _as_int(option: str, value: Any, *, minimum: int | None) -> int:
+# An integer typed with more digits than this is out of every bound (and int() of a string
+# refuses more than 4300 digits with a message about "int string conversion").
+_MAX_INT_DIGITS = 40
+_INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, shortened: a 400-digit number is echoed as its start."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+
+
+def _as_int(option: str, value: Any, bound: bounds.Bound) -> int:
     if isinstance(value, bool):
         raise SpecError(f"{option} must be an integer, got {value!r}")
+    number: int | None = None
+    if isinstance(value, str) and _INT_TEXT.match(value) and len(value) > _MAX_INT_DIGITS:
+        raise SpecError(f"{option} must be {bound.describe()}, got {_shown(value)}")
     try:
         number = int(value) if not isinstance(value, float) or value.is_integer() else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
     if number is None:
-        raise SpecError(f"{option} must be an integer, got {value!r}")
-    if minimum is not None and number < minimum:
-        raise SpecError(f"{option} must be at least {minimum}, got {number}")
+        raise SpecError(f"{option} must be an integer, got {_shown(value)}")
+    if not bound.contains(number):
+        raise SpecError(f"{option} must be {bound.describe()}, got {_shown(number)}")
     return number
 
 
-def _as_float(option: str, value: Any, *, minimum_exclusive: float) -> float:
+def _as_float(option: str, value: Any, bound: bounds.Bound) -> float:
     if isinstance(value, bool):
         raise SpecError(f"{option} must be a number, got {value!r}")
     try:
         number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
     except (TypeError, ValueError):
-        raise SpecError(f"{option} must be a number, got {value!r}") from None
-    if not number > minimum_exclusive or number != number or number == float("inf"):
-        raise SpecError(f"{option} must be greater than {minimum_exclusive:g}, got {value!r}")
+        raise SpecError(f"{option} must be a number, got {_shown(value)}") from None
+    if not math.isfinite(number) or not bound.contains(number):
+        raise SpecError(f"{option} must be {bound.describe()}, got {_shown(value)}")
     return number

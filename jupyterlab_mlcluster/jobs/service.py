@@ -106,6 +106,8 @@ class JobService:
 
         `attach_to_pid`: cancel the job if that process dies (the foreground CLI).
         `environ`/`cwd`: what the ranks inherit (default: this process's)."""
+        # A JobSpec built in Python skipped from_options: check it before anything is written.
+        spec.validate()
         backend = self.backend(spec.backend)
         backend.validate(spec)
         try:

@@ -4,8 +4,9 @@ validation against it.
 The YAML file is the contract: the handlers validate bodies and query parameters with the
 very schemas published at `/mlcluster/api/openapi.json` (OpenAPI 3.1 schemas are JSON Schema
 2020-12), and the sidebar's TypeScript types are generated from it. A few values are only
-known when the server starts (its version, URL and the largest `workers`), and the shared
-text patterns come from `jupyterlab_mlcluster.patterns`: `build_document` fills them in.
+known when the server starts (its version, URL and the largest `workers`), the shared
+text patterns come from `jupyterlab_mlcluster.patterns` and the numeric bounds of a job's
+options from `jupyterlab_mlcluster.bounds`: `build_document` fills them in.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .. import patterns
+from .. import bounds, patterns
 from .._version import __version__
 
 API_PREFIX = "/mlcluster/api"
@@ -38,11 +39,12 @@ def static_document() -> dict[str, Any]:
 def build_document(*, max_workers: int, server_url: str = API_PREFIX) -> dict[str, Any]:
     """The whole OpenAPI document of this server: the static file with its runtime values
     filled in; `server_url` is the API's base (with the server's base_url)."""
-    document = _fill_patterns(copy.deepcopy(static_document()))
+    document = _fill_bounds(_fill_patterns(copy.deepcopy(static_document())))
     document["info"]["version"] = __version__
     document["servers"] = [{"url": server_url}]
     schemas = document["components"]["schemas"]
-    schemas["JobSubmission"]["properties"]["workers"]["maximum"] = max_workers
+    workers = schemas["JobSubmission"]["properties"]["workers"]
+    workers["maximum"] = min(max_workers, workers["maximum"])
     return document
 
 
@@ -60,6 +62,23 @@ def _fill_patterns(node: Any) -> Any:
     elif isinstance(node, list):
         for value in node:
             _fill_patterns(value)
+    return node
+
+
+def _fill_bounds(node: Any) -> Any:
+    """Every `x-bounds: <name>` becomes the JSON Schema bounds of that name, in place."""
+    if isinstance(node, dict):
+        name = node.pop("x-bounds", None)
+        if name is not None:
+            try:
+                node.update(bounds.BY_NAME[name].schema())
+            except KeyError:
+                raise ValueError(f"{DOCUMENT_PATH.name}: unknown x-bounds {name!r}") from None
+        for value in node.values():
+            _fill_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _fill_bounds(value)
     return node
 
 

@@ -9,9 +9,17 @@ import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
-from jupyterlab_mlcluster import patterns
+from jupyterlab_mlcluster import bounds, patterns
 from jupyterlab_mlcluster._version import __version__
-from jupyterlab_mlcluster.jobs.model import BACKENDS, FRAMEWORKS, RESERVED_ENV, JobState, RankState
+from jupyterlab_mlcluster.jobs.model import (
+    BACKENDS,
+    FRAMEWORKS,
+    RESERVED_ENV,
+    JobSpec,
+    JobState,
+    RankState,
+    SpecError,
+)
 from jupyterlab_mlcluster.server.openapi import build_document, static_document
 
 
@@ -67,6 +75,49 @@ def test_shared_patterns_come_from_the_patterns_module():
 def test_unknown_x_pattern_is_a_clear_error(monkeypatch):
     monkeypatch.delitem(patterns.BY_NAME, "job_name")
     with pytest.raises(ValueError, match="unknown x-pattern 'job_name'"):
+        build_document(max_workers=1)
+
+
+def numeric_schema(prop):
+    """The number branch of a property's schema (memory and timeout also take strings)."""
+    for branch in prop.get("oneOf", [prop]):
+        if branch.get("type") in ("integer", "number"):
+            return branch
+    return None
+
+
+def test_the_job_options_numeric_bounds_are_the_models():
+    document = build_document(max_workers=bounds.WORKERS.maximum + 10)
+    properties = document["components"]["schemas"]["JobSubmission"]["properties"]
+    numeric = {name: numeric_schema(p) for name, p in properties.items() if numeric_schema(p)}
+    assert set(numeric) == set(bounds.BY_NAME), "every number of a job has one shared bound"
+    for name, schema in numeric.items():
+        bound = bounds.BY_NAME[name]
+        low = "exclusiveMinimum" if bound.exclusive_minimum else "minimum"
+        assert (schema[low], schema["maximum"]) == (bound.minimum, bound.maximum), name
+        assert not ({"minimum", "exclusiveMinimum"} - {low}) & set(schema), name
+        # ...and the model holds to the same numbers: the edges pass, one past them fails.
+        JobSpec.from_options({name: schema["maximum"]})
+        with pytest.raises(SpecError, match=f"^{name} must be"):
+            JobSpec.from_options({name: schema["maximum"] + 1})
+        below = schema[low] if bound.exclusive_minimum else schema[low] - 1
+        with pytest.raises(SpecError, match=f"^{name} must be"):
+            JobSpec.from_options({name: below})
+        if not bound.exclusive_minimum:
+            JobSpec.from_options({name: schema[low]})
+    # No bound typed into the file by hand, where it could drift from the model's.
+    static = static_document()["components"]["schemas"]["JobSubmission"]["properties"]
+    for name in numeric:
+        hand = numeric_schema(static[name])
+        assert not {"minimum", "exclusiveMinimum", "maximum"} & set(hand), name
+    # A server allowing fewer ranks says its own limit.
+    small = build_document(max_workers=8)["components"]["schemas"]["JobSubmission"]
+    assert small["properties"]["workers"]["maximum"] == 8
+
+
+def test_unknown_x_bounds_is_a_clear_error(monkeypatch):
+    monkeypatch.delitem(bounds.BY_NAME, "priority")
+    with pytest.raises(ValueError, match="unknown x-bounds 'priority'"):
         build_document(max_workers=1)
 
 
