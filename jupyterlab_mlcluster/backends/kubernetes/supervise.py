@@ -68,6 +68,7 @@ from .status import (
     pod_usage,
     rank_fields,
 )
+from .volcano import PodGroupView
 
 if TYPE_CHECKING:
     from ...jobs.supervisor import JobContext
@@ -183,6 +184,14 @@ class _Attempt:
             else None
         )
         self.kueue_standing: Standing | None = None
+        # Volcano: while the gang waits, its PodGroup's phase and Unschedulable condition.
+        self.volcano = (
+            PodGroupView(run.conn, self.plan.namespace, run.name, self.plan.queue)
+            if self.plan.gang == "volcano"
+            else None
+        )
+        self.volcano_text: str | None = None
+        self.queued_reason: str | None = None  # observe()'s reason while waiting for pods
         self.held_reason: str | None = None  # observe()'s reason while suspended
         self.admitted_once = False
 
@@ -441,6 +450,8 @@ class _Attempt:
                 self._flush()
                 if self.held_reason is not None:
                     self.ctx.set_reason(self._held_reason())
+                elif self.queued_reason is not None:
+                    self.ctx.set_reason(self._queued_reason())
             self._ensure_log_streams()
             changed = self._pump(LOOP_TICK)
 
@@ -494,7 +505,20 @@ class _Attempt:
                     self.kueue.next_look = 0.0
             self.held_reason = None
             self.admitted_once = self.admitted_once or self.job is not None
-            ctx.set_reason(obs.reason)
+            waiting = self.volcano is not None and obs.state == JobState.QUEUED
+            self.queued_reason = obs.reason if waiting else None
+            ctx.set_reason(self._queued_reason() if waiting else obs.reason)
+
+    def _queued_reason(self) -> str | None:
+        """A waiting Volcano-gang job's reason: its PodGroup's word first (what `mlcluster
+        jobs` has room for), then what its pods say. Re-read with kueue's backoff."""
+        if self.volcano is not None and self.job is not None:
+            text = self.volcano.look()
+            if text is not False:
+                self.volcano_text = text
+        if self.volcano_text:
+            return f"{self.volcano_text} ({self.queued_reason})"
+        return self.queued_reason
 
     def _held_reason(self) -> str | None:
         """The reason of a suspended job: where it stands in Kueue when Kueue says, and
