@@ -185,8 +185,9 @@ def prune_and_default(
                 continue
         if path == "" and key == "metadata":
             # ObjectMeta is the apiserver's own, never pruned by a CRD's schema (which may
-            # say no more than `type: object` about it, as controller-gen writes).
-            result[key] = copy.deepcopy(value)
+            # say no more than `type: object` about it, as controller-gen writes). Kept as the
+            # same object: the write path goes on editing it (generation, resourceVersion).
+            result[key] = value
             continue
         pruned, lost = prune_and_default(value, sub, f"{path}.{key}" if path else key)
         result[key] = pruned
