@@ -41,6 +41,13 @@ SWEEP_ID = r"^s[0-9a-f]{10}$"
 # A schedule's name: its runs are named <schedule>-YYYYMMDDHHMM, a job name of at most 53.
 SCHEDULE_NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 
+# A TensorBoard directory template (jobs/model.py parse_tensorboard_dir): an absolute path,
+# or a URI with no white space, with `{job}` as the only placeholder ({{ and }} for braces).
+TENSORBOARD_DIR = (
+    r"^(/([^\u0000-\u001f\u007f{}]|\{job\}|\{\{|\}\})*"
+    r"|[a-z][a-z0-9+.-]*://([^\s\u0000-\u001f\u007f{}]|\{job\}|\{\{|\}\})+)$"
+)
+
 # The names the API document uses in `x-pattern`.
 BY_NAME: dict[str, str] = {
     "job_name": JOB_NAME,
@@ -54,6 +61,7 @@ BY_NAME: dict[str, str] = {
     "workspace_size": WORKSPACE_SIZE,
     "sweep_id": SWEEP_ID,
     "schedule_name": SCHEDULE_NAME,
+    "tensorboard_dir": TENSORBOARD_DIR,
 }
 
 

@@ -840,7 +840,6 @@ def test_builder_refuses_an_empty_chunk_list():
             {"engine": "indexed-job", "ranks_per_pod": 2},
             "needs a TrainJob or a PyTorchJob",
         ),
-        ({"workers": 100_001}, {"engine": "indexed-job"}, "at most 100000"),
         ({"cpus": 0.0001}, {"engine": "indexed-job"}, "at least 0.001"),
     ],
 )

@@ -389,7 +389,13 @@ def test_kueue_admits_the_suspended_job(k8s, player, kube, kube_namespace):
     kube.patch("batch/v1", "Job", name, {"spec": {"suspend": True}}, kube_namespace)
     kube.delete("v1", "Pod", pod, kube_namespace)
     player.kill_deleted()
-    rec = wait_state(service, record.id, lambda r: r.state == "queued", message="queued again")
+    # State and reason may reach the store in two writes: wait for the reason as well.
+    rec = wait_state(
+        service,
+        record.id,
+        lambda r: r.state == "queued" and r.reason and r.reason.startswith("preempted"),
+        message="queued again",
+    )
     assert rec.reason == (
         "preempted by Kueue (suspended again): waiting for Kueue to admit the job (queue team-a)"
     )
