@@ -71,7 +71,8 @@ async def test_a_bad_directory_is_refused_and_nothing_is_submitted(api, value, w
     before = (await api("GET", "jobs"))[1]
     code, answer, _ = await api("POST", "jobs", body={"code": MARK, "tensorboard": value})
     assert code == 400, answer
-    assert words in answer["message"]
+    # Refused by the model's words, or first by the document's shared pattern for the field.
+    assert words in answer["message"] or "does not match" in answer["message"], answer
     assert (await api("GET", "jobs"))[1] == before
 
 
