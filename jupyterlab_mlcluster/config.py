@@ -154,6 +154,16 @@ class MLClusterConfig(Configurable):
         "notebook pod this runs in (so the environment matches).",
     ).tag(config=True)
 
+    kubernetes_wheel_cache = Unicode(
+        "",
+        help="A directory on a PersistentVolumeClaim the notebook pod mounts (ReadWriteMany) "
+        "that serves as the wheel cache of jobs running the notebook's own image: at submit, "
+        "the notebook puts wheels of the packages installed since its pod started there, and "
+        "the job's pods mount the same claim (read-only, same path) and install from it "
+        "without the package index. Empty, or not on a claim: the pods install from the "
+        "index the notebook's pip uses.",
+    ).tag(config=True)
+
     kubernetes_engine = Enum(
         ["auto", "trainjob", "pytorchjob", "tfjob", "indexed-job"],
         "auto",

@@ -340,7 +340,7 @@ def test_indexed_job_with_volcano_is_exactly_this():
                                 {"name": "MASTER_PORT", "value": "29500"},
                                 {"name": "LOCAL_RANK", "value": "0"},
                                 {"name": "LOCAL_WORLD_SIZE", "value": "1"},
-                                {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+                                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
                                 {
                                     "name": "MLCLUSTER_TF_WORKERS",
                                     "value": "j00ff-0.j00ff:2222,j00ff-1.j00ff:2222",
@@ -456,7 +456,7 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
                                         {"name": "MASTER_PORT", "value": "29500"},
                                         {"name": "LOCAL_RANK", "value": "0"},
                                         {"name": "LOCAL_WORLD_SIZE", "value": "1"},
-                                        {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+                                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
                                     ],
                                     "resources": {
                                         "requests": {"cpu": "1", "memory": "1G"},

@@ -201,6 +201,9 @@ class JobSpec:
     # Where the ranks write TensorBoard data ($MLCLUSTER_TENSORBOARD_DIR): an absolute path or
     # a URI; `{job}` is replaced by the job id when the job is submitted.
     tensorboard: str | None = None
+    # Kubernetes, the notebook's own image: install what the notebook added since its pod
+    # started in each job pod first (environment.py); --no-sync-packages turns it off.
+    sync_packages: bool = True
 
     FIELDS = (
         "workers",
@@ -217,6 +220,7 @@ class JobSpec:
         "queue",
         "priority",
         "tensorboard",
+        "sync_packages",
     )
 
     @classmethod
@@ -286,6 +290,12 @@ class JobSpec:
             spec.queue = queue
         if "priority" in values:
             spec.priority = _as_int("priority", values["priority"], bounds.PRIORITY)
+        if "sync_packages" in values:
+            if not isinstance(values["sync_packages"], bool):
+                raise SpecError(
+                    f"sync_packages must be true or false, got {values['sync_packages']!r}"
+                )
+            spec.sync_packages = values["sync_packages"]
         if "tensorboard" in values:
             spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
             if TENSORBOARD_ENV in spec.env:

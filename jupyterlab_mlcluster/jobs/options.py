@@ -46,6 +46,16 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         },
     ),
     (
+        ("--no-sync-packages",),
+        {
+            "dest": "sync_packages",
+            "action": "store_false",
+            "default": None,
+            "help": "Kubernetes: do not install in the job's pods the packages installed in "
+            "the notebook since its pod started",
+        },
+    ),
+    (
         ("--no-wait",),
         {"action": "store_true", "default": False, "help": "return at once with a job handle"},
     ),
@@ -78,6 +88,7 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
         "queue": args.queue,
         "priority": args.priority,
         "tensorboard": args.tensorboard,
+        "sync_packages": getattr(args, "sync_packages", None),
     }
     return {k: v for k, v in names.items() if v is not None}
 

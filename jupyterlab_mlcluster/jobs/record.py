@@ -102,6 +102,7 @@ class JobRecord:
             "max_restarts": spec.max_restarts,
             "env": dict(spec.env),
             "tensorboard": spec.tensorboard,
+            "sync_packages": spec.sync_packages,
             "created": iso(self.created),
             "started": iso(self.started),
             "finished": iso(self.finished),

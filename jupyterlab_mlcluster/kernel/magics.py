@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import getpass
 import keyword
+import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -504,8 +506,21 @@ def _shell():
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DistributedMagics)
+    # The kernel's environment as its pod started (if no one recorded it yet): Kubernetes
+    # jobs' pods install what is pip-installed into it later (environment.py).
+    threading.Thread(target=_record_environment, name="mlcluster-baseline", daemon=True).start()
     if transform_cell not in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.append(transform_cell)
+
+
+def _record_environment() -> None:
+    from .. import environment
+    from ..config import MLClusterConfig
+
+    try:
+        environment.record_baseline(MLClusterConfig().store_dir)
+    except Exception:  # noqa: BLE001 - never in the way of the magics; nothing synced then
+        logging.getLogger("jupyterlab_mlcluster").debug("baseline not recorded", exc_info=True)
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -290,6 +290,10 @@ class MLClusterApp(ExtensionApp):
 
             # Fire and forget: it takes seconds (import torch) in its own process.
             self.executor.submit(warmpool.ensure_zygote, self.mlconfig, False)
+        from .. import environment
+
+        # What this pod's image holds, once per pod: jobs' pods install what is added later.
+        self.executor.submit(environment.record_baseline, self.mlconfig.store_dir)
         if self.freeze_gc_on_start:
             gc.freeze()
 

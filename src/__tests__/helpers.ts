@@ -169,6 +169,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     queue: null,
     priority: 0,
     tensorboard: null,
+    sync_packages: true,
     timeout: null,
     max_restarts: 0,
     env: {},

@@ -517,6 +517,8 @@ export interface components {
       priority?: number;
       /** @description The ranks' $MLCLUSTER_TENSORBOARD_DIR: an absolute path or a URI such as 's3://bucket/runs/{job}' ({job} is the job id). Default: the server's MLClusterConfig.tensorboard_dir. */
       tensorboard?: string;
+      /** @description Default true. Kubernetes, when the job runs the notebook pod's own image: install in each job pod, before the code runs, the packages installed in the notebook's environment since its pod started (false: --no-sync-packages). */
+      sync_packages?: boolean;
       /** @description Variables of rank 0 to keep as the job's result (see /jobs/{id}/result). */
       pull?: string[];
     };
@@ -574,6 +576,8 @@ export interface components {
       priority: number;
       /** @description The job's TensorBoard directory when --tensorboard or the setting named one. */
       tensorboard: string | null;
+      /** @description Whether the job's pods install the packages the notebook added since its pod started (Kubernetes). */
+      sync_packages: boolean;
       timeout: number | null;
       max_restarts: number;
       env: {

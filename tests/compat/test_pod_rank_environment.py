@@ -59,3 +59,28 @@ def test_the_users_choice_wins():
     env = {"RANK": "0", "WORLD_SIZE": "2", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     complete_environment(env)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+
+
+@pytest.mark.parametrize("engine", ["indexed-job", "tfjob", "pytorchjob", "trainjob"])
+def test_a_pod_without_gpus_gets_no_empty_cuda_visible_devices(engine):
+    """torchrun sets no CUDA_VISIBLE_DEVICES; neither does a pod without GPUs. It tells the
+    NVIDIA container runtime to give it none instead (a CUDA image's NVIDIA_VISIBLE_DEVICES=all
+    would hand it the node's), unless the user says otherwise."""
+    framework = "tensorflow" if engine == "tfjob" else "pytorch"
+
+    def env_of(**options):
+        spec = JobSpec.from_options({"workers": 2, "framework": framework, **options})
+        template = objects.pod_template(
+            "j1", spec, engine=engine, name="t-j1", image="img", labels={}, chunk_count=1
+        )
+        env = resolved_env(template["spec"]["containers"][0], rank=1)
+        complete_environment(env)
+        return env
+
+    cpu_only = env_of()
+    assert "CUDA_VISIBLE_DEVICES" not in cpu_only
+    assert cpu_only["NVIDIA_VISIBLE_DEVICES"] == "void"
+    with_gpus = env_of(gpus_per_worker=2)
+    assert with_gpus["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "NVIDIA_VISIBLE_DEVICES" not in with_gpus  # the device plugin sets it
+    assert env_of(env=["NVIDIA_VISIBLE_DEVICES=all"])["NVIDIA_VISIBLE_DEVICES"] == "all"

@@ -394,11 +394,22 @@ class ClusterPlayer:
                 (target / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
         return target
 
-    def run_rank(self, pod_name: str, *, extra_env: dict[str, str] | None = None) -> RankRun:
+    def run_rank(
+        self,
+        pod_name: str,
+        *,
+        extra_env: dict[str, str] | None = None,
+        python_env: Path | None = None,
+    ) -> RankRun:
         """Start the pod's container: Running, the real worker, output into the pod log as
-        it is written."""
+        it is written. `python_env`: the image's Python environment (a venv) - then the
+        container's own command runs, with `python` that environment's interpreter."""
         pod = self.kube.get("v1", "Pod", pod_name, self.namespace)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SYSTEMROOT")}
+        command = [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"]
+        if python_env is not None:
+            env["PATH"] = os.pathsep.join([str(python_env / "bin"), env.get("PATH", "")])
+            command = pod["spec"]["containers"][0]["command"]
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
         )
@@ -408,7 +419,7 @@ class ClusterPlayer:
         env.update(extra_env or {})
         self.kube.set_pod_phase(self.namespace, pod_name, "Running")
         process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"],
+            command,
             env=env,
             cwd=self.workdir,
             stdout=subprocess.PIPE,

@@ -8,14 +8,17 @@ job lives on in the cluster and the new supervisor adopts its objects.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ... import environment
 from ...jobs.model import JobSpec, SpecError
 from ..base import Backend
 from . import client
+from .packages import PackageSync, find_cache_volume, index_settings
 from .plan import JobPlan, make_plan
 from .trainjob import runtime_missing_message
 
@@ -42,7 +45,7 @@ class KubernetesBackend(Backend):
         self._lock = threading.Lock()
         self._conn: client.Connection | None = None
         self._served: tuple[float, set[str]] | None = None
-        self._notebook_image: tuple[str | None] | None = None
+        self._notebook_pod: tuple[dict[str, Any] | None] | None = None
         self._nodes_seen: tuple[float, list[dict[str, Any]] | None] | None = None
         self._last_plan: tuple[JobSpec, JobPlan] | None = None
 
@@ -73,11 +76,57 @@ class KubernetesBackend(Backend):
             self._served = (now, kinds)
         return self._served[1]
 
+    def notebook_pod(self, conn: client.Connection) -> dict[str, Any] | None:
+        if self._notebook_pod is None:
+            self._notebook_pod = (client.own_pod(conn),)
+        return self._notebook_pod[0]
+
     def notebook_image(self, conn: client.Connection) -> str | None:
-        if self._notebook_image is None:
-            pod = client.own_pod(conn)
-            self._notebook_image = (client.pod_image(pod) if pod else None,)
-        return self._notebook_image[0]
+        pod = self.notebook_pod(conn)
+        return client.pod_image(pod) if pod else None
+
+    def package_sync(
+        self, conn: client.Connection, spec: JobSpec, image: str
+    ) -> PackageSync | None:
+        """What the job's pods install first: the packages the notebook's environment gained
+        since its pod started, when the job runs the notebook's own image (else the image
+        is the user's choice, as built). Filling the wheel cache happens here, in the
+        submitting process: it is the notebook's environment."""
+        pod = self.notebook_pod(conn)
+        if not spec.sync_packages or pod is None or image != client.pod_image(pod):
+            return None
+        found = environment.changes_since_baseline(self.config.store_dir)
+        if not found or not found[0]:
+            return None
+        requirements, skipped = found
+        notes = [
+            f"{name} is installed in editable mode in the notebook: its pods run the image's "
+            "version, if any"
+            for name in skipped
+        ]
+        index, index_notes = index_settings(environment.pip_config())
+        notes += index_notes
+        cache = None
+        if self.config.kubernetes_wheel_cache:
+            cache = find_cache_volume(pod, self.config.kubernetes_wheel_cache)
+            if cache is None:
+                notes.append(
+                    f"MLClusterConfig.kubernetes_wheel_cache {self.config.kubernetes_wheel_cache} "
+                    "is on no PersistentVolumeClaim of the notebook pod: the pods use the index"
+                )
+            else:
+                notes += environment.fill_wheel_cache(
+                    self.config.kubernetes_wheel_cache, requirements
+                )
+        return PackageSync(
+            requirements=tuple(requirements),
+            index=index,
+            cache_path=self.config.kubernetes_wheel_cache if cache else None,
+            cache_claim=cache[0] if cache else None,
+            cache_mount=cache[1] if cache else None,
+            cache_sub_path=cache[2] if cache else None,
+            notes=tuple(notes),
+        )
 
     # -- in the submitting process ----------------------------------------------------------
 
@@ -110,6 +159,10 @@ class KubernetesBackend(Backend):
             self._check_runtime(conn, spec, plan.runtime or "")
         self._check_fits(spec, plan)
         return plan
+
+    def _with_packages(self, spec: JobSpec, plan: JobPlan) -> JobPlan:
+        sync = self.package_sync(self.connection(probe=False), spec, plan.image)
+        return dataclasses.replace(plan, packages=sync.to_dict()) if sync else plan
 
     def _check_runtime(self, conn: client.Connection, spec: JobSpec, runtime: str) -> None:
         """A TrainJob naming a runtime the cluster lacks would be refused by the Trainer's
@@ -156,7 +209,7 @@ class KubernetesBackend(Backend):
     def prepare(self, spec: JobSpec) -> dict[str, Any]:
         last = self._last_plan
         plan = last[1] if last is not None and last[0] is spec else self._plan(spec)
-        return plan.to_dict()
+        return self._with_packages(spec, plan).to_dict()
 
     # -- schedules: a CronJob + Secret in the namespace; the cluster fires them ------------
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from ...jobs.model import JobSpec, SpecError, format_memory
 from ...runtime.protocol import KEY_FILE
+from .packages import PackageSync, cache_volume, sync_command, sync_env
 from .payload import chunk_name
 
 ENGINES = ("trainjob", "pytorchjob", "tfjob", "indexed-job")
@@ -57,6 +58,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"
 GPU_RESOURCE = "nvidia.com/gpu"
+NVIDIA_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 # Set on pods by the Job controller and the Training Operator; they say which rank a pod is.
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -105,6 +107,8 @@ ENGINE_ENV = frozenset(
         "TORCHELASTIC_RESTART_COUNT",
         "TORCHELASTIC_MAX_RESTARTS",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        "MLCLUSTER_SYNC_PACKAGES",
+        "MLCLUSTER_WHEEL_CACHE",
     }
 )
 
@@ -359,12 +363,15 @@ def rank_environment(
     else:
         master = f"{name}-master-0"
     if ranks_per_pod == 1:
-        gpus = ",".join(str(i) for i in range(spec.gpus_per_worker))
-        env += [
-            _env("LOCAL_RANK", "0"),
-            _env("LOCAL_WORLD_SIZE", "1"),
-            _env("CUDA_VISIBLE_DEVICES", gpus),
-        ]
+        env += [_env("LOCAL_RANK", "0"), _env("LOCAL_WORLD_SIZE", "1")]
+        if spec.gpus_per_worker:
+            gpus = ",".join(str(i) for i in range(spec.gpus_per_worker))
+            env.append(_env("CUDA_VISIBLE_DEVICES", gpus))
+        elif NVIDIA_DEVICES_ENV not in spec.env:
+            # No CUDA_VISIBLE_DEVICES="" (torchrun sets none): a CUDA image sets
+            # NVIDIA_VISIBLE_DEVICES=all, which would hand a pod without a GPU request its
+            # node's GPUs; "void" tells the NVIDIA container runtime to give it none.
+            env.append(_env(NVIDIA_DEVICES_ENV, "void"))
     else:
         # torchrun sets RANK/LOCAL_RANK/... per process; the runtime picks its own GPUs.
         env += [
@@ -438,9 +445,11 @@ def pod_template(
     attempt: int = 0,
     payload_prefix: str | None = None,
     with_key: bool = False,
+    packages: PackageSync | None = None,
 ) -> dict[str, Any]:
     """The pod template every rank of the job runs (`payload_prefix`: the payload Secrets'
-    names, `name` by default; `with_key`: the first one holds the job's record key)."""
+    names, `name` by default; `with_key`: the first one holds the job's record key;
+    `packages`: what the notebook added to the image, installed before the rank runs)."""
     env = [_env(k, v) for k, v in spec.env.items()]
     env += [
         _env("MLCLUSTER_JOB_ID", job_id),
@@ -453,10 +462,14 @@ def pod_template(
     if spec.tensorboard:  # no default on Kubernetes: only a directory the user named
         env.append(_env("MLCLUSTER_TENSORBOARD_DIR", spec.tensorboard))
     env += rank_environment(spec, engine=engine, name=name, ranks_per_pod=ranks_per_pod)
+    command = _command(ranks_per_pod)
+    if packages is not None and packages.requirements:
+        command = sync_command(command)
+        env += sync_env(packages)
     container: dict[str, Any] = {
         "name": container_name(engine),
         "image": image,
-        "command": _command(ranks_per_pod),
+        "command": command,
         "env": env,
         "resources": pod_resources(spec, ranks_per_pod),
         "volumeMounts": [
@@ -465,6 +478,9 @@ def pod_template(
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
+    cache = cache_volume(packages) if packages is not None and packages.requirements else None
+    if cache is not None:
+        container["volumeMounts"].append(cache[1])
     if engine == "pytorchjob":
         container["ports"] = [{"name": PYTORCH_PORT_NAME, "containerPort": PYTORCH_PORT}]
     elif engine == "tfjob":
@@ -474,6 +490,7 @@ def pod_template(
         "volumes": [
             payload_volume(payload_prefix or name, chunk_count, with_key),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *([cache[0]] if cache is not None else []),
         ],
         # Ranks do not talk to the API server, and service-link variables could clash
         # with ours (a Service named "master" gives MASTER_PORT).
@@ -697,12 +714,13 @@ def build_job_objects(
     attempt: int = 0,
     report_key: bytes | None = None,
     runtime: str | None = None,
+    packages: PackageSync | None = None,
 ) -> JobObjects:
     """All objects of one job. `queue` is the default when the spec names none;
     `priority_class` a PriorityClass name the backend chose for `spec.priority`;
     `report_key` the job's record key: it travels in the first payload Secret, and the
     Secrets get names derived from it (`payload_secret_prefix`).
-    `runtime` the Trainer runtime of a TrainJob.
+    `runtime` the Trainer runtime of a TrainJob; `packages` what the pods install first.
     """
     check_request(spec, engine=engine, gang=gang, queue=queue, ranks_per_pod=ranks_per_pod)
     if not payload_chunks:
@@ -727,6 +745,7 @@ def build_job_objects(
         attempt=attempt,
         payload_prefix=prefix,
         with_key=report_key is not None,
+        packages=packages,
     )
     job_labels_ = dict(labels)
     if gang == "kueue":

@@ -19,6 +19,7 @@ from .objects import (
     choose_engine,
     choose_ranks_per_pod,
 )
+from .packages import PackageSync
 
 # engine -> (apiVersion, kind) of the job object
 JOB_KINDS = {
@@ -40,6 +41,8 @@ class JobPlan:
     service_account: str | None = None
     ranks_per_pod: int = 1
     runtime: str | None = None  # the Trainer runtime of a TrainJob
+    # What the notebook added to its image, installed in each pod first (packages.py)
+    packages: dict[str, Any] | None = None
 
     @property
     def api_version(self) -> str:
@@ -165,4 +168,5 @@ def plan_objects(
         attempt=attempt,
         report_key=report_key,
         runtime=plan.runtime,
+        packages=PackageSync.from_dict(plan.packages),
     )

@@ -34,6 +34,7 @@ from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.store import JobStore
 from ...runtime.protocol import job_key, key_path
+from ...runtime.sync_packages import describe
 from .cleanup import pending_cleanup, set_pending_cleanup
 from .client import (
     Connection,
@@ -55,6 +56,7 @@ from .objects import (
     pod_ranks,
     with_owner,
 )
+from .packages import PackageSync
 from .payload import split_payload
 from .plan import JobPlan, plan_objects
 from .status import (
@@ -166,6 +168,7 @@ class _Attempt:
         self.adopted_skip: dict[int, int] = {}
         # what the ranks told us
         self.started_ranks: set[int] = set()
+        self.installing: set[int] = set()  # ranks whose pods install the notebook's packages
         self.result_chunks: dict[int, str] = {}
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.rank_updates = lifecycle.RankUpdates(run.ctx)
@@ -254,6 +257,8 @@ class _Attempt:
         if job is None:
             log.debug("creating %s %s", plan.kind, run.name)
             job = self._create(objects.job)
+            if self.number == 0:
+                self._say_packages()
         self.job, self.uid = job, job["metadata"]["uid"]
         for dependent in objects.dependents:
             self._create_dependent(with_owner(dependent, job))
@@ -261,6 +266,20 @@ class _Attempt:
         if objects.resume is not None and is_suspended(job, plan.engine):
             self.job = with_retries(self._resume(objects.resume), f"resume {run.name}")
         log.debug("objects ready")
+
+    def _say_packages(self) -> None:
+        """What the pods will install first (the notebook's packages), and any caveat."""
+        sync = PackageSync.from_dict(self.plan.packages)
+        if sync is None or not sync.requirements:
+            return
+        source = "the wheel cache" if sync.cache_claim else "the package index"
+        self.ctx.logs.system(
+            f"[mlcluster] each pod first installs {describe(list(sync.requirements))}, "
+            f"installed in the notebook since its pod started, from {source} "
+            "(--no-sync-packages: not)"
+        )
+        for note in sync.notes:
+            self.ctx.logs.system(f"[mlcluster] {note}")
 
     def _ours(self, obj: dict[str, Any]) -> bool:
         """This attempt's object, alive (adopt it), not an earlier attempt's or one being deleted."""
@@ -507,7 +526,16 @@ class _Attempt:
             self.admitted_once = self.admitted_once or self.job is not None
             waiting = self.volcano is not None and obs.state == JobState.QUEUED
             self.queued_reason = obs.reason if waiting else None
-            ctx.set_reason(self._queued_reason() if waiting else obs.reason)
+            ctx.set_reason(self._queued_reason() if waiting else obs.reason or self._installing())
+
+    def _installing(self) -> str | None:
+        """While pods install the notebook's packages (before their ranks run)."""
+        waiting = sorted(self.installing - self.started_ranks)
+        if not waiting:
+            return None
+        count = len(self.plan.packages.get("requirements") or []) if self.plan.packages else 0
+        ranks = ", ".join(map(str, waiting[:8])) + (", ..." if len(waiting) > 8 else "")
+        return f"installing {count} package(s) the notebook added (rank {ranks})"
 
     def _queued_reason(self) -> str | None:
         """A waiting Volcano-gang job's reason: its PodGroup's word first (what `mlcluster
@@ -705,6 +733,11 @@ class _Attempt:
             _write_atomically(self.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
         elif rtype == "result" and rank == 0:  # a result comes from rank 0 or from nobody
             self._result_chunk(record)
+        elif rtype == "packages":  # the pod installs the notebook's packages (its log says more)
+            if record.get("state") == "installing":
+                self.installing.add(rank)
+            else:
+                self.installing.discard(rank)
 
     def _result_chunk(self, record: dict[str, Any]) -> None:
         try:

@@ -1,0 +1,293 @@
+"""The notebook's own Python environment: what the user installed since the pod started.
+
+A Kubernetes job runs the notebook pod's image by default, as built: a package the user
+`pip install`ed into the kernel's environment afterwards is not in it. So when the pod starts
+(the server extension, and each kernel loading the magics, call `record_baseline`) the
+distributions installed then are recorded, once per pod and environment; at submit,
+`changes_since_baseline` lists what was added or changed since, as pip requirements, for
+the job's pods to install before the code runs (backends/kubernetes/packages.py builds
+that step, runtime/sync_packages.py runs it).
+
+- Once per pod: a baseline is keyed by the environment (sys.prefix) and by the container's
+  start (node boot id + start time of the container's PID 1), so a restarted pod records
+  afresh, while the files live in the job store (the user's own directory).
+- The user site directory (~/.local, on the notebook's home volume, not in the image) never
+  counts as the image's: what lies there is always synced.
+- No baseline (not recorded, or unreadable): nothing is synced; never a guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import site
+import sys
+import time
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+log = logging.getLogger("jupyterlab_mlcluster.environment")
+
+BASELINE_DIR = "environments"  # under the job store's root
+BASELINE_MAX_AGE = 30 * 86400  # older baselines (of pods long gone) are removed
+MAX_BASELINE_BYTES = 4 * 2**20
+
+
+def container_start() -> str:
+    """Who this container start is: the node's boot id and the start time of PID 1 (the
+    container's first process; the init process outside containers)."""
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/1/stat"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            text = ""
+        if path.endswith("stat") and ")" in text:
+            # fields after the command name; field 22 of the file is the start time
+            text = text.rsplit(")", 1)[1].split()[19]
+        parts.append(text)
+    return ":".join(parts)
+
+
+def baseline_path(store_dir: str | os.PathLike[str], prefix: str | None = None) -> Path:
+    env = os.path.realpath(prefix or sys.prefix)
+    key = hashlib.sha256(f"{env}\0{container_start()}".encode()).hexdigest()[:24]
+    return Path(store_dir) / BASELINE_DIR / f"{key}.json"
+
+
+def _user_site() -> str | None:
+    with contextlib.suppress(Exception):
+        return os.path.realpath(site.getusersitepackages())
+    return None
+
+
+def installed(paths: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """canonical name -> {"version", "user_site", "direct_url"} of the distributions
+    importable from `paths` (sys.path): the first of a name wins, as for imports."""
+    user_site = _user_site()
+    found: dict[str, dict[str, Any]] = {}
+    for dist in metadata.distributions(path=list(paths if paths is not None else sys.path)):
+        try:
+            name = canonicalize_name(dist.metadata["Name"] or "")
+            version = dist.version
+        except Exception:  # noqa: BLE001, S112 - a broken .dist-info: pip would not see it either
+            continue
+        if not name or not version or name in found:
+            continue
+        location = os.path.realpath(str(dist.locate_file("")))
+        direct_url = None
+        with contextlib.suppress(Exception):
+            text = dist.read_text("direct_url.json")
+            direct_url = json.loads(text) if text else None
+        found[name] = {
+            "version": version,
+            "user_site": bool(user_site) and location == user_site,
+            "direct_url": direct_url if isinstance(direct_url, dict) else None,
+        }
+    return found
+
+
+def record_baseline(store_dir: str | os.PathLike[str]) -> Path | None:
+    """Record this environment's distributions as the image's, unless this pod already
+    did (the first record wins). Returns the baseline's path; None when it cannot be
+    written (then nothing will be synced)."""
+    path = baseline_path(store_dir)
+    if path.exists():
+        return path
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _prune(path.parent)
+        image = {
+            name: info["version"] for name, info in installed().items() if not info["user_site"]
+        }
+        body = json.dumps(
+            {"prefix": os.path.realpath(sys.prefix), "recorded": time.time(), "image": image}
+        ).encode()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        try:
+            os.link(tmp, path)  # never over another process's record: the first one wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    except OSError as exc:
+        log.warning("cannot record the environment's packages in %s: %s", path, exc)
+        return None
+    return path
+
+
+def _prune(directory: Path) -> None:
+    cutoff = time.time() - BASELINE_MAX_AGE
+    for old in directory.glob("*.json"):
+        with contextlib.suppress(OSError):
+            if old.lstat().st_mtime < cutoff:
+                old.unlink()
+
+
+def read_baseline(store_dir: str | os.PathLike[str]) -> dict[str, str] | None:
+    """name -> version recorded when this pod started; None without a (readable) one."""
+    path = baseline_path(store_dir)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(MAX_BASELINE_BYTES))
+        image = data["image"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(image, dict):
+        return None
+    return {str(k): str(v) for k, v in image.items()}
+
+
+def requirement(name: str, info: dict[str, Any]) -> str | None:
+    """The pip requirement that installs this distribution as the notebook has it; None
+    for one a pod cannot get (an editable install: its source is on the notebook's disk)."""
+    direct = info.get("direct_url") or {}
+    if (direct.get("dir_info") or {}).get("editable"):
+        return None
+    vcs = direct.get("vcs_info")
+    if vcs and direct.get("url") and vcs.get("vcs") and vcs.get("commit_id"):
+        return f"{name} @ {vcs['vcs']}+{direct['url']}@{vcs['commit_id']}"
+    return f"{name}=={info['version']}"
+
+
+def changes(
+    baseline: dict[str, str], now: dict[str, dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """(requirements of what was added or changed since `baseline`, names of those that
+    cannot be synced). Removals are not synced: a pod's image keeps what it has."""
+    wanted, skipped = [], []
+    for name in sorted(now):
+        info = now[name]
+        if baseline.get(name) == info["version"] and not info["user_site"]:
+            continue
+        req = requirement(name, info)
+        if req is None:
+            skipped.append(name)
+        else:
+            wanted.append(req)
+    return wanted, skipped
+
+
+def changes_since_baseline(
+    store_dir: str | os.PathLike[str],
+) -> tuple[list[str], list[str]] | None:
+    """What this environment gained since the pod started (see `changes`); None when no
+    baseline was recorded for this pod."""
+    baseline = read_baseline(store_dir)
+    if baseline is None:
+        return None
+    return changes(baseline, installed())
+
+
+def local_archives(names: Iterable[str]) -> dict[str, str]:
+    """canonical name -> local file a distribution was installed from (`pip install
+    ./pkg.whl`, PEP 610's direct_url.json), for the wheel cache: no index has those."""
+    wanted = {canonicalize_name(n) for n in names}
+    found = {}
+    for name, info in installed().items():
+        direct = info.get("direct_url") or {}
+        url = str(direct.get("url") or "")
+        if name in wanted and "archive_info" in direct and url.startswith("file://"):
+            found[name] = url[len("file://") :]
+    return found
+
+
+PIP_TIMEOUT = 120.0  # seconds for each pip run at submit; past it, the pods use the index
+
+
+def pip_config() -> str:
+    """`pip config list` of this environment (files and PIP_* variables), '' on failure."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PIP_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cannot read pip's configuration: %s", exc)
+        return ""
+    return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else ""
+
+
+def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> list[str]:
+    """Put a wheel of each requirement the cache lacks into it: the file it was installed
+    from, else what `pip wheel` gets from this environment's index (pip's own HTTP cache
+    usually has it: the user just installed it). Returns notes on what could not be put
+    there (the pods then go to the index for it)."""
+    import shutil
+    import subprocess
+
+    from .runtime.sync_packages import cache_has_all
+
+    directory = Path(cache)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"cannot use the wheel cache {directory}: {exc.strerror}"]
+    missing = [r for r in requirements if not cache_has_all(directory, [r])]
+    if not missing:
+        return []
+    notes = []
+    archives = local_archives(r.split("==")[0].split(" @ ")[0] for r in missing)
+    for path in archives.values():
+        source = Path(path)
+        if source.suffix == ".whl" and source.is_file():
+            tmp = directory / f".{source.name}.{os.getpid()}.tmp"
+            try:
+                shutil.copyfile(source, tmp)
+                os.replace(tmp, directory / source.name)  # whole, or not there
+            except OSError as exc:
+                notes.append(f"could not copy {source.name} into the wheel cache: {exc}")
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+    missing = [r for r in missing if not cache_has_all(directory, [r])]
+    pinned = [r for r in missing if "==" in r]
+    if pinned:
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--no-deps",
+                    "--no-input",
+                    "--disable-pip-version-check",
+                    "--progress-bar",
+                    "off",
+                    "--wheel-dir",
+                    str(directory),
+                    *pinned,
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=PIP_TIMEOUT,
+                check=False,
+            )
+            if done.returncode != 0:
+                text = done.stdout.decode("utf-8", "replace") + done.stderr.decode(
+                    "utf-8", "replace"
+                )
+                errors = [line for line in text.splitlines() if line.startswith("ERROR")]
+                notes.append(
+                    "could not put every wheel in the cache (the pods use the index for the "
+                    f"rest): {errors[0] if errors else f'pip wheel exited {done.returncode}'}"
+                )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            notes.append(f"could not fill the wheel cache: {exc}")
+    return notes

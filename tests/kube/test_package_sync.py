@@ -1,0 +1,237 @@
+"""The notebook's environment in job pods: what the user pip-installed in the notebook after
+its pod started is installed in each job pod before the rank runs.
+
+Played for real, against the API emulator with Kubeflow Trainer v2 served: the notebook
+pod's image is a venv that sees the test environment's packages (`image_env`); "pod start"
+records its baseline (what the server extension does); then `pip install` of a tiny wheel
+built here (no network). `mlcluster run` in that environment submits (a TrainJob running the
+notebook pod's own image); each job pod's real command runs in a FRESH venv built the same
+way: it installs exactly that package (from the wheel cache on the claim the notebook mounts)
+and the rank imports it. Also: a package that cannot be installed fails the job with pip's
+error before the rank runs, and --no-sync-packages builds a pod without the step.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import site
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import jsonschema
+from helpers import wait_for
+
+from jupyterlab_mlcluster.runtime.sync_packages import CACHE_ENV, REQUIREMENTS_ENV
+from tests.kube.crds import trainer_schema
+from tests.kube.jobs_fixtures import IMAGE, log_text
+from tests.kube.test_trainer_v2 import as_built
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = 'import tinypkg\nprint("rank imports", tinypkg.__name__, tinypkg.VALUE)\n'
+
+
+def build_wheel(directory: Path, name: str, version: str, value: str) -> Path:
+    """A pure-Python wheel (PEP 427: a zip of the module, METADATA, WHEEL and RECORD)."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
+
+
+def image_env(path: Path) -> Path:
+    """A Python environment played as the image's: a venv without pip of its own that sees
+    this environment's packages (pip, torch, our dependencies) through a .pth file."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    (site_packages(path) / "image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return path
+
+
+def site_packages(env: Path) -> Path:
+    return env / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def own_distributions(env: Path) -> set[str]:
+    return {p.name for p in site_packages(env).glob("*.dist-info")}
+
+
+def run_in(env: Path, *args: str, extra: dict[str, str] | None = None) -> str:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **(extra or {})}
+    done = subprocess.run(
+        [str(env / "bin" / "python"), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def notebook_pod(kube, namespace: str, shared: Path) -> None:
+    """The notebook's own pod: its image, and the claim holding the wheel cache."""
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "nb-0", "namespace": namespace},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "notebook",
+                        "image": IMAGE,
+                        "volumeMounts": [{"name": "shared", "mountPath": str(shared)}],
+                    }
+                ],
+                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": "team-rwx"}}],
+            },
+        }
+    )
+
+
+def submit(notebook: Path, workdir: Path, *options: str, index: Path | None = None) -> str:
+    """`mlcluster run --no-wait` in the notebook's environment; the job id."""
+    script = workdir / "train.py"
+    script.write_text(SCRIPT)
+    extra = {"POD_NAME": "nb-0", "MLCLUSTER_WARM_POOL": "0"}
+    if index is not None:  # the index this notebook's pip uses
+        extra["PIP_INDEX_URL"] = index.as_uri()
+    out = run_in(
+        notebook,
+        "-m",
+        "jupyterlab_mlcluster.cli",
+        "run",
+        "--backend",
+        "kubernetes",
+        "--no-wait",
+        *options,
+        str(script),
+        extra=extra,
+    )
+    return out.strip().splitlines()[-1]
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def test_packages_installed_in_the_notebook_reach_the_job_pods(
+    trainer, k8s, player, kube, kube_namespace, store_dir, tmp_path
+):
+    shared = tmp_path / "shared"  # the ReadWriteMany claim, mounted at the same path
+    cache = shared / "wheels"
+    service = k8s(kubernetes_image="", kubernetes_wheel_cache=str(cache))
+    notebook_pod(kube, kube_namespace, shared)
+    wheel = build_wheel(tmp_path, "tinypkg", "0.1", "synced-42")
+    notebook = image_env(tmp_path / "notebook")
+
+    # The pod starts: its environment is recorded; later the user installs a package.
+    run_in(
+        notebook,
+        "-c",
+        "import os; from jupyterlab_mlcluster import environment as e; "
+        "e.record_baseline(os.environ['MLCLUSTER_STORE_DIR'])",
+    )
+    started = time.monotonic()
+    run_in(
+        notebook, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", str(wheel)
+    )
+    print(f"pip install in the notebook: {time.monotonic() - started:.2f} s")
+
+    started = time.monotonic()
+    job_id = submit(notebook, tmp_path)
+    print(f"mlcluster run --no-wait (cache filled): {time.monotonic() - started:.2f} s")
+    job = player.job_object(job_id)
+    jsonschema.Draft202012Validator(trainer_schema()).validate(as_built(job))
+    assert job["spec"]["trainer"]["image"] == IMAGE  # the notebook's own image
+    assert job["spec"]["trainer"]["command"][:3] == [
+        "python",
+        "-m",
+        "jupyterlab_mlcluster.runtime.sync_packages",
+    ]
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod_spec = node["template"]["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    assert json.loads(env_of(container)[REQUIREMENTS_ENV]) == ["tinypkg==0.1"]  # exactly it
+    assert env_of(container)[CACHE_ENV] == str(cache)
+    assert {"name": "wheel-cache", "mountPath": str(shared), "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {
+        "name": "wheel-cache",
+        "persistentVolumeClaim": {"claimName": "team-rwx", "readOnly": True},
+    } in pod_spec["volumes"]
+    assert [p.name for p in cache.iterdir()] == [wheel.name]  # the notebook filled the cache
+
+    # The job's pod: the image's environment, fresh; its real command installs, then runs.
+    pod_env = image_env(tmp_path / "pod")
+    image_has = own_distributions(pod_env)
+    resumed = player.resumed(job_id)
+    (pod,) = player.create_pods(resumed).values()
+    player.schedule(pod)
+    started = time.monotonic()
+    run = player.run_rank(pod, python_env=pod_env)
+    assert player.end_rank(run) == 0, run.text
+    print(f"pod: install + rank: {time.monotonic() - started:.2f} s")
+    player.finish_job(resumed, succeeded=True)
+    assert own_distributions(pod_env) - image_has == {"tinypkg-0.1.dist-info"}
+    assert "rank imports tinypkg synced-42" in run.text
+    record = wait_for(lambda: (r := service.store.get_job(job_id)).final and r, message="job final")
+    assert record.state == "succeeded", record.error
+    lines = log_text(service, job_id)
+    installed = [line for line in lines if "[mlcluster] installed" in line]
+    assert installed and installed[0].startswith(
+        "0:[mlcluster] installed 1 package (tinypkg==0.1) from the wheel cache in "
+    ), lines
+    print(installed[0])
+    system = [item["line"] for item in service.logs(job_id)[0] if item["stream"] == "system"]
+    assert any("each pod first installs 1 package (tinypkg==0.1)" in s for s in system), system
+
+    # --no-sync-packages: the pod runs the image as built.
+    plain = player.job_object(submit(notebook, tmp_path, "--no-sync-packages"))
+    assert plain["spec"]["trainer"]["command"][2] == "jupyterlab_mlcluster.runtime.worker"
+    (patch,) = plain["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    (container,) = node["template"]["spec"]["template"]["spec"]["containers"]
+    assert REQUIREMENTS_ENV not in env_of(container)
+    service.cancel(plain["metadata"]["labels"]["mlcluster.io/job-id"])
+
+    # A package the pods cannot get (gone from the cache, not on the notebook's index): the
+    # job fails with pip's error, and the rank never ran.
+    empty_index = tmp_path / "index"
+    empty_index.mkdir()
+    failing_id = submit(notebook, tmp_path, index=empty_index)
+    (cache / wheel.name).unlink()
+    other_env = image_env(tmp_path / "pod2")
+    (pod,) = player.create_pods(player.resumed(failing_id)).values()
+    player.schedule(pod)
+    run = player.run_rank(pod, python_env=other_env)
+    assert player.end_rank(run) != 0
+    record = wait_for(
+        lambda: (r := service.store.get_job(failing_id)).final and r, message="job final"
+    )
+    assert record.state == "failed"
+    assert "PackageSyncError" in record.error and "tinypkg==0.1" in record.error, record.error
+    assert "Could not find a version that satisfies the requirement tinypkg==0.1" in record.error
+    traceback = json.loads(service.store.error_path(failing_id, 0).read_text())["traceback"]
+    assert "ERROR: No matching distribution found for tinypkg==0.1" in traceback, traceback
+    assert "rank imports" not in run.text
+    assert own_distributions(other_env) == own_distributions(pod_env) - {"tinypkg-0.1.dist-info"}

@@ -1,0 +1,98 @@
+"""The pure pieces of syncing the notebook's packages into job pods (the whole story, run
+for real, is tests/kube/test_package_sync.py): what counts as added, where the wheel cache
+is, which index settings travel (never credentials), the baseline recorded once."""
+
+from __future__ import annotations
+
+import json
+
+from jupyterlab_mlcluster import environment
+from jupyterlab_mlcluster.backends.kubernetes.packages import find_cache_volume, index_settings
+
+
+def info(version, user_site=False, direct_url=None):
+    return {"version": version, "user_site": user_site, "direct_url": direct_url}
+
+
+def test_changes_are_what_was_added_or_changed_since_the_pod_started():
+    baseline = {"torch": "2.13.0", "numpy": "2.1.0", "six": "1.16.0"}
+    now = {
+        "torch": info("2.13.0"),
+        "numpy": info("2.2.0"),  # upgraded in the notebook
+        "tinypkg": info("0.1"),
+        "mine": info("0.3", direct_url={"url": "file:///src/mine", "dir_info": {"editable": True}}),
+        "fromgit": info(
+            "1.0",
+            direct_url={
+                "url": "https://example.com/x.git",
+                "vcs_info": {"vcs": "git", "commit_id": "abc123"},
+            },
+        ),
+        "homepkg": info("1.0", user_site=True),  # ~/.local is on the home volume, never the image's
+    }
+    baseline["homepkg"] = "1.0"
+    wanted, skipped = environment.changes(baseline, now)
+    assert wanted == [
+        "fromgit @ git+https://example.com/x.git@abc123",
+        "homepkg==1.0",
+        "numpy==2.2.0",
+        "tinypkg==0.1",
+    ]
+    assert skipped == ["mine"]  # editable: its source is on the notebook's disk
+
+
+def test_the_first_baseline_of_a_pod_wins(tmp_path):
+    path = environment.record_baseline(tmp_path)
+    assert path is not None and oct(path.stat().st_mode & 0o777) == "0o600"
+    first = path.read_text()
+    assert environment.record_baseline(tmp_path) == path and path.read_text() == first
+    assert "pip" in environment.read_baseline(tmp_path)
+    path.write_text("not json")  # unreadable: nothing is synced, never a guess
+    assert environment.read_baseline(tmp_path) is None
+    assert environment.changes_since_baseline(tmp_path) is None
+
+
+def test_the_wheel_cache_is_found_on_the_claim_the_notebook_mounts():
+    pod = {
+        "spec": {
+            "containers": [
+                {
+                    "volumeMounts": [
+                        {"name": "home", "mountPath": "/home/jovyan"},
+                        {"name": "team", "mountPath": "/home/jovyan/team", "subPath": "ml"},
+                        {"name": "scratch", "mountPath": "/scratch"},
+                    ]
+                }
+            ],
+            "volumes": [
+                {"name": "home", "persistentVolumeClaim": {"claimName": "home-rwo"}},
+                {"name": "team", "persistentVolumeClaim": {"claimName": "team-rwx"}},
+                {"name": "scratch", "emptyDir": {}},
+            ],
+        }
+    }
+    assert find_cache_volume(pod, "/home/jovyan/team/wheels") == (
+        "team-rwx",
+        "/home/jovyan/team",
+        "ml",
+    )
+    assert find_cache_volume(pod, "/home/jovyan/teamx") == ("home-rwo", "/home/jovyan", None)
+    assert find_cache_volume(pod, "/scratch/wheels") is None  # not a claim: pods cannot share it
+    assert find_cache_volume(pod, "/opt/wheels") is None
+
+
+def test_index_settings_travel_without_credentials():
+    config = (  # `pip config list`
+        "global.index-url='https://user:s3cret@pypi.corp.example/simple'\n"
+        "global.timeout='60'\n"
+        ":env:.extra-index-url='https://download.pytorch.org/whl/cpu'\n"
+        "install.trusted-host='pypi.corp.example'\n"
+    )
+    settings, notes = index_settings(config)
+    assert dict(settings) == {
+        "PIP_INDEX_URL": "https://pypi.corp.example/simple",
+        "PIP_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+        "PIP_TRUSTED_HOST": "pypi.corp.example",
+    }
+    assert "s3cret" not in json.dumps([settings, notes])
+    assert len(notes) == 1 and "credentials" in notes[0]
