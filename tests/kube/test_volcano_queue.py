@@ -8,12 +8,15 @@ from __future__ import annotations
 import re
 import time
 
+import jsonschema
 from helpers import wait_for
 
 from jupyterlab_mlcluster.cli import format_jobs_table
 from jupyterlab_mlcluster.kernel.monitor import status_line
+from tests.kube.crds import trainer_runtime, trainer_schema
 from tests.kube.jobs_fixtures import code, spec_of
 from tests.kube.player import objects_of
+from tests.kube.test_trainer_v2 import as_built
 
 PODGROUP = ("scheduling.volcano.sh/v1beta1", "PodGroup")
 NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
@@ -94,6 +97,93 @@ def test_an_unreadable_podgroup_keeps_the_pods_reason(volcano, k8s, player, kube
     asked = kube.on_emulator(lambda e: len(list(e["get", path])))
     assert 1 <= asked <= 5, asked
     assert "Volcano" not in service.store.get_job(record.id).reason
+    assert service.cancel(record.id).state == "cancelled"
+    player.kill_deleted()
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_a_trainjob_in_a_volcano_queue(trainer, volcano, k8s, player, kube, kube_namespace):
+    """Trainer v2 + Volcano: the platform's runtime has `podGroupPolicy.volcano` (and the
+    pods' schedulerName); the TrainJob names the queue (annotation) and its pods the group
+    (runtimePatches); the Trainer makes the PodGroup after the TrainJob (played here, as
+    its volcano plugin does); the job's reason leads with that PodGroup's word."""
+    runtime = trainer_runtime("torch-distributed")
+    runtime["metadata"]["name"] = "torch-distributed-volcano"
+    runtime["spec"]["podGroupPolicy"] = {"volcano": {}}
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    node["template"]["spec"]["template"]["spec"]["schedulerName"] = "volcano"
+    jsonschema.Draft202012Validator(trainer_schema("ClusterTrainingRuntime")).validate(
+        {k: v for k, v in runtime.items() if k != "status"}
+    )
+    kube.create(runtime)
+    service = k8s(
+        kubernetes_gang="volcano",
+        kubernetes_queue="training",
+        kubernetes_trainer_runtimes={"pytorch": "torch-distributed-volcano"},
+    )
+    record = service.submit(spec_of(workers=2, cpus=1), code("6 * 7"))
+    job = player.resumed(record.id)
+    name = job["metadata"]["name"]
+    assert job["kind"] == "TrainJob"
+    jsonschema.Draft202012Validator(trainer_schema()).validate(as_built(job))
+    assert job["spec"]["runtimeRef"]["name"] == "torch-distributed-volcano"
+    assert job["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] == "training"
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+    (patch,) = job["spec"]["runtimePatches"]
+    (node_patch,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod_patch = node_patch["template"]["spec"]["template"]
+    assert pod_patch["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": name}
+    assert "schedulerName" not in pod_patch["spec"]  # the runtime's: runtimePatches cannot
+    assert "PodGroup" not in objects_of(kube, kube_namespace, record.id)  # the Trainer's to make
+
+    # The Trainer's volcano plugin: a PodGroup named after the TrainJob, owned by it.
+    kube.create(
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {
+                "name": name,
+                "namespace": kube_namespace,
+                "labels": {"mlcluster.io/job-id": record.id},
+                "ownerReferences": [
+                    {
+                        "apiVersion": job["apiVersion"],
+                        "kind": "TrainJob",
+                        "name": name,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"minMember": 2, "queue": "training", "minResources": {"cpu": "2"}},
+        }
+    )
+    pods = player.create_pods(job)
+    for pod in pods.values():
+        annotations = kube.get("v1", "Pod", pod, kube_namespace)["metadata"]["annotations"]
+        assert annotations["scheduling.k8s.io/group-name"] == name
+    status = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "Unschedulable",
+                "status": "True",
+                "reason": "NotEnoughResources",
+                "message": NO_GPU,
+            }
+        ],
+    }
+    kube.patch(*PODGROUP, name, {"status": status}, kube_namespace, subresource="status")
+
+    def waiting():
+        rec = service.store.get_job(record.id)
+        return rec if NO_GPU in (rec.reason or "") else None
+
+    rec = wait_for(waiting, timeout=30, message="the PodGroup's word")
+    assert rec.state == "queued"
+    assert rec.reason.startswith(f"Volcano: PodGroup pending in queue training: {NO_GPU}")
+    assert "Volcano: PodGroup pending in queue training" in format_jobs_table([rec])
     assert service.cancel(record.id).state == "cancelled"
     player.kill_deleted()
     assert objects_of(kube, kube_namespace, record.id) == {}
