@@ -96,3 +96,23 @@ def test_index_settings_travel_without_credentials():
     }
     assert "s3cret" not in json.dumps([settings, notes])
     assert len(notes) == 1 and "credentials" in notes[0]
+
+
+def test_a_pods_first_step_speaks_for_the_rank_its_lines_belong_to():
+    from jupyterlab_mlcluster.runtime.sync_packages import pod_rank
+
+    assert pod_rank({"RANK": "3", "PET_NODE_RANK": "3", "PET_NPROC_PER_NODE": "1"}) == 3
+    # several ranks in the pod: torchrun is not started yet; unprefixed lines are node 2's first
+    assert pod_rank({"PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4"}) == 8
+    assert pod_rank({}) == 0
+
+
+def test_no_sync_packages_is_a_job_option():
+    import argparse
+
+    from jupyterlab_mlcluster.jobs.options import add_job_arguments, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    assert spec_from_args(parser.parse_args([])).sync_packages is True
+    assert spec_from_args(parser.parse_args(["--no-sync-packages"])).sync_packages is False

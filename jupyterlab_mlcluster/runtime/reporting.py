@@ -18,14 +18,15 @@ _key: bytes | None = None
 _rank = 0
 
 
-def configure() -> None:
+def configure(rank: int | None = None) -> None:
     """Read this rank's channel, rank and job key (beside its payload). The runtime calls it
-    before the user's code runs; the key stays in this module, never in the environment."""
+    before the user's code runs; the key stays in this module, never in the environment.
+    `rank`: whose records these are, where $RANK does not say (a pod's first step)."""
     global _mode, _fd, _key, _rank
     setting = os.environ.get("MLCLUSTER_REPORT", "")
     payload = os.environ.get("MLCLUSTER_PAYLOAD")
     _key = read_key_file(key_path(payload)) if payload else None
-    _rank = int(os.environ.get("RANK", "0") or 0)
+    _rank = int(os.environ.get("RANK", "0") or 0) if rank is None else rank
     if _key is None:
         _mode = "none"  # nobody would believe an unsigned record
     elif setting.startswith("fd:"):

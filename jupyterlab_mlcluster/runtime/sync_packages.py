@@ -121,6 +121,16 @@ def install(requirements: list[str], cache: Path | None) -> tuple[float, str]:
     return seconds, source
 
 
+def pod_rank(env: dict[str, str] | os._Environ) -> int:
+    """The rank whose log lines this step's are: the pod's rank, or in a pod of several
+    ranks (torchrun starts after this step) its first, to which unprefixed lines belong."""
+    per_node, node = env.get("PET_NPROC_PER_NODE", ""), env.get("PET_NODE_RANK", "")
+    if per_node.isdigit() and int(per_node) > 1 and node.isdigit():
+        return int(node) * int(per_node)
+    rank = env.get("RANK", "0")
+    return int(rank) if rank.isdigit() else 0
+
+
 def _report_failure(exc: PackageSyncError) -> None:
     message = str(exc)
     first = message.splitlines()[0]
@@ -128,7 +138,7 @@ def _report_failure(exc: PackageSyncError) -> None:
     reporting.send(
         {
             "type": "error",
-            "rank": int(os.environ.get("RANK", "0") or 0),
+            "rank": pod_rank(os.environ),
             "exc_type": "PackageSyncError",
             "message": first,
             "traceback": f"PackageSyncError: {message}\n",
@@ -143,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("usage: python -m jupyterlab_mlcluster.runtime.sync_packages COMMAND...")
         return 2
+    reporting.configure(rank=pod_rank(os.environ))
     try:
         requirements = json.loads(os.environ.get(REQUIREMENTS_ENV) or "[]")
         if not isinstance(requirements, list) or not all(

@@ -14,6 +14,7 @@ error before the rank runs, and --no-sync-packages builds a pod without the step
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -109,7 +110,8 @@ def notebook_pod(kube, namespace: str, shared: Path) -> None:
 def submit(notebook: Path, workdir: Path, *options: str, index: Path | None = None) -> str:
     """`mlcluster run --no-wait` in the notebook's environment; the job id."""
     script = workdir / "train.py"
-    script.write_text(SCRIPT)
+    if not script.exists():
+        script.write_text(SCRIPT)
     extra = {"POD_NAME": "nb-0", "MLCLUSTER_WARM_POOL": "0"}
     if index is not None:  # the index this notebook's pip uses
         extra["PIP_INDEX_URL"] = index.as_uri()
@@ -205,20 +207,23 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     system = [item["line"] for item in service.logs(job_id)[0] if item["stream"] == "system"]
     assert any("each pod first installs 1 package (tinypkg==0.1)" in s for s in system), system
 
-    # --no-sync-packages: the pod runs the image as built.
-    plain = player.job_object(submit(notebook, tmp_path, "--no-sync-packages"))
+    # Two more submits at once: --no-sync-packages (the pod runs the image as built), and
+    # one whose package the pods cannot get (gone from the cache, not on the notebook's
+    # index): that job fails with pip's error, and the rank never ran.
+    empty_index = tmp_path / "index"
+    empty_index.mkdir()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        plain_id = pool.submit(submit, notebook, tmp_path, "--no-sync-packages")
+        failing_id = pool.submit(submit, notebook, tmp_path, index=empty_index).result()
+        plain_id = plain_id.result()
+    plain = player.job_object(plain_id)
     assert plain["spec"]["trainer"]["command"][2] == "jupyterlab_mlcluster.runtime.worker"
     (patch,) = plain["spec"]["runtimePatches"]
     (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     (container,) = node["template"]["spec"]["template"]["spec"]["containers"]
     assert REQUIREMENTS_ENV not in env_of(container)
-    service.cancel(plain["metadata"]["labels"]["mlcluster.io/job-id"])
+    assert service.cancel(plain_id).state == "cancelled"
 
-    # A package the pods cannot get (gone from the cache, not on the notebook's index): the
-    # job fails with pip's error, and the rank never ran.
-    empty_index = tmp_path / "index"
-    empty_index.mkdir()
-    failing_id = submit(notebook, tmp_path, index=empty_index)
     (cache / wheel.name).unlink()
     other_env = image_env(tmp_path / "pod2")
     (pod,) = player.create_pods(player.resumed(failing_id)).values()
