@@ -1274,3 +1274,76 @@ def test_tensorboard_dir_reaches_the_ranks_only_when_named():
     assert "MLCLUSTER_TENSORBOARD_DIR" not in rank_env(spec_of())
     spec = spec_of(tensorboard="s3://bucket/runs/j1")
     assert rank_env(spec)["MLCLUSTER_TENSORBOARD_DIR"] == "s3://bucket/runs/j1"
+
+
+@pytest.mark.parametrize(
+    ("engine", "ranks_per_pod"),
+    [("indexed-job", 1), ("pytorchjob", 1), ("pytorchjob", 2), ("tfjob", 1)],
+)
+def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks_per_pod):
+    """The notebook's packages (backends/kubernetes/packages.py): the pod's command installs
+    first, then becomes the rank's command (torchrun for a packed pod); the wheel cache's
+    claim is mounted read-only where the notebook has it; the objects stay schema-valid."""
+    from jupyterlab_mlcluster.backends.kubernetes.packages import PackageSync
+
+    framework = "tensorflow" if engine == "tfjob" else "pytorch"
+    spec = spec_of(workers=4, gpus_per_worker=ranks_per_pod - 1, framework=framework)
+    sync = PackageSync(
+        requirements=("tinypkg==0.1", "numpy==2.2.0"),
+        index=(("PIP_INDEX_URL", "https://pypi.corp.example/simple"),),
+        cache_path="/home/jovyan/team/wheels",
+        cache_claim="team-rwx",
+        cache_mount="/home/jovyan/team",
+        cache_sub_path="ml",
+    )
+    common = dict(namespace="ns", image="img", user="u", payload_chunks=[b"x"], engine=engine)
+    built = build_job_objects("j7", spec, ranks_per_pod=ranks_per_pod, packages=sync, **common)
+    plain = build_job_objects("j7", spec, ranks_per_pod=ranks_per_pod, **common)
+    for obj in built.all():
+        validate_manifest(obj)
+
+    def pod_of(job):
+        if job["kind"] == "Job":
+            return job["spec"]["template"]["spec"]
+        replicas = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["tfReplicaSpecs"]
+        return next(iter(replicas.values()))["template"]["spec"]
+
+    pod, before = pod_of(built.job), pod_of(plain.job)
+    (container,), (original,) = pod["containers"], before["containers"]
+    assert container["command"] == [
+        "python",
+        "-m",
+        "jupyterlab_mlcluster.runtime.sync_packages",
+        *original["command"],
+    ]
+    assert container["env"][: len(original["env"])] == original["env"]
+    assert container["env"][len(original["env"]) :] == [
+        {"name": "MLCLUSTER_SYNC_PACKAGES", "value": '["tinypkg==0.1", "numpy==2.2.0"]'},
+        {"name": "PIP_INDEX_URL", "value": "https://pypi.corp.example/simple"},
+        {"name": "MLCLUSTER_WHEEL_CACHE", "value": "/home/jovyan/team/wheels"},
+    ]
+    assert container["volumeMounts"][-1] == {
+        "name": "wheel-cache",
+        "mountPath": "/home/jovyan/team",
+        "readOnly": True,
+        "subPath": "ml",
+    }
+    assert pod["volumes"][-1] == {
+        "name": "wheel-cache",
+        "persistentVolumeClaim": {"claimName": "team-rwx", "readOnly": True},
+    }
+    # No cache claim: the index only, nothing mounted.
+    no_cache = build_job_objects(
+        "j7", spec, ranks_per_pod=ranks_per_pod, packages=PackageSync(("tinypkg==0.1",)), **common
+    )
+    (container,) = pod_of(no_cache.job)["containers"]
+    assert "MLCLUSTER_WHEEL_CACHE" not in {e["name"] for e in container["env"]}
+    assert len(pod_of(no_cache.job)["volumes"]) == len(before["volumes"])
+    # A user --env cannot pose as the step's variables.
+    with pytest.raises(SpecError, match="MLCLUSTER_SYNC_PACKAGES"):
+        build_job_objects(
+            "j7",
+            spec_of(workers=4, env=['MLCLUSTER_SYNC_PACKAGES=["evil"]']),
+            packages=sync,
+            **{**common, "engine": "indexed-job"},
+        )

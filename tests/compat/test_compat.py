@@ -37,11 +37,8 @@ CASES = {
     # one script: their imports (~9 s of CPU a process here) are paid once per launcher.
     "frameworks": lambda: SCRIPTS / "frameworks.py",
 }
-# Run as a cell too. accelerate's test script (~35 s of a 2-core machine per launcher in
-# MULTI_CPU mode) runs under torchrun and `mlcluster run` only, to keep CI fast: a cell's ranks
-# run the same runtime, and what is a cell's own (argv, sys.path, __main__, its error) is
-# checked with the frameworks script, the @record failure and the module next to the notebook.
-CELL_CASES = {"frameworks"}
+# Every case runs as a cell too (accelerate's test script adds ~2 s there: warm ranks).
+CELL_CASES = set(CASES)
 _DECODER = json.JSONDecoder()
 
 
