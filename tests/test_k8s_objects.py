@@ -1296,7 +1296,8 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         cache_mount="/home/jovyan/team",
         cache_sub_path="ml",
     )
-    common = dict(namespace="ns", image="img", user="u", payload_chunks=[b"x"], engine=engine)
+    common = {"namespace": "ns", "image": "img", "user": "u", "payload_chunks": [b"x"]}
+    common["engine"] = engine
     built = build_job_objects("j7", spec, ranks_per_pod=ranks_per_pod, packages=sync, **common)
     plain = build_job_objects("j7", spec, ranks_per_pod=ranks_per_pod, **common)
     for obj in built.all():
