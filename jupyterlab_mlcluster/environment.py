@@ -68,12 +68,39 @@ def _user_site() -> str | None:
     return None
 
 
+_scanned: tuple[Any, dict[str, dict[str, Any]]] | None = None
+
+
+def _paths_state(paths: list[str]) -> tuple[Any, ...]:
+    """What changes when pip installs or removes anything on `paths`: the directories'
+    mtimes (a .dist-info directory comes or goes)."""
+    state = []
+    for path in paths:
+        try:
+            state.append((path, os.stat(path or ".").st_mtime_ns))
+        except OSError:
+            state.append((path, None))
+    return tuple(state)
+
+
 def installed(paths: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     """canonical name -> {"version", "user_site", "direct_url"} of the distributions
-    importable from `paths` (sys.path): the first of a name wins, as for imports."""
+    importable from `paths` (sys.path): the first of a name wins, as for imports. The scan
+    (~0.2 s for 200 distributions) is reused while no directory on `paths` changed."""
+    global _scanned
+    search = list(paths if paths is not None else sys.path)
+    state = _paths_state(search)
+    if _scanned is not None and _scanned[0] == state:
+        return _scanned[1]
+    found = _scan(search)
+    _scanned = (state, found)
+    return found
+
+
+def _scan(search: list[str]) -> dict[str, dict[str, Any]]:
     user_site = _user_site()
     found: dict[str, dict[str, Any]] = {}
-    for dist in metadata.distributions(path=list(paths if paths is not None else sys.path)):
+    for dist in metadata.distributions(path=search):
         try:
             name = canonicalize_name(dist.metadata["Name"] or "")
             version = dist.version

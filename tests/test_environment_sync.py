@@ -116,3 +116,29 @@ def test_no_sync_packages_is_a_job_option():
     add_job_arguments(parser)
     assert spec_from_args(parser.parse_args([])).sync_packages is True
     assert spec_from_args(parser.parse_args(["--no-sync-packages"])).sync_packages is False
+
+
+def test_a_cache_that_cannot_be_filled_is_said_and_the_pods_use_the_index(tmp_path, monkeypatch):
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_text("")
+    (note,) = environment.fill_wheel_cache(not_a_directory, ["tinypkg==0.1"])
+    assert note.startswith(f"cannot use the wheel cache {not_a_directory}")
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing to download it from, offline
+    (note,) = environment.fill_wheel_cache(tmp_path / "wheels", ["no-such-package-zz==9.9"])
+    assert note.startswith("could not put every wheel in the cache (the pods use the index")
+    assert list((tmp_path / "wheels").iterdir()) == []  # nothing half-written
+
+
+def test_the_pods_step_takes_requirements_never_pip_options(monkeypatch, capsys):
+    """$MLCLUSTER_SYNC_PACKAGES holding a pip option (another index, a config file) is
+    refused before pip runs: the rank fails with a clear error."""
+    from jupyterlab_mlcluster.runtime import sync_packages
+
+    ran = []
+    monkeypatch.setattr(sync_packages.subprocess, "run", lambda *a, **k: ran.append(a))
+    for evil in (["--index-url=http://evil.example/simple", "x"], [""], "x==1", [1]):
+        monkeypatch.setenv("MLCLUSTER_SYNC_PACKAGES", json.dumps(evil))
+        assert sync_packages.main(["true"]) == 1
+        assert "MLCLUSTER_SYNC_PACKAGES is malformed" in capsys.readouterr().out
+    assert ran == []

@@ -118,6 +118,13 @@ class KubernetesBackend(Backend):
                 notes += environment.fill_wheel_cache(
                     self.config.kubernetes_wheel_cache, requirements
                 )
+        if cache is None:
+            local = environment.local_archives(r.split("==")[0] for r in requirements)
+            notes += [
+                f"{name} was installed from a file ({path}); without a wheel cache "
+                "(MLClusterConfig.kubernetes_wheel_cache) the pods look for it on the index"
+                for name, path in sorted(local.items())
+            ]
         return PackageSync(
             requirements=tuple(requirements),
             index=index,
