@@ -8,7 +8,8 @@ built here (no network). `mlcluster run` in that environment submits (a TrainJob
 notebook pod's own image); each job pod's real command runs in a FRESH venv built the same
 way: it installs exactly that package (from the wheel cache on the claim the notebook mounts)
 and the rank imports it. Also: a package that cannot be installed fails the job with pip's
-error before the rank runs, and --no-sync-packages builds a pod without the step.
+error before the rank runs (while pip waits on the index, the job's reason in `mlcluster jobs`
+says it installs), and --no-sync-packages builds a pod without the step.
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import hashlib
+import http.server
 import json
 import os
 import site
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
 
 import jsonschema
+import pytest
 from helpers import wait_for
 
+from jupyterlab_mlcluster.cli import format_jobs_table
 from jupyterlab_mlcluster.runtime.sync_packages import CACHE_ENV, REQUIREMENTS_ENV
 from tests.kube.crds import trainer_schema
 from tests.kube.jobs_fixtures import IMAGE, log_text
@@ -107,14 +112,38 @@ def notebook_pod(kube, namespace: str, shared: Path) -> None:
     )
 
 
-def submit(notebook: Path, workdir: Path, *options: str, index: Path | None = None) -> str:
+@pytest.fixture
+def held_index():
+    """A package index (PEP 503, over HTTP) with nothing on it that answers only once
+    released: a pod's pip waits on it meanwhile. Yields (its URL, the release Event)."""
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            release.wait(120)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple", release
+    release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def submit(notebook: Path, workdir: Path, *options: str, index: str | None = None) -> str:
     """`mlcluster run --no-wait` in the notebook's environment; the job id."""
     script = workdir / "train.py"
     if not script.exists():
         script.write_text(SCRIPT)
     extra = {"POD_NAME": "nb-0", "MLCLUSTER_WARM_POOL": "0"}
     if index is not None:  # the index this notebook's pip uses
-        extra["PIP_INDEX_URL"] = index.as_uri()
+        extra["PIP_INDEX_URL"] = index
     out = run_in(
         notebook,
         "-m",
@@ -135,7 +164,7 @@ def env_of(container: dict) -> dict[str, str]:
 
 
 def test_packages_installed_in_the_notebook_reach_the_job_pods(
-    trainer, k8s, player, kube, kube_namespace, store_dir, tmp_path
+    trainer, k8s, player, kube, kube_namespace, store_dir, tmp_path, held_index
 ):
     shared = tmp_path / "shared"  # the ReadWriteMany claim, mounted at the same path
     cache = shared / "wheels"
@@ -210,11 +239,10 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     # Two more submits at once: --no-sync-packages (the pod runs the image as built), and
     # one whose package the pods cannot get (gone from the cache, not on the notebook's
     # index): that job fails with pip's error, and the rank never ran.
-    empty_index = tmp_path / "index"
-    empty_index.mkdir()
+    index, release = held_index
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         plain_id = pool.submit(submit, notebook, tmp_path, "--no-sync-packages")
-        failing_id = pool.submit(submit, notebook, tmp_path, index=empty_index).result()
+        failing_id = pool.submit(submit, notebook, tmp_path, index=index).result()
         plain_id = plain_id.result()
     plain = player.job_object(plain_id)
     assert plain["spec"]["trainer"]["command"][2] == "jupyterlab_mlcluster.runtime.worker"
@@ -229,6 +257,17 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     (pod,) = player.create_pods(player.resumed(failing_id)).values()
     player.schedule(pod)
     run = player.run_rank(pod, python_env=other_env)
+
+    def installing():  # pip waits for the index meanwhile: the job says why it waits
+        rec = service.store.get_job(failing_id)
+        return (
+            rec
+            if "installing 1 package(s) the notebook added (rank 0)" in (rec.reason or "")
+            else None
+        )
+
+    assert "installing 1 package(s)" in format_jobs_table([wait_for(installing, timeout=60)])
+    release.set()
     assert player.end_rank(run) != 0
     record = wait_for(
         lambda: (r := service.store.get_job(failing_id)).final and r, message="job final"
