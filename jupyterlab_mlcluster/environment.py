@@ -251,6 +251,13 @@ def pip_config() -> str:
     return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else ""
 
 
+def _has_matching(directory: Path, requirement: str) -> bool:
+    from .runtime.sync_packages import cache_wheels
+
+    name = requirement.split("==")[0]
+    return any(wheel_matches_installed(w, name) for w in cache_wheels(directory, requirement))
+
+
 def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> list[str]:
     """Put a wheel of each requirement the cache lacks into it: the file it was installed
     from, else what `pip wheel` gets from this environment's index (pip's own HTTP cache
@@ -259,14 +266,12 @@ def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> 
     import shutil
     import subprocess
 
-    from .runtime.sync_packages import cache_has_all
-
     directory = Path(cache)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return [f"cannot use the wheel cache {directory}: {exc.strerror}"]
-    missing = [r for r in requirements if not cache_has_all(directory, [r])]
+    missing = [r for r in requirements if not _has_matching(directory, r)]
     if not missing:
         return []
     notes = []
@@ -282,7 +287,7 @@ def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> 
                 notes.append(f"could not copy {source.name} into the wheel cache: {exc}")
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-    missing = [r for r in missing if not cache_has_all(directory, [r])]
+    missing = [r for r in missing if not _has_matching(directory, r)]
     pinned = [r for r in missing if "==" in r]
     if pinned:
         try:
@@ -318,3 +323,77 @@ def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> 
         except (OSError, subprocess.TimeoutExpired) as exc:
             notes.append(f"could not fill the wheel cache: {exc}")
     return notes
+
+
+def wheel_matches_installed(wheel: Path, name: str) -> bool:
+    """Whether every file in the wheel is, byte for byte, one this environment installed for
+    `name` (the sha256 its RECORD has for it): the package's files, its .dist-info (entry
+    points make scripts) and .data/purelib|platlib (site-packages, where a .pth runs code).
+    A wheel with other .data (scripts, rewritten on install, or files outside
+    site-packages) cannot be compared and does not match."""
+    import base64
+    import csv
+    import hashlib
+    import zipfile
+
+    dist = next(iter(metadata.distributions(name=name, path=sys.path)), None)
+    record = dist.read_text("RECORD") if dist is not None else None
+    if not record:
+        return False
+    expected = {row[0]: row[1] for row in csv.reader(record.splitlines()) if len(row) >= 2}
+    checked = 0
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.infolist():
+                path = member.filename
+                top, _, rest = path.partition("/")
+                if member.is_dir() or (top.endswith(".dist-info") and rest == "RECORD"):
+                    continue
+                if top.endswith(".data"):
+                    scheme, _, inner = rest.partition("/")
+                    if scheme not in ("purelib", "platlib") or not inner:
+                        return False
+                    path = inner
+                digest = hashlib.sha256()
+                with archive.open(member) as f:
+                    for block in iter(lambda f=f: f.read(1 << 20), b""):
+                        digest.update(block)
+                text = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+                if expected.get(path) != f"sha256={text}":
+                    return False
+                checked += 1
+    except (OSError, zipfile.BadZipFile, RuntimeError):
+        return False
+    return checked > 0
+
+
+def checked_wheels(
+    cache: str | os.PathLike[str], requirements: list[str]
+) -> tuple[dict[str, list[str]] | None, list[str]]:
+    """requirement -> sha256 of the cache's wheels whose files are the notebook's installed
+    ones, for the pods to pin (the cache is on a volume others may write). None, with notes
+    saying why, unless every requirement has such a wheel: then the pods use the index."""
+    from .runtime.sync_packages import cache_wheels, file_sha256
+
+    directory = Path(cache)
+    hashes: dict[str, list[str]] = {}
+    notes: list[str] = []
+    for req in requirements:
+        name = req.split("==")[0]
+        wheels = cache_wheels(directory, req)
+        good = [w for w in wheels if wheel_matches_installed(w, name)]
+        notes += [
+            f"the wheel cache's {w.name} is not what the notebook has installed: not used"
+            for w in wheels
+            if w not in good
+        ]
+        if not good:
+            notes.append(
+                f"no wheel of {req} in the cache matches the notebook's: the pods use the index"
+            )
+            return None, notes
+        try:
+            hashes[req] = [file_sha256(w) for w in good]
+        except OSError as exc:
+            return None, [*notes, f"cannot read the wheel cache: {exc.strerror}"]
+    return hashes, notes

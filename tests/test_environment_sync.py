@@ -142,3 +142,47 @@ def test_the_pods_step_takes_requirements_never_pip_options(monkeypatch, capsys)
         assert sync_packages.main(["true"]) == 1
         assert "MLCLUSTER_SYNC_PACKAGES is malformed" in capsys.readouterr().out
     assert ran == []
+
+
+def test_only_a_wheel_of_the_notebooks_own_files_is_trusted_from_the_shared_cache(tmp_path):
+    """The wheel cache lies on a volume others may write. A wheel there counts only when
+    every file it holds is byte for byte the notebook's installed one; the pods then pin it
+    by its hash. Played by the attacker: changed code, a .pth smuggled into site-packages,
+    an entry point that would shadow `python`, a script."""
+    import hashlib
+    import zipfile
+    from importlib import metadata
+
+    dist = metadata.distribution("cloudpickle")
+    version, info = dist.version, f"cloudpickle-{dist.version}.dist-info"
+    genuine = {
+        "cloudpickle/__init__.py": dist.locate_file("cloudpickle/__init__.py").read_bytes(),
+        f"{info}/METADATA": dist.read_text("METADATA").encode(),
+    }
+    requirement = f"cloudpickle=={version}"
+
+    def cache_with(extra: dict[str, bytes]) -> tuple:
+        cache = tmp_path / f"cache{len(list(tmp_path.iterdir()))}"
+        cache.mkdir()
+        wheel = cache / f"cloudpickle-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            for path, data in {**genuine, **extra}.items():
+                z.writestr(path, data)
+        return wheel, environment.checked_wheels(cache, [requirement])
+
+    wheel, (hashes, notes) = cache_with({})
+    assert hashes == {requirement: [hashlib.sha256(wheel.read_bytes()).hexdigest()]}
+    assert notes == []
+    attacks = {
+        "changed code": {"cloudpickle/__init__.py": genuine["cloudpickle/__init__.py"] + b"#"},
+        "a .pth": {f"cloudpickle-{version}.data/purelib/x.pth": b"import os"},
+        "an entry point": {f"{info}/entry_points.txt": b"[console_scripts]\npython = x:y\n"},
+        "a script": {f"cloudpickle-{version}.data/scripts/python": b"#!/bin/sh\n"},
+    }
+    for attack, extra in attacks.items():
+        wheel, (hashes, notes) = cache_with(extra)
+        assert hashes is None, attack
+        assert (
+            notes[0]
+            == f"the wheel cache's {wheel.name} is not what the notebook has installed: not used"
+        )

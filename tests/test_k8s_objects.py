@@ -1295,6 +1295,7 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         cache_claim="team-rwx",
         cache_mount="/home/jovyan/team",
         cache_sub_path="ml",
+        cache_hashes=(("tinypkg==0.1", ("ab" * 32,)), ("numpy==2.2.0", ("cd" * 32,))),
     )
     common = {"namespace": "ns", "image": "img", "user": "u", "payload_chunks": [b"x"]}
     common["engine"] = engine
@@ -1322,6 +1323,10 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         {"name": "MLCLUSTER_SYNC_PACKAGES", "value": '["tinypkg==0.1", "numpy==2.2.0"]'},
         {"name": "PIP_INDEX_URL", "value": "https://pypi.corp.example/simple"},
         {"name": "MLCLUSTER_WHEEL_CACHE", "value": "/home/jovyan/team/wheels"},
+        {
+            "name": "MLCLUSTER_WHEEL_HASHES",
+            "value": json.dumps({"tinypkg==0.1": ["ab" * 32], "numpy==2.2.0": ["cd" * 32]}),
+        },
     ]
     assert container["volumeMounts"][-1] == {
         "name": "wheel-cache",
@@ -1338,7 +1343,9 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         "j7", spec, ranks_per_pod=ranks_per_pod, packages=PackageSync(("tinypkg==0.1",)), **common
     )
     (container,) = pod_of(no_cache.job)["containers"]
-    assert "MLCLUSTER_WHEEL_CACHE" not in {e["name"] for e in container["env"]}
+    assert not {"MLCLUSTER_WHEEL_CACHE", "MLCLUSTER_WHEEL_HASHES"} & {
+        e["name"] for e in container["env"]
+    }
     assert len(pod_of(no_cache.job)["volumes"]) == len(before["volumes"])
     # A user --env cannot pose as the step's variables.
     with pytest.raises(SpecError, match="MLCLUSTER_SYNC_PACKAGES"):

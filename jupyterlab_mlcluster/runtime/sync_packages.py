@@ -7,10 +7,12 @@ environment.py) with pip, `--no-deps` (the list already holds every dependency p
 the notebook, so the pod ends up with exactly the notebook's set), then replaces itself with
 COMMAND (the rank's worker, or torchrun). Where from:
 - `$MLCLUSTER_WHEEL_CACHE`, a directory on a volume the pods share, holding wheels the
-  notebook put there: alone (`--no-index`) when it has a wheel for every requirement;
+  notebook put there and checked at submit (`$MLCLUSTER_WHEEL_HASHES`: their sha256): used
+  alone (`--no-index --require-hashes`) when it holds such a wheel for every requirement.
+  Others may write that volume: a wheel whose hash differs is never installed (and said);
 - else the package index the notebook uses (pip's own configuration: the image's pip.conf,
-  and `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`/`PIP_TRUSTED_HOST` the job carries over), with
-  the cache as extra links.
+  and `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`/`PIP_TRUSTED_HOST` the job carries over), without
+  the cache.
 
 It says what it installed and how long it took (a line in the rank's log and a signed
 `packages` record for the job's supervisor). When pip fails, the rank fails before it ran
@@ -19,11 +21,13 @@ anything: its error (pip's own message) is the job's error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +35,10 @@ from . import reporting
 
 REQUIREMENTS_ENV = "MLCLUSTER_SYNC_PACKAGES"
 CACHE_ENV = "MLCLUSTER_WHEEL_CACHE"
+HASHES_ENV = "MLCLUSTER_WHEEL_HASHES"  # requirement -> sha256 of the cache wheels checked at submit
 PIP_ERROR_LINES = 40  # of pip's output in the job's error
 PIP_TIMEOUT = 1800.0  # seconds; a hung index fails the job instead of holding its GPUs
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _PINNED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;@]+)$")
 
 
@@ -45,24 +51,67 @@ def _wheel_key(name: str, version: str) -> str:
     return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version.replace('-', '_').lower()}-"
 
 
+def cache_wheels(cache: Path, requirement: str) -> list[Path]:
+    """The wheels in the cache for a pinned requirement (any platform tag)."""
+    match = _PINNED.match(requirement)
+    if match is None:
+        return []  # `name @ url`: only its URL has it
+    key = _wheel_key(match["name"], match["version"])
+    try:
+        return sorted(
+            p for p in cache.iterdir() if p.name.lower().startswith(key) and p.suffix == ".whl"
+        )
+    except OSError:
+        return []
+
+
 def cache_has_all(cache: Path, requirements: list[str]) -> bool:
     """Whether the cache holds a wheel for every (pinned) requirement."""
-    try:
-        wheels = [p.name.lower() for p in cache.iterdir() if p.name.endswith(".whl")]
-    except OSError:
-        return False
+    return all(cache_wheels(cache, r) for r in requirements)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checked_cache(
+    cache: Path | None, requirements: list[str], hashes: dict[str, list[str]]
+) -> tuple[bool, list[str]]:
+    """Whether the cache holds, for every requirement, a wheel the notebook checked at submit
+    (same sha256); and what to say about wheels there that are not (the cache is on a
+    volume others may write: such a wheel is never installed)."""
+    if cache is None or not hashes:
+        return False, []
+    complete, notes = True, []
     for req in requirements:
-        match = _PINNED.match(req)
-        if match is None:
-            return False  # `name @ url`: only its URL has it
-        key = _wheel_key(match["name"], match["version"])
-        if not any(w.startswith(key) for w in wheels):
-            return False
-    return True
+        wheels = cache_wheels(cache, req)
+        good = [w for w in wheels if _safe_hash(w) in set(hashes.get(req) or ())]
+        notes += [
+            f"the wheel cache's {w.name} is not the one the notebook checked: not used"
+            for w in wheels
+            if w not in good
+        ]
+        complete = complete and bool(good)
+    return complete, notes
 
 
-def pip_command(requirements: list[str], cache: Path | None) -> tuple[list[str], str]:
-    """The pip invocation and where it installs from ('the wheel cache', 'the package index')."""
+def _safe_hash(path: Path) -> str | None:
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
+
+
+def pip_command(
+    requirements: list[str], cache: Path | None, hashes: dict[str, list[str]], workdir: Path
+) -> tuple[list[str], str, list[str]]:
+    """The pip invocation, where it installs from ('the wheel cache', 'the package index')
+    and notes. The cache only with every wheel pinned by the hash the notebook saw
+    (`--require-hashes`, so pip checks again as it reads them); else the index alone."""
     command = [
         sys.executable,
         "-m",
@@ -75,13 +124,17 @@ def pip_command(requirements: list[str], cache: Path | None) -> tuple[list[str],
         "--progress-bar",
         "off",
     ]
-    source = "the package index"
-    if cache is not None and cache.is_dir():
-        command += ["--find-links", str(cache)]
-        if cache_has_all(cache, requirements):
-            command.append("--no-index")
-            source = "the wheel cache"
-    return command + requirements, source
+    use_cache, notes = checked_cache(cache, requirements, hashes)
+    if not use_cache:
+        return command + requirements, "the package index", notes
+    lines = [
+        " ".join([req, *(f"--hash=sha256:{h}" for h in hashes[req] if _HEX64.match(h))])
+        for req in requirements
+    ]
+    pinned = workdir / "requirements.txt"
+    pinned.write_text("\n".join(lines) + "\n")
+    command += ["--require-hashes", "--no-index", "--find-links", str(cache), "-r", str(pinned)]
+    return command, "the wheel cache", notes
 
 
 def describe(requirements: list[str]) -> str:
@@ -90,9 +143,18 @@ def describe(requirements: list[str]) -> str:
     return f"{count} package{'s' if count != 1 else ''} ({shown})"
 
 
-def install(requirements: list[str], cache: Path | None) -> tuple[float, str]:
+def install(
+    requirements: list[str], cache: Path | None, hashes: dict[str, list[str]] | None = None
+) -> tuple[float, str]:
     """Run pip; (seconds, source). PackageSyncError with pip's output when it fails."""
-    command, source = pip_command(requirements, cache)
+    with tempfile.TemporaryDirectory(prefix="mlcluster-sync-") as workdir:
+        command, source, notes = pip_command(requirements, cache, hashes or {}, Path(workdir))
+        for note in notes:
+            print(f"[mlcluster] {note}", flush=True)
+        return _run_pip(command, requirements, source)
+
+
+def _run_pip(command: list[str], requirements: list[str], source: str) -> tuple[float, str]:
     started = time.monotonic()
     try:
         done = subprocess.run(
@@ -157,17 +219,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         requirements = json.loads(os.environ.get(REQUIREMENTS_ENV) or "[]")
         if not isinstance(requirements, list) or not all(
-            isinstance(r, str) and r and not r.startswith("-") for r in requirements
+            isinstance(r, str) and r and not r.startswith("-") and "\n" not in r and "\r" not in r
+            for r in requirements
         ):
             raise ValueError("not a list of requirements")
     except ValueError as exc:
         _report_failure(PackageSyncError(f"${REQUIREMENTS_ENV} is malformed: {exc}"))
         return 1
+    try:
+        hashes = json.loads(os.environ.get(HASHES_ENV) or "{}")
+        if not isinstance(hashes, dict) or not all(
+            isinstance(v, list) and all(isinstance(h, str) and _HEX64.match(h) for h in v)
+            for v in hashes.values()
+        ):
+            raise ValueError("not a mapping of requirements to sha256 digests")
+        if hashes and not all(_PINNED.match(r) for r in requirements):
+            raise ValueError("hashes pin name==version requirements only")
+    except ValueError as exc:
+        _report_failure(PackageSyncError(f"${HASHES_ENV} is malformed: {exc}"))
+        return 1
     if requirements:
         cache = Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else None
         reporting.send({"type": "packages", "state": "installing", "packages": requirements})
         try:
-            seconds, source = install(requirements, cache)
+            seconds, source = install(requirements, cache, hashes)
         except PackageSyncError as exc:
             _report_failure(exc)
             return 1

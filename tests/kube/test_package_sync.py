@@ -33,7 +33,7 @@ import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.cli import format_jobs_table
-from jupyterlab_mlcluster.runtime.sync_packages import CACHE_ENV, REQUIREMENTS_ENV
+from jupyterlab_mlcluster.runtime.sync_packages import CACHE_ENV, HASHES_ENV, REQUIREMENTS_ENV
 from tests.kube.crds import trainer_schema
 from tests.kube.jobs_fixtures import IMAGE, log_text
 from tests.kube.test_trainer_v2 import as_built
@@ -203,6 +203,10 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     (container,) = pod_spec["containers"]
     assert json.loads(env_of(container)[REQUIREMENTS_ENV]) == ["tinypkg==0.1"]  # exactly it
     assert env_of(container)[CACHE_ENV] == str(cache)
+    # The cache is on a volume others may write: the pods install only the wheel the
+    # notebook checked (its files are the notebook's installed ones), pinned by its hash.
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert json.loads(env_of(container)[HASHES_ENV]) == {"tinypkg==0.1": [digest]}
     assert {"name": "wheel-cache", "mountPath": str(shared), "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -237,8 +241,9 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     assert any("each pod first installs 1 package (tinypkg==0.1)" in s for s in system), system
 
     # Two more submits at once: --no-sync-packages (the pod runs the image as built), and
-    # one whose package the pods cannot get (gone from the cache, not on the notebook's
-    # index): that job fails with pip's error, and the rank never ran.
+    # one whose package the pods cannot get: someone swaps the checked wheel in the cache
+    # for their own (never installed), and the notebook's index has none: that job fails
+    # with pip's error, and the rank never ran.
     index, release = held_index
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         plain_id = pool.submit(submit, notebook, tmp_path, "--no-sync-packages")
@@ -252,7 +257,7 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     assert REQUIREMENTS_ENV not in env_of(container)
     assert service.cancel(plain_id).state == "cancelled"
 
-    (cache / wheel.name).unlink()
+    build_wheel(cache, "tinypkg", "0.1", "evil")  # same name, the attacker's content
     other_env = image_env(tmp_path / "pod2")
     (pod,) = player.create_pods(player.resumed(failing_id)).values()
     player.schedule(pod)
@@ -278,4 +283,5 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     traceback = json.loads(service.store.error_path(failing_id, 0).read_text())["traceback"]
     assert "ERROR: No matching distribution found for tinypkg==0.1" in traceback, traceback
     assert "rank imports" not in run.text
+    assert f"the wheel cache's {wheel.name} is not the one the notebook checked" in run.text
     assert own_distributions(other_env) == own_distributions(pod_env) - {"tinypkg-0.1.dist-info"}

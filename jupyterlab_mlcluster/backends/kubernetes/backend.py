@@ -106,7 +106,7 @@ class KubernetesBackend(Backend):
         ]
         index, index_notes = index_settings(environment.pip_config())
         notes += index_notes
-        cache = None
+        cache, hashes = None, {}
         if self.config.kubernetes_wheel_cache:
             cache = find_cache_volume(pod, self.config.kubernetes_wheel_cache)
             if cache is None:
@@ -118,6 +118,12 @@ class KubernetesBackend(Backend):
                 notes += environment.fill_wheel_cache(
                     self.config.kubernetes_wheel_cache, requirements
                 )
+                hashes, checked_notes = environment.checked_wheels(
+                    self.config.kubernetes_wheel_cache, requirements
+                )
+                notes += checked_notes
+                if hashes is None:
+                    cache = None  # the pods never see a cache they cannot trust whole
         if cache is None:
             local = environment.local_archives(r.split("==")[0] for r in requirements)
             notes += [
@@ -132,6 +138,7 @@ class KubernetesBackend(Backend):
             cache_claim=cache[0] if cache else None,
             cache_mount=cache[1] if cache else None,
             cache_sub_path=cache[2] if cache else None,
+            cache_hashes=tuple((r, tuple(h)) for r, h in hashes.items()) if cache else (),
             notes=tuple(notes),
         )
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 SYNC_MODULE = "jupyterlab_mlcluster.runtime.sync_packages"
 REQUIREMENTS_ENV = "MLCLUSTER_SYNC_PACKAGES"
 CACHE_ENV = "MLCLUSTER_WHEEL_CACHE"
+HASHES_ENV = "MLCLUSTER_WHEEL_HASHES"
 CACHE_VOLUME = "wheel-cache"
 # pip's own variables for the index the notebook uses (pip reads them in the pod).
 INDEX_SETTINGS = {
@@ -40,6 +41,8 @@ class PackageSync:
     cache_claim: str | None = None  # its PersistentVolumeClaim
     cache_mount: str | None = None  # where the notebook mounts the claim (the pods too)
     cache_sub_path: str | None = None
+    # requirement -> sha256 of its wheels in the cache, checked by the notebook at submit
+    cache_hashes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     notes: tuple[str, ...] = ()  # said in the job's log when it starts
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,6 +59,9 @@ class PackageSync:
             cache_claim=data.get("cache_claim"),
             cache_mount=data.get("cache_mount"),
             cache_sub_path=data.get("cache_sub_path"),
+            cache_hashes=tuple(
+                (str(req), tuple(hashes)) for req, hashes in data.get("cache_hashes") or ()
+            ),
             notes=tuple(data.get("notes") or ()),
         )
 
@@ -71,6 +77,8 @@ def sync_env(sync: PackageSync) -> list[dict[str, Any]]:
     env += [{"name": name, "value": value} for name, value in sync.index]
     if sync.cache_path and sync.cache_claim:
         env.append({"name": CACHE_ENV, "value": sync.cache_path})
+        hashes = {req: list(digests) for req, digests in sync.cache_hashes}
+        env.append({"name": HASHES_ENV, "value": json.dumps(hashes)})
     return env
 
 
