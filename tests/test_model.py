@@ -46,7 +46,9 @@ def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["soon", "1x", "-5", "0", "m30"])
+@pytest.mark.parametrize(
+    "text", ["soon", "1x", "-5", "0", "m30", "0s", "30m1h", "10000d", "62617d52.6h40ms3092s"]
+)
 def test_parse_duration_rejects(text):
     with pytest.raises(SpecError, match="timeout"):
         parse_duration(text)

@@ -164,5 +164,6 @@ def test_interrupting_a_sweep_while_it_submits_leaves_no_trial_running(service, 
     # A trial stored in the very moment of the interrupt, before its supervisor started, is
     # never run; the first reap after the supervisor's start grace (60 s) settles it.
     for record in jobs:
-        assert str(service.wait(record.id, timeout=90).state) == "cancelled"
+        final = service.wait(record.id, timeout=90)
+        assert str(final.state) == "cancelled", (final.name, final.reason, final.error)
     assert_no_job_processes(service)

@@ -157,20 +157,16 @@ def parse_duration(value: str | float | None) -> float | None:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        text = str(value).strip().lower().replace(" ", "")
-        try:
-            seconds = float(text)
-        except ValueError:
-            pos, seconds = 0, 0.0
-            for m in _DURATION_PART.finditer(text):
-                if m.start() != pos:
-                    break
-                seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-                pos = m.end()
-            if pos != len(text) or not text:
-                raise SpecError(
-                    f"timeout must be a duration like '90s', '30m' or '1h30m', got {value!r}"
-                ) from None
+        text = str(value)
+        if not patterns.matches(patterns.DURATION, text):
+            raise SpecError(
+                f"timeout must be a duration like '90s', '30m' or '1h30m', "
+                f"{bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
+            )
+        parts = _DURATION_PART.findall(text)
+        seconds = (
+            sum(float(n) * _DURATION_UNITS[unit] for n, unit in parts) if parts else float(text)
+        )
     if not math.isfinite(seconds) or not bounds.TIMEOUT.contains(seconds):
         raise SpecError(
             f"timeout must be a duration {bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
