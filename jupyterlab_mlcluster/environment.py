@@ -173,6 +173,8 @@ def read_baseline(store_dir: str | os.PathLike[str]) -> dict[str, str] | None:
         return None
     if not isinstance(image, dict):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # in use: never pruned as a gone pod's
     return {str(k): str(v) for k, v in image.items()}
 
 
@@ -262,9 +264,13 @@ def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> 
     """Put a wheel of each requirement the cache lacks into it: the file it was installed
     from, else what `pip wheel` gets from this environment's index (pip's own HTTP cache
     usually has it: the user just installed it). Returns notes on what could not be put
-    there (the pods then go to the index for it)."""
+    there (the pods then go to the index for it).
+
+    The cache is shared: nothing is written through a name someone else chose. Wheels are
+    made in a private directory of ours inside it (random name, 0700) and renamed into
+    place (a rename replaces a planted link, it never follows it)."""
     import shutil
-    import subprocess
+    import tempfile
 
     directory = Path(cache)
     try:
@@ -274,55 +280,66 @@ def fill_wheel_cache(cache: str | os.PathLike[str], requirements: list[str]) -> 
     missing = [r for r in requirements if not _has_matching(directory, r)]
     if not missing:
         return []
-    notes = []
-    archives = local_archives(r.split("==")[0].split(" @ ")[0] for r in missing)
-    for path in archives.values():
-        source = Path(path)
-        if source.suffix == ".whl" and source.is_file():
-            tmp = directory / f".{source.name}.{os.getpid()}.tmp"
+    try:
+        private = Path(tempfile.mkdtemp(prefix=".mlcluster-", dir=directory))
+    except OSError as exc:
+        return [f"cannot write to the wheel cache {directory}: {exc.strerror}"]
+    notes: list[str] = []
+    try:
+        archives = local_archives(r.split("==")[0].split(" @ ")[0] for r in missing)
+        for path in archives.values():
+            source = Path(path)
+            if source.suffix == ".whl" and source.is_file():
+                try:
+                    shutil.copyfile(source, private / source.name)
+                except OSError as exc:
+                    notes.append(f"could not copy {source.name} into the wheel cache: {exc}")
+        pinned = [r for r in missing if "==" in r and r.split("==")[0] not in archives]
+        if pinned:
+            notes += _pip_wheel(pinned, private)
+        for wheel in private.glob("*.whl"):
             try:
-                shutil.copyfile(source, tmp)
-                os.replace(tmp, directory / source.name)  # whole, or not there
+                os.replace(wheel, directory / wheel.name)  # whole, or not there
             except OSError as exc:
-                notes.append(f"could not copy {source.name} into the wheel cache: {exc}")
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-    missing = [r for r in missing if not _has_matching(directory, r)]
-    pinned = [r for r in missing if "==" in r]
-    if pinned:
-        try:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    "--no-deps",
-                    "--no-input",
-                    "--disable-pip-version-check",
-                    "--progress-bar",
-                    "off",
-                    "--wheel-dir",
-                    str(directory),
-                    *pinned,
-                ],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=PIP_TIMEOUT,
-                check=False,
-            )
-            if done.returncode != 0:
-                text = done.stdout.decode("utf-8", "replace") + done.stderr.decode(
-                    "utf-8", "replace"
-                )
-                errors = [line for line in text.splitlines() if line.startswith("ERROR")]
-                notes.append(
-                    "could not put every wheel in the cache (the pods use the index for the "
-                    f"rest): {errors[0] if errors else f'pip wheel exited {done.returncode}'}"
-                )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            notes.append(f"could not fill the wheel cache: {exc}")
+                notes.append(f"could not put {wheel.name} in the wheel cache: {exc.strerror}")
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     return notes
+
+
+def _pip_wheel(requirements: list[str], directory: Path) -> list[str]:
+    """`pip wheel` into `directory`; notes on failure."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-input",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "off",
+                "--wheel-dir",
+                str(directory),
+                *requirements,
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PIP_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"could not fill the wheel cache: {exc}"]
+    if done.returncode == 0:
+        return []
+    text = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+    errors = [line for line in text.splitlines() if line.startswith("ERROR")]
+    why = errors[0] if errors else f"pip wheel exited {done.returncode}"
+    return [f"could not put every wheel in the cache (the pods use the index for the rest): {why}"]
 
 
 def wheel_matches_installed(wheel: Path, name: str) -> bool:

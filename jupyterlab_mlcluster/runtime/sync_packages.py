@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -58,11 +59,18 @@ def cache_wheels(cache: Path, requirement: str) -> list[Path]:
         return []  # `name @ url`: only its URL has it
     key = _wheel_key(match["name"], match["version"])
     try:
-        return sorted(
-            p for p in cache.iterdir() if p.name.lower().startswith(key) and p.suffix == ".whl"
-        )
+        named = [p for p in cache.iterdir() if p.name.lower().startswith(key)]
     except OSError:
         return []
+    # Regular files only: the cache is shared, a link there points wherever its maker chose.
+    return sorted(p for p in named if p.suffix == ".whl" and _regular(p))
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def cache_has_all(cache: Path, requirements: list[str]) -> bool:

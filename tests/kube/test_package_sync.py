@@ -186,6 +186,13 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     )
     print(f"pip install in the notebook: {time.monotonic() - started:.2f} s")
 
+    # A teammate plants a link where the wheel will go in the shared cache: it is replaced,
+    # never written through.
+    cache.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (cache / wheel.name).symlink_to(victim)
+
     started = time.monotonic()
     job_id = submit(notebook, tmp_path)
     print(f"mlcluster run --no-wait (cache filled): {time.monotonic() - started:.2f} s")
@@ -215,6 +222,10 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
         "persistentVolumeClaim": {"claimName": "team-rwx", "readOnly": True},
     } in pod_spec["volumes"]
     assert [p.name for p in cache.iterdir()] == [wheel.name]  # the notebook filled the cache
+    assert (cache / wheel.name).read_bytes() == wheel.read_bytes() and not (
+        cache / wheel.name
+    ).is_symlink()
+    assert victim.read_text() == "mine"
 
     # The job's pod: the image's environment, fresh; its real command installs, then runs.
     pod_env = image_env(tmp_path / "pod")
