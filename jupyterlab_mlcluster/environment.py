@@ -235,8 +235,25 @@ def local_archives(names: Iterable[str]) -> dict[str, str]:
 PIP_TIMEOUT = 120.0  # seconds for each pip run at submit; past it, the pods use the index
 
 
+PIP_CONFIG_TTL = 60.0  # seconds a `pip config list` answer is reused (a sweep submits many jobs)
+_pip_config_seen: tuple[float, Any, str] | None = None
+
+
 def pip_config() -> str:
-    """`pip config list` of this environment (files and PIP_* variables), '' on failure."""
+    """`pip config list` of this environment (files and PIP_* variables), '' on failure;
+    reused for PIP_CONFIG_TTL seconds while the PIP_* variables stay the same."""
+    global _pip_config_seen
+    key = sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_"))
+    now = time.monotonic()
+    seen = _pip_config_seen
+    if seen is not None and seen[1] == key and now - seen[0] < PIP_CONFIG_TTL:
+        return seen[2]
+    text = _read_pip_config()
+    _pip_config_seen = (now, key, text)
+    return text
+
+
+def _read_pip_config() -> str:
     import subprocess
 
     try:
