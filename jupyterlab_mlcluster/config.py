@@ -92,6 +92,20 @@ class MLClusterConfig(Configurable):
         help="Seconds between CPU/memory/GPU samples of each running rank.",
     ).tag(config=True)
 
+    idle_gpu_after = Float(
+        600.0,
+        help="Seconds a running job's GPUs must all stay under `idle_gpu_percent` "
+        "utilisation before the job is flagged as holding idle GPUs (its `gpu_idle_since`, "
+        "shown in the cell monitor and the sidebar, and counted in the server's "
+        "mlcluster_idle_gpu_jobs). 0 turns the flag off.",
+    ).tag(config=True)
+
+    idle_gpu_percent = Float(
+        5.0,
+        help="GPU utilisation (percent, mean over a rank's GPUs) under which a rank's GPUs "
+        "count as idle for `idle_gpu_after`.",
+    ).tag(config=True)
+
     tensorboard_dir = Unicode(
         "",
         help="Where jobs write TensorBoard data unless `--tensorboard DIR` says otherwise: an "

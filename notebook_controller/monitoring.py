@@ -104,6 +104,13 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
         [("avg by (owner) (mlcluster_rank_gpu_utilization_percent)", "{{owner}}")],
     ),
     (
+        "Idle GPUs (running jobs flagged: every GPU nearly unused)",
+        [
+            ("sum by (backend) (mlcluster_idle_gpu_jobs)", "jobs ({{backend}})"),
+            ("sum by (owner) (mlcluster_idle_gpus)", "GPUs of {{owner}}"),
+        ],
+    ),
+    (
         "Job durations (p50) by final state",
         [
             (

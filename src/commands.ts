@@ -169,12 +169,20 @@ export function addCommands(
       "Open a TensorBoard over the job's $MLCLUSTER_TENSORBOARD_DIR in a tab (args.id; args.compare: more job ids)",
     isEnabled: () => openTab !== undefined,
     execute: async args => {
-      const job = await pickJob(
-        store,
-        args,
-        sortedJobs(store.state.jobs),
-        'show in TensorBoard'
-      );
+      // A job the panel has not heard of yet (a cell monitor's button can be quicker than
+      // the event stream) is still opened by id: the server says whether it may be.
+      const unseen =
+        typeof args.id === 'string' && !(args.id in store.state.jobs)
+          ? { id: args.id, name: args.id }
+          : null;
+      const job =
+        unseen ??
+        (await pickJob(
+          store,
+          args,
+          sortedJobs(store.state.jobs),
+          'show in TensorBoard'
+        ));
       if (!job || !openTab) {
         return;
       }

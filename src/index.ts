@@ -12,6 +12,7 @@ import { DockPanel } from '@lumino/widgets';
 import { CommandIds, PALETTE_CATEGORY, addCommands } from './commands';
 import { clusterIcon } from './icons';
 import { MlclusterApi } from './model/api';
+import { TENSORBOARD_ATTRIBUTE, tensorBoardJobId } from './model/monitor';
 import { SessionRef, notebookPath } from './model/origin';
 import { PanelStore, RefreshMode, StoreOptions } from './model/store';
 import { serverTransport } from './transport';
@@ -166,6 +167,23 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ]) {
       palette?.addItem({ command, category: PALETTE_CATEGORY });
     }
+
+    // The cell monitor's TensorBoard button (kernel/monitor.py): an element in a notebook
+    // output naming its job; a click opens that job's TensorBoard like the sidebar's button.
+    document.addEventListener('click', event => {
+      const clicked =
+        event.target instanceof Element
+          ? event.target.closest(`[${TENSORBOARD_ATTRIBUTE}]`)
+          : null;
+      // Only in a notebook's outputs, and only a job id.
+      const id = clicked?.closest('.jp-OutputArea-output')
+        ? tensorBoardJobId(clicked.getAttribute(TENSORBOARD_ATTRIBUTE))
+        : null;
+      if (id) {
+        event.preventDefault();
+        void app.commands.execute(CommandIds.openTensorBoard, { id });
+      }
+    });
 
     // The sidebar is always present, so it stays current even while collapsed: the
     // event stream is cheap and the job count in the list must be right when opened.

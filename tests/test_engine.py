@@ -382,16 +382,23 @@ def test_the_submitters_settings_govern_its_job(store_dir):
 
 def test_a_store_of_an_older_version_is_migrated(tmp_path):
     """ranks.pgid always held the rank's process start time; it is now named for that,
-    and a store written before the rename keeps its rows (opened twice: idempotent)."""
+    and a store written before the rename keeps its rows (opened twice: idempotent). A jobs
+    table from before the idle-GPU flag gets its column, its jobs unflagged."""
     import sqlite3
 
-    from jupyterlab_mlcluster.jobs.store import JobStore
+    from jupyterlab_mlcluster.jobs.store import SCHEMA, JobStore
 
     root = tmp_path / "old-store"
     root.mkdir()
     old = sqlite3.connect(root / "jobs.db")
+    jobs_before_idle_flag = SCHEMA.split(";")[0].replace("gpu_idle_since REAL,", "")
+    assert "gpu_idle_since" not in jobs_before_idle_flag
     old.executescript(
-        """CREATE TABLE ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, state TEXT NOT NULL,
+        jobs_before_idle_flag
+        + """;
+        INSERT INTO jobs (id, name, state, backend, spec, created, updated)
+            VALUES ('jold000001', 'old', 'running', 'local', '{}', 1.0, 1.0);
+        CREATE TABLE ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, state TEXT NOT NULL,
         exit_code INTEGER, pid INTEGER, pgid INTEGER, host TEXT, started REAL, finished REAL,
         metrics TEXT NOT NULL DEFAULT '{}', progress TEXT, PRIMARY KEY (job_id, rank));
         INSERT INTO ranks (job_id, rank, state, pid, pgid) VALUES ('jold000001', 0, 'running', 4242, 1700000000.25);"""
@@ -405,4 +412,5 @@ def test_a_store_of_an_older_version_is_migrated(tmp_path):
         check.close()
         assert "process_start" in columns and "pgid" not in columns
         assert store.rank_processes("jold000001") == [(0, 4242, 1700000000.25)]
+        assert store.get_job("jold000001").gpu_idle_since is None
         store.close()

@@ -90,7 +90,8 @@ def test_the_dashboard_refers_only_to_exported_series():
     assert used <= exported_series(), used - exported_series()
     # It shows what the issue asks for.
     for needed in ("mlcluster_jobs", "mlcluster_queue_length", "mlcluster_user_gpus_allocated",
-                   "mlcluster_rank_gpu_utilization_percent", "mlcluster_controller_notebooks"):  # fmt: skip
+                   "mlcluster_rank_gpu_utilization_percent", "mlcluster_controller_notebooks",
+                   "mlcluster_idle_gpu_jobs"):  # fmt: skip
         assert needed in used
     ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids))

@@ -66,6 +66,9 @@ class JobRecord:
     origin: dict[str, Any] = dataclasses.field(default_factory=dict)
     has_result: bool = False
     queue_position: int | None = None
+    # Since when every GPU of the running job has been idle, once that lasted
+    # MLClusterConfig.idle_gpu_after (jobs/gpu_idle.py); None otherwise.
+    gpu_idle_since: float | None = None
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.
     supervisor: dict[str, Any] | None = None
@@ -116,5 +119,6 @@ class JobRecord:
             "has_result": self.has_result,
             # A sweep's trial: {"id": sweep id, "trial": index, "parallel": K}; else null.
             "sweep": self.origin.get("sweep"),
+            "gpu_idle_since": iso(self.gpu_idle_since) if self.state is JobState.RUNNING else None,
             "ranks": [r.to_json() for r in self.ranks],
         }

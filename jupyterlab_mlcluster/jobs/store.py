@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     allocation TEXT,
     capacity TEXT,
     backend_state TEXT NOT NULL DEFAULT '{}',
+    gpu_idle_since REAL,
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
@@ -112,6 +113,7 @@ _JOB_COLUMNS = {
     "allocation",
     "capacity",
     "backend_state",
+    "gpu_idle_since",
 }
 _RANK_COLUMNS = {
     "state",
@@ -184,6 +186,9 @@ class JobStore:
                 # It always held the rank's process start time (pid + start time name a
                 # process), never a process group id.
                 tx.execute("ALTER TABLE ranks RENAME COLUMN pgid TO process_start")
+            jobs = {row["name"] for row in tx.execute("PRAGMA table_info(jobs)")}
+            if "gpu_idle_since" not in jobs:
+                tx.execute("ALTER TABLE jobs ADD COLUMN gpu_idle_since REAL")
 
     def close(self) -> None:
         self.database.close()
@@ -693,6 +698,7 @@ def _job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
         allocation=loads("allocation"),
         capacity=loads("capacity"),
         backend_state=loads("backend_state", {}),
+        gpu_idle_since=row["gpu_idle_since"],
         updated=row["updated"],
         ranks=[
             RankRecord(

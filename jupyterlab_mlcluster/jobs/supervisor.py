@@ -21,6 +21,7 @@ import psutil
 
 from ..backends.base import get_backend
 from ..config import get_config
+from .gpu_idle import IdleGpuWatch
 from .logfiles import format_log_line
 from .model import JobState, RankState
 from .processes import process_is, this_host
@@ -85,6 +86,7 @@ class JobContext:
         self._last_cancel_poll = 0.0
         self._last_heartbeat = 0.0
         self._attached = _attached_process(job.origin)
+        self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
 
     # -- cancellation -----------------------------------------------------------------
 
@@ -138,6 +140,15 @@ class JobContext:
 
     def set_all_ranks(self, **fields: Any) -> None:
         self.set_ranks({r: dict(fields) for r in range(self.job.spec.workers)})
+
+    def record_metrics(self, samples: dict[int, dict[str, Any]]) -> None:
+        """Ranks' latest CPU/memory/GPU figures, and the job's idle-GPU flag they imply."""
+        now = time.time()
+        self.store.record_metrics(self.job.id, samples, ts=now)
+        idle_since = self.idle_gpus.observe(samples, now)
+        if idle_since != self.job.gpu_idle_since:
+            self.job.gpu_idle_since = idle_since
+            self.store.update_job(self.job.id, gpu_idle_since=idle_since)
 
     def refresh(self) -> JobRecord:
         self.job = self.store.get_job(self.job.id)

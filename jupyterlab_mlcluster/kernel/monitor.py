@@ -87,6 +87,8 @@ def status_line(record: JobRecord) -> str:
         parts.append(f"elapsed {format_elapsed(elapsed(record))}")
     if record.state == JobState.QUEUED and record.reason:
         parts.append(record.reason)
+    if idle_gpus_since(record):
+        parts.append(f"GPUs idle since {idle_gpus_since(record)}")
     if record.error:
         parts.append(record.error)
     return " | ".join(parts)
@@ -220,10 +222,40 @@ class WidgetView:
         self.cancel.layout.display = "none"
 
 
-def title_html(record: JobRecord) -> str:
+def idle_gpus_since(record: JobRecord) -> str | None:
+    """'14:02:05' (this machine's clock) while the running job is flagged for idle GPUs."""
+    if record.state != JobState.RUNNING or record.gpu_idle_since is None:
+        return None
+    return time.strftime("%H:%M:%S", time.localtime(record.gpu_idle_since))
+
+
+def tensorboard_button(job_id: str) -> str:
+    """The kernel knows neither the server's URL nor its XSRF token: the lab extension
+    handles a click on [data-mlcluster-tensorboard] by opening the job's TensorBoard tab
+    (its mlcluster:open-tensorboard command), as the sidebar's button does."""
     return (
-        f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(str(record.state))} "
-        f"<span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
+        f"<button type='button' class='mlc-tensorboard' data-mlcluster-tensorboard='{html.escape(job_id)}' "
+        'title="Open this job\'s TensorBoard (MLCLUSTER_TENSORBOARD_DIR) in a JupyterLab tab" '
+        "style='font-size:0.85em;padding:0 8px;margin-left:6px;cursor:pointer;border-radius:3px;"
+        "border:1px solid var(--jp-border-color1, #bbb);background:var(--jp-layout-color1, #fff);"
+        "color:var(--jp-ui-font-color1, #000)'>TensorBoard</button>"
+    )
+
+
+def title_html(record: JobRecord) -> str:
+    idle = idle_gpus_since(record)
+    flag = (
+        f" <span class='mlc-idle-gpus' title='Every GPU of this job has been nearly unused since"
+        f" {idle} (MLClusterConfig.idle_gpu_percent / idle_gpu_after)' style='background:#f9a825;"
+        "color:#000;border-radius:9px;padding:1px 8px;font-size:0.85em;font-weight:600'>"
+        f"GPUs idle since {idle}</span>"
+        if idle
+        else ""
+    )
+    return (
+        f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(str(record.state))}"
+        f"{flag} <span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
+        f"{tensorboard_button(record.id)}"
     )
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from . import reporting
+from . import nvml, reporting
 
 INTERVAL = 2.0
 
@@ -37,10 +37,7 @@ class DeviceSampler:
     def _lib(self) -> Any:
         if self._nvml is None and not self._failed:
             try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
+                self._nvml = nvml.open_nvml()
             except Exception:  # noqa: BLE001 - no driver: no GPU figures
                 self._failed = True
         return self._nvml

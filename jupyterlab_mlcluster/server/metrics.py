@@ -73,6 +73,18 @@ SERIES: dict[str, tuple[str, str]] = {
         "GPU utilisation of a running job's rank (mean over its GPUs).",
     ),
     "mlcluster_rank_gpu_memory_bytes": ("gauge", "GPU memory of a running job's rank."),
+    "mlcluster_idle_gpu_jobs": (
+        "gauge",
+        (
+            "Running jobs flagged for idle GPUs (every GPU under MLClusterConfig."
+            "idle_gpu_percent for MLClusterConfig.idle_gpu_after seconds), by backend."
+        ),
+    ),
+    "mlcluster_idle_gpus": ("gauge", "GPUs held by running jobs flagged idle, per owner."),
+    "mlcluster_job_gpu_idle_seconds": (
+        "gauge",
+        "How long a running job flagged for idle GPUs has had them idle.",
+    ),
     "mlcluster_metrics_snapshot_timestamp_seconds": (
         "gauge",
         "When the figures above were last read from the job store (Unix time).",
@@ -110,6 +122,9 @@ def build_metrics(
     durations: dict[tuple[str, ...], list[float]] = {}
     restarts = dict.fromkeys(backends, 0)
     user_gpus: dict[str, int] = {}
+    idle_jobs = dict.fromkeys(backends, 0)
+    idle_gpus: dict[str, int] = {}
+    idle_for: list[tuple[list[str], float]] = []
     ranks: dict[str, list[tuple[list[str], float]]] = {name: [] for name in _RANK_FIGURES}
     for job in jobs:
         by_state[(job.state.value, job.backend)] += 1
@@ -125,6 +140,11 @@ def build_metrics(
             owner = job.owner or ""
             held = job.spec.workers * job.spec.gpus_per_worker
             user_gpus[owner] = user_gpus.get(owner, 0) + held
+            if job.gpu_idle_since is not None:
+                idle_jobs[job.backend] += 1
+                idle_gpus[owner] = idle_gpus.get(owner, 0) + held
+                labels = [job.id, job.name, owner, job.backend]
+                idle_for.append((labels, max(0.0, now - job.gpu_idle_since)))
             for rank in job.ranks:
                 labels = [job.id, job.name, owner, job.backend, str(rank.rank)]
                 for name, key in _RANK_FIGURES.items():
@@ -183,6 +203,18 @@ def build_metrics(
         for labels, value in samples:
             family.add_metric(labels, value)
         out.append(family)
+    family = gauge("mlcluster_idle_gpu_jobs", ["backend"])
+    for backend, count in idle_jobs.items():
+        family.add_metric([backend], count)
+    out.append(family)
+    family = gauge("mlcluster_idle_gpus", ["owner"])
+    for owner, count in sorted(idle_gpus.items()):
+        family.add_metric([owner], count)
+    out.append(family)
+    family = gauge("mlcluster_job_gpu_idle_seconds", ["job", "name", "owner", "backend"])
+    for labels, value in idle_for:
+        family.add_metric(labels, value)
+    out.append(family)
     family = gauge("mlcluster_metrics_snapshot_timestamp_seconds")
     family.add_metric([], now)
     out.append(family)

@@ -7,6 +7,7 @@ import {
   formatBytes,
   formatDuration,
   formatPercent,
+  idleGpuSeconds,
   jobElapsed,
   jobProgress,
   parseTime,
@@ -199,5 +200,23 @@ describe('failure banner', () => {
     expect(failedRankPrefix({ failed_rank: null, error: 'timed out' })).toBe(
       ''
     );
+  });
+});
+
+describe('idle GPUs', () => {
+  it('counts from the flag while the job runs, and not at all otherwise', () => {
+    const since = ago(125);
+    expect(
+      idleGpuSeconds({ state: 'running', gpu_idle_since: since }, NOW)
+    ).toBe(125);
+    expect(
+      idleGpuSeconds({ state: 'running', gpu_idle_since: null }, NOW)
+    ).toBe(null);
+    expect(
+      idleGpuSeconds({ state: 'succeeded', gpu_idle_since: since }, NOW)
+    ).toBe(null);
+    // a server without the field (older) reads as not flagged
+    const older = { state: 'running' } as Parameters<typeof idleGpuSeconds>[0];
+    expect(idleGpuSeconds(older, NOW)).toBe(null);
   });
 });

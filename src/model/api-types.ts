@@ -615,6 +615,11 @@ export interface components {
         trial: number;
         parallel?: number | null;
       };
+      /**
+       * Format: date-time
+       * @description Set while the job runs and every GPU its ranks report on has stayed under MLClusterConfig.idle_gpu_percent utilisation (5) since this time, for at least MLClusterConfig.idle_gpu_after seconds (600); null otherwise.
+       */
+      gpu_idle_since: string | null;
       ranks: components['schemas']['Rank'][];
     };
     JobList: {

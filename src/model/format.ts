@@ -191,3 +191,15 @@ export function failedRankPrefix(
   const named = new RegExp(`\\brank ${rank}\\b`, 'i').test(job.error ?? '');
   return named ? '' : `Rank ${rank}: `;
 }
+
+/**
+ * How long a running job's GPUs have all been idle, once the server flagged it (every GPU
+ * under MLClusterConfig.idle_gpu_percent for idle_gpu_after); null when it is not flagged.
+ */
+export function idleGpuSeconds(
+  job: Pick<Job, 'state' | 'gpu_idle_since'>,
+  now: number = Date.now()
+): number | null {
+  const since = job.state === 'running' ? parseTime(job.gpu_idle_since) : null;
+  return since === null ? null : Math.max(0, (now - since) / 1000);
+}

@@ -8,6 +8,7 @@ import {
   formatBytes,
   formatDuration,
   formatPercent,
+  idleGpuSeconds,
   jobElapsed,
   rankSummary
 } from '../model/format';
@@ -21,7 +22,7 @@ import {
 import { notebookName } from '../model/origin';
 import { isFinal } from '../model/reducer';
 import { Job, Rank } from '../model/types';
-import { ProgressBar, StateBadge } from './JobList';
+import { IdleGpuBadge, ProgressBar, StateBadge } from './JobList';
 import { LogViewer } from './LogViewer';
 import { Sparkline } from './Sparkline';
 import { usePanel } from './context';
@@ -210,6 +211,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         <h3 className="jp-mlc-detail-title" tabIndex={-1} ref={heading}>
           {job.name}
         </h3>
+        <IdleGpuBadge job={job} now={now} />
         <StateBadge state={job.state} />
       </div>
       <div className="jp-mlc-actions">
@@ -252,6 +254,12 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
       )}
       {job.reason && !isFinal(job) && (
         <div className="jp-mlc-banner">{job.reason}</div>
+      )}
+      {idleGpuSeconds(job, now) !== null && (
+        <div className="jp-mlc-banner jp-mlc-banner-warn">
+          Idle GPUs: every GPU of this job has been nearly unused for{' '}
+          {formatDuration(idleGpuSeconds(job, now))}. Cancel it to free them?
+        </div>
       )}
       <dl className="jp-mlc-fields">
         <Field label="Ranks">{rankSummary(job)}</Field>

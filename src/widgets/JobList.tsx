@@ -1,7 +1,13 @@
 import * as React from 'react';
 
 import { CommandIds } from '../commands';
-import { formatAge, jobProgress, rankSummary } from '../model/format';
+import {
+  formatAge,
+  formatDuration,
+  idleGpuSeconds,
+  jobProgress,
+  rankSummary
+} from '../model/format';
 import { listMove } from '../model/navigation';
 import { notebookName } from '../model/origin';
 import { Job } from '../model/types';
@@ -12,6 +18,22 @@ export function StateBadge({ state }: { state: string }) {
     <span className={`jp-mlc-state jp-mlc-state-${state}`}>
       <span className="jp-mlc-state-dot" aria-hidden="true" />
       {state}
+    </span>
+  );
+}
+
+/** A running job flagged for idle GPUs (the server's `gpu_idle_since`), and for how long. */
+export function IdleGpuBadge({ job, now }: { job: Job; now: number }) {
+  const seconds = idleGpuSeconds(job, now);
+  if (seconds === null) {
+    return null;
+  }
+  return (
+    <span
+      className="jp-mlc-idle-gpus"
+      title={`Every GPU of this job has been nearly unused for ${formatDuration(seconds)}`}
+    >
+      GPUs idle
     </span>
   );
 }
@@ -83,7 +105,7 @@ function JobRow({
         role="button"
         tabIndex={tabbable ? 0 : -1}
         data-job-id={job.id}
-        aria-label={`Job ${job.name}: ${job.state}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
+        aria-label={`Job ${job.name}: ${job.state}${idleGpuSeconds(job, now) === null ? '' : ', GPUs idle'}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
         onClick={open}
         onKeyDown={onKeyDown}
         onFocus={onFocus}
@@ -92,6 +114,7 @@ function JobRow({
           <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
             {job.name}
           </span>
+          <IdleGpuBadge job={job} now={now} />
           <StateBadge state={job.state} />
         </div>
         <div className="jp-mlc-job-row-meta">

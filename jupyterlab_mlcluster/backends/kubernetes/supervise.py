@@ -585,7 +585,7 @@ class _Attempt:
             for rank, usage in self._metrics_api_usage().items():
                 samples.setdefault(rank, {"gpu_util": None, "gpu_memory_bytes": None}).update(usage)
         if samples:
-            self.ctx.store.record_metrics(self.ctx.job.id, samples)
+            self.ctx.record_metrics(samples)
 
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))

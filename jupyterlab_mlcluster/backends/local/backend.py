@@ -253,7 +253,7 @@ class _Gang:
                     if sample is not None:
                         samples[p.rank] = sample
             if samples:
-                self.ctx.store.record_metrics(self.ctx.job.id, samples)
+                self.ctx.record_metrics(samples)
         self.ctx.tick()
 
     # -- lifecycle ----------------------------------------------------------------------

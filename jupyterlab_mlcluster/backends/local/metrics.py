@@ -6,6 +6,8 @@ from typing import Any
 
 import psutil
 
+from ...runtime import nvml
+
 
 class GpuSampler:
     """NVML, opened lazily and only if the job holds GPUs. Never touches CUDA."""
@@ -17,10 +19,7 @@ class GpuSampler:
     def _lib(self):
         if self._nvml is None and not self._failed:
             try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
+                self._nvml = nvml.open_nvml()
             except Exception:  # noqa: BLE001 - no driver / no GPU: no GPU metrics
                 self._failed = True
         return self._nvml
