@@ -583,6 +583,35 @@ def test_the_runtime_reports_metrics_and_progress_through_the_pod_log(
     )  # reports are not log lines, nor are their blank lines
 
 
+def test_a_pods_idle_gpus_flag_the_job(k8s, player, kube, kube_namespace, tmp_path):
+    """A rank in a pod samples its own GPUs (the pod's CUDA_VISIBLE_DEVICES; utilisation from
+    the test NVML file) and reports them in its log; the supervisor flags the job once they
+    have idled for idle_gpu_after, and clears the flag when one works."""
+    import json
+
+    from jupyterlab_mlcluster.runtime import nvml
+
+    gpus, release = tmp_path / "gpus.json", tmp_path / "release"
+    gpus.write_text(json.dumps({"0": 0}))
+    service = k8s(idle_gpu_after=1.0, metrics_interval=0.2)
+    hold = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)"
+    record = service.submit(spec_of(workers=1, gpus_per_worker=1), code(hold))
+    job = player.resumed(record.id)
+    (pod,) = player.create_pods(job).values()
+    player.schedule(pod)
+    run = player.run_rank(pod, extra_env={nvml.TEST_FILE_ENV: str(gpus)})
+    flagged = wait_state(service, record.id, lambda r: r.gpu_idle_since is not None, 60, "flag")
+    assert flagged.state == "running" and flagged.ranks[0].metrics["gpu_util"] == 0
+    assert flagged.to_json()["gpu_idle_since"] is not None
+    gpus.write_text(json.dumps({"0": 60}))
+    busy = wait_state(service, record.id, lambda r: r.gpu_idle_since is None, 60, "cleared")
+    assert busy.state == "running"
+    release.touch()
+    assert player.end_rank(run) == 0
+    player.finish_job(job, succeeded=True)
+    assert service.wait(record.id, timeout=60).state == "succeeded"
+
+
 def test_the_metrics_api_is_used_when_served(metrics_api, k8s, player, kube, kube_namespace):
     service = k8s()
     record = service.submit(spec_of(workers=1), code(SLEEPY_CELL))
