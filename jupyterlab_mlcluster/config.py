@@ -87,6 +87,17 @@ class MLClusterConfig(Configurable):
         "(cancel, a failing rank, a timeout).",
     ).tag(config=True)
 
+    rank_cgroup = Bool(
+        help="Contain each local job's ranks in a cgroup v2 of their own, where this "
+        "process's cgroup is writable, so that everything they start is killed with the job "
+        "(else process groups and the supervisor as child subreaper do it). "
+        "Env: MLCLUSTER_RANK_CGROUP=0 to turn off.",
+    ).tag(config=True)
+
+    @default("rank_cgroup")
+    def _default_rank_cgroup(self) -> bool:
+        return (_env("MLCLUSTER_RANK_CGROUP") or "1").lower() not in ("0", "false", "no", "off")
+
     metrics_interval = Float(
         1.0,
         help="Seconds between CPU/memory/GPU samples of each running rank.",

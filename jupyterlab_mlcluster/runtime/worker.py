@@ -93,10 +93,19 @@ def complete_environment(env: os._Environ | dict[str, str]) -> None:
 
 
 def tie_to_supervisor() -> None:
-    """Die with the supervisor (Linux PR_SET_PDEATHSIG), so no rank outlives its job."""
+    """Die with the supervisor (Linux PR_SET_PDEATHSIG), so no rank outlives its job; join
+    the job's cgroup first, if it has one, so that nothing this rank starts is born outside
+    it (jobs/proctree.py)."""
     expected = os.environ.get("MLCLUSTER_SUPERVISOR_PID")
     if not expected or not sys.platform.startswith("linux"):
         return
+    procs = os.environ.get("MLCLUSTER_CGROUP_PROCS")  # proctree.CGROUP_ENV
+    if procs:
+        try:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass  # the supervisor moves it in too (Containment.adopt)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -6,14 +6,14 @@ import json
 import logging
 import os
 import selectors
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
-from ...jobs.processes import process_is, supervisor_alive
+from ...jobs.processes import supervisor_alive
+from ...jobs.proctree import Containment, kill_orphaned_tree
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ..base import Backend
@@ -28,6 +28,10 @@ log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 ADMISSION_POLL = 0.05
 LOOP_TICK = 0.05
 DRAIN_TIMEOUT = 2.0
+REAP_INTERVAL = 1.0
+# Reading an exited rank's pipes to the end before it counts as finished stops after this
+# many bytes (something it started may keep writing to them).
+RANK_DRAIN_CAP = 64 << 20
 
 
 class LocalBackend(Backend):
@@ -51,13 +55,9 @@ class LocalBackend(Backend):
         pool.check_fits(spec, self.capacity())
 
     def cleanup_orphans(self, store: JobStore, job) -> None:
-        """Kill rank process groups a dead supervisor left (they should have died with it)."""
-        for _rank, pid, started in store.rank_processes(job.id):
-            if process_is(pid, started):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        """Kill whatever a dead supervisor's ranks left: their groups, the job's cgroup,
+        what they started elsewhere (jobs/proctree.py)."""
+        kill_orphaned_tree(store.job_dir(job.id), job.id, store.rank_processes(job.id))
 
     # -- inside the supervisor -------------------------------------------------------------
 
@@ -69,12 +69,14 @@ class LocalBackend(Backend):
         log.debug("admitted")
         launch = _read_launch(ctx.store, ctx.job.id)
         sampler = RankSampler()
+        tree = Containment(ctx.store.job_dir(ctx.job.id), ctx.job.id, ctx.config.rank_cgroup)
         try:
             lifecycle.run_attempts(
-                ctx, lambda n: _Gang(ctx, spec, allocation, launch, n, sampler).run()
+                ctx, lambda n: _Gang(ctx, spec, allocation, launch, n, sampler, tree).run()
             )
         finally:
             sampler.gpu.close()
+            tree.close()
 
     def _admit(self, ctx: JobContext) -> dict[str, Any] | None:
         store, job = ctx.store, ctx.job
@@ -117,9 +119,18 @@ class _Gang:
     """One attempt: start every rank, pump their output, watch them, stop them."""
 
     def __init__(
-        self, ctx: JobContext, spec: JobSpec, allocation, launch, attempt: int, sampler: RankSampler
+        self,
+        ctx: JobContext,
+        spec: JobSpec,
+        allocation,
+        launch,
+        attempt: int,
+        sampler: RankSampler,
+        tree: Containment,
     ):
         self.ctx = ctx
+        self.tree = tree
+        self.last_reap = 0.0
         self.spec = spec
         self.allocation = allocation
         self.launch = launch
@@ -170,12 +181,14 @@ class _Gang:
             else:
                 env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard_dir))
             env["MLCLUSTER_ERROR_FILE"] = error_file
+            env.update(self.tree.rank_env())
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
             if warm:
                 proc = launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
             else:
                 proc = launcher.spawn_cold(rank, env, self.launch.get("cwd"))
+            self.tree.adopt(proc.pid)
             self.ranks.append(proc)
             for fd, stream in ((proc.stdout, "o"), (proc.stderr, "e"), (proc.control, "c")):
                 os.set_blocking(fd, False)
@@ -254,6 +267,9 @@ class _Gang:
                         samples[p.rank] = sample
             if samples:
                 self.ctx.record_metrics(samples)
+        if now - self.last_reap >= REAP_INTERVAL:
+            self.last_reap = now
+            self.tree.reap(p.pid for p in self.ranks)
         self.ctx.tick()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -264,9 +280,35 @@ class _Gang:
             outcome = self.watch()
         except BaseException:
             launcher.stop_ranks(self.ranks, 0.0)
+            self.end_tree()
             raise
+        # What the ranks started dies with the attempt (its pipes close, so drain is quick).
+        self.end_tree()
         self.drain()
         return outcome
+
+    def end_tree(self) -> None:
+        self.tree.end_attempt([p.pid for p in self.ranks], keep=[p.pid for p in self.ranks])
+
+    def drain_rank(self, rank: int) -> None:
+        """Read what an exited rank wrote (all of it is in its pipes now) before it counts as
+        finished: a finished rank's log is complete, even if the supervisor dies next."""
+        for key in list(self.selector.get_map().values()):
+            if key.data[0] != rank:
+                continue
+            parser = self.parsers[key.data]
+            for _ in range(RANK_DRAIN_CAP // 65536):
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    self.selector.unregister(key.fd)
+                    os.close(key.fd)
+                    self.open_fds -= 1
+                    self._handle(rank, key.data[1], parser.flush())
+                    break
+                self._handle(rank, key.data[1], parser.feed(data))
 
     def watch(self) -> Outcome:
         ctx, spec = self.ctx, self.spec
@@ -278,6 +320,7 @@ class _Gang:
                 if p.rank in finished or p.poll() is None:
                     continue
                 finished.add(p.rank)
+                self.drain_rank(p.rank)
                 ok = p.returncode == 0
                 self.rank_updates.update(
                     p.rank,

@@ -1,0 +1,133 @@
+"""kill -9 at random (seeded) moments of the supervisor, the warm pool's zygote, the Jupyter
+server, the kernel and the notebook-controller, with real processes; a few rounds each (the
+long randomised version: bench/bench_kill9.py). Every figure must be zero: orphaned
+processes (rank grandchildren included, also those in a session of their own), jobs stuck
+non-final, lost log lines of finished ranks, duplicate Kubernetes objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from helpers import scenario_seed
+
+from jupyterlab_mlcluster.config import MLClusterConfig
+from jupyterlab_mlcluster.jobs.service import JobService
+from tests.faults import kill9
+
+
+def _check(tally: kill9.Tally, seed: int) -> None:
+    print(f"\n{kill9.HEADER}\n{tally.row()}  (seed {seed})")
+    assert tally.injected >= 1, tally
+    assert tally.bad == 0, (seed, tally.notes)
+    assert tally.survived == tally.rounds
+
+
+@pytest.fixture
+def piddir(tmp_path):
+    path = tmp_path / "pids"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("mode", ["cgroup-cold", "groups-cold", "groups-warm"])
+def test_kill9_supervisor(service, piddir, monkeypatch, mode):
+    """With a cgroup where one is writable, and without (process groups, the supervisor as
+    subreaper, the reaper's scan); cold ranks and warm ones forked from a zygote's fork."""
+    containment, pool = mode.split("-")
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1" if pool == "warm" else "0")
+    monkeypatch.setenv("MLCLUSTER_RANK_CGROUP", "1" if containment == "cgroup" else "0")
+    seed = scenario_seed()
+    jobs = JobService(MLClusterConfig(warm_pool_modules=["json"]))
+    tally = kill9.supervisor_rounds(jobs, random.Random(seed), 3, piddir)
+    _check(tally, seed)
+
+
+def test_kill9_zygote(store_dir, service, piddir, monkeypatch):
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
+    seed = scenario_seed()
+    # A zygote that preloads nothing heavy: restarting it is part of every round.
+    warm = JobService(MLClusterConfig(warm_pool_modules=["json"]))
+    tally = kill9.zygote_rounds(warm, random.Random(seed), 2, piddir)
+    _check(tally, seed)
+
+
+def test_kill9_kernel(service, piddir, monkeypatch):
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    seed = scenario_seed()
+    tally = kill9.kernel_rounds(service, random.Random(seed), 2, piddir, dict(os.environ))
+    _check(tally, seed)
+
+
+def test_kill9_server(service, piddir, tmp_path, store_dir):
+    from tests.server.live import LiveServer
+
+    seed = scenario_seed()
+    tally = kill9.server_rounds(
+        service,
+        random.Random(seed),
+        1,
+        piddir,
+        lambda: LiveServer(tmp_path / "home", store_dir).start(),
+    )
+    _check(tally, seed)
+
+
+def test_kill9_controller(kube, kube_namespace, tmp_path):
+    from tests.kube.controller_support import install_crds
+
+    install_crds(kube)
+    seed = scenario_seed()
+    tally = kill9.controller_rounds(
+        kube, kube_namespace, random.Random(seed), 2, tmp_path / "controller.log"
+    )
+    _check(tally, seed)
+
+
+def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
+    """Playing the attacker against the reaper's records: a containment.json naming another
+    job's cgroup, a path that climbs out, and a rank record whose pid now belongs to another
+    process (pid reuse) make it kill nothing; the job's own cgroup it empties and removes."""
+    import subprocess
+
+    import psutil
+
+    from jupyterlab_mlcluster.jobs import proctree
+
+    other = proctree._make_job_cgroup("bystander-job")
+    if other is None:
+        pytest.skip("no writable cgroup v2 here (the reaper then uses groups and the scan)")
+    bystander = subprocess.Popen(["sleep", "60"])
+    mine = None
+    try:
+        (other / "cgroup.procs").write_text(str(bystander.pid))
+        job_dir = tmp_path / "job"
+        job_dir.mkdir()
+        host = proctree.this_host()
+        started = psutil.Process(bystander.pid).create_time()
+        forged = [
+            str(other),  # another job's cgroup
+            str(other.parent / "mlcluster-victim" / ".." / other.name),  # climbs out
+            str(other.parent),  # the parent of every job's cgroup
+        ]
+        for path in forged:
+            (job_dir / proctree.RECORD_NAME).write_text(json.dumps({"host": host, "cgroup": path}))
+            # pid reuse: the recorded rank's pid is now the bystander, started at another time
+            proctree.kill_orphaned_tree(job_dir, "victim", [(0, bystander.pid, started - 100)])
+            assert bystander.poll() is None, path
+        # The job's own cgroup: emptied and removed.
+        mine = proctree._make_job_cgroup("victim")
+        inside = subprocess.Popen(["sleep", "60"])
+        (mine / "cgroup.procs").write_text(str(inside.pid))
+        (job_dir / proctree.RECORD_NAME).write_text(json.dumps({"host": host, "cgroup": str(mine)}))
+        proctree.kill_orphaned_tree(job_dir, "victim", [])
+        assert inside.wait(10) == -9 and not mine.exists()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        for cgroup in (other, mine):
+            if cgroup is not None and cgroup.exists():
+                cgroup.rmdir()
