@@ -19,6 +19,7 @@ export namespace CommandIds {
   export const deleteJob = 'mlcluster:delete-job';
   export const refresh = 'mlcluster:refresh';
   export const openTensorBoard = 'mlcluster:open-tensorboard';
+  export const compareTensorBoard = 'mlcluster:compare-tensorboard';
 }
 
 export const PALETTE_CATEGORY = 'Distributed Jobs';
@@ -191,7 +192,8 @@ export function addCommands(
         : [];
       try {
         const answer = await store.api.openTensorBoard(job.id, others);
-        const label = `TensorBoard: ${[job.name, ...others].join(', ')}`;
+        const names = others.map(id => store.state.jobs[id]?.name ?? id);
+        const label = `TensorBoard: ${[job.name, ...names].join(', ')}`;
         openTab(
           serverPageTab(answer.url, label),
           `mlcluster-tb-${answer.jobs.join('-')}`
@@ -201,6 +203,33 @@ export function addCommands(
           `No TensorBoard for ${job.name}`,
           error as Error
         );
+      }
+    }
+  });
+
+  commands.addCommand(CommandIds.compareTensorBoard, {
+    label: args =>
+      args.id ? 'Compare in TensorBoard…' : 'Compare Jobs in TensorBoard…',
+    caption:
+      'Open one TensorBoard over several jobs, one run per job (args.id: chosen already)',
+    isEnabled: () =>
+      openTab !== undefined && Object.keys(store.state.jobs).length > 1,
+    execute: async args => {
+      const jobs = sortedJobs(store.state.jobs);
+      const labels = jobs.map(job => `${job.name} · ${job.state} · ${job.id}`);
+      const choice = await InputDialog.getMultipleItems({
+        title: 'Compare which jobs in one TensorBoard?',
+        items: labels,
+        defaults: labels.filter((_, i) => jobs[i].id === args.id)
+      });
+      const ids = (choice.button.accept ? (choice.value ?? []) : [])
+        .map(label => jobs[labels.indexOf(label)]?.id)
+        .filter((id): id is string => id !== undefined);
+      if (ids.length > 0) {
+        await commands.execute(CommandIds.openTensorBoard, {
+          id: ids[0],
+          compare: ids.slice(1)
+        });
       }
     }
   });

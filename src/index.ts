@@ -163,7 +163,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       CommandIds.cancelJob,
       CommandIds.deleteJob,
       CommandIds.refresh,
-      CommandIds.openTensorBoard
+      CommandIds.openTensorBoard,
+      CommandIds.compareTensorBoard
     ]) {
       palette?.addItem({ command, category: PALETTE_CATEGORY });
     }

@@ -236,6 +236,20 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         >
           TensorBoard
         </button>
+        {Object.keys(store.state.jobs).length > 1 && (
+          <button
+            className="jp-mlc-button"
+            onClick={() =>
+              void commands.execute(CommandIds.compareTensorBoard, {
+                id: job.id
+              })
+            }
+            aria-label={`Compare job ${job.name} with other jobs in TensorBoard`}
+            title="Open one TensorBoard over this job and others you choose (one run per job)"
+          >
+            Compare…
+          </button>
+        )}
         <button
           className="jp-mlc-button"
           onClick={() =>

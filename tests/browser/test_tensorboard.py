@@ -26,6 +26,15 @@ from .lab import (
 
 pytest.importorskip("tensorboard", reason="tensorboard is in the test extra")
 
+# A second job to compare with: one rank, a flatter curve.
+BASELINE = """
+import os
+from torch.utils.tensorboard import SummaryWriter
+with SummaryWriter(os.environ["MLCLUSTER_TENSORBOARD_DIR"]) as writer:
+    for step in range(200):
+        writer.add_scalar("train/loss", 1.5 - step / 400, step)
+"""
+
 CELL = """%%distributed --workers 2 --gpus-per-worker 1 --name tb-curve
 import math, os, time
 from torch.utils.tensorboard import SummaryWriter
@@ -73,19 +82,21 @@ def api(lab, path: str, method: str = "GET", body=None):
     return status, (json.loads(data) if data else None)
 
 
-def wait_for_curve(page) -> None:
+def wait_for_curve(page, settle_ms: int = 1_000) -> None:
     """The TensorBoard tab is in front and shows the job's scalar card."""
     page.locator(".jp-mlc-tensorboard").wait_for(timeout=120_000)
     frame = page.frame_locator(".jp-mlc-tensorboard:visible iframe")
     frame.get_by_text("train/loss").first.wait_for(timeout=120_000)
     # The curve itself: TensorBoard draws each scalar card into a canvas or svg.
     frame.locator("tb-scalar-card, scalar-card").first.wait_for(timeout=60_000)
-    page.wait_for_timeout(4_000)  # let the line chart finish drawing
+    page.wait_for_timeout(settle_ms)  # let the line chart finish drawing
     tab = page.get_by_role("tab", name="TensorBoard: tb-curve")
     assert tab.get_attribute("aria-selected") == "true"
 
 
 def test_monitor_and_sidebar_flag_idle_gpus_and_open_tensorboard(lab, artifacts):
+    status, baseline = api(lab, "jobs", "POST", {"name": "tb-baseline", "code": BASELINE})
+    assert status == 201, baseline
     with browser_page(width=1280, height=860) as page:
         open_notebook(page, lab, "tensorboard.ipynb")
         run_cell(page, 0)
@@ -126,8 +137,28 @@ def test_monitor_and_sidebar_flag_idle_gpus_and_open_tensorboard(lab, artifacts)
 
         # The sidebar's TensorBoard button (the README's picture).
         panel.get_by_role("button", name="Open TensorBoard of job tb-curve").click()
-        wait_for_curve(page)
+        wait_for_curve(page, settle_ms=4_000)
         save_docs_image(page, "tensorboard.png", artifacts)
+
+        # Compare: the job and the baseline in one TensorBoard, one run per job.
+        _, done = api(lab, f"jobs/{baseline['id']}")
+        assert done["state"] == "succeeded", done
+        panel.get_by_role(
+            "button", name="Compare job tb-curve with other jobs in TensorBoard"
+        ).click()
+        choices = page.locator(".jp-Dialog select")
+        picked = [o for o in choices.locator("option").all_inner_texts() if "tb-" in o]
+        assert len(picked) == 2, picked
+        choices.select_option(label=picked)
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        compared = page.get_by_role("tab", name="TensorBoard: ")
+        compared.filter(has_text="tb-baseline").filter(has_text="tb-curve").wait_for(timeout=30_000)
+        frame = page.frame_locator(".jp-mlc-tensorboard:visible iframe")
+        frame.get_by_text(baseline["id"]).first.wait_for(timeout=120_000)
+        frame.get_by_text("train/loss").first.wait_for(timeout=60_000)
+        page.mouse.move(0, 0)  # no hover card over the chart
+        page.wait_for_timeout(1_000)  # the chart draws every run
+        page.screenshot(path=str(artifacts / "tensorboard-compare.png"))
         # Nothing went wrong in the page but two known answers: the notebook servers route's
         # deliberate 503, and TensorBoard's own page asking for its Roboto fonts at the
         # server's root (absolute /font-roboto/ URLs in TensorBoard 2.20's index.html, which
