@@ -145,6 +145,7 @@ def dashboard() -> dict[str, Any]:
         "time": {"from": "now-6h", "to": "now"},
         "refresh": "30s",
         "tags": ["mlcluster"],
+        "annotations": {"list": []},  # required by Grafana's dashboard schema
         "templating": {
             "list": [
                 {

@@ -1,6 +1,6 @@
 """`mlcluster manifests --monitoring`: the ServiceMonitor against the Prometheus Operator's
-published CRD, the Service against Kubernetes' schema, and a Grafana dashboard that refers
-only to series the code exports."""
+published CRD, the Service against Kubernetes' schema, and a Grafana dashboard that fits
+Grafana's published dashboard schema and refers only to series the code exports."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.k8s_schemas import validate_manifest
 from tests.kube.crds import _strict
 
 UPSTREAM = Path(__file__).parent / "kube" / "upstream" / "prometheus-operator"
+GRAFANA = Path(__file__).parent / "kube" / "upstream" / "grafana-foundation-sdk"
 
 
 def service_monitor_schema() -> dict:
@@ -82,8 +83,19 @@ def test_monitoring_manifests_fit_their_schemas_and_find_the_controller():
                    for a in o["spec"]["template"]["spec"]["containers"][0]["args"])  # fmt: skip
 
 
-def test_the_dashboard_refers_only_to_exported_series():
+def grafana_dashboard_schema() -> dict:
+    return json.loads((GRAFANA / "dashboard.jsonschema.json").read_text())
+
+
+def test_the_dashboard_fits_grafanas_schema_and_refers_only_to_exported_series():
     board = dashboard()
+    validator = jsonschema.Draft7Validator(grafana_dashboard_schema())
+    validator.validate(board)
+    # The schema is strict enough to catch a slip: an unknown field, a panel without its kind.
+    assert not validator.is_valid({**board, "refreshEvery": "30s"})
+    broken = copy.deepcopy(board)
+    broken["panels"][0]["gridPos"] = {"h": "8"}
+    assert not validator.is_valid(broken)
     exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
     used = {name for expr in exprs for name in re.findall(r"\bmlcluster_\w+", expr)}
     assert used, exprs
