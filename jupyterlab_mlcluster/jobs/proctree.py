@@ -177,6 +177,25 @@ def killpg(pgid: int, signum: int = signal.SIGKILL) -> None:
             raise
 
 
+def our_group(pgid: int) -> bool:
+    """Is `pgid` a process group with a live member among this process's descendants?
+
+    A rank's group outlives its leader while a member lives, and its id (the leader's pid)
+    cannot be reused meanwhile; once the group is empty, the id may belong to anyone. So
+    after a rank exited, its group is signalled only if this says yes."""
+    try:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return False
+    for proc in descendants:
+        try:
+            if os.getpgid(proc.pid) == pgid and _alive(proc):
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
 def _reap_children(keep: Iterable[int] = ()) -> None:
     """Collect exited children (re-parented orphans become ours as subreaper), except `keep`
     (ranks whose exit status someone else collects)."""
@@ -247,13 +266,14 @@ class Containment:
             _reap_children(keep=ranks)
 
     def end_attempt(self, rank_groups: Iterable[int], keep: Iterable[int] = ()) -> None:
-        """Kill everything the attempt's ranks left: their groups, the job's cgroup, and
-        every descendant of this process (as subreaper, all of them are). `keep`: rank pids
-        whose exit status their owner still collects (reaped there, not here)."""
+        """Kill everything the attempt's ranks left: their groups (those still ours), the
+        job's cgroup, and every descendant of this process (as subreaper, all of them are).
+        `keep`: rank pids whose exit status their owner still collects (not reaped here)."""
         deadline = time.monotonic() + KILL_DEADLINE
         keep = set(keep)
         for pgid in rank_groups:
-            killpg(pgid)
+            if our_group(pgid):
+                killpg(pgid)
         if self.cgroup is not None:
             _kill_cgroup_keep(self.cgroup, deadline)
         while time.monotonic() < deadline:

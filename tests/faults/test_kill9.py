@@ -43,6 +43,38 @@ def test_kill9_supervisor(service, piddir, monkeypatch, mode):
     jobs = JobService(MLClusterConfig(warm_pool_modules=["json"]))
     tally = kill9.supervisor_rounds(jobs, random.Random(seed), 3, piddir)
     _check(tally, seed)
+    # Which cleanup a job got is said once in its supervisor.log (none if it died before
+    # its ranks were to start).
+    said = [
+        (jobs.store.job_dir(r.id) / "supervisor.log").read_text().count("rank cleanup:")
+        for r in jobs.store.list_jobs()[0]
+    ]
+    assert set(said) <= {0, 1} and 1 in said, said
+    expected = "cgroup v2" if containment == "cgroup" else "process groups + child subreaper"
+    logs = [
+        (jobs.store.job_dir(r.id) / "supervisor.log").read_text() for r in jobs.store.list_jobs()[0]
+    ]
+    assert all(expected in text for text in logs if "rank cleanup:" in text), logs
+
+
+def test_what_ranks_started_ends_with_the_job(service, piddir, monkeypatch):
+    """No fault: a job that succeeds and one that is cancelled leave nothing of their ranks
+    (grandchildren in the rank's group and in a session of their own), and every line of
+    the succeeded ranks is in the log."""
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    tally = kill9.Tally("no fault")
+    done = kill9.submit(service, piddir, 5)
+    cancelled = service.submit(
+        kill9.JobSpec.from_options({"workers": 2}),
+        kill9.Payload(source=kill9.rank_code(piddir, 10**6, pause=0.05)),
+    ).id
+    from helpers import wait_for
+
+    wait_for(lambda: len(list(piddir.glob(f"{cancelled}-*"))) == 2, message="ranks up")
+    service.cancel(cancelled)
+    assert kill9.settle(service, tally, {done: 5, cancelled: 0}, piddir), tally.notes
+    assert service.store.get_job(done).state.value == "succeeded"
+    assert service.store.get_job(cancelled).state.value == "cancelled"
 
 
 def test_kill9_zygote(store_dir, service, piddir, monkeypatch):

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ...jobs.model import JobSpec
+from ...jobs.proctree import our_group
 
 # Variables of the submitting process that must not leak into ranks: ipykernel's inline
 # matplotlib backend has no frontend in a rank, and stale launcher variables would lie.
@@ -252,8 +253,10 @@ def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> None:
             time.sleep(0.02)
         live = [r for r in live if r.poll() is None]
     for r in ranks:
-        # Also the ones that exited: their children may still be in the group.
-        r.signal_group(signal.SIGKILL)
+        # Also the ones that exited: their children may still be in the group (then the
+        # group id is still theirs; an empty group's id may be anyone's by now).
+        if r.poll() is None or our_group(r.pid):
+            r.signal_group(signal.SIGKILL)
     for r in ranks:
         while r.poll() is None:
             time.sleep(0.01)
