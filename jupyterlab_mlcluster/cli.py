@@ -206,19 +206,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     payload = script_payload(args, spec)
     origin = {"kind": "cli", "command": " ".join(sys.argv[:1] + sys.argv[1:])[:500]}
     attach = None if args.no_wait else os.getpid()
+    preload = _script_preload(service.config, payload)
     if sweep is not None:
         from .jobs.sweep import submit_sweep
 
-        handle = submit_sweep(service, spec, payload, sweep, origin=origin, attach_to_pid=attach)
+        handle = submit_sweep(
+            service,
+            spec,
+            payload,
+            sweep,
+            origin=origin,
+            attach_to_pid=attach,
+            preload=preload,
+        )
         if args.no_wait:
             print(handle.id)
             return 0
         return follow_sweep(handle, quiet=args.quiet)
-    record = service.submit(spec, payload, origin=origin, attach_to_pid=attach)
+    record = service.submit(spec, payload, origin=origin, attach_to_pid=attach, preload=preload)
     if args.no_wait:
         print(record.id)
         return 0
     return follow_job(service, record.id, quiet=args.quiet)
+
+
+def _script_preload(config, payload) -> list[str]:
+    """What the warm pool may learn from the script: its top imports (read, never run)."""
+    if not (config.warm_pool and config.warm_pool_learn):
+        return []
+    from .jobs import preload
+
+    path = payload.filename
+    if payload.kind == "module":
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(payload.filename)
+        except (ImportError, ValueError):
+            return []
+        path = spec.origin if spec is not None else None
+    return preload.script_modules(path) if path else []
 
 
 def script_payload(args: argparse.Namespace, spec):
@@ -415,21 +442,39 @@ def cmd_pool(args: argparse.Namespace) -> int:
     elif args.action == "stop":
         print("stopped" if warmpool.stop(config) else "no warm pool is running")
         return 0
-    status = warmpool.status(config)
-    if status is None:
+    report = warmpool.pool_status(config)
+    generations = report["generations"]
+    if not generations:
         print(
             f"no warm pool is running (enabled: {config.warm_pool}; it starts with the first job)"
         )
         return 0
     mib = 1024 * 1024
-    uss = (
-        f", {status['uss_bytes'] / mib:.0f} MiB of its own (USS)" if status.get("uss_bytes") else ""
+    bound = (
+        f"bound {report['max_memory'] / mib:.0f} MiB (warm_pool_max_memory)"
+        if report["max_memory"]
+        else "no bound"
     )
     print(
-        f"warm pool pid {status['pid']}: modules {', '.join(status['modules']) or '-'}; "
-        f"memory {status['rss_bytes'] / mib:.0f} MiB RSS{uss}; CUDA initialised: {status['cuda_initialized']}; "
-        f"up {status['uptime']:.0f}s"
+        f"warm pool: {len(generations)} generation{'s' if len(generations) != 1 else ''}, "
+        f"{report['pss_bytes'] / mib:.0f} MiB PSS in all, {bound}"
     )
+    for g in generations:
+        size = g.get("size", 0)
+        extra = size - len(g["modules"])
+        modules = ", ".join(g["modules"]) or "-"
+        if extra > 0:
+            modules += f" (+{extra} submodules)"
+        pss = f"{g['pss_bytes'] / mib:.0f} MiB PSS, " if g.get("pss_bytes") else ""
+        uss = f", {g['uss_bytes'] / mib:.0f} MiB of its own (USS)" if g.get("uss_bytes") else ""
+        print(
+            f"generation pid {g['pid']}{'' if g['current'] else ' (outdated environment)'}: "
+            f"modules {modules}; memory {pss}{g['rss_bytes'] / mib:.0f} MiB RSS{uss}; "
+            f"CUDA initialised: {g['cuda_initialized']}; up {g['uptime']:.0f}s, "
+            f"idle {g['idle']:.0f}s"
+        )
+    for name, reason in sorted(report["refused"].items()):
+        print(f"refused: {name} ({reason})")
     return 0
 
 

@@ -150,13 +150,31 @@ class MLClusterConfig(Configurable):
     warm_pool_modules = List(
         Unicode(),
         ["torch", "numpy"],
-        help="Modules the warm pool imports ahead of time (those not installed are skipped). "
-        "They must not initialise CUDA on import.",
+        help="Modules every warm-pool generation imports ahead of time: the pinned list "
+        "(those not installed are skipped), e.g. add 'transformers' so even a kernel's first "
+        "cell starts warm. A module that initialises CUDA or starts a thread on import is "
+        "refused by the pool's own check.",
+    ).tag(config=True)
+
+    warm_pool_learn = Bool(
+        True,
+        help="Let the warm pool learn what to preload: a %%distributed cell sends the "
+        "installed packages its kernel has imported, `mlcluster run` those its script imports "
+        "at its top; the pool builds a generation that has them in the background and the "
+        "next job starts from it. False: only warm_pool_modules.",
+    ).tag(config=True)
+
+    warm_pool_max_memory = Int(
+        4 * 1024**3,
+        help="Bytes of memory (PSS) the idle warm pool may use over all its generations; "
+        "over it the oldest generations retire and the pool learns no more modules until "
+        "there is room. 0: no bound.",
     ).tag(config=True)
 
     warm_pool_idle_timeout = Float(
         1800.0,
-        help="Seconds an unused warm pool stays up before it exits on its own.",
+        help="Seconds an unused warm-pool generation stays up before it exits on its own "
+        "(a generation superseded by one that preloads more retires at once).",
     ).tag(config=True)
 
     warm_pool_size = Int(

@@ -97,7 +97,9 @@ def test_pool_is_replaced_when_the_environment_changes(service, warm, tmp_path, 
 def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, monkeypatch):
     target = tmp_path / "extra-site"
     target.mkdir()
-    monkeypatch.setenv("PYTHONPATH", str(target))
+    # keeping the caller's entries, so the checkout under test stays the one imported
+    extended = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*extended, str(target)]))
     from jupyterlab_mlcluster.jobs.service import JobService
 
     service = JobService()
@@ -162,7 +164,7 @@ def test_pool_command_reports_memory_and_cuda_state(store_dir, warm):
     assert run_cli("pool", "start").returncode == 0
     out = run_cli("pool", "status").stdout
     assert (
-        re.search(r"memory \d+ MiB RSS", out)
+        re.search(r"memory \d+ MiB PSS, \d+ MiB RSS", out)
         and "CUDA initialised: False" in out
         and "torch" in out
     )

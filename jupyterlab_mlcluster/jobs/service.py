@@ -101,11 +101,13 @@ class JobService:
         attach_to_pid: int | None = None,
         environ: dict[str, str] | None = None,
         cwd: str | None = None,
+        preload: list[str] | None = None,
     ) -> JobRecord:
         """Store the job and start its supervisor. SpecError/PayloadError: nothing stored.
 
         `attach_to_pid`: cancel the job if that process dies (the foreground CLI).
-        `environ`/`cwd`: what the ranks inherit (default: this process's)."""
+        `environ`/`cwd`: what the ranks inherit (default: this process's).
+        `preload`: modules the warm pool should learn (jobs/preload.py chose them)."""
         # A JobSpec built in Python skipped from_options: check it before anything is written.
         spec.validate()
         backend = self.backend(spec.backend)
@@ -159,17 +161,17 @@ class JobService:
             ),
         )
         try:
-            self._start_supervisor(job_id)
+            self._start_supervisor(job_id, preload or [])
         except Exception as exc:
             self.store.transition(job_id, JobState.FAILED, error=f"could not start the job: {exc}")
             raise
         return self.store.get_job(job_id)
 
-    def _start_supervisor(self, job_id: str) -> None:
+    def _start_supervisor(self, job_id: str, preload: list[str] = ()) -> None:
         if self.config.warm_pool:
             from . import warmpool
 
-            if warmpool.spawn_supervisor(self.config, str(self.store.root), job_id):
+            if warmpool.spawn_supervisor(self.config, str(self.store.root), job_id, preload):
                 return
         start_detached(
             [

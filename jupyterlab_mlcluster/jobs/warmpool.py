@@ -184,19 +184,29 @@ def _site_dirs() -> list[str]:
     return dirs
 
 
-def fingerprint(modules: list[str], env: dict[str, str] | None = None) -> str:
-    """What a warm interpreter depends on; any change means a new zygote."""
+def env_fingerprint(env: dict[str, str] | None = None) -> str:
+    """What a warm interpreter's imports depend on (interpreter, import-relevant variables,
+    installed packages); any change retires every generation built on it."""
     env = os.environ if env is None else env
-    parts: list[Any] = [os.path.realpath(sys.executable), sys.version, __version__, sorted(modules)]
+    parts: list[Any] = [os.path.realpath(sys.executable), sys.version, __version__]
     parts += [(k, env.get(k, "")) for k in _ENV_KEYS]
     # `pip install` (also `--target` into a PYTHONPATH entry) changes the directory's mtime.
-    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    for d in _site_dirs() + extra:
+    for d in _site_dirs() + _pythonpath(env):
         try:
             parts.append((d, os.stat(d).st_mtime_ns))
         except OSError:
             parts.append((d, None))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _pythonpath(env: dict[str, str] | os._Environ) -> list[str]:
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def fingerprint(modules: list[str], env: dict[str, str] | None = None) -> str:
+    """One generation: an environment and the modules its zygote preloads."""
+    parts = [env_fingerprint(env), sorted(set(modules))]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def socket_path(fp: str) -> Path:
@@ -234,11 +244,51 @@ def request(
     return reply
 
 
-def ensure_zygote(config, wait: bool = True) -> Path | None:
-    """The socket of a ready zygote for this environment, starting one if needed.
+def requested_modules(config, learned: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """What a job's generation should preload: the pinned list, then (when learning is on)
+    what the submitter learned, less what the pool refused before."""
+    pinned = list(config.warm_pool_modules)
+    if not config.warm_pool_learn:
+        return pinned
+    refused = refused_modules()
+    wanted = pinned + [m for m in learned if m not in pinned]
+    return [m for m in wanted if m.partition(".")[0] not in refused or m in pinned]
+
+
+def refused_modules(directory: Path | None = None) -> dict[str, str]:
+    """Packages a zygote found unsafe to preload (name -> why), from the pool directory."""
+    try:
+        directory = pool_dir() if directory is None else directory
+        fd = os.open(directory / "refused.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError, UnsafePoolDir):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _record_refusal(directory: Path, name: str, reason: str) -> None:
+    """Add one refusal to refused.json: locked, written whole (tmp + rename), never half."""
+    lock_fd = _open_private(directory / "refused.lock", os.O_WRONLY)
+    with os.fdopen(lock_fd, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        refused = refused_modules(directory)
+        refused[name] = reason
+        tmp = directory / f"refused.{os.getpid()}.tmp"
+        with os.fdopen(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
+            json.dump(refused, f)
+        os.replace(tmp, directory / "refused.json")
+
+
+def ensure_zygote(config, wait: bool = True, modules: list[str] | None = None) -> Path | None:
+    """The socket of a ready zygote (generation) preloading `modules` (default: the pinned
+    list) in this environment, starting one if none is up or being built.
 
     With wait=False, returns None at once when none is ready yet (it keeps starting)."""
-    modules = list(config.warm_pool_modules)
+    modules = list(config.warm_pool_modules) if modules is None else list(modules)
+    env_fp = env_fingerprint()
     fp = fingerprint(modules)
     try:
         path = socket_path(fp)
@@ -249,27 +299,35 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
         return path
     lock_fd = _open_private(path.parent / f"zygote-{fp}.lock", os.O_WRONLY)
     with os.fdopen(lock_fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per fingerprint, across processes
-        if not _ping(path):
-            _retire_others(fp)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per generation, across processes
+        if not _ping(path) and not _building(path.parent, fp):
+            _retire_other_environments(env_fp)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            modules_file = path.parent / f"zygote-{fp}.modules"
+            with os.fdopen(_open_private(modules_file, os.O_WRONLY | os.O_TRUNC), "w") as f:
+                json.dump(modules, f)
             zygote_log = os.fdopen(
                 _open_private(path.parent / f"zygote-{fp}.log", os.O_WRONLY | os.O_APPEND), "ab"
             )
-            start_detached(
+            proc = start_detached(
                 [
                     sys.executable,
                     "-m",
                     "jupyterlab_mlcluster.jobs.warmpool",
                     str(path),
-                    ",".join(modules),
+                    "@" + str(modules_file),
                     str(config.warm_pool_idle_timeout),
                     fp,
+                    env_fp,
                 ],
                 zygote_log,
                 cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
+            with os.fdopen(
+                _open_private(path.parent / f"zygote-{fp}.pid", os.O_WRONLY | os.O_TRUNC), "w"
+            ) as f:
+                f.write(str(proc.pid))
     if not wait:
         return None
     deadline = time.monotonic() + START_TIMEOUT
@@ -280,29 +338,146 @@ def ensure_zygote(config, wait: bool = True) -> Path | None:
     return None
 
 
-def _ping(path: Path) -> bool:
-    if not os.path.lexists(path):
-        return False
+def _building(directory: Path, fp: str) -> bool:
+    """A zygote for this generation is still importing (started, not yet listening)."""
+    import psutil
+
     try:
-        return request(path, {"op": "ping"}, timeout=2.0).get("ok", False)
-    except (OSError, ValueError, RuntimeError):
+        fd = os.open(directory / f"zygote-{fp}.pid", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            pid = int(f.read(32))
+        proc = psutil.Process(pid)
+        return proc.uids().real == os.getuid() and fp in proc.cmdline()
+    except (OSError, ValueError, psutil.Error):
         return False
 
 
-def _retire_others(keep: str) -> None:
+def _ping(path: Path, want: list[str] | None = None) -> dict[str, Any] | None:
+    """A ready zygote's identity (and how many of `want` it lacks); None if none answers."""
+    if not os.path.lexists(path):
+        return None
+    message: dict[str, Any] = {"op": "ping"}
+    if want is not None:
+        message["want"] = want
+    try:
+        reply = request(path, message, timeout=2.0)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return reply if reply.get("ok") else None
+
+
+def _generations(want: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every ready zygote in the pool directory, oldest first (their pings, plus 'socket')."""
+    found = []
+    for sock in pool_dir().glob("zygote-*.sock"):
+        info = _ping(sock, want)
+        if info is not None:
+            info["socket"] = str(sock)
+            found.append(info)
+    return sorted(found, key=lambda g: g.get("started", 0.0))
+
+
+def _retire_other_environments(keep_env: str) -> None:
     """Ask zygotes of an outdated environment of this interpreter to exit."""
-    for path in pool_dir().glob("zygote-*.sock"):
-        if path.name == f"zygote-{keep}.sock":
+    for info in _generations():
+        if info.get("env") == keep_env:
             continue
-        with contextlib.suppress(OSError, ValueError, RuntimeError):
-            info = request(path, {"op": "ping"}, timeout=1.0)
-            if info.get("executable") == os.path.realpath(sys.executable):
-                request(path, {"op": "stop"}, timeout=1.0)
+        if info.get("executable") == os.path.realpath(sys.executable):
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                request(Path(info["socket"]), {"op": "stop"}, timeout=1.0)
 
 
-def spawn_supervisor(config, store_root: str, job_id: str) -> bool:
-    """Fork the job's supervisor from the zygote. False: use a cold start instead."""
-    path = ensure_zygote(config)
+def _memory(pid: int) -> dict[str, int | None]:
+    """A zygote's memory: PSS counts shared pages pro rata, USS only its own."""
+    import psutil
+
+    try:
+        mem = psutil.Process(pid).memory_full_info()
+    except psutil.Error:
+        return {"rss_bytes": None, "pss_bytes": None, "uss_bytes": None}
+    return {
+        "rss_bytes": mem.rss,
+        "pss_bytes": getattr(mem, "pss", None),
+        "uss_bytes": getattr(mem, "uss", None),
+    }
+
+
+def _stop_generation(info: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
+        request(Path(info["socket"]), {"op": "stop"}, timeout=1.0)
+
+
+def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str, Any]) -> bool:
+    """Keep the idle pool under warm_pool_max_memory: retire the oldest generations other
+    than the serving one while over it. False: still over (learn no more)."""
+    limit = config.warm_pool_max_memory
+    if not limit:
+        return True
+    sizes = {g["pid"]: _memory(g["pid"])["pss_bytes"] or 0 for g in generations}
+    total = sum(sizes.values())
+    for old in list(generations):  # oldest first
+        if total <= limit:
+            break
+        if old is serving:
+            continue
+        _stop_generation(old)
+        total -= sizes[old["pid"]]
+        _warn_once(
+            f"warm pool: retired generation {old['fingerprint']} "
+            f"({sizes[old['pid']] / 2**20:.0f} MiB) to stay under warm_pool_max_memory"
+        )
+        generations.remove(old)
+    if total > limit:
+        _warn_once(
+            f"warm pool: not learning more modules: the idle pool uses {total / 2**20:.0f} MiB, "
+            f"over warm_pool_max_memory ({limit / 2**20:.0f} MiB)"
+        )
+        return False
+    return True
+
+
+def serving_generation(config, want: list[str]) -> Path | None:
+    """The socket of the generation that should fork a job wanting `want` preloaded.
+
+    One that has all of `want` serves (the smallest such), and generations it supersedes
+    retire. Otherwise a generation with them is built in the background (memory allowing)
+    while the nearest ready one serves; with none ready, the job waits for the new one (the
+    first cell pays the preload)."""
+    env_fp = env_fingerprint()
+    generations = [g for g in _generations(want) if g.get("env") == env_fp]
+    covering = [g for g in generations if g.get("missing") == 0]
+    if covering:
+        best = min(covering, key=lambda g: (g.get("size", 0), -g.get("started", 0.0)))
+        for other in list(generations):
+            # A smaller generation of the same packages is never chosen again: retire it.
+            if (
+                other is not best
+                and other.get("size", 0) < best.get("size", 0)
+                and set(other.get("tops", ())) <= set(best.get("tops", ()))
+            ):
+                _stop_generation(other)
+                generations.remove(other)
+        if len(generations) > 1:  # (one alone is never retired: no need to measure it)
+            _within_memory(config, generations, best)
+        return Path(best["socket"])
+    if not generations:
+        return ensure_zygote(config, wait=True, modules=want)
+    nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
+    if _within_memory(config, generations, nearest):
+        ensure_zygote(config, wait=False, modules=want)
+    return Path(nearest["socket"])
+
+
+def spawn_supervisor(config, store_root: str, job_id: str, learned: list[str] = ()) -> bool:
+    """Fork the job's supervisor from the zygote. False: use a cold start instead.
+
+    `learned`: modules the submitter imports (a kernel's, a script's top imports) that
+    jobs/preload.py found preloadable."""
+    try:
+        path = serving_generation(config, requested_modules(config, learned))
+    except UnsafePoolDir as exc:
+        _warn_once(str(exc))
+        return False
     if path is None:
         return False
     try:
@@ -315,56 +490,122 @@ def spawn_supervisor(config, store_root: str, job_id: str) -> bool:
     return True
 
 
-def status(config) -> dict[str, Any] | None:
+def pool_status(config) -> dict[str, Any]:
+    """Every generation of the idle pool with its memory, the bound, and the refusals."""
     try:
-        path = socket_path(fingerprint(list(config.warm_pool_modules)))
-        return request(path, {"op": "status"}, timeout=2.0)
+        generations = _generations()
+    except UnsafePoolDir:
+        generations = []
+    env_fp = env_fingerprint()
+    for g in list(generations):
+        try:  # asked of the zygote itself: what it imported, CUDA, threads, memory
+            g.update(request(Path(g["socket"]), {"op": "status"}, timeout=2.0))
+        except (OSError, ValueError, RuntimeError):
+            generations.remove(g)  # gone meanwhile
+            continue
+        g["current"] = g.get("env") == env_fp
+    return {
+        "generations": generations,
+        "pss_bytes": sum(g["pss_bytes"] or 0 for g in generations),
+        "max_memory": config.warm_pool_max_memory,
+        "refused": refused_modules(),
+    }
+
+
+def status(config) -> dict[str, Any] | None:
+    """The newest generation of this environment (its status op), or None."""
+    try:
+        env_fp = env_fingerprint()
+        current = [g for g in _generations() if g.get("env") == env_fp]
+        if not current:
+            return None
+        return request(Path(current[-1]["socket"]), {"op": "status"}, timeout=2.0)
     except (OSError, ValueError, RuntimeError):  # UnsafePoolDir among them
         return None
 
 
 def stop(config) -> bool:
+    """Stop every generation in the pool directory. False: none was running."""
     try:
-        path = socket_path(fingerprint(list(config.warm_pool_modules)))
-        request(path, {"op": "stop"}, timeout=2.0)
-        return True
-    except (OSError, ValueError, RuntimeError):
+        generations = _generations()
+    except UnsafePoolDir:
         return False
+    for g in generations:
+        _stop_generation(g)
+    return bool(generations)
 
 
 # -- the zygote -------------------------------------------------------------------------------
 
 
 class Zygote:
-    def __init__(self, path: Path, modules: list[str], idle_timeout: float, fp: str):
+    def __init__(
+        self, path: Path, modules: list[str], idle_timeout: float, fp: str, env_fp: str = ""
+    ):
         self.path = path
-        self.modules = modules
+        self.modules = modules  # as requested: what this generation is for
+        self.wanted = set(modules)
+        self.tops = sorted({m.partition(".")[0] for m in modules})
         self.idle_timeout = idle_timeout
         self.fp = fp
-        self.imported: list[str] = []
+        self.env_fp = env_fp
+        self.imported: list[str] = []  # top-level packages actually preloaded
         self.children: set[int] = set()
         self.last_used = time.monotonic()
         self.running = True
         self.started = time.time()
 
     def preload(self) -> None:
+        """Import our own modules, then the requested ones package by package, proving each
+        package safe: after it, CUDA must still be uninitialised and no Python thread may
+        have started. A package that fails is refused for good (refused.json, one line in
+        our log) and the zygote starts over without it: what it did cannot be undone here."""
         for name in _OWN_MODULES:  # what every supervisor and rank needs anyway
             importlib.import_module(name)
+        refused = set(refused_modules(self.path.parent)) | set(
+            filter(None, os.environ.get("MLCLUSTER_ZYGOTE_REFUSED", "").split(","))
+        )
+        groups: dict[str, list[str]] = {}
         for name in self.modules:
-            try:
-                importlib.import_module(name)
-                self.imported.append(name)
-            except ImportError:
+            groups.setdefault(name.partition(".")[0], []).append(name)
+        for top, names in groups.items():
+            if top in refused:
                 continue
-        if self.cuda_initialized():
-            raise SystemExit(
-                "warm pool: a preloaded module initialised CUDA; forking would be unsafe"
-            )
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except (Exception, SystemExit):  # noqa: BLE001, S112 - not installed, or broken
+                    continue
+            problem = self.fork_problem()
+            if problem is not None:
+                self._refuse(top, problem, refused)
+            if top in sys.modules:
+                self.imported.append(top)
         # Everything imported so far lives as long as we do. Frozen objects are never
         # scanned by the collector, so no fork pays for a full collection of torch's heap
         # (~150 ms here) nor copies every page it would touch doing so.
         gc.collect()
         gc.freeze()
+
+    def _refuse(self, top: str, problem: str, refused: set[str]) -> None:
+        reason = f"{problem} on import"
+        print(f"warm pool: {top} dropped from the preload list: {reason}", flush=True)
+        with contextlib.suppress(OSError):
+            _record_refusal(self.path.parent, top, reason)
+        # Start over, same pid and arguments, without it (the variable keeps us from
+        # looping when the record could not be written).
+        env = dict(os.environ, MLCLUSTER_ZYGOTE_REFUSED=",".join(sorted(refused | {top})))
+        argv = [sys.executable, "-m", "jupyterlab_mlcluster.jobs.warmpool", *sys.argv[1:]]
+        os.execve(sys.executable, argv, env)
+
+    def fork_problem(self) -> str | None:
+        """Why forking now would be unsafe (None: it is safe)."""
+        if self.cuda_initialized():
+            return "it initialised CUDA"
+        if self.thread_count() != 1:
+            others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+            return f"it started a thread ({', '.join(others)})"
+        return None
 
     @staticmethod
     def cuda_initialized() -> bool:
@@ -401,7 +642,7 @@ class Zygote:
                     break
                 if now - last_check > SELF_CHECK_INTERVAL:
                     last_check = now
-                    if fingerprint(self.modules) != self.fp:  # packages changed under us
+                    if env_fingerprint() != self.env_fp:  # packages changed under us
                         break
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -435,12 +676,20 @@ class Zygote:
     def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
         if op == "ping":
-            return {
+            reply = {
                 "ok": True,
                 "pid": os.getpid(),
                 "fingerprint": self.fp,
+                "env": self.env_fp,
                 "executable": os.path.realpath(sys.executable),
+                "started": self.started,
+                "size": len(self.wanted),
+                "tops": self.tops,
             }
+            want = message.get("want")
+            if isinstance(want, list):  # against what we really have, pinned imports' own too
+                reply["missing"] = sum(1 for m in want if m not in sys.modules)
+            return reply
         if op == "status":
             import psutil
 
@@ -453,17 +702,21 @@ class Zygote:
                 "cuda_initialized": self.cuda_initialized(),
                 "threads": self.thread_count(),
                 "rss_bytes": mem.rss,
+                "pss_bytes": getattr(mem, "pss", None),
                 "uss_bytes": getattr(mem, "uss", None),
                 "children": len(self.children),
                 "uptime": time.time() - self.started,
+                "idle": time.monotonic() - self.last_used,
             }
         if op == "stop":
             self.running = False
             return {"ok": True}
         if op == "spawn_supervisor":
             self.last_used = time.monotonic()
-            if self.thread_count() != 1 or self.cuda_initialized():
-                raise RuntimeError("zygote is no longer fork-safe")
+            problem = self.fork_problem()  # proven before every fork, never assumed
+            if problem is not None:
+                self.running = False  # this generation can never be safe again: retire
+                raise RuntimeError(f"zygote is no longer fork-safe: {problem}")
             pid = os.fork()
             if pid == 0:
                 _run_forked_supervisor(message["store"], message["job"], message.get("env") or {})
@@ -582,14 +835,16 @@ def _max_fd() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    path, modules, idle, fp = (
-        Path(argv[0]),
-        [m for m in argv[1].split(",") if m],
-        float(argv[2]),
-        argv[3],
-    )
+    path, modules_arg, idle, fp = Path(argv[0]), argv[1], float(argv[2]), argv[3]
+    env_fp = argv[4] if len(argv) > 4 else env_fingerprint()
+    if modules_arg.startswith("@"):  # a list written by ensure_zygote (argv has a size limit)
+        fd = os.open(modules_arg[1:], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            modules = [m for m in json.load(f) if isinstance(m, str) and m]
+    else:
+        modules = [m for m in modules_arg.split(",") if m]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    zygote = Zygote(path, modules, idle, fp)
+    zygote = Zygote(path, modules, idle, fp, env_fp)
     zygote.preload()
     zygote.serve()
     return 0

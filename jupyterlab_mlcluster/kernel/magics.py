@@ -110,6 +110,26 @@ def _in_kernel(shell) -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
+_noted_refusals: set[str] = set()
+
+
+def _kernel_preload(config) -> list[str]:
+    """The installed packages this kernel has imported, for the warm pool to learn (it
+    preloads them in a new generation, so the next cell's ranks start with them imported);
+    a package the pool refused is said once, in one line."""
+    if not (config.warm_pool and config.warm_pool_learn):
+        return []
+    from ..jobs import preload, warmpool
+
+    learned = preload.kernel_modules()
+    refused = warmpool.refused_modules()
+    for top in sorted({name.partition(".")[0] for name in learned} & set(refused)):
+        if top not in _noted_refusals:
+            _noted_refusals.add(top)
+            print(f"warm pool: {top} is not preloaded: {refused[top]}", file=sys.stderr)
+    return learned
+
+
 def _kernel_origin() -> dict[str, Any]:
     origin: dict[str, Any] = {"kind": "kernel"}
     try:
@@ -198,7 +218,9 @@ class CellRun:
                 return self.register_schedule(spec, payload)
             if sweep is not None:
                 return self.submit_sweep(spec, payload, sweep)
-            record = service.submit(spec, payload, origin=_kernel_origin())
+            record = service.submit(
+                spec, payload, origin=_kernel_origin(), preload=_kernel_preload(service.config)
+            )
         except (SpecError, PayloadError) as exc:
             raise UsageError(f"%%distributed: {exc}") from None
         self.job_id = record.id
@@ -222,7 +244,12 @@ class CellRun:
         from .sweep_monitor import SweepMonitor
 
         self.sweep = submit_sweep(
-            self.magics.service, spec, payload, sweep, origin=_kernel_origin()
+            self.magics.service,
+            spec,
+            payload,
+            sweep,
+            origin=_kernel_origin(),
+            preload=_kernel_preload(self.magics.service.config),
         )
         self.sweep_monitor = SweepMonitor(
             self.sweep, terminal=not _in_kernel(self.shell), quiet=self.args.quiet

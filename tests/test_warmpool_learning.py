@@ -1,0 +1,171 @@
+"""The warm pool learns what to preload: generations, the CUDA/thread check, memory.
+
+Played packages on PYTHONPATH stand in for a notebook's imports (transformers itself is
+for bench/bench_start.py: it takes seconds to import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import textwrap
+
+import pytest
+from helpers import process_gone, run_cli, wait_for
+
+from jupyterlab_mlcluster.jobs import preload, warmpool
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.runtime.payload import Payload
+
+PACKAGES = {
+    # a plain package: records the process that imported it
+    "warmprobe": "import os\nPID = os.getpid()\n",
+    # a slow one, to see the old generation serve while the new one builds
+    "slowprobe": "import time\ntime.sleep(3)\n",
+    # one more the kernel imports later
+    "lateprobe": "",
+    # marks torch's CUDA as initialised, as a module touching the GPU at import would
+    "cudamarker": "import torch\ntorch.cuda._initialized = True\n",
+    # starts a thread at import: forking past it is unsafe
+    "threadstarter": (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), name='ticker', daemon=True).start()\n"
+    ),
+}
+
+PROBE = textwrap.dedent(
+    """
+    import os, sys, psutil
+    loaded = [m for m in ("warmprobe", "slowprobe", "cudamarker", "threadstarter") if m in sys.modules]
+    zygote = psutil.Process(os.getppid()).ppid()   # rank -> supervisor -> zygote
+    import warmprobe
+    print(",".join(loaded) or "-", zygote, warmprobe.PID != os.getpid())
+    """
+)
+
+
+@pytest.fixture
+def pool(store_dir, tmp_path, monkeypatch):
+    """A pool directory of this test's own, played packages on PYTHONPATH, no pinned
+    modules (so each generation builds in a moment); every zygote stopped at the end."""
+    played = tmp_path / "played"
+    for name, source in PACKAGES.items():
+        (played / name).mkdir(parents=True)
+        (played / name / "__init__.py").write_text(source)
+    extended = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*extended, str(played)]))
+    monkeypatch.syspath_prepend(str(played))  # as in the kernel, which imported them
+    # (a unix socket's path must be short: not under pytest's deep tmp_path)
+    directory = tempfile.mkdtemp(prefix="pool-")
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL_DIR", directory)
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
+    config_dir = tmp_path / "jupyter-config"
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": {"warm_pool_modules": []}})
+    )
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    service = JobService()
+    yield service
+    pids = [g["pid"] for g in warmpool.pool_status(service.config)["generations"]]
+    warmpool.stop(service.config)
+    for pid in pids:
+        wait_for(lambda pid=pid: process_gone(pid), timeout=15)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(service, learned: list[str]) -> tuple[str, int, bool]:
+    """One rank of PROBE, submitted as a kernel would with `learned` imported."""
+    record = service.submit(
+        JobSpec.from_options({"workers": 1}),
+        Payload(source=PROBE),
+        preload=preload.candidates(learned),
+    )
+    record = service.wait(record.id, timeout=120)
+    assert record.state == JobState.SUCCEEDED, record.error
+    loaded, zygote, elsewhere = service.logs(record.id)[0][-1]["line"].split()
+    return loaded, int(zygote), elsewhere == "True"
+
+
+def test_unsafe_packages_are_refused_and_the_rest_preloaded(pool):
+    loaded, zygote, elsewhere = run(pool, ["warmprobe", "cudamarker", "threadstarter", "json"])
+    # inside the rank, before its code ran: imported, and by another process (the zygote)
+    assert loaded == "warmprobe" and elsewhere
+    refused = warmpool.refused_modules()
+    assert refused["cudamarker"] == "it initialised CUDA on import"
+    assert refused["threadstarter"].startswith("it started a thread (ticker)")
+    status = warmpool.status(pool.config)  # asked of the zygote process itself
+    assert status["pid"] == zygote and status["modules"] == ["warmprobe"]
+    assert status["cuda_initialized"] is False and status["threads"] == 1
+    # a refused package is never asked for again
+    assert warmpool.requested_modules(pool.config, ["warmprobe", "cudamarker"]) == ["warmprobe"]
+
+
+def test_old_generation_serves_while_the_new_one_builds(pool):
+    _, first, _ = run(pool, ["warmprobe"])
+    # the kernel imported one more package: the job is not kept waiting for it ...
+    loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
+    assert loaded == "warmprobe" and served_by == first
+    # ... the next one starts from the new generation, and the old one retires
+    wait_for(lambda: len(warmpool.pool_status(pool.config)["generations"]) == 2, timeout=60)
+    loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
+    assert loaded == "warmprobe,slowprobe" and served_by != first
+    wait_for(lambda: process_gone(first), timeout=15, message="the superseded generation to go")
+
+    report = warmpool.pool_status(pool.config)
+    (generation,) = report["generations"]
+    assert generation["pid"] == served_by
+    assert 0 < generation["uss_bytes"] <= generation["pss_bytes"] <= generation["rss_bytes"]
+    out = run_cli("pool", "status").stdout
+    assert re.search(rf"generation pid {served_by}: .*\d+ MiB PSS", out), out
+    assert "slowprobe" in out
+
+    # over the memory bound: the pool learns no more (and says so), the old one serves on
+    pool.config.warm_pool_max_memory = 1
+    with pytest.warns(RuntimeWarning, match="not learning more modules"):
+        path = warmpool.serving_generation(pool.config, ["warmprobe", "slowprobe", "lateprobe"])
+    assert warmpool.request(path, {"op": "ping"})["pid"] == served_by
+    assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [served_by]
+
+
+def test_what_a_kernel_or_script_may_teach_the_pool(tmp_path):
+    import sys
+
+    import torch  # noqa: F401 - imported, as a notebook would
+
+    learned = preload.kernel_modules()
+    tops = {name.partition(".")[0] for name in learned}
+    assert "torch" in tops and "torch.nn" in learned
+    # the standard library, kernel machinery and the package itself are never proposed
+    assert not tops & {"os", "json", "IPython", "jupyterlab_mlcluster", "pytest"} - {"pytest"}
+    assert not tops & set(sys.stdlib_module_names)
+    # a module next to the notebook is not an installed package
+    (tmp_path / "utils.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert preload.candidates(["utils", "numpy"]) == ["numpy"]
+    finally:
+        sys.path.remove(str(tmp_path))
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, numpy as np
+            from torch import nn
+            from . import sibling
+            try:
+                import tomllib
+            except ImportError:
+                pass
+            def main():
+                import psutil   # not at the top: not learned
+            """
+        )
+    )
+    assert preload.script_imports(str(script)) == ["os", "numpy", "torch", "tomllib"]
+    assert preload.script_modules(str(script)) == ["numpy", "torch"]
+    (tmp_path / "broken.py").write_text("import (\n")
+    assert preload.script_modules(str(tmp_path / "broken.py")) == []
