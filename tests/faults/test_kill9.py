@@ -123,12 +123,14 @@ def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
     job's cgroup, a path that climbs out, and a rank record whose pid now belongs to another
     process (pid reuse) make it kill nothing; the job's own cgroup it empties and removes."""
     import subprocess
+    import uuid
 
     import psutil
 
     from jupyterlab_mlcluster.jobs import proctree
 
-    other = proctree._make_job_cgroup("bystander-job")
+    victim = f"victim-{uuid.uuid4().hex[:8]}"  # other test sessions may run this at once
+    other = proctree._make_job_cgroup(f"bystander-{uuid.uuid4().hex[:8]}")
     if other is None:
         pytest.skip("no writable cgroup v2 here (the reaper then uses groups and the scan)")
     bystander = subprocess.Popen(["sleep", "60"])
@@ -141,20 +143,20 @@ def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
         started = psutil.Process(bystander.pid).create_time()
         forged = [
             str(other),  # another job's cgroup
-            str(other.parent / "mlcluster-victim" / ".." / other.name),  # climbs out
+            str(other.parent / f"mlcluster-{victim}" / ".." / other.name),  # climbs out
             str(other.parent),  # the parent of every job's cgroup
         ]
         for path in forged:
             (job_dir / proctree.RECORD_NAME).write_text(json.dumps({"host": host, "cgroup": path}))
             # pid reuse: the recorded rank's pid is now the bystander, started at another time
-            proctree.kill_orphaned_tree(job_dir, "victim", [(0, bystander.pid, started - 100)])
+            proctree.kill_orphaned_tree(job_dir, victim, [(0, bystander.pid, started - 100)])
             assert bystander.poll() is None, path
         # The job's own cgroup: emptied and removed.
-        mine = proctree._make_job_cgroup("victim")
+        mine = proctree._make_job_cgroup(victim)
         inside = subprocess.Popen(["sleep", "60"])
         (mine / "cgroup.procs").write_text(str(inside.pid))
         (job_dir / proctree.RECORD_NAME).write_text(json.dumps({"host": host, "cgroup": str(mine)}))
-        proctree.kill_orphaned_tree(job_dir, "victim", [])
+        proctree.kill_orphaned_tree(job_dir, victim, [])
         assert inside.wait(10) == -9 and not mine.exists()
         assert bystander.poll() is None
     finally:
