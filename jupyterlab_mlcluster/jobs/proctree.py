@@ -97,27 +97,30 @@ def _valid_job_cgroup(path: Path, job_id: str) -> bool:
     return (path / "cgroup.procs").is_file()
 
 
-def _make_job_cgroup(job_id: str) -> Path | None:
+def job_cgroup_path(job_id: str) -> Path | None:
+    """Where this process would make the job's cgroup (a child of its own), if anywhere."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", job_id):
         return None
     mount, own = _cgroup2_mount(), _own_cgroup()
     if mount is None or own is None:
         return None
-    path = mount / own.lstrip("/") / (CGROUP_PREFIX + job_id)
+    return mount / own.lstrip("/") / (CGROUP_PREFIX + job_id)
+
+
+def _make_job_cgroup(path: Path) -> bool:
     try:
         path.mkdir(mode=0o755, exist_ok=True)
         # Writable is not enough: moving a process in needs rights on the common ancestor
         # too. Try with ourselves: move in, then back out.
-        home = mount / own.lstrip("/") / "cgroup.procs"
         (path / "cgroup.procs").write_text(str(os.getpid()))
-        home.write_text(str(os.getpid()))
+        (path.parent / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
         try:
             path.rmdir()
         except OSError:
             pass
-        return None
-    return path
+        return False
+    return True
 
 
 def _members(cgroup: Path) -> list[int]:
@@ -231,20 +234,29 @@ class Containment:
         self.job_id = job_id
         self.job_dir = Path(job_dir)
         self.subreaper = become_subreaper()
-        self.cgroup = _make_job_cgroup(job_id) if use_cgroup else None
+        self.cgroup = job_cgroup_path(job_id) if use_cgroup else None
+        if self.cgroup is not None:
+            # Recorded before it exists: a supervisor killed right after making it leaves
+            # the reaper a record to find it by (and remove it).
+            self._record()
+            if not _make_job_cgroup(self.cgroup):
+                self.cgroup = None
         if self.cgroup is not None:
             self.mode = f"cgroup v2 {self.cgroup}"
         elif self.subreaper:
             self.mode = "process groups + child subreaper (no writable cgroup v2)"
         else:
             self.mode = "process groups only"
+        self._record()
+        log.info("rank cleanup: %s", self.mode)
+
+    def _record(self) -> None:
         record = {
             "host": this_host(),
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "subreaper": self.subreaper,
         }
         _write_record(self.job_dir / RECORD_NAME, record)
-        log.info("rank cleanup: %s", self.mode)
 
     def rank_env(self) -> dict[str, str]:
         """Variables a rank needs to join the job's cgroup itself."""

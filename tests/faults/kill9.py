@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 from helpers import WAIT_SCALE
 
+from jupyterlab_mlcluster.jobs import proctree
 from jupyterlab_mlcluster.jobs.model import JobSpec, RankState
 from jupyterlab_mlcluster.jobs.processes import process_is
 from jupyterlab_mlcluster.runtime.payload import Payload
@@ -129,6 +130,10 @@ def job_leftovers(service, job_ids: list[str], piddir: Path) -> list[str]:
                     if _live(proc) and proc.environ().get("MLCLUSTER_JOB_ID") == job_id:
                         seen.add(proc.pid)
                         left.append(f"{job_id} grandchild {pid} {proc.cmdline()}")
+    for job_id in job_ids:  # the job's cgroup (made beside this process's own) is removed
+        cgroup = proctree.job_cgroup_path(job_id)
+        if cgroup is not None and cgroup.exists():
+            left.append(f"{job_id} cgroup {cgroup}")
     me = os.getuid()
     for proc in psutil.process_iter(["pid", "uids"]):
         if not proc.info["uids"] or proc.info["uids"].real != me:

@@ -130,8 +130,8 @@ def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
     from jupyterlab_mlcluster.jobs import proctree
 
     victim = f"victim-{uuid.uuid4().hex[:8]}"  # other test sessions may run this at once
-    other = proctree._make_job_cgroup(f"bystander-{uuid.uuid4().hex[:8]}")
-    if other is None:
+    other = proctree.job_cgroup_path(f"bystander-{uuid.uuid4().hex[:8]}")
+    if other is None or not proctree._make_job_cgroup(other):
         pytest.skip("no writable cgroup v2 here (the reaper then uses groups and the scan)")
     bystander = subprocess.Popen(["sleep", "60"])
     mine = None
@@ -152,7 +152,8 @@ def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
             proctree.kill_orphaned_tree(job_dir, victim, [(0, bystander.pid, started - 100)])
             assert bystander.poll() is None, path
         # The job's own cgroup: emptied and removed.
-        mine = proctree._make_job_cgroup(victim)
+        mine = proctree.job_cgroup_path(victim)
+        assert proctree._make_job_cgroup(mine)
         inside = subprocess.Popen(["sleep", "60"])
         (mine / "cgroup.procs").write_text(str(inside.pid))
         (job_dir / proctree.RECORD_NAME).write_text(json.dumps({"host": host, "cgroup": str(mine)}))
