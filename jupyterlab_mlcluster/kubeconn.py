@@ -670,6 +670,33 @@ class FailureLog:
 CALL_FAILURES = FailureLog(log)  # retried calls without a log of their own
 
 
+class _Retries:
+    """The retry decision `call` and `call_async` share: after a failure, how long to wait
+    before the next attempt, or re-raise (not retryable, or past `give_up_after`)."""
+
+    def __init__(self, what, policy, give_up_after, failures, on_retry) -> None:
+        self.what, self.give_up_after = what, give_up_after
+        self.policy = policy or backoff_from_env()
+        self.failures, self.on_retry = failures, on_retry
+        self.started = time.monotonic()
+
+    def wait_after(self, exc: Exception, attempt: int) -> float:
+        if not retryable(exc):
+            raise exc
+        wait = self.policy.delay(attempt, getattr(exc, "retry_after", None))
+        elapsed = time.monotonic() + wait - self.started
+        if self.give_up_after is not None and elapsed > self.give_up_after:
+            raise exc
+        (self.failures or CALL_FAILURES).failed(self.what, exc, logging.INFO)
+        if self.on_retry is not None:
+            self.on_retry(exc)
+        return wait
+
+    def succeeded(self, attempt: int) -> None:
+        if self.failures is not None and attempt:
+            self.failures.recovered(self.what)
+
+
 def call(
     action: Callable[[], T],
     what: str,
@@ -684,26 +711,17 @@ def call(
     what `retryable` allows with `policy`; after `give_up_after` seconds (None: never) the
     last failure is raised. `sleep` may raise to stop waiting (a supervisor told to exit).
     `on_retry(exc)` is told of each failure about to be retried (the controller counts them)."""
-    policy = policy or backoff_from_env()
-    started = time.monotonic()
-    for attempt in range(1 << 62):
+    retries = _Retries(what, policy, give_up_after, failures, on_retry)
+    attempt = 0
+    while True:
         try:
             result = action()
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            wait = policy.delay(attempt, getattr(exc, "retry_after", None))
-            if give_up_after is not None and time.monotonic() + wait - started > give_up_after:
-                raise
-            (failures or CALL_FAILURES).failed(what, exc, logging.INFO)
-            if on_retry is not None:
-                on_retry(exc)
-            sleep(wait)
+        except Exception as exc:  # noqa: BLE001 - wait_after re-raises what is not retried
+            sleep(retries.wait_after(exc, attempt))
+            attempt += 1
             continue
-        if failures is not None and attempt:
-            failures.recovered(what)
+        retries.succeeded(attempt)
         return result
-    raise AssertionError("unreachable")
 
 
 async def call_async(
@@ -718,23 +736,17 @@ async def call_async(
     """`call` for coroutines (the controller)."""
     import asyncio
 
-    policy = policy or backoff_from_env()
-    started = time.monotonic()
+    retries = _Retries(what, policy, give_up_after, failures, on_retry)
     attempt = 0
     while True:
         try:
-            return await action()
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            wait = policy.delay(attempt, getattr(exc, "retry_after", None))
-            if give_up_after is not None and time.monotonic() + wait - started > give_up_after:
-                raise
-            (failures or CALL_FAILURES).failed(what, exc, logging.INFO)
-            if on_retry is not None:
-                on_retry(exc)
-            await asyncio.sleep(wait)
+            result = await action()
+        except Exception as exc:  # noqa: BLE001 - wait_after re-raises what is not retried
+            await asyncio.sleep(retries.wait_after(exc, attempt))
             attempt += 1
+            continue
+        retries.succeeded(attempt)
+        return result
 
 
 # --- list, then watch ---------------------------------------------------------------------------

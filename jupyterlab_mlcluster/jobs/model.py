@@ -148,6 +148,13 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def _one_of(option: str, value: Any, choices: tuple[str, ...] | list[str]) -> str:
+    chosen = str(value).lower()
+    if chosen not in choices:
+        raise SpecError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+    return chosen
+
+
 def parse_duration(value: str | float | None) -> float | None:
     """'90s', '30m', '1h30m', '2d', '45' (seconds) -> seconds."""
     if value is None or value == "":
@@ -245,19 +252,9 @@ class JobSpec:
         if "memory" in values:
             spec.memory = parse_memory(values["memory"])
         if "framework" in values:
-            fw = str(values["framework"]).lower()
-            if fw not in FRAMEWORKS:
-                raise SpecError(
-                    f"framework must be one of {', '.join(FRAMEWORKS)}, got {values['framework']!r}"
-                )
-            spec.framework = fw
+            spec.framework = _one_of("framework", values["framework"], FRAMEWORKS)
         if "backend" in values:
-            be = str(values["backend"]).lower()
-            if be not in BACKENDS:
-                raise SpecError(
-                    f"backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}"
-                )
-            spec.backend = be
+            spec.backend = _one_of("backend", values["backend"], BACKENDS)
         if "image" in values:
             image = str(values["image"]).strip()
             if not image or any(c.isspace() for c in image):

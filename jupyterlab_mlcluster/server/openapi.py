@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def static_document() -> dict[str, Any]:
 def build_document(*, max_workers: int, server_url: str = API_PREFIX) -> dict[str, Any]:
     """The whole OpenAPI document of this server: the static file with its runtime values
     filled in; `server_url` is the API's base (with the server's base_url)."""
-    document = _fill_bounds(_fill_patterns(copy.deepcopy(static_document())))
+    document = _fill_extensions(copy.deepcopy(static_document()))
     document["info"]["version"] = __version__
     document["servers"] = [{"url": server_url}]
     schemas = document["components"]["schemas"]
@@ -48,38 +49,29 @@ def build_document(*, max_workers: int, server_url: str = API_PREFIX) -> dict[st
     return document
 
 
-def _fill_patterns(node: Any) -> Any:
-    """Every `x-pattern: <name>` becomes `pattern: <the regex of that name>`, in place."""
+def _fill_extensions(node: Any) -> Any:
+    """Every `x-pattern: <name>` becomes `pattern: <the regex of that name>` and every
+    `x-bounds: <name>` the JSON Schema bounds of that name, in place."""
     if isinstance(node, dict):
-        name = node.pop("x-pattern", None)
-        if name is not None:
-            try:
-                node["pattern"] = patterns.BY_NAME[name]
-            except KeyError:
-                raise ValueError(f"{DOCUMENT_PATH.name}: unknown x-pattern {name!r}") from None
+        for key, fill in _EXTENSIONS.items():
+            name = node.pop(key, None)
+            if name is not None:
+                try:
+                    node.update(fill(name))
+                except KeyError:
+                    raise ValueError(f"{DOCUMENT_PATH.name}: unknown {key} {name!r}") from None
         for value in node.values():
-            _fill_patterns(value)
+            _fill_extensions(value)
     elif isinstance(node, list):
         for value in node:
-            _fill_patterns(value)
+            _fill_extensions(value)
     return node
 
 
-def _fill_bounds(node: Any) -> Any:
-    """Every `x-bounds: <name>` becomes the JSON Schema bounds of that name, in place."""
-    if isinstance(node, dict):
-        name = node.pop("x-bounds", None)
-        if name is not None:
-            try:
-                node.update(bounds.BY_NAME[name].schema())
-            except KeyError:
-                raise ValueError(f"{DOCUMENT_PATH.name}: unknown x-bounds {name!r}") from None
-        for value in node.values():
-            _fill_bounds(value)
-    elif isinstance(node, list):
-        for value in node:
-            _fill_bounds(value)
-    return node
+_EXTENSIONS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "x-pattern": lambda name: {"pattern": patterns.BY_NAME[name]},
+    "x-bounds": lambda name: bounds.BY_NAME[name].schema(),
+}
 
 
 # -- validation --------------------------------------------------------------------------

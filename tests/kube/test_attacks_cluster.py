@@ -317,14 +317,23 @@ def test_attack_stop_of_a_replaced_notebook_is_refused(kube: Kube, kube_namespac
     install_crds(kube)
     alice = create_notebook(kube, kube_namespace, workspace=None)
     now = datetime.datetime.now(datetime.UTC)
-    stale = objects.guarded_stop_patch(alice, True, now)
+
+    def guarded_stop(read: dict, stop: bool) -> dict:
+        """The controller's stop/start write, guarded by what it read."""
+        return kube.patch(
+            NB,
+            "Notebook",
+            "nb1",
+            objects.guarded_stop_patch(read, stop, now),
+            kube_namespace,
+            content_type="application/json-patch+json",
+        )
+
     kube.delete(NB, "Notebook", "nb1", kube_namespace)
     kube.wait_for(lambda: kube.find(NB, "Notebook", "nb1", kube_namespace) is None)
     mallory = kube.create(objects.notebook_resource("nb1", kube_namespace, "mallory@example.com"))
     with pytest.raises(KubeApiError) as refused:
-        kube.patch(
-            NB, "Notebook", "nb1", stale, kube_namespace, content_type="application/json-patch+json"
-        )
+        guarded_stop(alice, True)  # read before Alice's notebook was replaced
     assert refused.value.status == 422
     after = kube.get(NB, "Notebook", "nb1", kube_namespace)
     assert after["metadata"]["resourceVersion"] == mallory["metadata"]["resourceVersion"]
@@ -332,30 +341,8 @@ def test_attack_stop_of_a_replaced_notebook_is_refused(kube: Kube, kube_namespac
     # Changed since read (same uid): refused as well; read again, it applies.
     kube.patch(NB, "Notebook", "nb1", {"metadata": {"labels": {"x": "y"}}}, kube_namespace)
     with pytest.raises(KubeApiError):
-        kube.patch(
-            NB,
-            "Notebook",
-            "nb1",
-            objects.guarded_stop_patch(mallory, True, now),
-            kube_namespace,
-            content_type="application/json-patch+json",
-        )
-    fresh = kube.get(NB, "Notebook", "nb1", kube_namespace)
-    stopped = kube.patch(
-        NB,
-        "Notebook",
-        "nb1",
-        objects.guarded_stop_patch(fresh, True, now),
-        kube_namespace,
-        content_type="application/json-patch+json",
-    )
+        guarded_stop(mallory, True)
+    stopped = guarded_stop(kube.get(NB, "Notebook", "nb1", kube_namespace), True)
     assert objects.is_stopped(stopped)
-    started = kube.patch(
-        NB,
-        "Notebook",
-        "nb1",
-        objects.guarded_stop_patch(stopped, False, now),
-        kube_namespace,
-        content_type="application/json-patch+json",
-    )
+    started = guarded_stop(stopped, False)
     assert not objects.is_stopped(started)

@@ -318,6 +318,16 @@ def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
+def _gang_env(rank_field: str, world: int, master: str) -> list[dict[str, Any]]:
+    """RANK from a field of the pod (its index), and where the gang meets."""
+    return [
+        _env_from_field("RANK", rank_field),
+        _env("WORLD_SIZE", str(world)),
+        _env("MASTER_ADDR", master),
+        _env("MASTER_PORT", str(MASTER_PORT)),
+    ]
+
+
 def _env_from_field(name: str, field_path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
@@ -334,32 +344,17 @@ def rank_environment(
     env: list[dict[str, Any]] = []
     if engine == "indexed-job":
         master = f"{name}-0.{name}"  # pod hostname . headless Service (the pod's subdomain)
-        env += [
-            _env_from_field("RANK", f"metadata.annotations['{COMPLETION_INDEX_KEY}']"),
-            _env("WORLD_SIZE", str(world)),
-            _env("MASTER_ADDR", master),
-            _env("MASTER_PORT", str(MASTER_PORT)),
-        ]
+        env += _gang_env(f"metadata.annotations['{COMPLETION_INDEX_KEY}']", world, master)
     elif engine == "tfjob":
         # Worker-only TFJob: the worker index is the rank (TF_CONFIG comes from the operator).
         master = f"{name}-worker-0"
-        env += [
-            _env_from_field("RANK", f"metadata.labels['{REPLICA_INDEX_LABEL}']"),
-            _env("WORLD_SIZE", str(world)),
-            _env("MASTER_ADDR", master),
-            _env("MASTER_PORT", str(MASTER_PORT)),
-        ]
+        env += _gang_env(f"metadata.labels['{REPLICA_INDEX_LABEL}']", world, master)
     elif engine == "trainjob":
         # JobSet pod `<name>-node-0-<index>` (index = node = rank) behind the headless
         # Service `<name>`; the Trainer points PET_MASTER_ADDR at the same pod and port.
         master = f"{name}-{TRAINJOB_CONTAINER}-0-0.{name}"
         if ranks_per_pod == 1:
-            env += [
-                _env_from_field("RANK", f"metadata.annotations['{COMPLETION_INDEX_KEY}']"),
-                _env("WORLD_SIZE", str(world)),
-                _env("MASTER_ADDR", master),
-                _env("MASTER_PORT", str(MASTER_PORT)),
-            ]
+            env += _gang_env(f"metadata.annotations['{COMPLETION_INDEX_KEY}']", world, master)
     else:
         master = f"{name}-master-0"
     if ranks_per_pod == 1:
