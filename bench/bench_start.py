@@ -20,7 +20,16 @@ Methods:
   magic                `%%distributed --workers N` in a cell of a real kernel, measured the same
                        way: the fair comparison for the notebook user
 
-Medians over --runs runs, after one warm-up run per method that is not counted.
+Scenarios (--scenarios), added to the same table: the kernel has imported more than torch
+and the cell uses it, each as `%%distributed` vs notebook_launcher in a cell vs torchrun:
+  transformers         `from transformers import BertConfig, BertModel`; the cell builds a
+                       small BertModel from a config on every rank
+  pandas+sklearn       pandas and scikit-learn; the cell fits a LogisticRegression on a frame
+The warm pool learns the kernel's imports at the first cell (which may pay for it) and serves
+the next from a generation that has them.
+
+Medians over --runs runs, after one first (warm-up) run per method that is not counted but
+shown ("first").
 """
 
 from __future__ import annotations
@@ -38,6 +47,35 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+# What a notebook has imported before the cell (its kernel's setup) and what the cell does on
+# top of the all_reduce. The torch scenario is the plain all_reduce the methods above compare.
+SCENARIOS = {
+    "torch": ("import torch", ""),
+    "transformers": (
+        "import torch\nfrom transformers import BertConfig, BertModel",
+        (
+            "from transformers import BertConfig, BertModel\n"
+            "_model = BertModel(BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, "
+            "num_attention_heads=2, intermediate_size=128))\n"
+        ),
+    ),
+    "pandas+sklearn": (
+        "import torch, pandas\nfrom sklearn.linear_model import LogisticRegression",
+        (
+            "import pandas as pd\nfrom sklearn.linear_model import LogisticRegression\n"
+            "_df = pd.DataFrame({'a': range(100), 'b': [i % 2 for i in range(100)]})\n"
+            "LogisticRegression().fit(_df[['a']], _df['b'])\n"
+        ),
+    ),
+}
+
+
+def scenario_code(name: str) -> str:
+    """USER_CODE with the scenario's own work between the first line and the all_reduce."""
+    head, sep, tail = USER_CODE.partition("import torch, torch.distributed as dist\n")
+    return head + sep + SCENARIOS[name][1] + tail
+
 
 USER_CODE = textwrap.dedent(
     """
@@ -89,7 +127,7 @@ for i in range(runs + 1):
     out = subprocess.run(["torchrun", "--standalone", f"--nproc_per_node={workers}", script],
                          capture_output=True, text=True, check=True).stdout
     r = summarize(t0, parse_marks(out), time.time(), workers)
-    if i: print(json.dumps(r), flush=True)
+    r['i'] = i; print(json.dumps(r), flush=True)
 """
 
 DRIVER_LAUNCHER = """
@@ -118,7 +156,7 @@ for i in range(runs + 1):
             os.close(saved)
         cap.seek(0)
         r = summarize(t0, parse_marks(cap.read()), t_end, workers)
-    if i: print(json.dumps(r), flush=True)
+    r['i'] = i; print(json.dumps(r), flush=True)
 """
 
 DRIVER_API = """
@@ -132,7 +170,7 @@ for i in range(runs + 1):
     job.wait()
     t_end = time.time()
     r = summarize(t0, parse_marks(job.logs()), t_end, workers)
-    if i: print(json.dumps(r), flush=True)
+    r['i'] = i; print(json.dumps(r), flush=True)
 """
 
 DRIVER_CLI = """
@@ -144,27 +182,28 @@ for i in range(runs + 1):
     out = subprocess.run(["mlcluster", "run", "--workers", str(workers), script],
                          capture_output=True, text=True, check=True).stdout
     r = summarize(t0, parse_marks(out), time.time(), workers)
-    if i: print(json.dumps(r), flush=True)
+    r['i'] = i; print(json.dumps(r), flush=True)
 """
 
 # The same kernel driver for both notebook methods: from execute_request to the cell's reply.
 DRIVER_KERNEL = """
 import json, os, sys, time
 from jupyter_client.manager import start_new_kernel
-from bench_start import USER_CODE, parse_marks, summarize
-workers, runs, method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+from bench_start import SCENARIOS, parse_marks, scenario_code, summarize
+workers, runs, method, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
-SETUP = {
-    "magic": "import torch",  # a training notebook has torch imported
+SETUP = SCENARIOS[scenario][0] + "\\n" + {  # what the notebook imported before the cell
+    "magic": "",
     "launcher": (
-        "import os, tempfile, torch\\n"
+        "import os, tempfile\\n"
         "from accelerate import notebook_launcher\\n"
-        "from bench_start import USER_CODE, free_port\\n"
-        "def _fn(): exec(USER_CODE, {'__name__': '__main__'})\\n"
+        "from bench_start import scenario_code, free_port\\n"
+        f"_CODE = scenario_code({scenario!r})\\n"
+        "def _fn(): exec(_CODE, {'__name__': '__main__'})\\n"
     ),
 }[method]
 CELL = {
-    "magic": f"%%distributed --workers {workers}\\n" + USER_CODE,
+    "magic": f"%%distributed --workers {workers}\\n" + scenario_code(scenario),
     # The forked ranks write to the kernel's fd 1: collect it in a file, print it at the end.
     "launcher": (
         "_port_ = free_port()\\n"
@@ -201,7 +240,7 @@ try:
         t0 = time.time()
         out = execute(CELL)
         r = summarize(t0, parse_marks(out), time.time(), workers)
-        if i: print(json.dumps(r), flush=True)
+        r['i'] = i; print(json.dumps(r), flush=True)
 finally:
     kc.stop_channels()
     km.shutdown_kernel(now=True)
@@ -241,65 +280,94 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--skip", default="", help="comma-separated methods to skip")
+    parser.add_argument(
+        "--scenarios",
+        default="transformers,pandas+sklearn",
+        help="notebook scenarios measured after the methods (%%%%distributed vs "
+        "notebook_launcher in a cell vs torchrun), comma-separated; '' for none",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="mlcluster-bench-"))
     script = tmp / "allreduce.py"
     script.write_text(USER_CODE)
+    repo = Path(__file__).resolve().parent.parent  # the checkout under measurement
     base_env = dict(
-        os.environ, PYTHONPATH=str(Path(__file__).parent), MLCLUSTER_STORE_DIR=str(tmp / "store")
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(repo)]),
+        MLCLUSTER_STORE_DIR=str(tmp / "store"),
     )
     base_env["MLCLUSTER_WARM_POOL_DIR"] = str(tmp / "pool")
     warm = dict(base_env, MLCLUSTER_WARM_POOL="1")
     cold = dict(base_env, MLCLUSTER_WARM_POOL="0")
     w, n = str(args.workers), str(args.runs)
+    # label -> (driver, its arguments, environment, the label it is compared with)
     methods = {
-        "torchrun": (DRIVER_TORCHRUN, [str(script), w, n], base_env),
-        "notebook_launcher": (DRIVER_LAUNCHER, [w, n], base_env),
-        "mlcluster-warm": (DRIVER_API, [w, n], warm),
-        "mlcluster-cold": (DRIVER_API, [w, n], cold),
-        "cli-warm": (DRIVER_CLI, [str(script), w, n], warm),
-        "cli-cold": (DRIVER_CLI, [str(script), w, n], cold),
-        "launcher-in-kernel": (DRIVER_KERNEL, [w, n, "launcher"], base_env),
-        "magic": (DRIVER_KERNEL, [w, n, "magic"], warm),
+        "torchrun": (DRIVER_TORCHRUN, [str(script), w, n], base_env, None),
+        "notebook_launcher": (DRIVER_LAUNCHER, [w, n], base_env, None),
+        "mlcluster-warm": (DRIVER_API, [w, n], warm, "notebook_launcher"),
+        "mlcluster-cold": (DRIVER_API, [w, n], cold, "notebook_launcher"),
+        "cli-warm": (DRIVER_CLI, [str(script), w, n], warm, "notebook_launcher"),
+        "cli-cold": (DRIVER_CLI, [str(script), w, n], cold, "notebook_launcher"),
+        "launcher-in-kernel": (DRIVER_KERNEL, [w, n, "launcher", "torch"], base_env, None),
+        # Like with like: a cell is compared with notebook_launcher called from a cell.
+        "magic": (DRIVER_KERNEL, [w, n, "magic", "torch"], warm, "launcher-in-kernel"),
     }
+    methods = {k: v for k, v in methods.items() if k not in skip}
+    torchrun_of = dict.fromkeys(methods, "torchrun")
+    for scenario in filter(None, args.scenarios.split(",")):
+        scenario_script = (
+            tmp / f"cell_{re.sub(r'[^a-z]', '_', scenario)}.py"
+        )  # never shadowing a package
+        scenario_script.write_text(scenario_code(scenario))
+        t, l, m = (f"{scenario}: {x}" for x in ("torchrun", "launcher-in-kernel", "magic"))
+        methods[t] = (DRIVER_TORCHRUN, [str(scenario_script), w, n], base_env, None)
+        methods[l] = (DRIVER_KERNEL, [w, n, "launcher", scenario], base_env, None)
+        methods[m] = (DRIVER_KERNEL, [w, n, "magic", scenario], warm, l)
+        torchrun_of.update(dict.fromkeys((t, l, m), t))
     results: dict[str, dict[str, float]] = {}
     failed: list[str] = []
     print(
-        f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs, {os.cpu_count()} CPUs",
+        f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs after a first "
+        f"(warm-up) one, {os.cpu_count()} CPUs",
         flush=True,
     )
-    for name, (driver, dargs, env) in methods.items():
-        if name in skip:
-            continue
+    for name, (driver, dargs, env, _) in methods.items():
         try:
             runs = run_driver(driver, dargs, env)
         except RuntimeError as exc:  # say so, measure the others, exit non-zero at the end
             print(f"  {name:<18} FAILED:\n{exc}", file=sys.stderr, flush=True)
             failed.append(name)
             continue
-        results[name] = {k: statistics.median(r[k] for r in runs) for k in ("up", "ready", "total")}
+        counted = [r for r in runs if r.get("i")]
+        results[name] = {
+            k: statistics.median(r[k] for r in counted) for k in ("up", "ready", "total")
+        }
+        results[name]["first"] = next(r["total"] for r in runs if r.get("i") == 0)
         print(f"  {name:<18} done", file=sys.stderr, flush=True)
     _stop_pools(tmp / "pool")
+    width = max(map(len, methods)) + 1
     print(
-        f"{'method':<18} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} {'vs torchrun':>12} {'vs launcher':>12}"
+        f"{'method':<{width}} {'first (s)':>9} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} "
+        f"{'vs torchrun':>12} {'vs launcher':>12}"
     )
     for name, r in results.items():
-        vs_t = results.get("torchrun", {}).get("total")
-        # Like with like: a cell is compared with notebook_launcher called from a cell.
-        baseline = (
-            "launcher-in-kernel" if name in ("magic", "launcher-in-kernel") else "notebook_launcher"
-        )
-        vs_l = results.get(baseline, {}).get("total")
+        vs_t = results.get(torchrun_of[name], {}).get("total")
+        baseline = methods[name][3]
+        vs_l = results.get(baseline, {}).get("total") if baseline else None
         ratio_t = f"{vs_t / r['total']:.1f}x faster" if vs_t else "-"
         ratio_l = f"{r['total'] / vs_l:.2f}x" if vs_l else "-"
         print(
-            f"{name:<18} {r['up']:>8.3f} {r['ready']:>10.3f} {r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}"
+            f"{name:<{width}} {r['first']:>9.3f} {r['up']:>8.3f} {r['ready']:>10.3f} "
+            f"{r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}"
         )
     for name in failed:
-        print(f"{name:<18} {'failed (see above)':>30}")
-    print("(vs launcher: magic against launcher-in-kernel, the rest against notebook_launcher)")
+        print(f"{name:<{width}} {'failed (see above)':>30}")
+    print(
+        "(vs launcher: a cell against notebook_launcher in a cell of the same scenario, the "
+        "rest against notebook_launcher; first: the first run's total, not in the median)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 1 if failed else 0

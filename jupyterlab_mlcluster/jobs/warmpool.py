@@ -687,8 +687,13 @@ class Zygote:
                 "tops": self.tops,
             }
             want = message.get("want")
-            if isinstance(want, list):  # against what we really have, pinned imports' own too
-                reply["missing"] = sum(1 for m in want if m not in sys.modules)
+            if isinstance(want, list):
+                # Against what we really have (pinned imports' own too), less what we were
+                # built for but could not import (a kernel's aliases, broken modules):
+                # another generation could not do better.
+                reply["missing"] = sum(
+                    1 for m in want if m not in sys.modules and m not in self.wanted
+                )
             return reply
         if op == "status":
             import psutil
