@@ -169,3 +169,40 @@ def test_what_a_kernel_or_script_may_teach_the_pool(tmp_path):
     assert preload.script_modules(str(script)) == ["numpy", "torch"]
     (tmp_path / "broken.py").write_text("import (\n")
     assert preload.script_modules(str(tmp_path / "broken.py")) == []
+
+
+def test_a_cell_teaches_the_pool_what_its_kernel_imported(pool):
+    """The real path: a kernel imports a package, its %%distributed cell's rank has it
+    already (the first cell waits for the generation: no older one to serve it)."""
+    from jupyter_client.manager import start_new_kernel
+    from kernel_session import KernelSession, rank_texts
+
+    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    try:
+        kernel = KernelSession(km, kc)
+        _, reply = kernel.execute("import warmprobe, threadstarter")
+        assert reply["status"] == "ok", reply
+        msgs, reply = kernel.execute("%%distributed --workers 1\n" + PROBE)
+        assert reply["status"] == "ok", reply
+        loaded, zygote, elsewhere = rank_texts(msgs)[0].removeprefix("[rank 0] ").split()
+        assert loaded == "warmprobe" and elsewhere == "True"
+        # the thread-starting package was refused; the kernel says so, in one line, once
+        assert "threadstarter" in warmpool.refused_modules()
+        notes = []
+        for _ in range(2):
+            msgs, reply = kernel.execute("%%distributed --workers 1 --quiet\npass")
+            assert reply["status"] == "ok", reply
+            notes += [
+                line
+                for m in msgs
+                if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
+                for line in m["content"]["text"].splitlines()
+                if "threadstarter" in line
+            ]
+        assert notes == [
+            "warm pool: threadstarter is not preloaded: it started a thread (ticker) on import"
+        ]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [int(zygote)]

@@ -34,6 +34,13 @@ DENIED = frozenset(
         "ipywidgets",
         "comm",
         "debugpy",
+        "pydevd",  # debugpy's vendored debugger, imported by ipykernel under these names
+        "pydev_ipython",
+        "pydevconsole",
+        "pydevd_file_utils",
+        "pydevd_plugins",
+        "pydevd_tracing",
+        "pygments",
         "jedi",
         "parso",
         "prompt_toolkit",

@@ -352,6 +352,16 @@ def _building(directory: Path, fp: str) -> bool:
         return False
 
 
+def _build_underway() -> bool:
+    """Some generation of this pool is still importing (started, not yet serving)."""
+    directory = pool_dir()
+    for pid_file in directory.glob("zygote-*.pid"):
+        fp = pid_file.name[len("zygote-") : -len(".pid")]
+        if _building(directory, fp) and _ping(directory / f"zygote-{fp}.sock") is None:
+            return True
+    return False
+
+
 def _ping(path: Path, want: list[str] | None = None) -> dict[str, Any] | None:
     """A ready zygote's identity (and how many of `want` it lacks); None if none answers."""
     if not os.path.lexists(path):
@@ -463,7 +473,9 @@ def serving_generation(config, want: list[str]) -> Path | None:
     if not generations:
         return ensure_zygote(config, wait=True, modules=want)
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
-    if _within_memory(config, generations, nearest):
+    # One build at a time: the next cell's slightly different wish waits for this one's
+    # generation (which may cover it) rather than start a second build on the same cores.
+    if not _build_underway() and _within_memory(config, generations, nearest):
         ensure_zygote(config, wait=False, modules=want)
     return Path(nearest["socket"])
 
