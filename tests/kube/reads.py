@@ -128,7 +128,9 @@ class Reads:
                     backlog = [
                         t
                         for e in self._store.events_since(int(since))
-                        if (t := self._translate(e, in_scope)) is not None
+                        # the history holds every kind's events: replay only this watch's
+                        if e.group_resource == rtype.group_resource
+                        and (t := self._translate(e, in_scope)) is not None
                     ]
                 except (Expired, ValueError) as exc:
                     message = (

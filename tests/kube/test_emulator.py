@@ -352,6 +352,24 @@ def test_watch_streams_live_changes_and_honours_timeout(kube: Kube, kube_namespa
     assert 1.8 < elapsed < 3.5
 
 
+def test_a_watch_from_a_resource_version_replays_only_its_own_kind(
+    kube: Kube, kube_namespace: str
+) -> None:
+    """The store's history holds every kind's events: a watch resumed from a resourceVersion
+    must replay only its own (a notebook-controller's CRD watch was once sent a Lease
+    update dressed as a CRD, and kopf stopped the operator on it)."""
+    since = kube.create(configmap("first"), kube_namespace)["metadata"]["resourceVersion"]
+    kube.create(pod("not-a-configmap", {"app": "x"}), kube_namespace)
+    kube.create(configmap("second"), kube_namespace)
+    stream = Stream(
+        kube.url + kube.path("v1", "ConfigMap", kube_namespace),
+        {"watch": "true", "resourceVersion": since, "timeoutSeconds": 1},
+    )
+    assert stream.ended.wait(5)
+    assert events(stream.lines) == [("ADDED", "second")]
+    assert {line["object"]["kind"] for line in stream.lines} == {"ConfigMap"}
+
+
 def test_watch_with_selector_sees_objects_enter_and_leave(kube: Kube, kube_namespace: str) -> None:
     kube.create(pod("p", {"app": "x"}), kube_namespace)
     stream = Stream(
