@@ -20,6 +20,7 @@ from helpers import run_cli
 
 from jupyterlab_mlcluster.backends.kubernetes.schedules import (
     MOUNT_PATH,
+    new_secret_name,
     schedule_cronjob,
     schedule_secret,
 )
@@ -42,8 +43,11 @@ ROW = {
 
 
 def test_the_cronjob_and_its_secret_validate_strictly():
-    cronjob = schedule_cronjob(ROW, namespace="team-a", image="img:1", service_account="runner")
-    secret = schedule_secret(ROW, b"payload", namespace="team-a")
+    secret = schedule_secret(ROW, b"payload", namespace="team-a", name=new_secret_name("nightly"))
+    cronjob = schedule_cronjob(
+        ROW, namespace="team-a", image="img:1", secret=secret, service_account="runner"
+    )
+    assert secret["metadata"]["name"] != new_secret_name("nightly")  # unguessable, fresh
     for obj in (cronjob, secret):
         kubernetes_validate.validate(obj, desired_version="1.33", strict=True)
     spec = cronjob["spec"]
@@ -58,7 +62,7 @@ def test_the_cronjob_and_its_secret_validate_strictly():
     assert pod["serviceAccountName"] == "runner" and pod["restartPolicy"] == "Never"
     assert pod["containers"][0]["command"][:3] == ["mlcluster", "schedule", "submit"]
     with pytest.raises(SpecError, match="at most"):
-        schedule_secret(ROW, b"x" * (1024 * 1024), namespace="team-a")
+        schedule_secret(ROW, b"x" * (1024 * 1024), namespace="team-a", name="s")
 
 
 def mounted(secret: dict, directory: Path) -> Path:
@@ -73,6 +77,15 @@ def test_schedule_add_creates_a_cronjob_whose_pod_really_submits_the_job(
     k8s, player, kube, kube_namespace, tmp_path
 ):
     service = k8s()
+    planted = {"payload.pkl": base64.b64encode(b"attacker's pickle").decode()}
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "mlcluster-nightly", "namespace": kube_namespace},
+            "data": planted,
+        }
+    )
     script = tmp_path / "train.py"
     script.write_text("import os\nprint('scheduled run, rank', os.environ['RANK'])\n")
     added = run_cli(
@@ -96,7 +109,14 @@ def test_schedule_add_creates_a_cronjob_whose_pod_really_submits_the_job(
     )
     assert added.returncode == 0, added.stderr
     cronjob = kube.get("batch/v1", "CronJob", "mlcluster-nightly", kube_namespace)
-    secret = kube.get("v1", "Secret", "mlcluster-nightly", kube_namespace)
+    secret_name = cronjob["metadata"]["annotations"]["mlcluster.io/schedule-secret"]
+    secret = kube.get("v1", "Secret", secret_name, kube_namespace)
+    assert (
+        secret["metadata"]["uid"]
+        == cronjob["metadata"]["annotations"]["mlcluster.io/schedule-secret-uid"]
+    )
+    # Attack: user B's Secret pre-created under the old, guessable name is never used.
+    assert kube.get("v1", "Secret", "mlcluster-nightly", kube_namespace)["data"] == planted
     kubernetes_validate.validate(
         {k: v for k, v in cronjob.items() if k != "status"}, desired_version="1.33", strict=False
     )
@@ -149,10 +169,12 @@ def test_schedule_add_creates_a_cronjob_whose_pod_really_submits_the_job(
     kube.wait_for(
         lambda: (
             kube.find("batch/v1", "CronJob", "mlcluster-nightly", kube_namespace) is None
-            and kube.find("v1", "Secret", "mlcluster-nightly", kube_namespace) is None
+            and kube.find("v1", "Secret", secret_name, kube_namespace) is None
         ),
         message="CronJob and Secret deleted",
     )
+    # ... nor deleted as ours.
+    assert kube.get("v1", "Secret", "mlcluster-nightly", kube_namespace)["data"] == planted
     assert ExperimentStore.for_jobs(service.store).list_schedules() == []
 
 
@@ -174,7 +196,7 @@ def test_a_refused_cronjob_leaves_nothing_behind(k8s, kube, kube_namespace, tmp_
         str(script),
     )
     assert added.returncode == 2 and "could not create the schedule" in added.stderr
-    assert kube.find("v1", "Secret", "mlcluster-nightly", kube_namespace) is None
+    assert kube.list("v1", "Secret", kube_namespace) == []
     assert ExperimentStore.for_jobs(service.store).list_schedules() == []
     assert json.loads(run_cli("schedule", "list", "--json").stdout) == []
 

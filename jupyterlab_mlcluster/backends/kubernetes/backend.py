@@ -230,7 +230,7 @@ class KubernetesBackend(Backend):
     fires_schedules = True
 
     def register_schedule(self, row: dict[str, Any], payload: bytes) -> None:
-        from .schedules import schedule_cronjob, schedule_secret
+        from .schedules import new_secret_name, schedule_cronjob, schedule_secret
 
         conn = self.connection()
         plan = self._plan(JobSpec.from_dict(row["spec"]))
@@ -238,23 +238,43 @@ class KubernetesBackend(Backend):
         if account is None:
             pod = client.own_pod(conn)
             account = (pod or {}).get("spec", {}).get("serviceAccountName")
-        secret = schedule_secret(row, payload, namespace=conn.namespace)
-        cronjob = schedule_cronjob(
-            row, namespace=conn.namespace, image=plan.image, service_account=account
+        secret = schedule_secret(
+            row, payload, namespace=conn.namespace, name=new_secret_name(row["name"])
         )
         api = client.Resources(conn)
+        created: dict[str, Any] | None = None
         try:
-            client.with_retries(lambda: api.create(secret), "create the schedule's Secret")
+            # Create-only: a 409 is someone else's object, never taken as ours.
+            created = client.with_retries(
+                lambda: api.create(secret), "create the schedule's Secret"
+            )
+            cronjob = schedule_cronjob(
+                row,
+                namespace=conn.namespace,
+                image=plan.image,
+                secret=created,
+                service_account=account,
+            )
             client.with_retries(lambda: api.create(cronjob), "create the schedule's CronJob")
         except Exception as exc:  # noqa: BLE001 - any failure: undo, then report it
-            # Nothing half-made: a Secret without its CronJob goes again.
-            try:
-                api.delete(client.kind_of(secret), secret["metadata"]["name"], "Background")
-            except Exception:
-                log.warning("could not remove the Secret of a schedule that failed", exc_info=True)
+            # Nothing half-made: the Secret we created (that uid only) goes again.
+            if created is not None:
+                self._delete_schedule_secret(
+                    api, created["metadata"]["name"], created["metadata"].get("uid", "")
+                )
             raise SpecError(
                 f"could not create the schedule in the cluster: {client.message_of(exc)}"
             ) from None
+
+    @staticmethod
+    def _delete_schedule_secret(api: client.Resources, name: str, uid: str) -> None:
+        """Delete the schedule's Secret only while `name` is still the one we created."""
+        kind = client.kind_of("v1", "Secret")
+        try:
+            if name and uid and api.holds(kind, name, uid):
+                api.delete(kind, name, "Background")
+        except Exception:
+            log.warning("could not remove the schedule's Secret %s", name, exc_info=True)
 
     def suspend_schedule(self, name: str, suspended: bool) -> None:
         from .schedules import object_name
@@ -267,14 +287,21 @@ class KubernetesBackend(Backend):
         )
 
     def forget_schedule(self, name: str) -> None:
-        from .schedules import object_name
+        from .schedules import ANNOTATION_SECRET, ANNOTATION_SECRET_UID, object_name
 
         api = client.Resources(self.connection())
-        for kind in (client.kind_of("batch/v1", "CronJob"), client.kind_of("v1", "Secret")):
-            client.with_retries(
-                lambda kind=kind: api.delete(kind, object_name(name), "Background"),
-                f"delete the schedule's {kind.kind}",
-            )
+        kind = client.kind_of("batch/v1", "CronJob")
+        cronjob = client.with_retries(
+            lambda: api.get(kind, object_name(name)), "read the schedule's CronJob"
+        )
+        client.with_retries(
+            lambda: api.delete(kind, object_name(name), "Background"),
+            "delete the schedule's CronJob",
+        )
+        annotations = ((cronjob or {}).get("metadata") or {}).get("annotations") or {}
+        self._delete_schedule_secret(
+            api, annotations.get(ANNOTATION_SECRET, ""), annotations.get(ANNOTATION_SECRET_UID, "")
+        )
 
     def capacity(self) -> dict[str, Any]:
         """Totals of the nodes, in the shape the job store keeps with each job."""

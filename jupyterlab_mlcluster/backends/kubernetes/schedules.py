@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 from typing import Any
 
 from ...jobs.model import SpecError
@@ -19,6 +20,10 @@ from .objects import LABEL_MANAGED_BY, MANAGED_BY, label_value
 MOUNT_PATH = "/var/run/mlcluster/schedule"
 LABEL_SCHEDULE = "mlcluster.io/schedule"
 LABEL_OWNER = "mlcluster.io/user"
+# The CronJob records which Secret (name and uid) holds its job: that name is unguessable, so
+# nobody can pre-create it, and only the Secret with that uid is ever deleted as ours.
+ANNOTATION_SECRET = "mlcluster.io/schedule-secret"
+ANNOTATION_SECRET_UID = "mlcluster.io/schedule-secret-uid"
 # A Secret holds at most 1 MiB; leave room for its metadata.
 MAX_SECRET_BYTES = 1024 * 1024 - 16 * 1024
 
@@ -26,6 +31,12 @@ MAX_SECRET_BYTES = 1024 * 1024 - 16 * 1024
 def object_name(schedule: str) -> str:
     """CronJob and Secret name: `mlcluster-<schedule>` (a CronJob name has at most 52)."""
     return f"mlcluster-{schedule}"
+
+
+def new_secret_name(schedule: str) -> str:
+    """A fresh, unguessable Secret name: `mlcluster-<schedule>` could be pre-created by
+    another user of the namespace to have their code run as the schedule's job."""
+    return f"mlcluster-{schedule}-{secrets.token_hex(8)}"
 
 
 def schedule_labels(schedule: str, owner: str | None) -> dict[str, str]:
@@ -52,7 +63,9 @@ def submit_command(schedule: str, timezone: str, mount_path: str = MOUNT_PATH) -
     ]
 
 
-def schedule_secret(row: dict[str, Any], payload: bytes, *, namespace: str) -> dict[str, Any]:
+def schedule_secret(
+    row: dict[str, Any], payload: bytes, *, namespace: str, name: str
+) -> dict[str, Any]:
     """The job's spec and payload (pushed variables may be secrets: a Secret, not a ConfigMap)."""
     if len(payload) > MAX_SECRET_BYTES:
         raise SpecError(
@@ -65,7 +78,7 @@ def schedule_secret(row: dict[str, Any], payload: bytes, *, namespace: str) -> d
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": object_name(row["name"]),
+            "name": name,
             "namespace": namespace,
             "labels": schedule_labels(row["name"], row.get("owner")),
         },
@@ -82,10 +95,13 @@ def schedule_cronjob(
     *,
     namespace: str,
     image: str,
+    secret: dict[str, Any],
     service_account: str | None = None,
     mount_path: str = MOUNT_PATH,
 ) -> dict[str, Any]:
-    """The CronJob of a schedule row (jobs/experiment_store.py), its policies one for one."""
+    """The CronJob of a schedule row (jobs/experiment_store.py), its policies one for one;
+    `secret` is the created Secret holding its job (its name and uid are recorded)."""
+    secret_name = secret["metadata"]["name"]
     name = object_name(row["name"])
     labels = schedule_labels(row["name"], row.get("owner"))
     pod_spec: dict[str, Any] = {
@@ -107,7 +123,9 @@ def schedule_cronjob(
                 },
             }
         ],
-        "volumes": [{"name": "schedule", "secret": {"secretName": name, "defaultMode": 0o440}}],
+        "volumes": [
+            {"name": "schedule", "secret": {"secretName": secret_name, "defaultMode": 0o440}}
+        ],
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
@@ -132,6 +150,14 @@ def schedule_cronjob(
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                ANNOTATION_SECRET: secret_name,
+                ANNOTATION_SECRET_UID: secret["metadata"].get("uid", ""),
+            },
+        },
         "spec": spec,
     }
