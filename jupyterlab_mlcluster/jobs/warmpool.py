@@ -544,6 +544,15 @@ def stop(config) -> bool:
         return False
     for g in generations:
         _stop_generation(g)
+    # Wait (bounded) until they are gone: a stopped zygote that still lives counts as its
+    # generation "building", so a start right after a stop would wait for it (up to
+    # START_TIMEOUT) instead of starting a new one.
+    import psutil
+
+    deadline = time.monotonic() + 5.0
+    for g in generations:
+        while psutil.pid_exists(g["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
     return bool(generations)
 
 
