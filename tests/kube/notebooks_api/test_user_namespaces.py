@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -60,20 +60,43 @@ def jp_server_config(store_dir, monkeypatch, template):
     }
 
 
+class Tenants:
+    """This test's users, and their namespaces made as `mlcluster manifests --user-namespace`
+    would make them (deleted after the test)."""
+
+    def __init__(self, kube: Kube, template: str, jp_fetch: Any, jp_ws_fetch: Any) -> None:
+        self.kube, self.template = kube, template
+        self.fetch, self.ws_fetch = jp_fetch, jp_ws_fetch
+        self.made: list[str] = []
+
+    def user(self, name: str) -> User:
+        return User(self.fetch, self.ws_fetch, name)
+
+    def namespace(self, name: str) -> str:
+        self.kube.create_namespace(name)
+        self.made.append(name)
+        return name
+
+    def namespace_of(self, user: str) -> str:
+        """The namespace `user_namespace_template` names for `user`, made."""
+        return self.namespace(template_namespace(user, self.template))
+
+
 @pytest.fixture
-def namespaces(kube: Kube) -> Iterator[list[str]]:
-    """Namespaces a test makes (as `mlcluster manifests --user-namespace` would), deleted after."""
-    made: list[str] = []
-    yield made
-    for name in made:
+def tenants(kube: Kube, template: str, mlc, jp_fetch, jp_ws_fetch) -> Iterator[Tenants]:
+    """The running server (its CRDs installed) and this test's users and namespaces."""
+    install_crds(kube)
+    tenants = Tenants(kube, template, jp_fetch, jp_ws_fetch)
+    yield tenants
+    for name in tenants.made:
         kube.delete("v1", "Namespace", name)
 
 
-def user_namespace_for(kube: Kube, made: list[str], template: str, user: str) -> str:
-    name = template_namespace(user, template)
-    kube.create_namespace(name)
-    made.append(name)
-    return name
+@pytest.fixture
+def profiles(kube: Kube) -> Iterator[Callable[[], Any]]:
+    """Installs Kubeflow's Profile CRD when called; uninstalled after the test."""
+    yield lambda: kube.install_crd(profile_crd())
+    kube.uninstall_crd(profile_crd()["metadata"]["name"])
 
 
 async def call_with_query(
@@ -94,36 +117,40 @@ async def call_with_query(
     return response.code
 
 
+async def create(user: User, name: str) -> dict[str, Any]:
+    """`user` makes notebook `name`: the made notebook, as the document describes it."""
+    status, made, _ = await user.call("POST", "notebooks", body={"name": name})
+    assert status == 201 and made["owner"] == user.name, (status, made)
+    return documented("Notebook", made)
+
+
 def stored(kube: Kube, namespace: str) -> dict[str, dict[str, Any]]:
     return {n["metadata"]["name"]: n for n in kube.list(NB, "Notebook", namespace)}
 
 
+async def owner_of(kube: Kube, name: str, namespace: str) -> str:
+    return (await blocking(kube.get, NB, "Notebook", name, namespace))["spec"]["owner"]
+
+
+def names(listed: dict[str, Any]) -> list[str]:
+    return [n["name"] for n in listed["notebooks"]]
+
+
 def test_bob_cannot_reach_alices_notebooks_even_naming_her_namespace(
-    kube: Kube,
-    kube_namespace: str,
-    namespaces,
-    template,
-    mlc,
-    jp_fetch,
-    jp_ws_fetch,
-    run,
+    kube: Kube, tenants: Tenants, mlc, run
 ) -> None:
-    install_crds(kube)
-    alice_ns = user_namespace_for(kube, namespaces, template, ALICE)
-    bob_ns = user_namespace_for(kube, namespaces, template, BOB)
-    alice, bob = User(jp_fetch, jp_ws_fetch, ALICE), User(jp_fetch, jp_ws_fetch, BOB)
+    alice_ns, bob_ns = tenants.namespace_of(ALICE), tenants.namespace_of(BOB)
+    alice, bob = tenants.user(ALICE), tenants.user(BOB)
     assert mlc.per_user_namespaces
 
     async def scenario() -> None:
         await alice.connect()
         await bob.connect()
-        status, made, _ = await alice.call("POST", "notebooks", body={"name": "secret"})
-        assert status == 201 and documented("Notebook", made)["namespace"] == alice_ns
-        assert made["url"] == f"/notebook/{alice_ns}/secret/"
+        made = await create(alice, "secret")
+        assert made["namespace"] == alice_ns and made["url"] == f"/notebook/{alice_ns}/secret/"
         # The same name is no clash any more: each user's own namespace.
         for user in (alice, bob):
-            status, made, _ = await user.call("POST", "notebooks", body={"name": "nb1"})
-            assert status == 201, made
+            await create(user, "nb1")
         await alice.until(notebook("secret"))
         await bob.until(notebook("nb1"))
         before = await blocking(stored, kube, alice_ns)
@@ -131,12 +158,13 @@ def test_bob_cannot_reach_alices_notebooks_even_naming_her_namespace(
         assert sorted(await blocking(stored, kube, bob_ns)) == ["nb1"]
 
         # Bob, by name: alice's notebook is as missing as a name nobody uses.
-        for method, path in [
+        on_secret = [
             ("GET", ("notebooks", "secret")),
             ("POST", ("notebooks", "secret", "stop")),
             ("POST", ("notebooks", "secret", "start")),
             ("DELETE", ("notebooks", "secret")),
-        ]:
+        ]
+        for method, path in on_secret:
             status, error, _ = await bob.call(method, *path)
             assert status == 404, (method, path, status, error)
         # Bob's nb1 is his own: stopping and deleting it leaves alice's nb1 alone.
@@ -145,17 +173,12 @@ def test_bob_cannot_reach_alices_notebooks_even_naming_her_namespace(
         assert (await bob.call("DELETE", "notebooks", "nb1"))[0] == 204
         # Bob, naming her namespace: no route takes one, in the path, query or body.
         guess = {"namespace": alice_ns}
-        for method, path in [
-            ("GET", ("notebooks", "secret")),
-            ("POST", ("notebooks", "secret", "stop")),
-            ("POST", ("notebooks", "secret", "start")),
-            ("DELETE", ("notebooks", "secret")),
-            ("POST", ("notebooks", "nb1", "stop")),  # alice's nb1; bob's own is gone
-        ]:
+        alices_nb1 = ("POST", ("notebooks", "nb1", "stop"))  # bob's own is gone
+        for method, path in [*on_secret, alices_nb1]:
             status = await call_with_query(bob, method, *path, params=guess)
             assert status == 404, (method, path, status)
         status, listed, _ = await bob.call("GET", "notebooks")
-        assert [n["name"] for n in listed["notebooks"]] == [], listed
+        assert names(listed) == [], listed
         assert await call_with_query(bob, "GET", "notebooks", params=guess) == 200
         status, error, _ = await bob.call(
             "POST", "notebooks", body={"name": "planted", "namespace": alice_ns}
@@ -164,18 +187,19 @@ def test_bob_cannot_reach_alices_notebooks_even_naming_her_namespace(
         status = await call_with_query(bob, "POST", "notebooks", params=guess, body={"name": "p2"})
         assert status == 201
         assert await blocking(kube.find, NB, "Notebook", "p2", alice_ns) is None
-        assert (await blocking(kube.get, NB, "Notebook", "p2", bob_ns))["spec"]["owner"] == BOB
+        assert await owner_of(kube, "p2", bob_ns) == BOB
         assert await blocking(kube.find, NB, "Notebook", "planted", alice_ns) is None
 
         # Alice's objects are exactly as they were: same uid, same resourceVersion.
-        after = await blocking(stored, kube, alice_ns)
-        assert {
-            k: (v["metadata"]["uid"], v["metadata"]["resourceVersion"]) for k, v in after.items()
-        } == {
-            k: (v["metadata"]["uid"], v["metadata"]["resourceVersion"]) for k, v in before.items()
-        }
+        def versions(objects: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
+            return {
+                k: (v["metadata"]["uid"], v["metadata"]["resourceVersion"])
+                for k, v in objects.items()
+            }
+
+        assert versions(await blocking(stored, kube, alice_ns)) == versions(before)
         status, listed, _ = await alice.call("GET", "notebooks")
-        assert sorted(n["name"] for n in listed["notebooks"]) == ["nb1", "secret"]
+        assert sorted(names(listed)) == ["nb1", "secret"]
         assert all(n["namespace"] == alice_ns and not n["stopped"] for n in listed["notebooks"])
 
         # /events: each hears only of their own, though both had an nb1.
@@ -192,29 +216,18 @@ def test_bob_cannot_reach_alices_notebooks_even_naming_her_namespace(
 
 
 def test_a_name_that_sanitises_like_another_users_gets_its_own_namespace(
-    kube: Kube,
-    namespaces,
-    template,
-    mlc,
-    jp_fetch,
-    jp_ws_fetch,
-    run,
+    kube: Kube, tenants: Tenants, run
 ) -> None:
-    install_crds(kube)
     plain, dotted = "a-b-x", "a.b@x"
-    plain_ns = user_namespace_for(kube, namespaces, template, plain)
-    dotted_ns = user_namespace_for(kube, namespaces, template, dotted)
+    plain_ns, dotted_ns = tenants.namespace_of(plain), tenants.namespace_of(dotted)
     assert plain_ns != dotted_ns and dotted_ns.startswith(plain_ns + "-")
-    users = {name: User(jp_fetch, jp_ws_fetch, name) for name in (plain, dotted)}
+    users = {name: tenants.user(name) for name in (plain, dotted)}
 
     async def scenario() -> None:
-        for name, user in users.items():
-            status, made, _ = await user.call("POST", "notebooks", body={"name": "nb1"})
-            assert status == 201 and made["owner"] == name, made
-        assert (await blocking(kube.get, NB, "Notebook", "nb1", plain_ns))["spec"]["owner"] == plain
-        assert (await blocking(kube.get, NB, "Notebook", "nb1", dotted_ns))["spec"][
-            "owner"
-        ] == dotted
+        for user in users.values():
+            await create(user, "nb1")
+        assert await owner_of(kube, "nb1", plain_ns) == plain
+        assert await owner_of(kube, "nb1", dotted_ns) == dotted
         # Each stops only its own.
         status, stopped, _ = await users[dotted].call("POST", "notebooks", "nb1", "stop")
         assert status == 200 and stopped["namespace"] == dotted_ns
@@ -225,52 +238,34 @@ def test_a_name_that_sanitises_like_another_users_gets_its_own_namespace(
 
 
 def test_a_notebook_planted_for_alice_in_bobs_namespace_reaches_nobody(
-    kube: Kube,
-    namespaces,
-    template,
-    mlc,
-    jp_fetch,
-    jp_ws_fetch,
-    run,
+    kube: Kube, tenants: Tenants, run
 ) -> None:
     """Bob, with kubectl in his own namespace, makes a Notebook whose spec.owner is alice (his
     code, her identity): alice neither sees it over REST nor hears of it on /events."""
-    install_crds(kube)
-    alice_ns = user_namespace_for(kube, namespaces, template, ALICE)
-    bob_ns = user_namespace_for(kube, namespaces, template, BOB)
-    alice = User(jp_fetch, jp_ws_fetch, ALICE)
+    alice_ns, bob_ns = tenants.namespace_of(ALICE), tenants.namespace_of(BOB)
+    alice = tenants.user(ALICE)
 
     async def scenario() -> None:
         await alice.connect()
         planted = notebook_resource("trap", bob_ns, ALICE, labels={OWNER_LABEL: owner_label(ALICE)})
         await blocking(kube.create, planted)
-        status, made, _ = await alice.call("POST", "notebooks", body={"name": "mine"})
-        assert status == 201 and made["namespace"] == alice_ns
+        assert (await create(alice, "mine"))["namespace"] == alice_ns
         await alice.until(notebook("mine"))
-        assert {m.get("notebook", m).get("name") for m in await alice.notebook_messages()} == {
-            "mine"
-        }
+        heard = {m.get("notebook", m).get("name") for m in await alice.notebook_messages()}
+        assert heard == {"mine"}
         status, listed, _ = await alice.call("GET", "notebooks")
-        assert [n["name"] for n in listed["notebooks"]] == ["mine"]
+        assert names(listed) == ["mine"]
         assert (await alice.call("GET", "notebooks", "trap"))[0] == 404
 
     run(scenario())
 
 
 def test_a_profile_the_user_owns_is_where_the_notebooks_go(
-    kube: Kube,
-    kube_namespace: str,
-    namespaces,
-    template,
-    mlc,
-    jp_fetch,
-    jp_ws_fetch,
-    run,
+    kube: Kube, kube_namespace: str, tenants: Tenants, profiles, run
 ) -> None:
     """Kubeflow's Profile CRD (as published) served: alice owns Profile `<ns>-team`, so her
     notebooks go there; carol owns none, so hers follow the template."""
-    install_crds(kube)
-    kube.install_crd(profile_crd())
+    profiles()
     team = f"{kube_namespace}-team"
     try:
         kube.create(
@@ -281,44 +276,37 @@ def test_a_profile_the_user_owns_is_where_the_notebooks_go(
                 "spec": {"owner": {"kind": "User", "name": ALICE}},
             }
         )
-        kube.create_namespace(team)
-        namespaces.append(team)
-        carol_ns = user_namespace_for(kube, namespaces, template, "carol")
-        alice, carol = User(jp_fetch, jp_ws_fetch, ALICE), User(jp_fetch, jp_ws_fetch, "carol")
+        tenants.namespace(team)
+        carol_ns = tenants.namespace_of("carol")
+        alice, carol = tenants.user(ALICE), tenants.user("carol")
 
         async def scenario() -> None:
-            status, made, _ = await alice.call("POST", "notebooks", body={"name": "nb1"})
-            assert status == 201 and made["namespace"] == team, made
-            status, made, _ = await carol.call("POST", "notebooks", body={"name": "nb1"})
-            assert status == 201 and made["namespace"] == carol_ns, made
+            assert (await create(alice, "nb1"))["namespace"] == team
+            assert (await create(carol, "nb1"))["namespace"] == carol_ns
             status, listed, _ = await carol.call("GET", "notebooks")
             assert [n["namespace"] for n in listed["notebooks"]] == [carol_ns]
 
         run(scenario())
     finally:
         kube.delete("kubeflow.org/v1", "Profile", team)
-        kube.uninstall_crd(profile_crd()["metadata"]["name"])
 
 
 def test_profiles_forbidden_to_the_server_only_matter_where_they_exist(
-    kube: Kube, kube_namespace: str, namespaces, template, mlc, jp_fetch, jp_ws_fetch, run
+    kube: Kube, tenants: Tenants, profiles, mlc, run
 ) -> None:
     """A server that may not list Profiles (403 whether or not the CRD exists) still uses the
     template where no Profile CRD is served; where one is, it refuses (the cluster's 403, passed
     on as 502) rather than guess."""
-    install_crds(kube)
-    erin_ns = user_namespace_for(kube, namespaces, template, "erin")
-    erin = User(jp_fetch, jp_ws_fetch, "erin")
-    profiles = "/apis/kubeflow.org/v1/profiles"
-    kube.on_emulator(lambda e: e["get", profiles] << 403)
+    erin_ns = tenants.namespace_of("erin")
+    erin = tenants.user("erin")
+    kube.on_emulator(lambda e: e["get", "/apis/kubeflow.org/v1/profiles"] << 403)
     try:
 
         async def without_crd() -> None:
-            status, made, _ = await erin.call("POST", "notebooks", body={"name": "nb1"})
-            assert status == 201 and made["namespace"] == erin_ns, made
+            assert (await create(erin, "nb1"))["namespace"] == erin_ns
 
         run(without_crd())
-        kube.install_crd(profile_crd())
+        profiles()
         mlc.notebooks.namespace_of.ttl = 0  # read again now
 
         async def with_crd() -> None:
@@ -329,19 +317,12 @@ def test_profiles_forbidden_to_the_server_only_matter_where_they_exist(
         run(with_crd())
     finally:
         kube.on_emulator(lambda e: e.remove_reactions())
-        kube.uninstall_crd(profile_crd()["metadata"]["name"])
 
 
 def test_a_missing_user_namespace_is_a_clear_error_and_makes_nothing(
-    kube: Kube,
-    template,
-    mlc,
-    jp_fetch,
-    jp_ws_fetch,
-    run,
+    tenants: Tenants, template, run
 ) -> None:
-    install_crds(kube)
-    dave = User(jp_fetch, jp_ws_fetch, "dave")
+    dave = tenants.user("dave")
 
     async def scenario() -> None:
         status, error, _ = await dave.call("POST", "notebooks", body={"name": "nb1"})
