@@ -36,6 +36,13 @@ class Backend(abc.ABC):
         """Total resources as {"cpus": float, "gpus": [ids], "memory": bytes} (or what the
         backend can tell), stored with each job for admission."""
 
+    def in_namespace(self, namespace: str) -> "Backend":
+        """This backend placing jobs in `namespace` (a server that maps each user to their own
+        namespace passes the caller's); SpecError where the backend has no namespaces."""
+        from ..jobs.model import SpecError
+
+        raise SpecError(f"the {self.name} backend does not place jobs in namespaces")
+
     def prepare(self, spec: "JobSpec") -> dict[str, Any]:
         """Backend-private data fixed at submit time (e.g. namespace, image); stored."""
         return {}

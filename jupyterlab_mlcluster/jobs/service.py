@@ -102,15 +102,21 @@ class JobService:
         environ: dict[str, str] | None = None,
         cwd: str | None = None,
         preload: list[str] | None = None,
+        namespace: str | None = None,
     ) -> JobRecord:
         """Store the job and start its supervisor. SpecError/PayloadError: nothing stored.
 
         `attach_to_pid`: cancel the job if that process dies (the foreground CLI).
         `environ`/`cwd`: what the ranks inherit (default: this process's).
-        `preload`: modules the warm pool should learn (jobs/preload.py chose them)."""
+        `preload`: modules the warm pool should learn (jobs/preload.py chose them).
+        `namespace`: where the job's objects go, for a backend with namespaces (a server that
+        maps each user to their own namespace passes the caller's; never a user's option).
+        None: the backend's configured one."""
         # A JobSpec built in Python skipped from_options: check it before anything is written.
         spec.validate()
         backend = self.backend(spec.backend)
+        if namespace is not None:
+            backend = backend.in_namespace(namespace)
         backend.validate(spec)
         try:
             payload.source.encode("utf-8")

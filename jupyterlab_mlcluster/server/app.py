@@ -236,6 +236,9 @@ class MLClusterApp(ExtensionApp):
         namespace_of = None
         if self.per_user_namespaces:
             namespace_of = UserNamespaces(KubeConnection(), self.user_namespace_template)
+        # user -> namespace where each user has their own (their notebooks and their
+        # Kubernetes jobs go there); None: one namespace for all.
+        self.namespace_of: UserNamespaces | None = namespace_of
         self.notebook_feed = NotebookFeed(
             self.broadcaster.publish_to_user,
             belongs=(lambda owner, ns: namespace_of(owner) == ns) if namespace_of else None,

@@ -169,6 +169,7 @@ class JobsHandler(MLClusterHandler):
             problem = await self.run(configuration_problem)
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
+        namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
         origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
         try:
@@ -179,6 +180,7 @@ class JobsHandler(MLClusterHandler):
                 origin=origin,
                 environ=dict(os.environ),
                 cwd=self.app.job_cwd,
+                namespace=namespace,
             )
         except PayloadError as exc:
             raise web.HTTPError(400, str(exc)) from None
@@ -186,6 +188,20 @@ class JobsHandler(MLClusterHandler):
             raise web.HTTPError(409, str(exc)) from None
         self.set_header("Location", self.api_url("jobs", record.id))
         self.send(record.to_json(), status=201)
+
+    async def job_namespace(self, spec: JobSpec, owner: str) -> str | None:
+        """Where a Kubernetes job's objects go: the caller's own namespace when the server
+        maps users to namespaces (as for notebooks), else None (the configured one). Never
+        the request's say: a body naming a namespace is refused by the schema (400)."""
+        namespace_of = self.app.namespace_of
+        if spec.backend != "kubernetes" or namespace_of is None:
+            return None
+        try:
+            return await self.run(namespace_of, owner)
+        except ClusterUnavailable as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        except KubeError as exc:  # e.g. Profiles served but not readable: never guess
+            raise web.HTTPError(502, str(exc)) from None
 
 
 class JobHandler(MLClusterHandler):

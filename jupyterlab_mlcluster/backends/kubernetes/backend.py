@@ -8,6 +8,7 @@ job lives on in the cluster and the new supervisor adopts its objects.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -48,6 +49,20 @@ class KubernetesBackend(Backend):
         self._notebook_pod: tuple[dict[str, Any] | None] | None = None
         self._nodes_seen: tuple[float, list[dict[str, Any]] | None] | None = None
         self._last_plan: tuple[JobSpec, JobPlan] | None = None
+        # Where this backend's jobs go: None, the connection's namespace (the configured
+        # MLClusterConfig.kubernetes_namespace, else the pod's); see in_namespace.
+        self._namespace: str | None = None
+
+    def in_namespace(self, namespace: str) -> KubernetesBackend:
+        """A view of this backend whose jobs go to `namespace` (a server that maps each user
+        to their own namespace passes the caller's). The namespace is recorded in the job's
+        plan, and everything that acts on the job later (its supervisor, cancel, the reaper's
+        cleanup, logs) reads it from there. Shares the connection and cluster facts; a view of
+        its own, so concurrent submissions for different users never mix their namespaces."""
+        view = copy.copy(self)
+        view._namespace = namespace
+        view._last_plan = None
+        return view
 
     # -- connection and cluster facts (cached; this object lives as long as its JobService) --
 
@@ -157,7 +172,7 @@ class KubernetesBackend(Backend):
         image = None if (spec.image or c.kubernetes_image) else self.notebook_image(conn)
         plan = make_plan(
             spec,
-            namespace=conn.namespace,
+            namespace=self._namespace or conn.namespace,
             served_kinds=self.served_kinds(conn),
             notebook_image=image,
             engine_setting=c.kubernetes_engine,

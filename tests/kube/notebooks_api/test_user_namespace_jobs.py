@@ -1,0 +1,227 @@
+"""Kubernetes jobs submitted through the REST API, each in the caller's own namespace, played
+as attacks: the server extension (in-process Jupyter server) against the Kubernetes API
+emulator, identity from the `kubeflow-userid` header, users mapped to namespaces by
+`user_namespace_template` (as their notebooks are).
+
+User B (bob) tries to see, follow, cancel and purge user A's (alice's) job, and to make a job
+of his land in her namespace by naming it; the jobs' objects (job object, payload Secrets,
+Service, pods) of each user stay in that user's namespace, never in the configured shared one,
+and the supervisor, cancel and the reaper's cleanup act there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import assert_no_job_processes, wait_for
+
+from jupyterlab_mlcluster.server.user_namespace import template_namespace
+from tests.kube.controller_support import install_crds
+from tests.kube.helpers import Kube
+from tests.kube.jobs_fixtures import IMAGE, REPO, SLEEPY_CELL
+from tests.kube.notebooks_api.test_notebooks_api import User
+from tests.kube.notebooks_api.test_user_namespaces import call_with_query
+from tests.kube.player import ClusterPlayer, objects_of
+
+ALICE, BOB = "alice", "bob"
+
+CELL = """
+import os
+print("hello from rank", os.environ["RANK"], flush=True)
+{"rank": int(os.environ["RANK"])}
+"""
+
+
+@pytest.fixture
+def template(kube_namespace: str) -> str:
+    """This test's own namespaces: `<kube_namespace>-<user>` (the emulator is shared)."""
+    return f"{kube_namespace}-{{user}}"
+
+
+@pytest.fixture
+def jp_server_config(store_dir, monkeypatch, template, kube_namespace):
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    # Supervisors are processes of their own: they import this checkout's code.
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyterlab_mlcluster": True}},
+        "MLClusterApp": {
+            "trust_identity_header": True,
+            "user_namespace_template": template,
+            "schedule_interval": 0,
+            "metrics_interval": 0,
+        },
+        # The shared namespace a server without per-user namespaces would use: no job of a
+        # user with a namespace of their own may land here.
+        "MLClusterConfig": {
+            "kubernetes_namespace": kube_namespace,
+            "kubernetes_image": IMAGE,
+            "warm_pool": False,
+        },
+        "IdentityProvider": {"cookie_name": "mlcluster-test-user"},
+    }
+
+
+@pytest.fixture
+def user_namespaces(kube: Kube, template: str) -> Iterator[dict[str, str]]:
+    """alice's and bob's namespaces (as `mlcluster manifests --user-namespace` makes them)."""
+    made = {user: template_namespace(user, template) for user in (ALICE, BOB)}
+    for name in made.values():
+        kube.create_namespace(name)
+    yield made
+    for name in made.values():
+        kube.delete("v1", "Namespace", name)
+
+
+@pytest.fixture
+def players(kube: Kube, user_namespaces: dict[str, str], tmp_path: Path):
+    """The cluster's side in each user's namespace; its containers are stopped after."""
+    made = {
+        user: ClusterPlayer(kube, namespace, tmp_path / f"node-{user}")
+        for user, namespace in user_namespaces.items()
+    }
+    yield made
+    for player in made.values():
+        player.stop_all()
+
+
+@pytest.fixture
+def server(mlc):
+    """The running server extension; afterwards none of its jobs may be left running."""
+    yield mlc
+    for record in mlc.service.store.list_jobs()[0]:
+        if not record.final:
+            mlc.service.cancel(record.id)
+    assert_no_job_processes(mlc.service)
+
+
+def test_attack_rest_jobs_land_in_the_callers_namespace_and_stay_out_of_reach(
+    kube: Kube,
+    kube_namespace: str,
+    user_namespaces: dict[str, str],
+    players: dict[str, ClusterPlayer],
+    server,
+    jp_fetch,
+    jp_ws_fetch,
+    run,
+) -> None:
+    install_crds(kube)  # the server watches Notebooks in every namespace
+    alice_ns, bob_ns = user_namespaces[ALICE], user_namespaces[BOB]
+    alice, bob = User(jp_fetch, jp_ws_fetch, ALICE), User(jp_fetch, jp_ws_fetch, BOB)
+    store = server.service.store
+
+    def submit(user: User, source: str, **options: Any) -> str:
+        status, made, _ = run(
+            user.call("POST", "jobs", body={"code": source, "backend": "kubernetes", **options})
+        )
+        assert status == 201, made
+        return made["id"]
+
+    a_id = submit(alice, CELL, name="alices-job")
+    b_id = submit(bob, SLEEPY_CELL, name="bobs-job")
+
+    # Each job's namespace is recorded with it (its plan) and its objects are made there.
+    assert store.get_job(a_id).backend_state["namespace"] == alice_ns
+    assert store.get_job(b_id).backend_state["namespace"] == bob_ns
+    a_obj = players[ALICE].resumed(a_id)
+    b_obj = players[BOB].resumed(b_id)
+    assert a_obj["metadata"]["namespace"] == alice_ns
+    assert b_obj["metadata"]["namespace"] == bob_ns
+    assert set(objects_of(kube, alice_ns, a_id)) >= {"Job", "Secret", "Service"}
+    for job_id in (a_id, b_id):
+        assert objects_of(kube, kube_namespace, job_id) == {}, "the shared namespace"
+    assert objects_of(kube, bob_ns, a_id) == {} and objects_of(kube, alice_ns, b_id) == {}
+
+    # Bob, by id and by name: alice's job is as missing as one that never existed.
+    for ref in (a_id, "alices-job"):
+        for method, path in [
+            ("GET", ("jobs", ref)),
+            ("GET", ("jobs", ref, "logs")),
+            ("GET", ("jobs", ref, "result")),
+            ("GET", ("jobs", ref, "metrics")),
+            ("DELETE", ("jobs", ref)),
+        ]:
+            status, error, _ = run(bob.call(method, *path))
+            assert status == 404, (method, path, status, error)
+        assert run(call_with_query(bob, "DELETE", "jobs", ref, params={"purge": "true"})) == 404
+    status, listed, _ = run(bob.call("GET", "jobs"))
+    assert [j["id"] for j in listed["jobs"]] == [b_id]
+    assert not store.get_job(a_id).final and not store.cancel_requested(a_id)
+    assert kube.get("batch/v1", "Job", a_obj["metadata"]["name"], alice_ns)["metadata"][
+        "uid"
+    ] == a_obj["metadata"]["uid"]
+
+    # Bob, naming alice's namespace: the body's field is refused (the API takes no namespace),
+    # nothing stored; a query parameter is ignored: his job lands in his own namespace.
+    jobs_before = store.list_jobs()[1]
+    status, error, _ = run(
+        bob.call(
+            "POST",
+            "jobs",
+            body={"code": "pass", "backend": "kubernetes", "namespace": alice_ns},
+        )
+    )
+    assert status == 400 and "namespace" in error["message"], error
+    assert store.list_jobs()[1] == jobs_before
+    status = run(
+        call_with_query(
+            bob,
+            "POST",
+            "jobs",
+            params={"namespace": alice_ns},
+            body={"code": SLEEPY_CELL, "backend": "kubernetes", "name": "bobs-second"},
+        )
+    )
+    assert status == 201
+    (b2,) = [j for j in store.list_jobs()[0] if j.name == "bobs-second"]
+    assert b2.backend_state["namespace"] == bob_ns and b2.owner == BOB
+    b2_obj = players[BOB].resumed(b2.id)
+    assert b2_obj["metadata"]["namespace"] == bob_ns
+    assert objects_of(kube, alice_ns, b2.id) == {}
+
+    # Alice's job runs to its end in her namespace: her result and logs, then nothing left.
+    players[ALICE].play(a_id)
+    wait_for(lambda: store.get_job(a_id).final, timeout=60, message="alice's job finished")
+    status, record, _ = run(alice.call("GET", "jobs", a_id))
+    assert (status, record["state"]) == (200, "succeeded"), record
+    status, result, _ = run(alice.call("GET", "jobs", a_id, "result"))
+    assert (status, result) == (200, {"kind": "value", "value": {"rank": 0}}), result
+    status, logs, _ = run(alice.call("GET", "jobs", a_id, "logs"))
+    assert "hello from rank 0" in json.dumps(logs)
+    wait_for(lambda: objects_of(kube, alice_ns, a_id) == {}, message="alice's objects gone")
+
+    # Bob cancels his own: the supervisor deletes the objects in his namespace.
+    status, cancelled, _ = run(bob.call("DELETE", "jobs", b_id))
+    assert (status, cancelled["state"]) == (200, "cancelled"), cancelled
+    wait_for(lambda: objects_of(kube, bob_ns, b_id) == {}, message="bob's objects gone")
+    # And with its supervisor dead, the reaper's cleanup finds them there too.
+    os.kill(store.get_job(b2.id).supervisor["pid"], signal.SIGKILL)
+    status, cancelled, _ = run(bob.call("DELETE", "jobs", b2.id))
+    assert (status, cancelled["state"]) == (200, "cancelled"), cancelled
+    wait_for(lambda: objects_of(kube, bob_ns, b2.id) == {}, message="the reaper's cleanup")
+    assert kube.find("batch/v1", "Job", b2_obj["metadata"]["name"], bob_ns) is None
+
+
+def test_a_backend_view_places_jobs_without_changing_the_shared_backend(
+    kube: Kube, kube_namespace: str, server
+) -> None:
+    """No namespace passed (a server that does not map users to namespaces, the CLI, a
+    kernel): the plan's namespace is the configured one, as before. A view placing jobs in
+    another namespace leaves the backend that other submissions share as it was."""
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+
+    spec = JobSpec.from_options({"backend": "kubernetes"})
+    backend = server.service.backend("kubernetes")
+    assert backend.prepare(spec)["namespace"] == kube_namespace
+    assert backend.in_namespace("elsewhere").prepare(spec)["namespace"] == "elsewhere"
+    assert backend.prepare(spec)["namespace"] == kube_namespace
+    with pytest.raises(Exception, match="does not place jobs in namespaces"):
+        server.service.backend("local").in_namespace("elsewhere")
