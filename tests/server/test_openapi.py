@@ -123,16 +123,35 @@ def test_unknown_x_bounds_is_a_clear_error(monkeypatch):
 
 def test_enums_are_the_models():
     schemas = static_document()["components"]["schemas"]
-    assert schemas["Job"]["properties"]["state"]["enum"] == [s.value for s in JobState]
+    assert schemas["JobState"]["enum"] == [s.value for s in JobState]
     assert schemas["Rank"]["properties"]["state"]["enum"] == [s.value for s in RankState]
-    for name in ("JobSubmission", "Job", "Cluster"):
-        assert schemas[name]["properties"]["backend"]["enum"] == list(BACKENDS)
-    for name in ("JobSubmission", "Job"):
-        assert schemas[name]["properties"]["framework"]["enum"] == list(FRAMEWORKS)
+    assert schemas["Backend"]["enum"] == list(BACKENDS)
+    assert schemas["Framework"]["enum"] == list(FRAMEWORKS)
     env_names = schemas["JobSubmission"]["properties"]["env"]["propertyNames"]
     assert env_names["not"]["enum"] == sorted(RESERVED_ENV)
-    listed = static_document()["paths"]["/jobs"]["get"]["parameters"][0]["schema"]["items"]
-    assert listed["enum"] == [s.value for s in JobState]
+
+
+def test_the_shared_enums_are_named_once_and_referred_to():
+    """Every state, backend and framework of the document is the one named schema, so the
+    model's enums are checked in one place and no copy can drift."""
+    document = static_document()
+    schemas = document["components"]["schemas"]
+
+    def ref(name: str) -> dict[str, str]:
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    assert schemas["Job"]["properties"]["state"] == ref("JobState")
+    assert schemas["Trial"]["properties"]["state"] == ref("JobState")
+    for name in ("JobSubmission", "Job", "Cluster", "Schedule"):
+        assert schemas[name]["properties"]["backend"] == ref("Backend"), name
+    for name in ("JobSubmission", "Job"):
+        assert schemas[name]["properties"]["framework"] == ref("Framework"), name
+    list_jobs = document["paths"]["/jobs"]["get"]["parameters"]
+    assert list_jobs[0]["schema"]["items"] == ref("JobState")
+    assert list_jobs[1]["schema"] == ref("Backend")
+    shared = [schemas[name]["enum"] for name in ("JobState", "Backend", "Framework")]
+    copies = [enum for enum in all_values(document, "enum") if enum in shared]
+    assert copies == shared, copies  # the three named schemas themselves, no inline copy
 
 
 def test_every_rest_operation_documents_the_refusals_jupyter_server_makes_before_it():
