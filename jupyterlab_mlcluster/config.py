@@ -38,6 +38,21 @@ class MLClusterConfig(Configurable):
 
         return str(Path(jupyter_data_dir()) / "mlcluster")
 
+    store_journal_mode = Enum(
+        ["auto", "wal", "delete"],
+        help="SQLite journal mode of the job store. auto: WAL (readers never wait for "
+        "writers), unless the store directory is on a network filesystem (NFS, CIFS/SMB, "
+        "sshfs, Lustre, GPFS, BeeGFS, CephFS, ...; judged from /proc/self/mountinfo), where "
+        "WAL's shared-memory index is unsafe and the rollback journal (delete) is used, said "
+        "once in the log. Every process using one store must agree: a store left in WAL "
+        "mode cannot leave it while another process has it open. "
+        "Env: MLCLUSTER_STORE_JOURNAL_MODE.",
+    ).tag(config=True)
+
+    @default("store_journal_mode")
+    def _default_store_journal_mode(self) -> str:
+        return _env("MLCLUSTER_STORE_JOURNAL_MODE") or "auto"
+
     default_backend = Enum(
         ["local", "kubernetes"],
         help="Backend used when a job does not name one. Env: MLCLUSTER_BACKEND.",

@@ -12,8 +12,15 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+
+from .fsinfo import is_storage_full
+
+# After falling back to a read-only connection (full disk), try a normal one again this often.
+READ_ONLY_RETRY = 1.0
 
 
 class Database:
@@ -26,32 +33,76 @@ class Database:
         """This thread's connection. One per thread: the server uses executor threads, and
         sqlite3 objects must not be shared between threads mid-transaction; one per process:
         a forked child must not reuse its parent's."""
+        return self._connection(retry_after=READ_ONLY_RETRY)
+
+    def _connection(self, retry_after: float) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
-            db = sqlite3.connect(
-                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA busy_timeout = 30000")
+        fresh = db is None or getattr(self._local, "pid", None) != os.getpid()
+        stale = getattr(self._local, "read_only_since", None)
+        if fresh or (stale is not None and time.monotonic() - stale >= retry_after):
+            if db is not None and not fresh:
+                db.close()
+            db, error = self._open()
             self._local.db = db
             self._local.pid = os.getpid()
+            self._local.read_only_since = None if error is None else time.monotonic()
+            self._local.error = error
+        return db
+
+    @property
+    def read_only(self) -> bool:
+        """Is this thread's connection the full-disk fallback (reads only)?"""
+        self.connection  # noqa: B018 - (re)opens it
+        return self._local.read_only_since is not None
+
+    def _open(self) -> tuple[sqlite3.Connection, sqlite3.Error | None]:
+        """A normal connection; or, when the disk is too full for one (in WAL mode a reader
+        must create and map the -shm index), an immutable read-only one with the error that
+        refused the normal one: listings keep working, writes raise that error."""
+        db = self._connect(str(self.path), uri=False)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()  # opens the file (and the WAL index)
+            return db, None
+        except sqlite3.Error as exc:
+            db.close()
+            if not self.path.exists() or not is_storage_full(exc, self.path.parent):
+                raise
+            error = exc
+        # immutable: no locks, no -shm, no journal; what the WAL holds beyond the last
+        # checkpoint is not seen (the connection that wrote it checkpoints as it closes).
+        uri = f"file:{urllib.parse.quote(str(self.path))}?immutable=1"
+        return self._connect(uri, uri=True), error
+
+    @staticmethod
+    def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=uri
+        )
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA busy_timeout = 30000")
         return db
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; BEGIN IMMEDIATE so read-modify-write cannot interleave."""
-        db = self.connection
+        db = self._connection(retry_after=0.0)  # a writer tries a normal connection again
+        if self._local.read_only_since is not None:
+            # The full disk that made this connection read-only (is_storage_full knows it).
+            raise sqlite3.OperationalError(f"database or disk is full: {self._local.error}")
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        else:
             db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT (SQLITE_FULL, IOERR) may or may not have rolled back already.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
             self._local.db = None
+            self._local.read_only_since = None

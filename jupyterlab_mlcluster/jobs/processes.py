@@ -50,6 +50,13 @@ def supervisor_alive(row: Mapping[str, Any]) -> bool:
     return process_is(info.get("pid"), info.get("create_time"))
 
 
+def supervisor_lost_reason(row: Mapping[str, Any]) -> str:
+    """Why a job whose supervisor is not alive (supervisor_alive) is being failed."""
+    if not row["supervisor"]:
+        return "the job's supervisor process never started"
+    return "the job's supervisor process died unexpectedly"
+
+
 def start_detached(
     argv: list[str],
     log: BinaryIO,

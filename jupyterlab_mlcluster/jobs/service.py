@@ -7,9 +7,11 @@ processes can hold a JobService on the same store at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import json
+import logging
 import os
 import secrets
 import signal
@@ -21,7 +23,7 @@ from typing import Any, Iterator
 from ..backends.base import Backend, get_backend
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
-from ..runtime.protocol import key_path, new_key_file
+from ..runtime.protocol import KEY_BYTES, KEY_FILE
 from .model import (
     TENSORBOARD_ENV,
     JobSpec,
@@ -30,9 +32,18 @@ from .model import (
     SpecError,
     tensorboard_dir_for,
 )
-from .processes import process_is, start_detached, supervisor_alive, this_host
+from .fsinfo import is_storage_full
+from .processes import (
+    process_is,
+    start_detached,
+    supervisor_alive,
+    supervisor_lost_reason,
+    this_host,
+)
 from .record import JobRecord
 from .store import JobStore, UnknownJob
+
+log = logging.getLogger("jupyterlab_mlcluster.service")
 
 WAIT_POLL = 0.02
 
@@ -81,7 +92,9 @@ def _with_tensorboard_dir(spec: JobSpec, setting: str, job_id: str) -> JobSpec:
 class JobService:
     def __init__(self, config: MLClusterConfig | None = None, store: JobStore | None = None):
         self.config = config or get_config()
-        self.store = store or JobStore(self.config.store_dir)
+        self.store = store or JobStore(
+            self.config.store_dir, journal_mode=self.config.store_journal_mode
+        )
         self._backends: dict[str, Backend] = {}
         self._last_reap = 0.0
 
@@ -148,28 +161,35 @@ class JobService:
             capacity=backend.capacity(),
             backend_state=backend_state,
         )
-        self.store.insert_job(record, data)
-        job_dir = self.store.job_dir(job_id)
-        # The job's secret for its ranks' reports, beside the payload (runtime/protocol.py).
-        new_key_file(key_path(self.store.payload_path(job_id)))
-        if payload.kind == "code":
-            (job_dir / "cell.py").write_text(payload.source)
-        _write_private(
-            job_dir / "launch.json",
-            json.dumps(
+        files = {
+            # The job's secret for its ranks' reports, beside the payload (runtime/protocol.py).
+            KEY_FILE: secrets.token_bytes(KEY_BYTES),
+            "launch.json": json.dumps(
                 {
                     "env": dict(os.environ if environ is None else environ),
                     "cwd": cwd or os.getcwd(),
                     # The submitter's settings govern its job (e.g. a server's
                     # c.MLClusterConfig from jupyter_server_config reaches the supervisor).
                     "config": config_snapshot(self.config),
+                    # The journal mode this process chose ("auto" resolved): the job's
+                    # supervisor opens the store the same way, whatever it would judge.
+                    "store_journal_mode": self.store.journal_mode,
                 }
-            ),
-        )
+            ).encode(),
+        }
+        if payload.kind == "code":
+            files["cell.py"] = payload.source.encode("utf-8")
+        # Row and files together or not at all (a full disk leaves nothing behind).
+        self.store.insert_job(record, data, files)
         try:
             self._start_supervisor(job_id, preload or [])
         except Exception as exc:
-            self.store.transition(job_id, JobState.FAILED, error=f"could not start the job: {exc}")
+            # If even this cannot be written (a full disk), the reaper fails the unclaimed
+            # job after CLAIM_GRACE.
+            with contextlib.suppress(Exception):
+                self.store.transition(
+                    job_id, JobState.FAILED, error=f"could not start the job: {exc}"
+                )
             raise
         return self.store.get_job(job_id)
 
@@ -343,54 +363,57 @@ class JobService:
         for row in self.store.unfinished_jobs():
             if supervisor_alive(row):
                 continue
-            record = self.store.get_job(row["id"])
-            backend = self.backend(record.backend)
-            if (
-                not row["cancel_requested"]
-                and backend.supervisor_lost(self.store, record) == "respawn"
-            ):
-                self.store.update_job(record.id, supervisor=None)
-                self._start_supervisor(record.id)
-                continue
-            backend.cleanup_orphans(self.store, record)
-            if row["cancel_requested"]:
-                moved = self.store.transition(
-                    record.id, JobState.CANCELLED, reason="cancelled by user"
-                )
-            else:
-                why = (
-                    "the job's supervisor process died unexpectedly"
-                    if row["supervisor"]
-                    else "the job's supervisor process never started"
-                )
-                moved = self.store.transition(record.id, JobState.FAILED, error=why, reason=why)
-            self.store.update_ranks(
-                record.id,
-                {
-                    r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
-                    for r in record.ranks
-                    if not r.state.final
-                },
-            )
-            if moved:
-                reaped.append(record.id)
+            try:
+                if self._settle_orphan(row):
+                    reaped.append(row["id"])
+            except Exception as exc:
+                # A full disk: the job is settled by a later reap once there is space; a
+                # listing that reaps on the way must not fail for it.
+                if not is_storage_full(exc, self.store.root):
+                    raise
+                log.warning("cannot settle job %s yet: %s", row["id"], exc)
         # Final jobs whose backend could not clean up yet (e.g. the Kubernetes API server was
         # unreachable): the backend tries again when its own backoff says it is due.
         for job_id in self.store.pending_cleanups():
             record = self.store.get_job(job_id)
             if record.final:
-                self.backend(record.backend).cleanup_orphans(self.store, record)
+                try:
+                    self.backend(record.backend).cleanup_orphans(self.store, record)
+                except Exception as exc:
+                    if not is_storage_full(exc, self.store.root):
+                        raise
+        if not self.store.database.read_only:
+            self.store.remove_stale_staging()
         return reaped
+
+    def _settle_orphan(self, row) -> bool:
+        """A job whose supervisor is gone: respawn one (a backend may ask to) or finish the
+        job; True if it was finished here."""
+        record = self.store.get_job(row["id"])
+        backend = self.backend(record.backend)
+        if not row["cancel_requested"] and backend.supervisor_lost(self.store, record) == "respawn":
+            self.store.update_job(record.id, supervisor=None)
+            self._start_supervisor(record.id)
+            return False
+        backend.cleanup_orphans(self.store, record)
+        if row["cancel_requested"]:
+            moved = self.store.transition(record.id, JobState.CANCELLED, reason="cancelled by user")
+        else:
+            why = supervisor_lost_reason(row)
+            moved = self.store.transition(record.id, JobState.FAILED, error=why, reason=why)
+        self.store.update_ranks(
+            record.id,
+            {
+                r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
+                for r in record.ranks
+                if not r.state.final
+            },
+        )
+        return moved
 
 
 def config_snapshot(config: MLClusterConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.trait_names(config=True)}
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def _current_user() -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -24,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import logfiles
+from . import fsinfo, logfiles
 from .database import Database
 from .model import JOB_ID_RE, JobSpec, JobState, RankState
 from .record import JobRecord, RankRecord
+
+log = logging.getLogger("jupyterlab_mlcluster.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -142,13 +145,34 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+JOURNAL_MODES = ("auto", "wal", "delete")
+# A submission's files are written here, then renamed to jobs/<id> in the transaction that
+# inserts its row; one left by a submitter that died in between is removed after this long.
+STAGING_PREFIX = ".new-"
+STAGING_STALE = 600.0
+
+_said_journal: set[str] = set()  # stores whose journal mode this process has logged
+
+
 class JobStore:
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        journal_mode: str = "auto",
+        mountinfo: str | os.PathLike[str] | None = None,
+    ):
+        """`journal_mode`: auto (WAL, or DELETE where the store is on a network filesystem),
+        wal or delete. `mountinfo`: the file that says which filesystem holds the store
+        (default /proc/self/mountinfo; tests hand in a fabricated one)."""
+        if journal_mode not in JOURNAL_MODES:
+            raise ValueError(f"journal_mode must be one of {JOURNAL_MODES}, got {journal_mode!r}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.root / "jobs").mkdir(exist_ok=True, mode=0o700)
         self.db_path = self.root / "jobs.db"
         self.database = Database(self.db_path)
+        self.journal_mode = self._choose_journal_mode(journal_mode, mountinfo)
         self._ensure_schema()
 
     # -- connections -------------------------------------------------------------------
@@ -160,12 +184,46 @@ class JobStore:
     def _tx(self):
         return self.database.transaction()
 
+    def _choose_journal_mode(self, setting: str, mountinfo: str | os.PathLike[str] | None) -> str:
+        """WAL (readers never wait for writers) unless the store is on a network filesystem,
+        where SQLite's shared-memory WAL index is unsafe: there the rollback journal."""
+        if setting != "auto":
+            return setting
+        mount = fsinfo.mount_of(self.root, fsinfo.read_mountinfo(mountinfo))
+        if mount is None or not mount.network:
+            return "wal"
+        key = str(self.root.resolve())
+        if key not in _said_journal:
+            _said_journal.add(key)
+            log.warning(
+                "the job store %s is on a network filesystem (%s %s at %s): using SQLite's"
+                " rollback journal (journal_mode=DELETE), not WAL, which is unsafe there",
+                self.root,
+                mount.fstype,
+                mount.source,
+                mount.mount_point,
+            )
+        return "delete"
+
     def _ensure_schema(self) -> None:
         db = self._db
+        if self.database.read_only:
+            return  # a full disk: the store can be read as it is, nothing can be set up
         for _ in range(50):
             try:
-                db.execute("PRAGMA journal_mode = WAL")
-                db.execute("PRAGMA synchronous = NORMAL")
+                mode = db.execute(f"PRAGMA journal_mode = {self.journal_mode.upper()}").fetchone()
+                if mode and mode[0] != self.journal_mode:
+                    log.warning(
+                        "the job store %s stays in journal mode %s (%s wanted): another"
+                        " process has it open",
+                        self.root,
+                        mode[0],
+                        self.journal_mode,
+                    )
+                # WAL: NORMAL is durable against process crashes; the rollback journal needs
+                # FULL to be so.
+                sync = "NORMAL" if self.journal_mode == "wal" else "FULL"
+                db.execute(f"PRAGMA synchronous = {sync}")
                 db.executescript(SCHEMA)
                 self._migrate(db)
                 return
@@ -220,42 +278,79 @@ class JobStore:
 
     # -- jobs --------------------------------------------------------------------------
 
-    def insert_job(self, record: JobRecord, payload: bytes | None = None) -> None:
+    def insert_job(
+        self,
+        record: JobRecord,
+        payload: bytes | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Store a new job: its row, and its directory with the payload and `files` (name ->
+        content, each 0600). All or nothing: the files are written into a staging directory
+        that becomes jobs/<id> inside the transaction inserting the row; if anything fails
+        (a full disk), neither the row nor the directory exists afterwards."""
         job_dir = self.job_dir(record.id)
-        job_dir.mkdir(mode=0o700)
-        self.log_dir(record.id).mkdir(mode=0o700)
+        staging = job_dir.with_name(f"{STAGING_PREFIX}{record.id}")
+        contents = dict(files or {})
         if payload is not None:
-            path = self.payload_path(record.id)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-        now = time.time()
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO jobs (id, name, state, backend, priority, spec, created, owner,"
-                " origin, capacity, backend_state, reason, updated)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.name,
-                    str(record.state),
-                    record.spec.backend,
-                    record.spec.priority,
-                    json.dumps(record.spec.to_dict()),
-                    record.created or now,
-                    record.owner,
-                    json.dumps(record.origin),
-                    json.dumps(record.capacity) if record.capacity is not None else None,
-                    json.dumps(record.backend_state),
-                    record.reason,
-                    now,
-                ),
-            )
-            db.executemany(
-                "INSERT INTO ranks (job_id, rank, state) VALUES (?, ?, ?)",
-                [(record.id, r, str(RankState.PENDING)) for r in range(record.spec.workers)],
-            )
-            self._event(db, record.id, "created")
+            contents[self.payload_path(record.id).name] = payload
+        renamed = False
+        try:
+            staging.mkdir(mode=0o700)
+            (staging / "logs").mkdir(mode=0o700)
+            for name, data in contents.items():
+                if "/" in name or name in ("", ".", ".."):
+                    raise ValueError(f"not a file name: {name!r}")
+                fd = os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            now = time.time()
+            with self._tx() as db:
+                self._insert_rows(db, record, now)
+                os.rename(staging, job_dir)  # jobs/<id> never exists half-written
+                renamed = True
+        except BaseException:
+            shutil.rmtree(job_dir if renamed else staging, ignore_errors=True)
+            raise
+
+    def _insert_rows(self, db: sqlite3.Connection, record: JobRecord, now: float) -> None:
+        db.execute(
+            "INSERT INTO jobs (id, name, state, backend, priority, spec, created, owner,"
+            " origin, capacity, backend_state, reason, updated)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id,
+                record.name,
+                str(record.state),
+                record.spec.backend,
+                record.spec.priority,
+                json.dumps(record.spec.to_dict()),
+                record.created or now,
+                record.owner,
+                json.dumps(record.origin),
+                json.dumps(record.capacity) if record.capacity is not None else None,
+                json.dumps(record.backend_state),
+                record.reason,
+                now,
+            ),
+        )
+        db.executemany(
+            "INSERT INTO ranks (job_id, rank, state) VALUES (?, ?, ?)",
+            [(record.id, r, str(RankState.PENDING)) for r in range(record.spec.workers)],
+        )
+        self._event(db, record.id, "created")
+
+    def remove_stale_staging(self, older_than: float = STAGING_STALE) -> list[str]:
+        """Staging directories of submissions whose submitter died before finishing."""
+        removed = []
+        cutoff = time.time() - older_than
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root / "jobs"):
+                if entry.name.startswith(STAGING_PREFIX):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            shutil.rmtree(entry.path, ignore_errors=True)
+                            removed.append(entry.name)
+        return removed
 
     def get_job(self, job_id: str) -> JobRecord:
         check_job_id(job_id)

@@ -7,9 +7,11 @@ the only writer of its job's state, and it always leaves the job in a final stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -21,6 +23,7 @@ import psutil
 
 from ..backends.base import get_backend
 from ..config import get_config
+from .fsinfo import is_storage_full, no_space_text
 from .gpu_idle import IdleGpuWatch
 from .logfiles import format_log_line
 from .model import JobState, RankState
@@ -34,6 +37,10 @@ log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 CANCEL_POLL_INTERVAL = 0.1
 HEARTBEAT_INTERVAL = 1.0
 LOG_EVENT_INTERVAL = 0.05
+# A supervisor whose store's disk is full retries writing its job's final state, with
+# jittered backoff up to this cap, until space allows: it never exits leaving the job running.
+FULL_DISK_RETRY_FIRST = 0.1
+FULL_DISK_RETRY_CAP = 2.0
 
 
 class LogWriter:
@@ -50,7 +57,12 @@ class LogWriter:
         self._last_notify = 0.0
 
     def line(self, rank: int, stream: str, text: str) -> None:
-        self._files[rank].write(format_log_line(time.time(), stream, text))
+        try:
+            self._files[rank].write(format_log_line(time.time(), stream, text))
+        except OSError as exc:
+            if exc.filename is None:  # say which file could not be written (a full disk)
+                raise OSError(exc.errno, exc.strerror, self._files[rank].name) from exc
+            raise
         self._dirty = True
 
     def system(self, text: str, rank: int | None = None) -> None:
@@ -65,9 +77,12 @@ class LogWriter:
             self._last_notify = now
 
     def close(self) -> None:
-        self.maybe_notify(force=True)
-        for f in self._files.values():
-            f.close()
+        try:
+            self.maybe_notify(force=True)
+        finally:
+            for f in self._files.values():
+                with contextlib.suppress(OSError):
+                    f.close()
 
 
 SUPERVISOR_LOG_BYTES = 1 << 20
@@ -193,26 +208,71 @@ def claim(store: JobStore, job_id: str) -> bool:
     )
 
 
-def _submitter_config(store: JobStore, job_id: str):
+def _launch(root: Path, job_id: str) -> dict[str, Any]:
+    from .store import check_job_id
+
+    try:
+        return json.loads((root / "jobs" / check_job_id(job_id) / "launch.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _submitter_config(root: Path, job_id: str):
     """The settings the job was submitted with: every MLClusterConfig trait as the submitter
     resolved it (its config files included), so the files need not be read again."""
     from traitlets.config import Config
 
     from ..config import MLClusterConfig
 
-    try:
-        snapshot = json.loads((store.job_dir(job_id) / "launch.json").read_text()).get("config")
-    except (OSError, ValueError):
-        snapshot = None
+    snapshot = _launch(root, job_id).get("config")
     if not snapshot:
         return get_config()
     return MLClusterConfig(config=Config({"MLClusterConfig": snapshot}))
 
 
+def _failure_text(store: JobStore, exc: BaseException) -> tuple[str, bool]:
+    """(what the job's error says, whether it was a full disk)."""
+    if is_storage_full(exc, store.root):
+        path = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+        return no_space_text(path or store.db_path), True
+    return f"internal error in the job supervisor: {exc!r}", False
+
+
+def _until_written(store: JobStore, write, what: str):
+    """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
+    job's last word is written as soon as there is space for it. Other errors propagate."""
+    delay = FULL_DISK_RETRY_FIRST
+    failures = 0
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            if not is_storage_full(exc, store.root):
+                raise
+            failures += 1
+            if failures == 1:  # once, not every retry (the log may be on that disk too)
+                log.warning("cannot write %s (%s): retrying until there is space", what, exc)
+            time.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, FULL_DISK_RETRY_CAP)
+
+
+def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
+    """Never leave the job running, nor any of its ranks unfinished."""
+    job = store.get_job(job_id)
+    if not job.final:  # a backend returned without finishing
+        ctx.set_state(JobState.FAILED, error="the job supervisor stopped without a result")
+    leftover = {
+        r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
+        for r in store.get_job(job_id).ranks
+        if not r.state.final
+    }
+    ctx.set_ranks(leftover)
+
+
 def supervise(store: JobStore, job_id: str, config=None) -> int:
     log.debug("supervisor up for %s", job_id)
-    config = config or _submitter_config(store, job_id)
-    if not claim(store, job_id):
+    config = config or _submitter_config(store.root, job_id)
+    if not _until_written(store, lambda: claim(store, job_id), "the job's claim"):
         return 0
     log.debug("claimed")
     job = store.get_job(job_id)
@@ -225,23 +285,20 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
         else:
             ctx.set_state(JobState.CANCELLED, reason=ctx.cancelled())
     except BaseException as exc:  # noqa: BLE001 - a supervisor must always finish its job
+        error, full = _failure_text(store, exc)
         text = "".join(traceback.format_exception(exc))
-        try:
-            ctx.logs.system(f"mlcluster supervisor error: {text}")
-        except Exception:  # noqa: BLE001
-            pass
-        ctx.set_state(JobState.FAILED, error=f"internal error in the job supervisor: {exc!r}")
+        log.warning("job %s fails: %s", job_id, error)
+        with contextlib.suppress(Exception):
+            ctx.logs.system(f"mlcluster supervisor error: {error if full else text}")
+        _until_written(
+            store,
+            lambda: ctx.set_state(JobState.FAILED, error=error, reason=error if full else None),
+            "the job's failure",
+        )
     finally:
-        job = store.get_job(job_id)
-        if not job.final:  # a backend returned without finishing: never leave it running
-            ctx.set_state(JobState.FAILED, error="the job supervisor stopped without a result")
-        leftover = {
-            r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
-            for r in store.get_job(job_id).ranks
-            if not r.state.final
-        }
-        ctx.set_ranks(leftover)
-        ctx.logs.close()
+        _until_written(store, lambda: _settle(store, ctx, job_id), "the job's final state")
+        with contextlib.suppress(Exception):  # only a change-feed nudge is lost
+            ctx.logs.close()
     return 0
 
 
@@ -253,9 +310,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    store = JobStore(Path(argv[0]))
+    root = Path(argv[0])
+    config = _submitter_config(root, argv[1])
+    mode = _launch(root, argv[1]).get("store_journal_mode") or config.store_journal_mode
+    store = JobStore(root, journal_mode=mode)
     _log_to_bounded_file(store, argv[1])
-    return supervise(store, argv[1])
+    return supervise(store, argv[1], config)
 
 
 def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
