@@ -22,7 +22,7 @@ from traitlets.config import Application
 
 from .config import ControllerConfig
 from .ingress import IngressAuth
-from .manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
+from .manifests import NOTEBOOK_SERVICE_ACCOUNT, SERVER_SERVICE_ACCOUNT, all_manifests
 from .objects import namespace_error
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -185,6 +185,8 @@ class ManifestsApp(Application):
         "owner-header": "ManifestsApp.owner_header",
         "user-namespace": "ManifestsApp.user_namespaces",
         "notebook-service-account": "ManifestsApp.notebook_service_account",
+        "server-namespace": "ManifestsApp.server_namespace",
+        "server-service-account": "ManifestsApp.server_service_account",
         "oidc-issuer": "ManifestsApp.oidc_issuer",
         "jwks-uri": "ManifestsApp.jwks_uri",
         "audience": "ManifestsApp.audiences",
@@ -263,11 +265,27 @@ class ManifestsApp(Application):
         help="The service account notebook pods run as in the user namespaces.",
     )
 
-    @validate("namespace")
+    server_namespace = Unicode(
+        "",
+        config=True,
+        help="Namespace the shared Jupyter server (the mlcluster extension, with per-user "
+        "namespaces) runs in, where its service account is printed ('' = --namespace). Its "
+        "RBAC is least privilege: cluster-wide reads of Profiles, Notebooks, Events, "
+        "ClusterTrainingRuntimes and Nodes; Notebooks and jobs only in each --user-namespace.",
+    )
+    server_service_account = Unicode(
+        SERVER_SERVICE_ACCOUNT,
+        config=True,
+        help="The service account the shared Jupyter server runs as.",
+    )
+
+    @validate("namespace", "server_namespace")
     def _valid_namespace(self, proposal: Any) -> str:
+        if proposal["trait"].name == "server_namespace" and not proposal["value"]:
+            return ""
         problem = namespace_error(proposal["value"])
         if problem:
-            raise TraitError(f"--namespace: {problem}")
+            raise TraitError(f"--{proposal['trait'].name.replace('_', '-')}: {problem}")
         return proposal["value"]
 
     @validate("user_namespaces")
@@ -288,6 +306,8 @@ class ManifestsApp(Application):
             "user_namespaces": self.user_namespaces,
             "notebook_service_account": self.notebook_service_account,
             "tls_secret": self.tls_secret,
+            "server_namespace": self.server_namespace,
+            "server_service_account": self.server_service_account,
         }
         if self.oidc_issuer:
             options["ingress_auth"] = IngressAuth(

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import trainer_runtime_reader
+from jupyterlab_mlcluster.server.rbac import SERVICE_ACCOUNT as SERVER_SERVICE_ACCOUNT
+from jupyterlab_mlcluster.server.rbac import server_rbac
 
 from .admission import admission_objects
 from .crd import GROUP, PLURAL, notebook_crd
@@ -154,13 +156,17 @@ def all_manifests(
     extra_args: list[str] | None = None,
     user_namespaces: Sequence[str] = (),
     notebook_service_account: str = NOTEBOOK_SERVICE_ACCOUNT,
+    server_namespace: str = "",
+    server_service_account: str = SERVER_SERVICE_ACCOUNT,
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
     leader), the admission policy for pod templates; the Gateway with JWT verification when
     an issuer is given (`ingress_auth`: never an unauthenticated Gateway); with
     `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS) and
     the service account its notebook pods run as there, allowed to run `%%distributed
-    --backend kubernetes` jobs in that namespace and nothing more."""
+    --backend kubernetes` jobs in that namespace and nothing more; last, the shared Jupyter
+    server's own least-privilege RBAC (its service account in `server_namespace`, default the
+    controller's; server/rbac.py), allowed into each of `user_namespaces`."""
     role = f"mlcluster-{CONTROLLER_NAME}"
     args = [
         f"--gateway={gateway}",
@@ -234,4 +240,7 @@ def all_manifests(
         manifests += trainer_runtime_reader(
             [(n, notebook_service_account) for n in user_namespaces]
         )
+    manifests += server_rbac(
+        server_namespace or namespace, tuple(user_namespaces), server_service_account
+    )
     return manifests

@@ -38,6 +38,30 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
     return {"apiGroups": [group], "resources": resources, "verbs": list(verbs)}
 
 
+def job_rules() -> list[dict[str, Any]]:
+    """What running jobs in one namespace takes (see above): the notebook service account's
+    Role, and the shared Jupyter server's in each user namespace (its jobs' supervisors run
+    with the server's credentials; notebook_controller/manifests.py)."""
+    return [
+        _rule("trainer.kubeflow.org", ["trainjobs"], MANAGE),
+        _rule("trainer.kubeflow.org", ["trainjobs/finalizers"], ["update"]),
+        _rule("trainer.kubeflow.org", ["trainingruntimes"], READ),
+        _rule("kubeflow.org", ["pytorchjobs", "tfjobs"], MANAGE),
+        _rule("kubeflow.org", ["pytorchjobs/finalizers", "tfjobs/finalizers"], ["update"]),
+        _rule("batch", ["jobs"], MANAGE),
+        _rule("batch", ["jobs/finalizers"], ["update"]),
+        _rule("", ["services"], MANAGE),
+        _rule("scheduling.volcano.sh", ["podgroups"], MANAGE),
+        _rule("", ["secrets"], ["create", "delete"]),
+        _rule("", ["pods"], READ),
+        _rule("", ["pods/log"], ["get"]),
+        _rule("", ["events"], READ),
+        _rule("events.k8s.io", ["events"], READ),
+        _rule("kueue.x-k8s.io", ["workloads", "localqueues"], READ),
+        _rule("metrics.k8s.io", ["pods"], ["get", "list"]),
+    ]
+
+
 def job_runner_role(namespace: str, name: str = ROLE_NAME) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -47,24 +71,7 @@ def job_runner_role(namespace: str, name: str = ROLE_NAME) -> dict[str, Any]:
             "namespace": namespace,
             "labels": {LABEL_MANAGED_BY: MANAGED_BY},
         },
-        "rules": [
-            _rule("trainer.kubeflow.org", ["trainjobs"], MANAGE),
-            _rule("trainer.kubeflow.org", ["trainjobs/finalizers"], ["update"]),
-            _rule("trainer.kubeflow.org", ["trainingruntimes"], READ),
-            _rule("kubeflow.org", ["pytorchjobs", "tfjobs"], MANAGE),
-            _rule("kubeflow.org", ["pytorchjobs/finalizers", "tfjobs/finalizers"], ["update"]),
-            _rule("batch", ["jobs"], MANAGE),
-            _rule("batch", ["jobs/finalizers"], ["update"]),
-            _rule("", ["services"], MANAGE),
-            _rule("scheduling.volcano.sh", ["podgroups"], MANAGE),
-            _rule("", ["secrets"], ["create", "delete"]),
-            _rule("", ["pods"], READ),
-            _rule("", ["pods/log"], ["get"]),
-            _rule("", ["events"], READ),
-            _rule("events.k8s.io", ["events"], READ),
-            _rule("kueue.x-k8s.io", ["workloads", "localqueues"], READ),
-            _rule("metrics.k8s.io", ["pods"], ["get", "list"]),
-        ],
+        "rules": job_rules(),
     }
 
 
