@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -291,6 +292,10 @@ def load_config(
                 config_file=files, client_configuration=configuration, persist_config=False
             )
         ready = _from_kubeconfig(configuration, files, service_account_dir)
+    # No hidden retries under ours: urllib3 would otherwise retry each failed request three
+    # times at once, logging a warning each time (an outage's log noise), before our one
+    # backoff policy even sees the failure.
+    ready.configuration.retries = 0
     return ready
 
 
@@ -591,6 +596,59 @@ class Backoff:
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.cap))
         return wait
+
+
+@dataclasses.dataclass(frozen=True)
+class BackoffSchedule:
+    """`attempts` waits of a Backoff, drawn anew each time it is iterated: the form kopf's
+    `settings.networking.error_backoffs` takes (a sized iterable it walks per request), so
+    the controller's own API calls back off like every other caller's."""
+
+    policy: Backoff
+    attempts: int
+
+    def __iter__(self) -> Iterator[float]:
+        return (self.policy.delay(n) for n in range(self.attempts))
+
+    def __len__(self) -> int:
+        return self.attempts
+
+
+class RepeatFilter(logging.Filter):
+    """For log records that others' code emits per attempt (kopf logs every failed request
+    of every watch at ERROR): the first of a kind passes, repeats within `every` seconds are
+    dropped, and the next to pass says how many were. A kind is the
+    message with its numbers taken out (attempt counters, resource versions, ports); only
+    the loggers under `prefix` are limited."""
+
+    def __init__(
+        self, prefix: str = "", every: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.prefix, self.every, self.clock = prefix, every, clock
+        self._shown: dict[tuple[str, str], tuple[float, int]] = {}  # -> last shown, dropped since
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith(self.prefix):
+            return True
+        kind = (record.name, _DIGITS.sub("#", record.getMessage()))
+        now = self.clock()
+        with self._lock:
+            if len(self._shown) > 1000:  # bounded: kinds of a long-gone outage are forgotten
+                self._shown = {k: v for k, v in self._shown.items() if now - v[0] < self.every}
+            shown, dropped = self._shown.get(kind, (-float("inf"), 0))
+            if now - shown < self.every:
+                self._shown[kind] = (shown, dropped + 1)
+                return False
+            self._shown[kind] = (now, 0)
+        if dropped:
+            record.msg = f"{record.getMessage()} (and {dropped} more like it in {now - shown:.0f}s)"
+            record.args = None
+        return True
+
+
+_DIGITS = re.compile(r"\d+")
 
 
 def backoff_from_env() -> Backoff:

@@ -20,6 +20,8 @@ import yaml
 from traitlets import Bool, List, TraitError, Unicode, validate
 from traitlets.config import Application
 
+from jupyterlab_mlcluster.kubeconn import RepeatFilter
+
 from .config import ControllerConfig
 from .ingress import IngressAuth
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, SERVER_SERVICE_ACCOUNT, all_manifests
@@ -79,6 +81,10 @@ class ControllerApp(Application):
         level = getattr(logging, config.log_level.upper(), logging.INFO)
         # kopf has three levels: debug (DEBUG), default (INFO), quiet (WARNING).
         kopf.configure(debug=level <= logging.DEBUG, quiet=level >= logging.WARNING)
+        # kopf logs each failed attempt of each watch's request: an API outage would cost a
+        # line per watched kind per retry. The first of each passes; repeats are counted.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(RepeatFilter(prefix="kopf."))
         code = asyncio.run(self._run())
         if code:
             raise SystemExit(code)

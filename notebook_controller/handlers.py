@@ -25,7 +25,12 @@ from typing import Any
 import aiohttp
 import kopf
 
-from jupyterlab_mlcluster.kubeconn import KubeError, load_config_async
+from jupyterlab_mlcluster.kubeconn import (
+    BackoffSchedule,
+    KubeError,
+    backoff_from_env,
+    load_config_async,
+)
 
 from . import objects
 from .config import ControllerConfig
@@ -498,6 +503,9 @@ def build_settings(config: ControllerConfig) -> kopf.OperatorSettings:
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    # kopf's own requests (watches, patches) back off with the policy every other caller
+    # uses (exponential, full jitter, capped) instead of kopf's fixed 1..21 s steps.
+    settings.networking.error_backoffs = BackoffSchedule(backoff_from_env(), attempts=8)
     settings.watching.server_timeout = 600
     settings.watching.client_timeout = 660
     settings.peering.standalone = True

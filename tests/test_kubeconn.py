@@ -93,6 +93,47 @@ def test_a_repeated_failure_is_logged_once_then_counted(caplog):
     ]
 
 
+def test_kopf_style_repeats_pass_once_then_say_how_many_were_dropped():
+    """kopf logs every failed attempt of every watch ("Request attempt #3/9 failed ... GET
+    .../pods?resourceVersion=1015"): one line a kind (numbers ignored) a minute, counted."""
+    clock = [1000.0]
+    limit = kubeconn.RepeatFilter(prefix="kopf.", every=60.0, clock=lambda: clock[0])
+
+    def record(name: str, message: str, level: int = logging.ERROR) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+    def attempt(n: int, path: str) -> logging.LogRecord:
+        return record("kopf._cogs.clients.watching", f"Request attempt #{n}/9 failed: GET {path}")
+
+    passed = []
+    for n in range(1, 10):
+        for path in ("/api/v1/pods?resourceVersion=1015", "/api/v1/services?resourceVersion=7"):
+            if limit.filter(r := attempt(n, path)):
+                passed.append(r.getMessage())
+        clock[0] += 5.0
+    assert passed == [  # one a kind in the first minute
+        "Request attempt #1/9 failed: GET /api/v1/pods?resourceVersion=1015",
+        "Request attempt #1/9 failed: GET /api/v1/services?resourceVersion=7",
+    ]
+    clock[0] += 30.0
+    last = attempt(10, "/api/v1/pods?resourceVersion=1016")
+    assert limit.filter(last)
+    assert last.getMessage().endswith("(and 8 more like it in 75s)")
+    # Others' loggers, and below WARNING, are never limited.
+    ours = record("notebook_controller", "Request attempt #1/9 failed: GET /x")
+    assert limit.filter(ours) and limit.filter(ours)
+    debug = record("kopf.objects", "Request attempt #1/9", logging.DEBUG)
+    assert limit.filter(debug) and limit.filter(debug)
+
+
+def test_a_backoff_schedule_draws_capped_jittered_waits_anew_each_time():
+    schedule = kubeconn.BackoffSchedule(Backoff(first=0.5, cap=60.0), attempts=8)
+    first, second = list(schedule), list(schedule)
+    assert len(schedule) == len(first) == 8
+    assert all(0 <= wait <= min(60.0, 0.5 * 2**n) for n, wait in enumerate(first))
+    assert first != second  # jitter: two requests never retry in step
+
+
 def test_call_tells_on_retry_of_each_retried_failure_only():
     told: list[BaseException] = []
     outcomes = [KubeError("busy", status=503), KubeError("slow down", status=429), "done"]
