@@ -417,9 +417,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from .jobs.service import JobStillRunning
+
     service = _service()
     job = service.get(args.job)
-    record = service.cancel(job.id, purge=args.purge)
+    try:
+        record = service.cancel(job.id, purge=args.purge)
+    except JobStillRunning as exc:
+        print(f"mlcluster: error: {exc}", file=sys.stderr)
+        return 1
     if record is None:
         print(f"{job.id} purged")
     else:

@@ -20,6 +20,15 @@ import psutil
 # on a loaded machine) before the job counts as never started.
 CLAIM_GRACE = 60.0
 
+# A supervisor writes its job's heartbeat (store row, wall-clock time) this often.
+HEARTBEAT_INTERVAL = 1.0
+# Another host's supervisor is judged by its heartbeat alone (its pid means nothing here):
+# dead once the heartbeat is this old. Three missed beats, but never under a minute: the two
+# hosts' clocks may differ by seconds, a store on a slow NFS server can stall a write for
+# many, and a Kubernetes supervisor's API call may block a while between beats. Until then
+# its job stays running and --purge refuses it.
+HEARTBEAT_STALE = max(3 * HEARTBEAT_INTERVAL, 60.0)
+
 
 def this_host() -> str:
     return os.uname().nodename
@@ -38,22 +47,45 @@ def process_is(pid: int | None, create_time: float | None) -> bool:
         return False
 
 
+def heartbeat_age(heartbeat: float | None, now: float | None = None) -> float:
+    """Seconds since a heartbeat (infinite if there never was one)."""
+    if heartbeat is None:
+        return float("inf")
+    return max(0.0, (time.time() if now is None else now) - heartbeat)
+
+
+def holder_alive(identity: Mapping[str, Any] | None, heartbeat: float | None) -> bool:
+    """Is the supervisor named by `identity` (pid, create_time, host) still there? On this
+    host: the very process. On another: its heartbeat is fresh (HEARTBEAT_STALE)."""
+    if not identity:
+        return False
+    if identity.get("host") == this_host():
+        return process_is(identity.get("pid"), identity.get("create_time"))
+    return heartbeat_age(heartbeat) < HEARTBEAT_STALE
+
+
 def supervisor_alive(row: Mapping[str, Any]) -> bool:
     """A job's store row -> is its supervisor still the process that claimed it?"""
     raw = row["supervisor"]
     if not raw:
         # Not claimed yet: give a freshly submitted job time for its supervisor to start.
         return time.time() - row["created"] < CLAIM_GRACE
-    info = json.loads(raw)
-    if info.get("host") != this_host():
-        return True  # another machine's process: not ours to judge
-    return process_is(info.get("pid"), info.get("create_time"))
+    return holder_alive(json.loads(raw), row["heartbeat"])
 
 
 def supervisor_lost_reason(row: Mapping[str, Any]) -> str:
     """Why a job whose supervisor is not alive (supervisor_alive) is being failed."""
     if not row["supervisor"]:
         return "the job's supervisor process never started"
+    info = json.loads(row["supervisor"])
+    if info.get("host") != this_host():
+        age = heartbeat_age(row["heartbeat"])
+        since = "never beat" if age == float("inf") else f"last beat {age:.0f} s ago"
+        return (
+            f"the job's supervisor on host {info.get('host')!r} stopped answering"
+            f" ({since}; a host's supervisor counts as dead after {HEARTBEAT_STALE:.0f} s):"
+            " its host died or lost the job store"
+        )
     return "the job's supervisor process died unexpectedly"
 
 

@@ -34,6 +34,8 @@ from .model import (
 )
 from .fsinfo import is_storage_full
 from .processes import (
+    heartbeat_age,
+    holder_alive,
     process_is,
     start_detached,
     supervisor_alive,
@@ -46,6 +48,8 @@ from .store import JobStore, UnknownJob
 log = logging.getLogger("jupyterlab_mlcluster.service")
 
 WAIT_POLL = 0.02
+# How long a purge waits for a final job's processes to exit before refusing.
+PURGE_EXIT_WAIT = 5.0
 
 
 class JobFailed(RuntimeError):
@@ -62,6 +66,10 @@ class JobFailed(RuntimeError):
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of our own (irrelevant) stack: the rank's story."""
         return [f"\x1b[31mDistributedJobFailed\x1b[0m: {self}"]
+
+
+class JobStillRunning(RuntimeError):
+    """A purge refused: something of the job may still run (the message says what)."""
 
 
 class JobCancelled(RuntimeError):
@@ -341,9 +349,40 @@ class JobService:
                     self.reap(force=True)
                     record = self.wait(job_id, timeout=5.0)
         if purge:
+            # A supervisor that has just made its job final is still exiting: give it (and
+            # anything of the job) a moment to be gone. A job not final by now stays so.
+            deadline = time.monotonic() + PURGE_EXIT_WAIT
+            while True:
+                record = self.store.get_job(job_id)
+                alive = self.still_running(record)
+                if not alive or not record.final or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            if alive:
+                raise JobStillRunning(f"job {job_id} was not purged: {alive}")
             self.store.delete_job(job_id)
             return None
         return self.store.get_job(job_id)
+
+    def still_running(self, record: JobRecord) -> str | None:
+        """What of the job may still run (None: nothing): on this host its supervisor or a
+        rank, the very processes; on another host, a supervisor whose heartbeat is fresh
+        while the job is not final (a supervisor makes its job final only once its ranks
+        are stopped). Purging such a job would forget processes that still run."""
+        sup = record.supervisor or {}
+        if sup.get("host", this_host()) == this_host():
+            if process_is(sup.get("pid"), sup.get("create_time")):
+                return f"its supervisor (pid {sup['pid']}) is still running"
+            for rank, pid, started in self.store.rank_processes(record.id):
+                if process_is(pid, started):
+                    return f"its rank {rank} (pid {pid}) is still running"
+            return None
+        if not record.final and holder_alive(sup, record.heartbeat):
+            return (
+                f"its supervisor on host {sup.get('host')!r} is alive (heartbeat"
+                f" {heartbeat_age(record.heartbeat):.0f} s ago) and has not ended it yet"
+            )
+        return None
 
     def _signal_supervisor(self, record: JobRecord, signum: int) -> None:
         info = record.supervisor or {}
@@ -440,4 +479,12 @@ def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
     return slug or "job"
 
 
-__all__ = ["JobService", "JobFailed", "JobCancelled", "SpecError", "PayloadError", "UnknownJob"]
+__all__ = [
+    "JobService",
+    "JobFailed",
+    "JobCancelled",
+    "JobStillRunning",
+    "SpecError",
+    "PayloadError",
+    "UnknownJob",
+]

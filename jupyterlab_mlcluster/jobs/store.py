@@ -434,10 +434,10 @@ class JobStore:
         return records, total
 
     def unfinished_jobs(self) -> list[sqlite3.Row]:
-        """(id, supervisor, created, backend, cancel_requested) of every job not final:
-        what the reaper needs to judge whether each one's supervisor still lives."""
+        """(id, supervisor, heartbeat, created, backend, cancel_requested) of every job not
+        final: what the reaper needs to judge whether each one's supervisor still lives."""
         return self._db.execute(
-            "SELECT id, supervisor, created, backend, cancel_requested FROM jobs"
+            "SELECT id, supervisor, heartbeat, created, backend, cancel_requested FROM jobs"
             " WHERE state NOT IN (?, ?, ?)",
             [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
         ).fetchall()
@@ -466,19 +466,22 @@ class JobStore:
         return [(row["rank"], row["pid"], row["process_start"]) for row in rows]
 
     def claim_supervisor(
-        self, job_id: str, me: dict[str, Any], holder_alive: Callable[[dict[str, Any]], bool]
+        self,
+        job_id: str,
+        me: dict[str, Any],
+        holder_alive: Callable[[dict[str, Any], float | None], bool],
     ) -> bool:
         """Record `me` as the job's supervisor, atomically; False if the job is final or
-        gone, or another supervisor holds it and `holder_alive(its identity)`."""
+        gone, or another supervisor holds it and `holder_alive(its identity, heartbeat)`."""
         with self._tx() as db:
             row = db.execute(
-                "SELECT supervisor, state FROM jobs WHERE id = ?", (job_id,)
+                "SELECT supervisor, state, heartbeat FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
             if row is None or JobState(row["state"]).final:
                 return False
             if row["supervisor"]:
                 other = json.loads(row["supervisor"])
-                if other.get("pid") != me.get("pid") and holder_alive(other):
+                if other != me and holder_alive(other, row["heartbeat"]):
                     return False
             now = time.time()
             db.execute(

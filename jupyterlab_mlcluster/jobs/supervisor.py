@@ -27,7 +27,7 @@ from .fsinfo import is_storage_full, no_space_text
 from .gpu_idle import IdleGpuWatch
 from .logfiles import format_log_line
 from .model import JobState, RankState
-from .processes import process_is, this_host
+from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 from .record import JobRecord
 from .store import JobStore
 from .sweep import wait_for_slot
@@ -35,7 +35,6 @@ from .sweep import wait_for_slot
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CANCEL_POLL_INTERVAL = 0.1
-HEARTBEAT_INTERVAL = 1.0
 LOG_EVENT_INTERVAL = 0.05
 # A supervisor whose store's disk is full retries writing its job's final state, with
 # jittered backoff up to this cap, until space allows: it never exits leaving the job running.
@@ -203,9 +202,7 @@ def claim(store: JobStore, job_id: str) -> bool:
     """Become the job's one supervisor (atomic); False if another live one has it."""
     me = psutil.Process()
     identity = {"pid": me.pid, "create_time": me.create_time(), "host": this_host()}
-    return store.claim_supervisor(
-        job_id, identity, lambda other: process_is(other.get("pid"), other.get("create_time"))
-    )
+    return store.claim_supervisor(job_id, identity, holder_alive)
 
 
 def _launch(root: Path, job_id: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from tornado.iostream import StreamClosedError
 
 from .. import patterns
 from ..jobs.model import JobSpec, JobState, SpecError
+from ..jobs.service import JobStillRunning
 from ..jobs.store import UnknownJob
 from ..kubeconn import ClusterUnavailable, KubeError, configuration_problem
 from ..runtime.payload import Payload, PayloadError
@@ -221,6 +222,8 @@ class JobHandler(MLClusterHandler):
             after = await self.run(self.app.service.cancel, record.id, purge=purge, wait=True)
         except UnknownJob:  # purged by someone else meanwhile
             raise web.HTTPError(404, f"no job {ref!r}") from None
+        except JobStillRunning as exc:  # e.g. its supervisor on another host still beats
+            raise web.HTTPError(409, str(exc)) from None
         if after is None:
             self.set_status(204)
             self.finish()
