@@ -7,111 +7,26 @@ faults injected, what survived, what was lost (zero).
 from __future__ import annotations
 
 import itertools
-import re
+import random
 import signal
 import time
 from collections import defaultdict
-from pathlib import Path
 
-import psutil
 import pytest
 from helpers import wait_for
 
-from tests.kube.jobs_fixtures import code, spec_of
+from tests.faults.apifaults import (
+    OUTAGE,
+    cpu_seconds,
+    files_size,
+    random_rounds,
+    start_ticker,
+    supervisor_of,
+    survives,
+)
 from tests.kube.player import objects_of
 
 pytestmark = pytest.mark.slow
-
-OUTAGE = 20.0  # seconds the API server is cut
-TICKER = """
-import time
-i = 0
-while True:
-    print(f"tick {i}", flush=True)
-    i += 1
-    time.sleep(0.1)
-"""
-TICK = re.compile(r"^tick (\d+)$")
-
-
-def ticks(service, job_id: str) -> list[int]:
-    lines, _ = service.logs(job_id, 0)
-    return [int(m.group(1)) for item in lines if (m := TICK.match(item["line"]))]
-
-
-def files_size(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-
-
-def start_ticker(service, player):
-    record = service.submit(spec_of(workers=1), code(TICKER))
-    job = player.resumed(record.id)
-    (pod,) = player.create_pods(job).values()
-    player.schedule(pod)
-    player.run_rank(pod)
-    wait_for(lambda: len(ticks(service, record.id)) >= 10, timeout=60, message="ticks stored")
-    return record
-
-
-def supervisor_of(service, job_id: str) -> psutil.Process:
-    info = service.store.get_job(job_id).supervisor
-    return psutil.Process(info["pid"])
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
-def carries_on(service, job_id: str) -> int:
-    """New lines arrive after the fault: the job goes on; how many were stored by then."""
-    before = len(ticks(service, job_id))
-    try:
-        wait_for(
-            lambda: len(ticks(service, job_id)) >= before + 30,
-            timeout=90,
-            message="lines again after the fault",
-        )
-    except AssertionError:
-        lines, _ = service.logs(job_id)
-        system = [item["line"] for item in lines if item["stream"] == "system"]
-        log = (service.store.job_dir(job_id) / "supervisor.log").read_text()[-3000:]
-        pid = service.store.get_job(job_id).supervisor["pid"]
-        threads = psutil.Process(pid).num_threads() if psutil.pid_exists(pid) else None
-        raise AssertionError(
-            f"no lines after the fault: {system}\n{log}\n{threads}\n"
-            f"{service.store.get_job(job_id).to_json()}"
-        ) from None
-    return len(ticks(service, job_id))
-
-
-def assert_nothing_lost(service, job_id: str) -> int:
-    """Every line the rank printed up to the last one stored, once, in order."""
-    seen = ticks(service, job_id)
-    wrong = next((i for i, n in enumerate(seen) if n != i), None)
-    lines, _ = service.logs(job_id, 0)
-    assert wrong is None, (
-        f"lines lost or duplicated from #{wrong}: {seen[max(0, (wrong or 0) - 3) : (wrong or 0) + 5]}"
-        f" {[x['line'] for x in lines if not TICK.match(x['line'])]}"
-    )
-    return len(seen)
-
-
-def cancel_and_check_gone(service, player, kube, namespace: str, job_id: str) -> None:
-    final = service.cancel(job_id)
-    player.kill_deleted()
-    assert final.state == "cancelled", (final.state, final.error)
-    assert objects_of(kube, namespace, job_id) == {}
-
-
-def survives(service, player, kube, namespace: str, job_id: str) -> str:
-    """After the fault the job carries on, is cancelled without leftovers and lost no line;
-    the report's closing words."""
-    stored = carries_on(service, job_id)
-    cancel_and_check_gone(service, player, kube, namespace, job_id)
-    kept = assert_nothing_lost(service, job_id)
-    return f"survived: the job ({stored} lines, cancelled, 0 objects left); lost: 0 of {kept} lines"
-
 
 @pytest.mark.parametrize("fault", ["refuse", "hang"])
 def test_an_api_outage_mid_job_costs_little_and_loses_nothing(
@@ -236,3 +151,15 @@ def test_a_cleanup_left_by_a_killed_supervisor_is_finished_by_the_reaper(
         f"\n[faults] supervisor killed while {proxy.count(started, method='DELETE')} DELETEs "
         "failed: pending cleanup recorded, completed by the reaper; objects left: 0"
     )
+
+
+def test_random_faults_in_a_row(k8s, player, kube, kube_namespace, proxy, monkeypatch):
+    """Two rounds of bench/bench_api_faults.py's randomised version (faults of up to 4 s):
+    what the bench runs for minutes, here short, so it cannot rot."""
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
+    tally = random_rounds(
+        k8s(), player, kube, kube_namespace, proxy, random.Random(20261126), 2, longest=4.0
+    )
+    print(f"\n[faults] random rounds\n{tally.HEADER}\n{tally.row()}")
+    assert tally.rounds == 2 and tally.bad == 0, (tally.row(), tally.notes)
+    assert tally.max_cpu < 0.10 and tally.max_growth < 256 * 1024, tally.row()
