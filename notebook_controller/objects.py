@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyterlab_mlcluster import patterns
+from jupyterlab_mlcluster.jobs.owner import USER_ENV
 
 from .config import ControllerConfig
 from .crd import API_VERSION, KIND
@@ -243,11 +244,19 @@ def workspace_claim_name(name: str) -> str:
     return f"{name}-workspace"
 
 
-def _jupyter_container(container: dict[str, Any], prefix: str, config: ControllerConfig) -> None:
+def _jupyter_container(
+    container: dict[str, Any], prefix: str, config: ControllerConfig, owner: str = ""
+) -> None:
     container.setdefault("image", config.default_image)
     container.setdefault("imagePullPolicy", config.image_pull_policy)
-    env = [e for e in container.get("env", []) if e.get("name") != "NB_PREFIX"]
-    container["env"] = [{"name": "NB_PREFIX", "value": prefix}, *env]
+    ours = {"NB_PREFIX": prefix}
+    if owner:
+        # Jobs a kernel or the CLI submits in this pod belong to the notebook's owner (the
+        # identity a header-trusting server scopes its job routes by), not to the image's
+        # Unix user; the template's own value, if any, never wins (jobs/owner.py).
+        ours[USER_ENV] = owner
+    env = [e for e in container.get("env", []) if e.get("name") not in ours]
+    container["env"] = [*({"name": k, "value": v} for k, v in ours.items()), *env]
     if "command" not in container and "args" not in container:
         # $(NB_PREFIX) is expanded by the kubelet from the container's env.
         container["command"] = ["jupyter", "lab"]
@@ -281,7 +290,9 @@ def statefulset(notebook: Mapping[str, Any], config: ControllerConfig) -> dict[s
     template = copy.deepcopy(spec["template"])
     pod_meta = template.get("metadata") or {}
     pod_spec = template["spec"]
-    _jupyter_container(pod_spec["containers"][0], url_prefix(namespace, name), config)
+    _jupyter_container(
+        pod_spec["containers"][0], url_prefix(namespace, name), config, spec.get("owner") or ""
+    )
     volumes = [v for v in pod_spec.get("volumes", []) if v.get("name") not in ("workspace", "dshm")]
     mounts = pod_spec["containers"][0].setdefault("volumeMounts", [])
     if spec.get("workspace"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import getpass
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from .model import (
     tensorboard_dir_for,
 )
 from .fsinfo import is_storage_full
+from .owner import current_user
 from .processes import (
     heartbeat_age,
     holder_alive,
@@ -456,10 +456,7 @@ def config_snapshot(config: MLClusterConfig) -> dict[str, Any]:
 
 
 def _current_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        return str(os.getuid())
+    return current_user()
 
 
 def _default_name(payload: Payload, origin: dict[str, Any]) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import keyword
 import logging
 import os
@@ -34,6 +33,7 @@ from ..jobs.options import (
     spec_from_args,
     sweep_from_args,
 )
+from ..jobs.owner import current_user
 
 CELL_MAGIC = "%%distributed"
 
@@ -143,10 +143,7 @@ def _kernel_origin() -> dict[str, Any]:
     # jupyter_server tells kernels which notebook they serve
     if os.environ.get("JPY_SESSION_NAME"):
         origin["notebook"] = os.environ["JPY_SESSION_NAME"]
-    try:
-        origin["user"] = getpass.getuser()
-    except Exception:  # noqa: BLE001
-        pass
+    origin["user"] = current_user()  # $MLCLUSTER_USER in a notebook pod (jobs/owner.py)
     return origin
 
 

@@ -180,7 +180,11 @@ def test_statefulset() -> None:
                             },
                             "image": "quay.io/jupyter/scipy-notebook:latest",
                             "imagePullPolicy": "IfNotPresent",
-                            "env": [{"name": "NB_PREFIX", "value": "/notebook/alice/nb1"}],
+                            "env": [
+                                {"name": "NB_PREFIX", "value": "/notebook/alice/nb1"},
+                                # kernel- and CLI-submitted jobs belong to the owner
+                                {"name": "MLCLUSTER_USER", "value": "alice@example.com"},
+                            ],
                             "command": ["jupyter", "lab"],
                             "args": [
                                 "--ip=0.0.0.0",
@@ -232,7 +236,12 @@ def test_statefulset_keeps_the_users_template_and_stops() -> None:
                     "name": "lab",
                     "image": "me/lab:1",
                     "command": ["start.sh"],
-                    "env": [{"name": "NB_PREFIX", "value": "wrong"}, {"name": "X", "value": "1"}],
+                    # A template claiming another owner for its jobs: the Notebook's owner wins.
+                    "env": [
+                        {"name": "NB_PREFIX", "value": "wrong"},
+                        {"name": "X", "value": "1"},
+                        {"name": "MLCLUSTER_USER", "value": "bob"},
+                    ],
                 },
                 {"name": "sidecar", "image": "busybox:1"},
             ],
@@ -252,6 +261,7 @@ def test_statefulset_keeps_the_users_template_and_stops() -> None:
     assert lab["command"] == ["start.sh"] and "args" not in lab
     assert lab["env"] == [
         {"name": "NB_PREFIX", "value": "/notebook/alice/nb1"},
+        {"name": "MLCLUSTER_USER", "value": "alice@example.com"},
         {"name": "X", "value": "1"},
     ]
     assert sidecar == {"name": "sidecar", "image": "busybox:1"}
