@@ -225,3 +225,22 @@ def test_a_backend_view_places_jobs_without_changing_the_shared_backend(
     assert backend.prepare(spec)["namespace"] == kube_namespace
     with pytest.raises(Exception, match="does not place jobs in namespaces"):
         server.service.backend("local").in_namespace("elsewhere")
+
+
+def test_a_job_for_a_user_without_a_namespace_fails_saying_so(
+    kube: Kube, kube_namespace: str, template: str, server, jp_fetch, jp_ws_fetch, run
+) -> None:
+    """carol has no namespace yet: her job is not run anywhere else (not in the shared one);
+    it fails with the API server's answer naming her namespace, and nothing is left."""
+    install_crds(kube)
+    carol = User(jp_fetch, jp_ws_fetch, "carol")
+    missing = template_namespace("carol", template)
+    status, made, _ = run(
+        carol.call("POST", "jobs", body={"code": "pass", "backend": "kubernetes"})
+    )
+    assert status == 201, made
+    store = server.service.store
+    wait_for(lambda: store.get_job(made["id"]).final, timeout=60, message="carol's job final")
+    final = store.get_job(made["id"])
+    assert final.state == "failed" and missing in (final.error or ""), final.error
+    assert objects_of(kube, kube_namespace, made["id"]) == {}
