@@ -244,3 +244,26 @@ def test_a_job_for_a_user_without_a_namespace_fails_saying_so(
     final = store.get_job(made["id"])
     assert final.state == "failed" and missing in (final.error or ""), final.error
     assert objects_of(kube, kube_namespace, made["id"]) == {}
+
+
+def test_a_namespace_the_server_cannot_tell_refuses_the_job_and_stores_nothing(
+    kube: Kube, user_namespaces, server, jp_fetch, jp_ws_fetch, run
+) -> None:
+    """Profiles are served but the server may not read them (403): it never guesses where
+    alice's job goes (the shared namespace, the template): 502, nothing stored or made."""
+    from tests.kube.notebooks_api.test_user_namespaces import profile_crd
+
+    install_crds(kube)
+    kube.install_crd(profile_crd())
+    kube.on_emulator(lambda e: e["get", "/apis/kubeflow.org/v1/profiles"] << 403)
+    server.namespace_of.ttl = 0  # read again now
+    try:
+        alice = User(jp_fetch, jp_ws_fetch, ALICE)
+        status, error, _ = run(
+            alice.call("POST", "jobs", body={"code": "pass", "backend": "kubernetes"})
+        )
+        assert status == 502 and "403" in error["message"], error
+        assert server.service.store.list_jobs()[1] == 0
+    finally:
+        kube.on_emulator(lambda e: e.remove_reactions())
+        kube.uninstall_crd(profile_crd()["metadata"]["name"])
