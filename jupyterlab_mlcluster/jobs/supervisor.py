@@ -235,6 +235,15 @@ def _failure_text(store: JobStore, exc: BaseException) -> tuple[str, bool]:
     return f"internal error in the job supervisor: {exc!r}", False
 
 
+def _drop_partial_outputs(store: JobStore, job_id: str) -> None:
+    """Half-written result/error files of the job's stopped ranks (`<name>.tmp<pid>`, from
+    a rank killed mid-write): garbage that would keep the disk full."""
+    with contextlib.suppress(OSError):
+        for path in store.job_dir(job_id).glob("*.tmp[0-9]*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def _until_written(store: JobStore, write, what: str):
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
     job's last word is written as soon as there is space for it. Other errors propagate."""
@@ -283,6 +292,8 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
             ctx.set_state(JobState.CANCELLED, reason=ctx.cancelled())
     except BaseException as exc:  # noqa: BLE001 - a supervisor must always finish its job
         error, full = _failure_text(store, exc)
+        if full:
+            _drop_partial_outputs(store, job_id)
         text = "".join(traceback.format_exception(exc))
         log.warning("job %s fails: %s", job_id, error)
         with contextlib.suppress(Exception):

@@ -13,6 +13,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import errno
 import gc
 import io
 import json
@@ -210,15 +211,34 @@ def write_result(kind: str, value: Any) -> None:
         ) from None
     path = os.environ.get("MLCLUSTER_RESULT_PATH")
     if path:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            _write_whole(path, data)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise ResultError(
+                f"no space left on the device holding {path}: the result"
+                f" ({len(data)} bytes) cannot be written ({exc.strerror})"
+            ) from None
         return
     encoded = base64.b64encode(data).decode()
     chunks = [encoded[i : i + RESULT_CHUNK] for i in range(0, len(encoded), RESULT_CHUNK)] or [""]
     for index, chunk in enumerate(chunks):
         reporting.send({"type": "result", "index": index, "count": len(chunks), "data": chunk})
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    """`path` holds all of `data` or is untouched; a failed write (a full disk) leaves no
+    partial temporary file behind to keep the disk full."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
@@ -252,10 +272,7 @@ def exit_report(rank: int, code: Any) -> dict[str, Any]:
 def write_error(report: dict[str, Any]) -> None:
     path = os.environ.get("MLCLUSTER_ERROR_FILE")
     if path:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(report, f)
-        os.replace(tmp, path)
+        _write_whole(path, json.dumps(report).encode())
     else:
         reporting.send({"type": "error", **report})
 

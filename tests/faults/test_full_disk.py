@@ -293,3 +293,21 @@ def _alive(pid: int | None) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     return False
+
+
+def test_a_job_that_fills_the_disk_itself(disk, service):
+    """Rank 0's result is larger than the disk: the job fails saying so, at once (no
+    half-written result file is left to keep the disk full), and the next job runs."""
+    big = service.submit(
+        JobSpec.from_options({"workers": 1}), Payload(source="import os\nos.urandom(4_000_000)")
+    )
+    record = service.wait(big.id, timeout=60)
+    assert record.state == JobState.FAILED, (record.state, record.error)
+    assert record.error.startswith("rank 0 failed: ResultError: no space left on"), record.error
+    assert str(service.store.result_path(big.id)) in record.error
+    assert not list(service.store.job_dir(big.id).glob("*.tmp*"))
+    assert not disk.full()
+    small = service.submit(JobSpec.from_options({"workers": 1}), Payload(source="1 + 1"))
+    assert service.wait(small.id, timeout=60).state == JobState.SUCCEEDED
+    assert service.result(small.id) == ("value", 2)
+    print("\nfull disk: a job filling the disk itself failed saying so; the next ran (lost: 0)")
