@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from notebook_controller import objects  # noqa: E402 - after the sys.path line
 from notebook_controller.crd import notebook_crd  # noqa: E402
+from tests.helpers import stop_process  # noqa: E402
 from tests.kube.fixtures import start_cluster  # noqa: E402
 from tests.kube.istio import istio_crds  # noqa: E402
 
@@ -139,11 +140,7 @@ def main() -> int:
         idle_cpu = process.cpu_percent(None)
         rss = process.memory_info().rss / 2**20
     finally:
-        controller.terminate()
-        try:
-            controller.wait(30)
-        except subprocess.TimeoutExpired:
-            controller.kill()
+        stop_process(controller, grace=30)
         thread.stop()
         log.close()
 

@@ -26,13 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
 from jupyterlab_mlcluster.jobs.record import JobRecord
 from jupyterlab_mlcluster.jobs.store import JobStore
 from tests.server.live import TOKEN, LiveServer
+from tests.server.stream_client import follow_logs
 
 PRINTS = 25
 PRINT_EVERY = 0.2
@@ -136,16 +137,8 @@ async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
             if line["line"].startswith("tick "):
                 followed.append(now - float(line["line"].split()[1]))
 
-    async def follow() -> None:
-        request = HTTPRequest(
-            f"http://127.0.0.1:{server.port}/mlcluster/api/jobs/{job['id']}/logs?follow=true",
-            headers=headers,
-            streaming_callback=on_chunk,
-            request_timeout=120,
-        )
-        await AsyncHTTPClient().fetch(request)
-
-    await asyncio.gather(events(), follow())
+    base_url = f"http://127.0.0.1:{server.port}"
+    await asyncio.gather(events(), follow_logs(base_url, headers, job["id"], on_chunk, 120))
     ws.close()
     status, page = server.request("GET", f"jobs/{job['id']}/logs")
     printed = [float(l["line"].split()[1]) for l in page["lines"] if l["line"].startswith("tick ")]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -83,7 +85,45 @@ def run_cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedP
     )
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+async def rest_call(jp_fetch, method: str, *path: str, body: Any = None, **kwargs: Any) -> Any:
+    """The server extension's REST API through pytest-jupyter's `jp_fetch`: `body` (unless
+    str or bytes) is sent as JSON, and the response comes back whatever its status."""
+    if body is not None and not isinstance(body, (str, bytes)):
+        body = json.dumps(body)
+    if body is None and method in ("POST", "PUT", "PATCH"):
+        body = ""  # tornado's client requires a body on these
+    return await jp_fetch(
+        "mlcluster",
+        "api",
+        *path,
+        method=method,
+        body=body,
+        raise_error=False,
+        allow_nonstandard_methods=True,
+        **kwargs,
+    )
+
+
+def stop_process(process: subprocess.Popen, grace: float) -> None:
+    """SIGTERM `process`, and SIGKILL it if it has not exited `grace` seconds later."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def wait_for(
+    predicate,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    message: str = "condition",
+    error: type[Exception] = AssertionError,
+):
+    """`predicate()` once it is true, else `error` after `timeout` (stretched by WAIT_SCALE)."""
     timeout *= WAIT_SCALE
     deadline = time.monotonic() + timeout
     while True:
@@ -91,5 +131,5 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+            raise error(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)

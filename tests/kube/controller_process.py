@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers import stop_process
+
 _ZYGOTE = r"""
 import json, os, signal, sys
 import notebook_controller.cli, notebook_controller.handlers  # the slow imports, once
@@ -84,8 +86,4 @@ class ControllerZygote:
             self.kill(pid)
         if self.process.stdin is not None:
             self.process.stdin.close()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, grace=10)

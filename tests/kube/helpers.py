@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import copy
 import datetime
-import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import requests
 
+from ..helpers import wait_for
 from .emulator import EmulatorThread, RealisticKubernetes
 
 T = TypeVar("T")
@@ -190,16 +189,7 @@ class Kube:
         interval: float = 0.05,
         message: str = "condition",
     ) -> T:
-        # A convergence bound, stretched on a loaded machine like tests/helpers.py's.
-        timeout *= float(os.environ.get("MLCLUSTER_TEST_WAIT_SCALE", "3"))
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
-            time.sleep(interval)
+        return wait_for(predicate, timeout, interval, message, error=TimeoutError)
 
     # -- cluster setup ---------------------------------------------------------------------
     def create_namespace(

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import requests
 import yaml
-from helpers import scenario_seed
+from helpers import scenario_seed, stop_process
 
 from notebook_controller import objects
 from notebook_controller.cli import print_manifests, run_controller
@@ -81,13 +81,25 @@ def test_create_makes_every_owned_object(kube: Kube, kube_namespace: str, contro
     assert "finalizers" not in kube.get(NB, "Notebook", "nb1", kube_namespace)["metadata"]
 
 
+def pending_pod(kube: Kube, namespace: str) -> dict[str, Any]:
+    """Notebook nb1 (no workspace) with its objects made and its pod created, not ready."""
+    create_notebook(kube, namespace, workspace=None)
+    wait_owned(kube, namespace, "nb1", count=4)
+    [pod] = kube.run_statefulset(namespace, "nb1", ready=False)
+    return pod
+
+
+def notebook_events(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    """The Events about Notebook nb1 (the controller reissues its pod's events there)."""
+    selector = "involvedObject.kind=Notebook,involvedObject.name=nb1"
+    return kube.list("v1", "Event", namespace, field_selector=selector)
+
+
 def test_status_follows_the_pod_and_pod_events_are_reissued(
     kube: Kube, kube_namespace: str, controller: Any
 ) -> None:
     with controller():
-        create_notebook(kube, kube_namespace, workspace=None)
-        wait_owned(kube, kube_namespace, "nb1", count=4)
-        [pod] = kube.run_statefulset(kube_namespace, "nb1", ready=False)
+        pod = pending_pod(kube, kube_namespace)
         kube.set_pod_unschedulable(
             kube_namespace, "nb1-0", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
         )
@@ -118,20 +130,7 @@ def test_status_follows_the_pod_and_pod_events_are_reissued(
             )
         )
         assert status["ready"] is True and status["phase"] == "ready"
-        mirrored = kube.wait_for(
-            lambda: (
-                len(
-                    e := kube.list(
-                        "v1",
-                        "Event",
-                        kube_namespace,
-                        field_selector="involvedObject.kind=Notebook,involvedObject.name=nb1",
-                    )
-                )
-                >= 2
-                and e
-            )
-        )
+        mirrored = kube.wait_for(lambda: len(e := notebook_events(kube, kube_namespace)) >= 2 and e)
     reasons = {e["reason"]: e for e in mirrored}
     assert reasons["FailedScheduling"]["type"] == "Warning"
     assert reasons["Pulled"]["message"] == 'Pod nb1-0: Successfully pulled image "python:3.12"'
@@ -141,15 +140,12 @@ def test_restart_does_not_duplicate_reissued_events(
     kube: Kube, kube_namespace: str, controller: Any
 ) -> None:
     with controller():
-        create_notebook(kube, kube_namespace, workspace=None)
-        wait_owned(kube, kube_namespace, "nb1", count=4)
-        [pod] = kube.run_statefulset(kube_namespace, "nb1", ready=False)
+        pod = pending_pod(kube, kube_namespace)
         kube.record_event(pod, "Scheduled", "Successfully assigned")
-        selector = "involvedObject.kind=Notebook,involvedObject.name=nb1"
-        kube.wait_for(lambda: kube.list("v1", "Event", kube_namespace, field_selector=selector))
+        kube.wait_for(lambda: notebook_events(kube, kube_namespace))
     with controller():
         time.sleep(1.5)  # the restarted controller sees the same pod event again
-        assert len(kube.list("v1", "Event", kube_namespace, field_selector=selector)) == 1
+        assert len(notebook_events(kube, kube_namespace)) == 1
 
 
 # --- stop, start, drift, deletion -------------------------------------------------------------
@@ -377,12 +373,7 @@ def jupyter_server(base_url: str, root: Path) -> Iterator[str]:
             raise RuntimeError((root / "jupyter.log").read_text()[-2000:])
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=15)
         log.close()
 
 

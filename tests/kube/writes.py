@@ -210,10 +210,22 @@ class Writes:
                 f'{rtype.qualified_name} "{meta["name"]}" already exists',
                 {"name": meta["name"], "group": rtype.group, "kind": rtype.plural},
             )
-        if request.params.get("dryRun") != "All":
-            self._store.put(rtype.group_resource, obj)
-            self._after_write(rtype, None, obj)
-        return json_reply(201, self._present(rtype, obj), warnings)
+        return self._write(rtype, None, obj, 201, warnings, request.params)
+
+    def _write(
+        self,
+        rtype: ResourceType,
+        old: dict[str, Any] | None,
+        new: dict[str, Any],
+        code: int,
+        warnings: list[str],
+        params: Mapping[str, str],
+    ) -> aiohttp.web.Response:
+        """Store `new` (not on a dry run), tell the watchers, and answer it."""
+        if params.get("dryRun") != "All":
+            self._store.put(rtype.group_resource, new)
+            self._after_write(rtype, old, new)
+        return json_reply(code, self._present(rtype, new), warnings)
 
     def _update(
         self,
@@ -312,14 +324,11 @@ class Writes:
             not rtype.has_status and new.get("status") != old.get("status")
         ):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
-        if params.get("dryRun") == "All":
-            return json_reply(200, self._present(rtype, new), warnings)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        finalized = meta.get("deletionTimestamp") and not meta.get("finalizers")
+        if finalized and params.get("dryRun") != "All":
             gone = self._remove(rtype.group_resource, (ns or "", name))
             return json_reply(200, self._present(rtype, gone or new), warnings)
-        self._store.put(rtype.group_resource, new)
-        self._after_write(rtype, old, new)
-        return json_reply(200, self._present(rtype, new), warnings)
+        return self._write(rtype, old, new, 200, warnings, params)
 
     def _replace(
         self,

@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "mlcluster-test-token"
 
@@ -115,10 +117,5 @@ class LiveServer:
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, grace=20)

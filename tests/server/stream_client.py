@@ -10,9 +10,27 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
+
+
+async def follow_logs(
+    base_url: str,
+    headers: dict[str, str],
+    job_id: str,
+    on_chunk: Callable[[bytes], None],
+    timeout: float = 300,
+) -> None:
+    """GET a job's logs with follow=true, each chunk to `on_chunk`, until the job ends."""
+    request = HTTPRequest(
+        f"{base_url}/mlcluster/api/jobs/{job_id}/logs?follow=true",
+        headers=headers,
+        streaming_callback=on_chunk,
+        request_timeout=timeout,
+    )
+    await AsyncHTTPClient(max_body_size=2**34).fetch(request)
 
 
 async def main(base_url: str, token: str, job_id: str) -> dict:
@@ -24,15 +42,6 @@ async def main(base_url: str, token: str, job_id: str) -> dict:
         if not first_chunk:
             first_chunk.append(time.time())
         chunks.append(chunk)
-
-    async def follow() -> None:
-        request = HTTPRequest(
-            f"{base_url}/mlcluster/api/jobs/{job_id}/logs?follow=true",
-            headers=headers,
-            streaming_callback=on_chunk,
-            request_timeout=300,
-        )
-        await AsyncHTTPClient(max_body_size=2**34).fetch(request)
 
     messages: list[dict] = []
 
@@ -54,7 +63,7 @@ async def main(base_url: str, token: str, job_id: str) -> dict:
                 ws.close()
                 return
 
-    await asyncio.gather(follow(), events())
+    await asyncio.gather(follow_logs(base_url, headers, job_id, on_chunk), events())
     data = b"".join(chunks)
     stdout: dict[int, list[str]] = {}
     for raw in data.splitlines():

@@ -15,6 +15,7 @@ from tornado import web
 
 from jupyterlab_mlcluster.server.app import MLClusterApp, route_pattern, routes
 from jupyterlab_mlcluster.server.openapi import build_document
+from tests.kube import emulator
 
 from .helpers import submit, wait_final
 
@@ -465,23 +466,7 @@ async def test_notebook_requests_are_validated_first(api):
 
 
 def write_kubeconfig(path, server: str) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "test",
-                "clusters": [{"name": "test", "cluster": {"server": server}}],
-                "users": [{"name": "test", "user": {"token": "t"}}],
-                "contexts": [
-                    {
-                        "name": "test",
-                        "context": {"cluster": "test", "user": "test", "namespace": "users"},
-                    }
-                ],
-            }
-        )
-    )
+    path.write_text(json.dumps(emulator.kubeconfig(server, namespace="users")))
 
 
 async def test_notebooks_with_an_unreachable_cluster_are_503(api, tmp_path, monkeypatch):
