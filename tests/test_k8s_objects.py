@@ -64,6 +64,8 @@ MOUNTS = [
     {"name": "payload", "mountPath": "/var/run/mlcluster/payload", "readOnly": True},
     {"name": "dshm", "mountPath": "/dev/shm"},
 ]
+WORKER_COMMAND = ["python", "-m", "jupyterlab_mlcluster.runtime.worker"]
+NO_SERVICE_ACCESS = {"automountServiceAccountToken": False, "enableServiceLinks": False}
 BASE_ENV = [
     {"name": "MLCLUSTER_PAYLOAD", "value": "/var/run/mlcluster/payload"},
     {"name": "MLCLUSTER_REPORT", "value": "stdout"},
@@ -97,6 +99,44 @@ def labels_for(job_id: str, user: str) -> dict[str, str]:
         "mlcluster.io/job-id": job_id,
         "mlcluster.io/user": user,
     }
+
+
+def job_metadata(
+    name: str, namespace: str, labels: dict[str, str], user: str, display_name: str | None = None
+) -> dict:
+    """A built job object's metadata: the job's labels and the annotations every job has."""
+    annotations = {"mlcluster.io/user": user, "mlcluster.io/attempt": "0"}
+    if display_name:
+        annotations["mlcluster.io/name"] = display_name
+    return {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
+
+
+def payload_secret(name: str, namespace: str, labels: dict[str, str], index: int, data: str):
+    """Chunk `index` of job object `name`'s payload (`data`: the chunk in base64)."""
+    key = f"payload-{index:03d}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"{name}-{key}", "namespace": namespace, "labels": labels},
+        "type": "Opaque",
+        "immutable": True,
+        "data": {key: data},
+    }
+
+
+def rank_env(job_id: str, rank_field: str, world_size: int, master_addr: str) -> list[dict]:
+    """A one-rank pod's environment: its RANK from `rank_field`, no GPUs."""
+    return [
+        {"name": "MLCLUSTER_JOB_ID", "value": job_id},
+        *BASE_ENV,
+        {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}},
+        {"name": "WORLD_SIZE", "value": str(world_size)},
+        {"name": "MASTER_ADDR", "value": master_addr},
+        {"name": "MASTER_PORT", "value": "29500"},
+        {"name": "LOCAL_RANK", "value": "0"},
+        {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    ]
 
 
 def payload_source(name: str, index: int) -> dict:
@@ -168,9 +208,9 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
         queue="team-a",
         env={"EPOCHS": "3"},
     )
-    built = build_job_objects(
-        "j3fa9c21b0",
+    built = build(
         spec,
+        "j3fa9c21b0",
         namespace="alice",
         image="registry.example/nb:1.0",
         user="alice",
@@ -188,7 +228,7 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
                 {
                     "name": "pytorch",
                     "image": "registry.example/nb:1.0",
-                    "command": ["python", "-m", "jupyterlab_mlcluster.runtime.worker"],
+                    "command": WORKER_COMMAND,
                     "env": [
                         {"name": "EPOCHS", "value": "3"},
                         {"name": "MLCLUSTER_JOB_ID", "value": "j3fa9c21b0"},
@@ -206,8 +246,7 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
                 }
             ],
             "volumes": volumes("train-j3fa9c21b0", 2),
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
+            **NO_SERVICE_ACCESS,
             "serviceAccountName": "mlcluster-runner",
             "priorityClassName": "high",
         },
@@ -215,16 +254,7 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
     assert built.job == {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {
-            "name": "train-j3fa9c21b0",
-            "namespace": "alice",
-            "labels": labels,
-            "annotations": {
-                "mlcluster.io/user": "alice",
-                "mlcluster.io/attempt": "0",
-                "mlcluster.io/name": "train",
-            },
-        },
+        "metadata": job_metadata("train-j3fa9c21b0", "alice", labels, "alice", "train"),
         "spec": {
             "nprocPerNode": "1",
             "runPolicy": {
@@ -241,30 +271,8 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
         },
     }
     assert built.dependents == [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": "train-j3fa9c21b0-payload-000",
-                "namespace": "alice",
-                "labels": labels,
-            },
-            "type": "Opaque",
-            "immutable": True,
-            "data": {"payload-000": "Y2h1bmstMA=="},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": "train-j3fa9c21b0-payload-001",
-                "namespace": "alice",
-                "labels": labels,
-            },
-            "type": "Opaque",
-            "immutable": True,
-            "data": {"payload-001": "Y2h1bmstMQ=="},
-        },
+        payload_secret("train-j3fa9c21b0", "alice", labels, 0, "Y2h1bmstMA=="),
+        payload_secret("train-j3fa9c21b0", "alice", labels, 1, "Y2h1bmstMQ=="),
     ]
     assert built.resume == {"spec": {"runPolicy": {"suspend": False}}}
     for obj in built.all():
@@ -273,27 +281,14 @@ def test_pytorchjob_with_training_operator_gang_is_exactly_this():
 
 def test_indexed_job_with_volcano_is_exactly_this():
     spec = spec_of(workers=2, cpus=0.5, framework="tensorflow")
-    built = build_job_objects(
-        "j00ff",
-        spec,
-        namespace="bob",
-        image="nb:2",
-        user="bob",
-        payload_chunks=[b"x"],
-        engine="indexed-job",
-        gang="volcano",
-        queue="research",
+    built = build(
+        spec, "j00ff", namespace="bob", image="nb:2", user="bob", gang="volcano", queue="research"
     )
     labels = labels_for("j00ff", "bob")
     assert built.job == {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": "j00ff",
-            "namespace": "bob",
-            "labels": labels,
-            "annotations": {"mlcluster.io/user": "bob", "mlcluster.io/attempt": "0"},
-        },
+        "metadata": job_metadata("j00ff", "bob", labels, "bob"),
         "spec": {
             "completionMode": "Indexed",
             "completions": 2,
@@ -322,25 +317,15 @@ def test_indexed_job_with_volcano_is_exactly_this():
                         {
                             "name": "worker",
                             "image": "nb:2",
-                            "command": ["python", "-m", "jupyterlab_mlcluster.runtime.worker"],
+                            "command": WORKER_COMMAND,
                             "env": [
-                                {"name": "MLCLUSTER_JOB_ID", "value": "j00ff"},
-                                *BASE_ENV,
-                                {
-                                    "name": "RANK",
-                                    "valueFrom": {
-                                        "fieldRef": {
-                                            "fieldPath": "metadata.annotations"
-                                            "['batch.kubernetes.io/job-completion-index']"
-                                        }
-                                    },
-                                },
-                                {"name": "WORLD_SIZE", "value": "2"},
-                                {"name": "MASTER_ADDR", "value": "j00ff-0.j00ff"},
-                                {"name": "MASTER_PORT", "value": "29500"},
-                                {"name": "LOCAL_RANK", "value": "0"},
-                                {"name": "LOCAL_WORLD_SIZE", "value": "1"},
-                                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                                *rank_env(
+                                    "j00ff",
+                                    "metadata.annotations"
+                                    "['batch.kubernetes.io/job-completion-index']",
+                                    2,
+                                    "j00ff-0.j00ff",
+                                ),
                                 {
                                     "name": "MLCLUSTER_TF_WORKERS",
                                     "value": "j00ff-0.j00ff:2222,j00ff-1.j00ff:2222",
@@ -351,8 +336,7 @@ def test_indexed_job_with_volcano_is_exactly_this():
                         }
                     ],
                     "volumes": volumes("j00ff", 1),
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
+                    **NO_SERVICE_ACCESS,
                     "restartPolicy": "Never",
                     "subdomain": "j00ff",
                     "schedulerName": "volcano",
@@ -361,14 +345,7 @@ def test_indexed_job_with_volcano_is_exactly_this():
         },
     }
     assert built.dependents == [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "j00ff-payload-000", "namespace": "bob", "labels": labels},
-            "type": "Opaque",
-            "immutable": True,
-            "data": {"payload-000": "eA=="},
-        },
+        payload_secret("j00ff", "bob", labels, 0, "eA=="),
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -395,13 +372,11 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
     spec = spec_of(
         workers=2, cpus=1, memory="1G", framework="tensorflow", name="tf", queue="team-a"
     )
-    built = build_job_objects(
-        "j1",
+    built = build(
         spec,
         namespace="carol",
         image="tf:2",
         user="carol",
-        payload_chunks=[b"x"],
         engine="tfjob",
         gang="kueue",
         queue="ignored-default",
@@ -410,16 +385,9 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
     assert built.job == {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
-        "metadata": {
-            "name": "tf-j1",
-            "namespace": "carol",
-            "labels": {**labels, "kueue.x-k8s.io/queue-name": "team-a"},
-            "annotations": {
-                "mlcluster.io/user": "carol",
-                "mlcluster.io/attempt": "0",
-                "mlcluster.io/name": "tf",
-            },
-        },
+        "metadata": job_metadata(
+            "tf-j1", "carol", {**labels, "kueue.x-k8s.io/queue-name": "team-a"}, "carol", "tf"
+        ),
         "spec": {
             "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "suspend": True},
             "successPolicy": "AllWorkers",
@@ -434,30 +402,13 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
                                 {
                                     "name": "tensorflow",
                                     "image": "tf:2",
-                                    "command": [
-                                        "python",
-                                        "-m",
-                                        "jupyterlab_mlcluster.runtime.worker",
-                                    ],
-                                    "env": [
-                                        {"name": "MLCLUSTER_JOB_ID", "value": "j1"},
-                                        *BASE_ENV,
-                                        {
-                                            "name": "RANK",
-                                            "valueFrom": {
-                                                "fieldRef": {
-                                                    "fieldPath": "metadata.labels"
-                                                    "['training.kubeflow.org/replica-index']"
-                                                }
-                                            },
-                                        },
-                                        {"name": "WORLD_SIZE", "value": "2"},
-                                        {"name": "MASTER_ADDR", "value": "tf-j1-worker-0"},
-                                        {"name": "MASTER_PORT", "value": "29500"},
-                                        {"name": "LOCAL_RANK", "value": "0"},
-                                        {"name": "LOCAL_WORLD_SIZE", "value": "1"},
-                                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-                                    ],
+                                    "command": WORKER_COMMAND,
+                                    "env": rank_env(
+                                        "j1",
+                                        "metadata.labels['training.kubeflow.org/replica-index']",
+                                        2,
+                                        "tf-j1-worker-0",
+                                    ),
                                     "resources": {
                                         "requests": {"cpu": "1", "memory": "1G"},
                                         "limits": {"cpu": "1", "memory": "1G"},
@@ -467,8 +418,7 @@ def test_tfjob_with_kueue_is_created_suspended_for_kueue_to_admit():
                                 }
                             ],
                             "volumes": volumes("tf-j1", 1),
-                            "automountServiceAccountToken": False,
-                            "enableServiceLinks": False,
+                            **NO_SERVICE_ACCESS,
                         },
                     },
                 }
@@ -484,17 +434,7 @@ def test_packed_pytorchjob_runs_torchrun_with_nproc_per_node():
     spec = spec_of(workers=4, gpus_per_worker=2, cpus=4, memory="16Gi", framework="jax", name="big")
     ranks_per_pod = choose_ranks_per_pod(spec, engine="pytorchjob", gpus_per_node=4)
     assert ranks_per_pod == 2
-    built = build_job_objects(
-        "j9",
-        spec,
-        namespace="ns",
-        image="img",
-        user="u",
-        payload_chunks=[b"x"],
-        engine="pytorchjob",
-        gang="volcano",
-        ranks_per_pod=ranks_per_pod,
-    )
+    built = build(spec, "j9", engine="pytorchjob", gang="volcano", ranks_per_pod=ranks_per_pod)
     job_spec = built.job["spec"]
     assert job_spec["nprocPerNode"] == "2"
     assert {k: v["replicas"] for k, v in job_spec["pytorchReplicaSpecs"].items()} == {
