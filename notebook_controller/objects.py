@@ -78,6 +78,10 @@ def url_prefix(namespace: str, name: str) -> str:
     return f"/notebook/{namespace}/{name}"
 
 
+def _prefix_of(notebook: Mapping[str, Any]) -> str:
+    return url_prefix(notebook["metadata"]["namespace"], notebook["metadata"]["name"])
+
+
 def notebook_url(namespace: str, name: str) -> str:
     return url_prefix(namespace, name) + "/"
 
@@ -400,9 +404,7 @@ def virtual_service(
 def authorization_policy(
     notebook: Mapping[str, Any], config: ControllerConfig, api_version: str
 ) -> dict[str, Any]:
-    meta = notebook["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
-    prefix = url_prefix(namespace, name)
+    name, prefix = notebook["metadata"]["name"], _prefix_of(notebook)
     owner = config.owner_header_prefix + notebook["spec"]["owner"]
     return {
         "apiVersion": f"security.istio.io/{api_version}",
