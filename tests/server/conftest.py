@@ -12,6 +12,8 @@ import pytest
 # `async def` tests, for this directory only (it is not an auto-loaded plugin).
 from pytest_jupyter.jupyter_server import *
 
+from tests.helpers import rest_call
+
 from .live import LiveServer
 
 
@@ -52,21 +54,8 @@ def api(jp_fetch, mlc):
     """`await api("GET", "jobs", params=...)` -> (status, decoded JSON or None, response)."""
 
     async def call(method: str, *path: str, body: Any = None, params=None, headers=None, **kwargs):
-        if body is not None and not isinstance(body, (str, bytes)):
-            body = json.dumps(body)
-        if body is None and method in ("POST", "PUT", "PATCH"):
-            body = ""
-        response = await jp_fetch(
-            "mlcluster",
-            "api",
-            *path,
-            method=method,
-            body=body,
-            params=params,
-            headers=headers,
-            raise_error=False,
-            allow_nonstandard_methods=True,
-            **kwargs,
+        response = await rest_call(
+            jp_fetch, method, *path, body=body, params=params, headers=headers, **kwargs
         )
         text = response.body.decode() if response.body else ""
         data = (

@@ -26,6 +26,7 @@ from jupyterlab_mlcluster.server.notebooks import OWNER_LABEL
 from jupyterlab_mlcluster.server.openapi import Validators, build_document
 from notebook_controller.objects import notebook_resource
 from tests.kube.controller_support import NB, install_crds, wait_owned
+from tests.helpers import rest_call
 from tests.kube.helpers import Kube
 
 ALICE, BOB = "alice@example.com", "bob@example.com"
@@ -65,17 +66,9 @@ class User:
         self.ws: Any = None
         self.seen: list[dict[str, Any]] = []
 
-    async def call(self, method: str, *path: str, body: Any = None) -> tuple[int, Any, Any]:
-        response = await self.fetch(
-            "mlcluster",
-            "api",
-            *path,
-            method=method,
-            body=json.dumps(body) if body is not None else ("" if method == "POST" else None),
-            headers=dict(self.headers),
-            raise_error=False,
-            allow_nonstandard_methods=True,
-        )
+    async def call(self, method: str, *path: str, **kwargs: Any) -> tuple[int, Any, Any]:
+        """(status, decoded JSON body or None, response); `body=`, `params=` as rest_call's."""
+        response = await rest_call(self.fetch, method, *path, headers=dict(self.headers), **kwargs)
         text = response.body.decode() if response.body else ""
         return response.code, (json.loads(text) if text else None), response
 
@@ -109,6 +102,13 @@ class User:
         except TimeoutError:
             pass
         return self.seen
+
+
+@pytest.fixture
+def users(kube: Kube, mlc: Any, jp_fetch, jp_ws_fetch) -> Callable[..., list[User]]:
+    """The running server with the CRDs installed: `users(ALICE, BOB)` are clients as them."""
+    install_crds(kube)
+    return lambda *names: [User(jp_fetch, jp_ws_fetch, name) for name in names]
 
 
 def describe(message: dict[str, Any]) -> str:
@@ -312,10 +312,9 @@ def test_spawn_progress_stop_start_delete_and_isolation(
 
 @pytest.mark.parametrize("mlc_settings", [{"trust_identity_header": True, "notebook_quota": 2}])
 def test_quota_is_per_user_and_holds_under_concurrent_spawns(
-    kube: Kube, kube_namespace: str, mlc: Any, jp_fetch, jp_ws_fetch, run
+    kube: Kube, kube_namespace: str, users, run
 ) -> None:
-    install_crds(kube)
-    alice, bob = User(jp_fetch, jp_ws_fetch, ALICE), User(jp_fetch, jp_ws_fetch, BOB)
+    alice, bob = users(ALICE, BOB)
 
     async def scenario() -> None:
         answers = await asyncio.gather(
@@ -346,10 +345,9 @@ def test_quota_is_per_user_and_holds_under_concurrent_spawns(
 
 @pytest.mark.parametrize("mlc_settings", [{}])
 def test_without_a_trusted_header_the_identity_provider_names_the_owner(
-    kube: Kube, kube_namespace: str, mlc: Any, jp_fetch, jp_ws_fetch, run
+    kube: Kube, kube_namespace: str, users, jp_fetch, run
 ) -> None:
-    install_crds(kube)
-    forger = User(jp_fetch, jp_ws_fetch, ALICE)  # sends kubeflow-userid: alice, ignored here
+    [forger] = users(ALICE)  # sends kubeflow-userid: alice, ignored here
 
     async def scenario() -> None:
         # A browser: the token once, then the login cookie the server sets carries the user.
@@ -369,10 +367,9 @@ def test_without_a_trusted_header_the_identity_provider_names_the_owner(
 
 
 def test_a_request_without_the_trusted_header_is_refused(
-    kube: Kube, kube_namespace: str, mlc: Any, jp_fetch, jp_ws_fetch, run
+    kube: Kube, kube_namespace: str, users, run
 ) -> None:
-    install_crds(kube)
-    anonymous = User(jp_fetch, jp_ws_fetch, None)
+    [anonymous] = users(None)
 
     async def scenario() -> None:
         for method, path in [("GET", ("notebooks",)), ("POST", ("notebooks", "nb1", "stop"))]:
@@ -448,11 +445,8 @@ def test_a_watch_that_missed_changes_lists_again(kube: Kube, kube_namespace: str
     assert not thread.is_alive()
 
 
-def test_the_servers_watch_stops_at_once(
-    kube: Kube, kube_namespace: str, mlc: Any, jp_fetch, jp_ws_fetch, run
-) -> None:
-    install_crds(kube)
-    alice = User(jp_fetch, jp_ws_fetch, ALICE)
+def test_the_servers_watch_stops_at_once(kube: Kube, mlc: Any, users, run) -> None:
+    [alice] = users(ALICE)
 
     async def scenario() -> None:
         await alice.connect()

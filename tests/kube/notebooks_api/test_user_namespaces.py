@@ -11,7 +11,6 @@ their own; a Notebook planted in bob's namespace naming alice as its owner reach
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,19 +101,9 @@ def profiles(kube: Kube) -> Iterator[Callable[[], Any]]:
 async def call_with_query(
     user: User, method: str, *path: str, params: dict[str, str], body: Any = None
 ) -> int:
-    """A REST call with a query string (jp_fetch escapes one written into the path)."""
-    response = await user.fetch(
-        "mlcluster",
-        "api",
-        *path,
-        method=method,
-        params=params,
-        body=json.dumps(body) if body is not None else ("" if method == "POST" else None),
-        headers=dict(user.headers),
-        raise_error=False,
-        allow_nonstandard_methods=True,
-    )
-    return response.code
+    """A REST call's status, with a query string (jp_fetch escapes one written into the path)."""
+    status, _, _ = await user.call(method, *path, params=params, body=body)
+    return status
 
 
 async def create(user: User, name: str) -> dict[str, Any]:
