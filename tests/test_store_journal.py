@@ -112,3 +112,23 @@ def test_the_journal_mode_setting(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="journal_mode"):
         JobStore(tmp_path / "other", journal_mode="off")
     assert not (tmp_path / "other" / "jobs.db").exists()
+
+
+def test_a_store_held_open_in_wal_mode_is_not_waited_for(tmp_path, caplog):
+    """A process wanting DELETE while another holds the store open in WAL does not hang on
+    the lock (SQLite can leave WAL only when alone): it goes on in WAL and says so once."""
+    import time
+
+    root = tmp_path / "store"
+    holder = JobStore(root, journal_mode="wal")
+    holder.list_jobs()  # its connection stays open
+    caplog.set_level(logging.WARNING, logger="jupyterlab_mlcluster.store")
+    started = time.monotonic()
+    others = [JobStore(root, journal_mode="delete") for _ in range(3)]
+    assert time.monotonic() - started < 10
+    assert [o.list_jobs() for o in others] == [([], 0)] * 3
+    said = [r.getMessage() for r in caplog.records if "stays in journal mode wal" in r.getMessage()]
+    assert len(said) == 1, said
+    for store in [holder, *others]:
+        store.close()
+    assert _journal(JobStore(root, journal_mode="delete")) == "delete"  # alone now: it leaves

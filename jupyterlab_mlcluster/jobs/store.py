@@ -211,15 +211,7 @@ class JobStore:
             return  # a full disk: the store can be read as it is, nothing can be set up
         for _ in range(50):
             try:
-                mode = db.execute(f"PRAGMA journal_mode = {self.journal_mode.upper()}").fetchone()
-                if mode and mode[0] != self.journal_mode:
-                    log.warning(
-                        "the job store %s stays in journal mode %s (%s wanted): another"
-                        " process has it open",
-                        self.root,
-                        mode[0],
-                        self.journal_mode,
-                    )
+                self._set_journal_mode(db)
                 # WAL: NORMAL is durable against process crashes; the rollback journal needs
                 # FULL to be so.
                 sync = "NORMAL" if self.journal_mode == "wal" else "FULL"
@@ -232,6 +224,29 @@ class JobStore:
                     raise
                 time.sleep(0.05)
         raise RuntimeError(f"job store {self.db_path} stays locked")
+
+    def _set_journal_mode(self, db: sqlite3.Connection) -> None:
+        """Leaving WAL needs every other connection closed: while another process has the
+        store open it stays as it is (said once), rather than waiting for it."""
+        db.execute("PRAGMA busy_timeout = 1000")
+        try:
+            mode = db.execute(f"PRAGMA journal_mode = {self.journal_mode.upper()}").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        finally:
+            db.execute("PRAGMA busy_timeout = 30000")
+        key = f"{self.root.resolve()}:{mode}"
+        if mode != self.journal_mode and key not in _said_journal:
+            _said_journal.add(key)
+            log.warning(
+                "the job store %s stays in journal mode %s (%s wanted) while another process"
+                " has it open",
+                self.root,
+                mode,
+                self.journal_mode,
+            )
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         """Bring a store written by an older version up to this schema.
