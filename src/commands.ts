@@ -82,6 +82,23 @@ export function serverPageTab(
   return widget;
 }
 
+/** Ask `question`; if accepted, run `action`, and show `failure` with its error if it fails. */
+async function ifConfirmed(
+  question: Partial<Dialog.IOptions<unknown>>,
+  failure: string,
+  action: () => Promise<unknown>
+): Promise<void> {
+  const answer = await showDialog(question);
+  if (!answer.button.accept) {
+    return;
+  }
+  try {
+    await action();
+  } catch (error) {
+    await showErrorMessage(failure, error as Error);
+  }
+}
+
 export function addCommands(
   commands: CommandRegistry,
   store: PanelStore,
@@ -106,24 +123,18 @@ export function addCommands(
       if (!job || isFinal(job)) {
         return;
       }
-      const confirm = await showDialog({
-        title: `Cancel job ${job.name}?`,
-        body: `Its ${job.workers} rank${job.workers === 1 ? '' : 's'} will be stopped. Logs and metrics are kept.`,
-        buttons: [
-          Dialog.cancelButton({ label: 'Keep running' }),
-          Dialog.warnButton({ label: 'Cancel job' })
-        ]
-      });
-      if (confirm.button.accept) {
-        try {
-          await store.api.cancelJob(job.id);
-        } catch (error) {
-          await showErrorMessage(
-            `Could not cancel ${job.name}`,
-            error as Error
-          );
-        }
-      }
+      await ifConfirmed(
+        {
+          title: `Cancel job ${job.name}?`,
+          body: `Its ${job.workers} rank${job.workers === 1 ? '' : 's'} will be stopped. Logs and metrics are kept.`,
+          buttons: [
+            Dialog.cancelButton({ label: 'Keep running' }),
+            Dialog.warnButton({ label: 'Cancel job' })
+          ]
+        },
+        `Could not cancel ${job.name}`,
+        () => store.api.cancelJob(job.id)
+      );
     }
   });
 
@@ -141,26 +152,25 @@ export function addCommands(
       if (!job) {
         return;
       }
-      const confirm = await showDialog({
-        title: `Delete job ${job.name}?`,
-        body: isFinal(job)
-          ? 'Its logs, metrics and result are deleted. This cannot be undone.'
-          : 'It is still active: it will be cancelled, then its logs, metrics and result deleted. This cannot be undone.',
-        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
-      });
-      if (confirm.button.accept) {
-        try {
+      await ifConfirmed(
+        {
+          title: `Delete job ${job.name}?`,
+          body: isFinal(job)
+            ? 'Its logs, metrics and result are deleted. This cannot be undone.'
+            : 'It is still active: it will be cancelled, then its logs, metrics and result deleted. This cannot be undone.',
+          buttons: [
+            Dialog.cancelButton(),
+            Dialog.warnButton({ label: 'Delete' })
+          ]
+        },
+        `Could not delete ${job.name}`,
+        async () => {
           await store.api.deleteJob(job.id);
           if (store.selectedJob === job.id) {
             store.select(null);
           }
-        } catch (error) {
-          await showErrorMessage(
-            `Could not delete ${job.name}`,
-            error as Error
-          );
         }
-      }
+      );
     }
   });
 

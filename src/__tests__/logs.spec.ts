@@ -1,6 +1,6 @@
 import * as http from 'http';
 
-import { FollowState, followLogs } from '../model/logs';
+import { FollowOptions, FollowState, followLogs } from '../model/logs';
 import { LogLine } from '../model/types';
 import { TestServer, sendJson, serverForTests } from './helpers';
 
@@ -22,6 +22,14 @@ class FakeLog {
         stream: 'stdout'
       });
     }
+  }
+
+  /** A log of `lines` lines served as job `id`'s. */
+  static serving(server: TestServer, id: string, lines = 0): FakeLog {
+    const log = new FakeLog();
+    log.add(lines);
+    log.install(server, id);
+    return log;
   }
 
   install(server: TestServer, id: string): void {
@@ -67,15 +75,25 @@ const names = (from: number, to: number) =>
 describe('following logs', () => {
   const { server, api } = serverForTests();
 
-  it('a finished job: pages through with the cursor, then stops', async () => {
-    const log = new FakeLog();
-    log.add(8);
-    log.install(server, 'done1');
+  /** Follow job `id`'s logs into a new Sink until it ends (`isActive` false). */
+  const follow = async (
+    id: string,
+    isActive: () => boolean,
+    options: Partial<FollowOptions> = {}
+  ): Promise<Sink> => {
     const sink = new Sink();
-    await followLogs(api, 'done1', sink, {
-      isActive: () => false,
-      signal: new AbortController().signal
+    await followLogs(api, id, sink, {
+      isActive,
+      signal: new AbortController().signal,
+      backoff: FAST,
+      ...options
     });
+    return sink;
+  };
+
+  it('a finished job: pages through with the cursor, then stops', async () => {
+    FakeLog.serving(server, 'done1', 8);
+    const sink = await follow('done1', () => false);
     expect(sink.lines).toEqual(names(0, 8));
     expect(sink.states).toEqual(['loading', 'done']);
     expect(server.requests.map(r => r.url.split('?')[1] ?? '')).toEqual([
@@ -87,9 +105,7 @@ describe('following logs', () => {
   });
 
   it('a running job: streams from the cursor; resumes from the streamed cursor after a break', async () => {
-    const log = new FakeLog();
-    log.add(2);
-    log.install(server, 'run1');
+    const log = FakeLog.serving(server, 'run1', 2);
     let active = true;
     log.streams.push((since, res) => {
       expect(since).toBe(2);
@@ -103,12 +119,7 @@ describe('following logs', () => {
       active = false; // the job ends
       res.end();
     });
-    const sink = new Sink();
-    await followLogs(api, 'run1', sink, {
-      isActive: () => active,
-      signal: new AbortController().signal,
-      backoff: FAST
-    });
+    const sink = await follow('run1', () => active);
     expect(sink.lines).toEqual(names(0, 5));
     expect(sink.resets).toBe(0);
     expect(sink.states).toEqual([
@@ -121,9 +132,7 @@ describe('following logs', () => {
   });
 
   it('without cursors in the stream, a break reloads from the start (no duplicates)', async () => {
-    const log = new FakeLog();
-    log.add(2);
-    log.install(server, 'run2');
+    const log = FakeLog.serving(server, 'run2', 2);
     let active = true;
     log.streams.push((_since, res) => {
       log.add(1);
@@ -135,25 +144,14 @@ describe('following logs', () => {
       active = false;
       res.end();
     });
-    const sink = new Sink();
-    await followLogs(api, 'run2', sink, {
-      isActive: () => active,
-      signal: new AbortController().signal,
-      backoff: FAST
-    });
+    const sink = await follow('run2', () => active);
     expect(sink.resets).toBe(1);
     expect(sink.lines).toEqual(names(0, 3));
   });
 
   it('gives up after repeated failures with an error state', async () => {
     server.json('GET', 'jobs/broken/logs', 500, { message: 'disk on fire' });
-    const sink = new Sink();
-    await followLogs(api, 'broken', sink, {
-      isActive: () => true,
-      signal: new AbortController().signal,
-      backoff: FAST,
-      maxFailures: 3
-    });
+    const sink = await follow('broken', () => true, { maxFailures: 3 });
     expect(sink.states).toEqual([
       'loading',
       'reconnecting',
@@ -163,8 +161,7 @@ describe('following logs', () => {
   });
 
   it('abort stops it at once', async () => {
-    const log = new FakeLog();
-    log.install(server, 'run3');
+    const log = FakeLog.serving(server, 'run3');
     log.streams.push((_since, res) => res.write('{"rank":0,"line":"hello"}\n'));
     const controller = new AbortController();
     const sink = new Sink();

@@ -18,40 +18,37 @@ function CapacityBar({
     return null;
   }
   const { total, free } = capacity;
-  if (total === null || free === null || total <= 0) {
-    // null: the backend cannot tell (e.g. a cluster that reports no capacity)
-    const none = total === null || free === null ? 'unknown' : 'none';
-    return (
-      <div className="jp-mlc-capacity jp-mlc-capacity-none">
-        <div className="jp-mlc-capacity-label">
-          <span>{label}</span>
-          <span>{none}</span>
-        </div>
-      </div>
-    );
+  // null: the backend cannot tell (e.g. a cluster that reports no capacity)
+  const measured = total !== null && free !== null && total > 0;
+  const used = measured ? Math.max(0, total - free) : 0;
+  const fraction = measured ? used / total : 0;
+  let text = total === null || free === null ? 'unknown' : 'none';
+  if (measured) {
+    text = `${format(used)} of ${format(total)} allocated`;
   }
-  const used = Math.max(0, total - free);
-  const fraction = used / total;
-  const text = `${format(used)} of ${format(total)} allocated`;
   return (
-    <div className="jp-mlc-capacity">
+    <div
+      className={`jp-mlc-capacity${measured ? '' : ' jp-mlc-capacity-none'}`}
+    >
       <div className="jp-mlc-capacity-label">
         <span>{label}</span>
         <span>{text}</span>
       </div>
-      <div
-        className="jp-mlc-meter"
-        role="meter"
-        aria-label={`${label}: ${text}`}
-        aria-valuemin={0}
-        aria-valuemax={total}
-        aria-valuenow={used}
-      >
+      {measured && (
         <div
-          className={`jp-mlc-meter-fill${fraction >= 0.9 ? ' jp-mlc-meter-full' : ''}`}
-          style={{ width: `${fraction * 100}%` }}
-        />
-      </div>
+          className="jp-mlc-meter"
+          role="meter"
+          aria-label={`${label}: ${text}`}
+          aria-valuemin={0}
+          aria-valuemax={total}
+          aria-valuenow={used}
+        >
+          <div
+            className={`jp-mlc-meter-fill${fraction >= 0.9 ? ' jp-mlc-meter-full' : ''}`}
+            style={{ width: `${fraction * 100}%` }}
+          />
+        </div>
+      )}
     </div>
   );
 }

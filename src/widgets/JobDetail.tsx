@@ -22,7 +22,7 @@ import {
 import { notebookName } from '../model/origin';
 import { isFinal } from '../model/reducer';
 import { Job, Rank } from '../model/types';
-import { IdleGpuBadge, ProgressBar, StateBadge } from './JobList';
+import { JobBadges, ProgressBar, StateBadge } from './JobList';
 import { LogViewer } from './LogViewer';
 import { Sparkline } from './Sparkline';
 import { usePanel } from './context';
@@ -211,8 +211,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         <h3 className="jp-mlc-detail-title" tabIndex={-1} ref={heading}>
           {job.name}
         </h3>
-        <IdleGpuBadge job={job} now={now} />
-        <StateBadge state={job.state} />
+        <JobBadges job={job} now={now} />
       </div>
       <div className="jp-mlc-actions">
         {!isFinal(job) && (

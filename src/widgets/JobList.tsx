@@ -38,6 +38,16 @@ export function IdleGpuBadge({ job, now }: { job: Job; now: number }) {
   );
 }
 
+/** What a job's row and its detail view show beside its name: idle GPUs, then the state. */
+export function JobBadges({ job, now }: { job: Job; now: number }) {
+  return (
+    <>
+      <IdleGpuBadge job={job} now={now} />
+      <StateBadge state={job.state} />
+    </>
+  );
+}
+
 export function ProgressBar({
   value,
   label
@@ -114,8 +124,7 @@ function JobRow({
           <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
             {job.name}
           </span>
-          <IdleGpuBadge job={job} now={now} />
-          <StateBadge state={job.state} />
+          <JobBadges job={job} now={now} />
         </div>
         <div className="jp-mlc-job-row-meta">
           <span className="jp-mlc-job-ranks">{ranks}</span>

@@ -37,6 +37,11 @@ function NotebookRow({ nb, now }: { nb: NotebookServer; now: number }) {
   const [busy, setBusy] = React.useState(false);
   const [error, setError] = React.useState<string | null>(null);
   const status = notebookStatus(nb);
+  // A stopped server can be started; any other can be stopped.
+  const stopped = status === 'stopped';
+  const toggleLabel = stopped ? 'Start' : 'Stop';
+  const toggle = (name: string) =>
+    stopped ? api.startNotebook(name) : api.stopNotebook(name);
 
   const act = async (action: () => Promise<unknown>) => {
     setBusy(true);
@@ -106,25 +111,14 @@ function NotebookRow({ nb, now }: { nb: NotebookServer; now: number }) {
             Open
           </a>
         )}
-        {status === 'stopped' ? (
-          <button
-            className="jp-mlc-button"
-            disabled={busy}
-            onClick={() => act(() => api.startNotebook(nb.name))}
-            aria-label={`Start notebook server ${nb.name}`}
-          >
-            Start
-          </button>
-        ) : (
-          <button
-            className="jp-mlc-button"
-            disabled={busy}
-            onClick={() => act(() => api.stopNotebook(nb.name))}
-            aria-label={`Stop notebook server ${nb.name}`}
-          >
-            Stop
-          </button>
-        )}
+        <button
+          className="jp-mlc-button"
+          disabled={busy}
+          onClick={() => act(() => toggle(nb.name))}
+          aria-label={`${toggleLabel} notebook server ${nb.name}`}
+        >
+          {toggleLabel}
+        </button>
         <button
           className="jp-mlc-button"
           disabled={busy}
