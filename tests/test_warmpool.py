@@ -77,6 +77,31 @@ def test_forked_ranks_get_their_own_seeds_and_threads(service, warm):
     assert {d[3] for d in draws} == {"1"}  # OMP_NUM_THREADS=1 applied after the fork
 
 
+def test_warm_ranks_skip_only_the_inherited_torch_teardown(service, warm, tmp_path):
+    """torch.library's exit-time finalizers from the zygote's import are skipped in a warm rank
+    (costly over shared pages, nothing outside the process sees them); a finalizer or Library
+    the rank's own code makes still runs at exit, as in a fresh interpreter."""
+    marker = tmp_path / "finalized"
+    code = textwrap.dedent(
+        f"""
+        import os, weakref, torch, torch.library
+        registry = weakref.finalize._registry.values()
+        inherited = [i for i in registry if i.func.__name__ == "_del_library"]
+        lib = torch.library.Library("mlc_rank_" + os.environ["RANK"], "DEF")
+        mine = [i for i in weakref.finalize._registry.values() if i.func.__name__ == "_del_library"
+                and i not in inherited]
+        class Thing: pass
+        thing = Thing()
+        weakref.finalize(thing, os.mkdir, {str(marker)!r} + os.environ["RANK"])  # at exit
+        print(len(inherited) > 0, any(i.atexit for i in inherited), [i.atexit for i in mine])
+        """
+    )
+    out = run(service, code)
+    for rank in (0, 1):
+        assert out[rank] == ["True False [True]"]
+        assert (tmp_path / f"finalized{rank}").exists()  # the rank's own finalizer ran at exit
+
+
 def test_pool_is_replaced_when_the_environment_changes(service, warm, tmp_path, monkeypatch):
     run(service, "pass", workers=1)
     first = warmpool.status(service.config)

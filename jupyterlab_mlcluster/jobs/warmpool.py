@@ -806,6 +806,7 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
         os.chdir(cwd)
     _fresh_stdio()
     _reseed_and_rethread()
+    _skip_inherited_teardown()
     import jupyterlab_mlcluster.runtime.reporting as reporting
 
     reporting.configure()  # this rank's channel, rank and job key
@@ -828,6 +829,27 @@ def _fresh_stdio() -> None:
     sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
     sys.stdin = open(os.devnull)  # noqa: SIM115
     sys.__stdin__ = sys.stdin
+
+
+# Exit-time finalizers the zygote's preload registered that only tear down state inside the
+# process (no file, socket or child is touched): torch.library deregisters each of its ~130
+# operator libraries from the dispatcher. A fresh interpreter runs them in ~7 ms; a warm rank
+# would run them over the zygote's copy-on-write pages: 100-170 ms per rank at exit (measured,
+# 2 cores), longer than the whole start. Their result dies with the process either way, so warm
+# ranks skip the inherited ones; a Library the user's code makes is still finalized.
+_INHERITED_TEARDOWN = frozenset({("torch.library", "_del_library")})
+
+
+def _skip_inherited_teardown() -> None:
+    import weakref
+
+    for info in list(weakref.finalize._registry.values()):  # type: ignore[attr-defined]
+        func = info.func
+        if (
+            getattr(func, "__module__", None),
+            getattr(func, "__name__", None),
+        ) in _INHERITED_TEARDOWN:
+            info.atexit = False
 
 
 def _reseed_and_rethread() -> None:
