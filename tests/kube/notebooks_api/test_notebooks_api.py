@@ -25,8 +25,8 @@ from jupyterlab_mlcluster.server.notebook_watch import ListWatch, request_notebo
 from jupyterlab_mlcluster.server.notebooks import OWNER_LABEL
 from jupyterlab_mlcluster.server.openapi import Validators, build_document
 from notebook_controller.objects import notebook_resource
-from tests.kube.controller_support import NB, install_crds, wait_owned
 from tests.helpers import rest_call
+from tests.kube.controller_support import NB, install_crds, wait_owned
 from tests.kube.helpers import Kube
 
 ALICE, BOB = "alice@example.com", "bob@example.com"

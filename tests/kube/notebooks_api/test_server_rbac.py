@@ -29,7 +29,8 @@ from jupyterlab_mlcluster.server.user_namespace import template_namespace
 from notebook_controller.manifests import all_manifests
 from tests.kube.controller_support import install_crds
 from tests.kube.fixtures import KubeCluster
-from tests.kube.jobs_fixtures import IMAGE, REPO, SLEEPY_CELL
+from tests.kube.jobs_fixtures import SLEEPY_CELL
+from tests.kube.notebooks_api.conftest import per_user_server_config
 from tests.kube.notebooks_api.test_notebooks_api import User
 from tests.kube.notebooks_api.test_user_namespaces import profile_crd
 from tests.kube.player import ClusterPlayer, objects_of
@@ -50,25 +51,7 @@ def cluster(fresh_kube, monkeypatch) -> KubeCluster:
 
 @pytest.fixture
 def jp_server_config(cluster, store_dir, monkeypatch):
-    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    )
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyterlab_mlcluster": True}},
-        "MLClusterApp": {
-            "trust_identity_header": True,
-            "user_namespace_template": TEMPLATE,
-            "schedule_interval": 0,
-            "metrics_interval": 0,
-        },
-        "MLClusterConfig": {
-            "kubernetes_namespace": "shared",
-            "kubernetes_image": IMAGE,
-            "warm_pool": False,
-        },
-        "IdentityProvider": {"cookie_name": "mlcluster-test-user"},
-    }
+    return per_user_server_config(monkeypatch, TEMPLATE, shared_namespace="shared")
 
 
 @pytest.fixture

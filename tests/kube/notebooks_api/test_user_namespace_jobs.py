@@ -24,7 +24,8 @@ from helpers import assert_no_job_processes, wait_for
 from jupyterlab_mlcluster.server.user_namespace import template_namespace
 from tests.kube.controller_support import install_crds
 from tests.kube.helpers import Kube
-from tests.kube.jobs_fixtures import IMAGE, REPO, SLEEPY_CELL
+from tests.kube.jobs_fixtures import SLEEPY_CELL
+from tests.kube.notebooks_api.conftest import per_user_server_config
 from tests.kube.notebooks_api.test_notebooks_api import User
 from tests.kube.notebooks_api.test_user_namespaces import call_with_query
 from tests.kube.player import ClusterPlayer, objects_of
@@ -46,28 +47,7 @@ def template(kube_namespace: str) -> str:
 
 @pytest.fixture
 def jp_server_config(store_dir, monkeypatch, template, kube_namespace):
-    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
-    # Supervisors are processes of their own: they import this checkout's code.
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    )
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyterlab_mlcluster": True}},
-        "MLClusterApp": {
-            "trust_identity_header": True,
-            "user_namespace_template": template,
-            "schedule_interval": 0,
-            "metrics_interval": 0,
-        },
-        # The shared namespace a server without per-user namespaces would use: no job of a
-        # user with a namespace of their own may land here.
-        "MLClusterConfig": {
-            "kubernetes_namespace": kube_namespace,
-            "kubernetes_image": IMAGE,
-            "warm_pool": False,
-        },
-        "IdentityProvider": {"cookie_name": "mlcluster-test-user"},
-    }
+    return per_user_server_config(monkeypatch, template, shared_namespace=kube_namespace)
 
 
 @pytest.fixture
