@@ -1,10 +1,33 @@
-"""Following the store's change feed: what changed since I last looked?"""
+"""Following the store's change feed: what changed since I last looked?
+
+A follower that waits between looks (the kernel's monitor) is woken the moment a process on
+this machine writes the store (inotify on the store's directory, where its database and
+journal files are), not a fixed poll interval later: on a job's critical path that interval
+was the largest wait left between "the job is final" and the cell's reply. The interval stays
+as a backstop (a writer on another host sharing the store over a network filesystem is not
+seen by inotify), so a follower is never later than with polling alone.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import dataclasses
+import logging
+import os
+import select
+import sys
+import time
+import weakref
+from pathlib import Path
 
 from .store import JobStore
+
+log = logging.getLogger("jupyterlab_mlcluster.watch")
+
+# <sys/inotify.h>: a file in the directory was written, created or renamed into it.
+_IN_MODIFY, _IN_MOVED_TO, _IN_CREATE = 0x002, 0x080, 0x100
+_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 
 
 @dataclasses.dataclass
@@ -29,6 +52,36 @@ class StoreWatcher:
         self.job_ids = job_ids
         self.seq = store.last_seq() if since is None else since
         self._version: int | None = None
+        self._bell: StoreBell | None = None
+        self._bell_tried = False
+
+    def _ring(self) -> StoreBell | None:
+        if not self._bell_tried:  # made on the first wait: pollers that never wait need none
+            self._bell_tried = True
+            self._bell = StoreBell.open(self.store.root)
+        return self._bell
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until the store may have changed, at most `timeout` seconds."""
+        bell = self._ring()
+        if bell is None:
+            time.sleep(timeout)
+        else:
+            bell.wait(timeout)
+
+    async def wait_async(self, timeout: float) -> None:
+        """wait() without blocking the event loop."""
+        bell = self._ring()
+        if bell is None:
+            await asyncio.sleep(timeout)
+        else:
+            await bell.wait_async(timeout)
+
+    def close(self) -> None:
+        """Let go of the wake-up (wait() sleeps its timeout afterwards)."""
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
 
     def poll(self) -> Changes:
         changes = Changes()
@@ -51,3 +104,65 @@ class StoreWatcher:
             elif kind != "heartbeat":
                 changes.jobs.add(job_id)
         return changes
+
+
+class StoreBell:
+    """Readable when a file in the store's directory was written (Linux inotify); open()
+    gives None where there is none (another system, or this user's inotify instances are
+    used up: max_user_instances), and the caller polls."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._closer = weakref.finalize(self, os.close, fd)  # a monitor dropped unclosed
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str]) -> StoreBell | None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            mask = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
+            if libc.inotify_add_watch(fd, os.fsencode(Path(directory)), mask) < 0:
+                err = ctypes.get_errno()
+                os.close(fd)
+                raise OSError(err, os.strerror(err))
+        except (OSError, AttributeError) as exc:
+            log.debug("no inotify on %s (%s): polling", directory, exc)
+            return None
+        return cls(fd)
+
+    def drain(self) -> None:
+        """Forget the events so far (one look at the store covers them all)."""
+        try:
+            while os.read(self.fd, 65536):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def wait(self, timeout: float) -> None:
+        if self._closer.alive:
+            select.select([self.fd], [], [], timeout)
+            self.drain()
+        else:
+            time.sleep(timeout)
+
+    async def wait_async(self, timeout: float) -> None:
+        if not self._closer.alive:
+            await asyncio.sleep(timeout)
+            return
+        loop = asyncio.get_running_loop()
+        rung = loop.create_future()
+        loop.add_reader(self.fd, lambda: rung.done() or rung.set_result(None))
+        try:
+            await asyncio.wait_for(rung, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(self.fd)
+        self.drain()
+
+    def close(self) -> None:
+        self._closer()

@@ -18,7 +18,6 @@ the ranks, so what it sends per second must not grow with how much they print
 
 from __future__ import annotations
 
-import asyncio
 import html
 import threading
 import time
@@ -447,6 +446,13 @@ class JobMonitor:
             self.record = self.service.store.get_job(self.job_id)
         if changes.logs or changes.resync or self.cursor is None or self.record.final:
             new_lines, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
+            # A final job's logs are complete (its supervisor drained the ranks first): read
+            # them to the end now, not one more store write (there will be none) later.
+            while self.record.final and new_lines:
+                more, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
+                if not more:
+                    break
+                new_lines += more
         if new_lines:
             if self.terminal and not self.quiet:
                 for line in new_lines:
@@ -455,7 +461,7 @@ class JobMonitor:
         self._redraw()
         if changes.deleted:
             return True
-        return self.record.final and not new_lines
+        return self.record.final
 
     def _redraw(self, force: bool = False) -> None:
         if self.quiet:
@@ -499,18 +505,24 @@ class JobMonitor:
     # -- following --------------------------------------------------------------------
 
     def follow_blocking(self) -> JobRecord:
-        while not self.step():
-            time.sleep(POLL_INTERVAL)
-            self.service.reap()
+        try:
+            while not self.step():
+                self.watcher.wait(POLL_INTERVAL)  # woken by the store's next write
+                self.service.reap()
+        finally:
+            self.watcher.close()
         self.finish()
         return self.record
 
     async def follow_async(self) -> JobRecord:
         """Await the job without blocking the kernel's event loop, so widget messages
         (the Cancel button) are handled while the cell runs."""
-        while not self.step():
-            await asyncio.sleep(POLL_INTERVAL)
-            self.service.reap()
+        try:
+            while not self.step():
+                await self.watcher.wait_async(POLL_INTERVAL)  # woken by the store's next write
+                self.service.reap()
+        finally:
+            self.watcher.close()
         self.finish()
         return self.record
 

@@ -32,6 +32,7 @@ REAP_INTERVAL = 1.0
 # Reading an exited rank's pipes to the end before it counts as finished stops after this
 # many bytes (something it started may keep writing to them).
 RANK_DRAIN_CAP = 64 << 20
+EXIT_STREAM = "x"  # a rank's pidfd in the selector, beside its "o", "e" and "c" pipes
 
 
 class LocalBackend(Backend):
@@ -190,6 +191,7 @@ class _Gang:
                 proc = launcher.spawn_cold(rank, env, self.launch.get("cwd"))
             self.tree.adopt(proc.pid)
             self.ranks.append(proc)
+            self._watch_exit(proc)
             for fd, stream in ((proc.stdout, "o"), (proc.stderr, "e"), (proc.control, "c")):
                 os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (rank, stream))
@@ -218,14 +220,29 @@ class _Gang:
         log.debug("ranks started")
         ctx.job.started = ctx.job.started or now
 
+    def _watch_exit(self, proc: launcher.RankProcess) -> None:
+        """Wake the loop the moment the rank exits (a pidfd turns readable then): its pipes'
+        end-of-file can come just before it is reapable, and the loop would otherwise notice
+        its exit only a LOOP_TICK later, on the job's critical path. Without pidfds (Linux <
+        5.3, other systems) the tick does it, as before."""
+        try:
+            fd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+        except (AttributeError, OSError):
+            return
+        self.selector.register(fd, selectors.EVENT_READ, (proc.rank, EXIT_STREAM))
+
     # -- output -------------------------------------------------------------------------
 
     def pump(self, timeout: float) -> None:
-        if not self.open_fds:
+        if not self.selector.get_map():  # (a rank's pidfd alone still wakes us)
             time.sleep(timeout)
             return
         for key, _ in self.selector.select(timeout):
             rank, stream = key.data
+            if stream == EXIT_STREAM:  # the rank exited: the caller's poll() reaps it now
+                self.selector.unregister(key.fd)
+                os.close(key.fd)
+                continue
             try:
                 data = os.read(key.fd, 65536)
             except BlockingIOError:
@@ -294,7 +311,7 @@ class _Gang:
         """Read what an exited rank wrote (all of it is in its pipes now) before it counts as
         finished: a finished rank's log is complete, even if the supervisor dies next."""
         for key in list(self.selector.get_map().values()):
-            if key.data[0] != rank:
+            if key.data[0] != rank or key.data[1] == EXIT_STREAM:
                 continue
             parser = self.parsers[key.data]
             for _ in range(RANK_DRAIN_CAP // 65536):
