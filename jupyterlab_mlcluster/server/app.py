@@ -163,6 +163,21 @@ class MLClusterApp(ExtensionApp):
         "could claim any identity. A request without the header is refused (403).",
     ).tag(config=True)
 
+    allow_local_jobs_when_shared = Bool(
+        False,
+        help="Run local-backend jobs submitted through the REST API on a server shared by many "
+        "users (per_user_namespaces: trust_identity_header and no notebook_namespace). Every "
+        "such job runs as this server's one Unix user on its machine, so one user's job code "
+        "can read another's job files, environment (tokens, keys) and processes, and the "
+        "server's own. Off (the default), as JupyterHub never runs two users' code as one Unix "
+        "user: such a job is refused (403, nothing stored or started), a request naming no "
+        "backend gets kubernetes (the user's own namespace) whatever "
+        "MLClusterConfig.default_backend says, the warm pool is not prestarted and this server "
+        "fires no local schedules. Turn on only for a single-tenant deployment that still "
+        "trusts the header. Jobs from kernels and the CLI in a user's own notebook pod run in "
+        "that pod and are not affected either way.",
+    ).tag(config=True)
+
     identity_header = Unicode(
         "kubeflow-userid",
         help="Request header carrying the authenticated user's identity when "
@@ -207,6 +222,12 @@ class MLClusterApp(ExtensionApp):
         (many users on this server) and no single namespace forced (notebook_namespace)."""
         return self.trust_identity_header and not self.notebook_namespace
 
+    @property
+    def refuses_local_jobs(self) -> bool:
+        """Local jobs would run as this server's one Unix user for many users: refused (see
+        allow_local_jobs_when_shared)."""
+        return self.per_user_namespaces and not self.allow_local_jobs_when_shared
+
     @validate("user_namespace_template")
     def _valid_template(self, proposal: Any) -> str:
         try:
@@ -220,6 +241,15 @@ class MLClusterApp(ExtensionApp):
         if self.switch_interval > 0:
             sys.setswitchinterval(self.switch_interval)
         self.mlconfig = MLClusterConfig(parent=self)
+        if self.refuses_local_jobs:
+            # A job naming no backend must not be refused for a default the user did not
+            # pick: it goes to the user's own namespace. /cluster and metrics follow suit.
+            self.log.info(
+                "mlcluster: this server is shared by many users (per-user namespaces): "
+                "local jobs are refused and no local schedule is fired; default backend "
+                "kubernetes (MLClusterApp.allow_local_jobs_when_shared)"
+            )
+            self.mlconfig.default_backend = "kubernetes"
         self.service = JobService(config=self.mlconfig)
         self.executor = ThreadPoolExecutor(self.executor_threads, thread_name_prefix="mlcluster")
         self.document = build_document(max_workers=self.mlconfig.max_workers)
@@ -278,7 +308,10 @@ class MLClusterApp(ExtensionApp):
             )
         self.broadcaster.ensure_started()
         self.notebook_watch.start()  # publishes through the broadcaster, so after it
-        self.scheduler = ServerScheduler(self, self.schedule_interval)
+        # The server fires only local schedules (Kubernetes ones are CronJobs): none where
+        # local jobs would run as the one Unix user of a shared server.
+        interval = 0 if self.refuses_local_jobs else self.schedule_interval
+        self.scheduler = ServerScheduler(self, interval)
         self.scheduler.start()
         self.tensorboards = TensorBoards(
             self.serverapp.base_url,
@@ -288,7 +321,7 @@ class MLClusterApp(ExtensionApp):
         )
         self.metrics = ServerMetrics(self._metrics_source, self.run, self.metrics_interval)
         self.metrics.start()
-        if self.warm_pool_prestart and self.mlconfig.warm_pool:
+        if self.warm_pool_prestart and self.mlconfig.warm_pool and not self.refuses_local_jobs:
             from ..jobs import warmpool
 
             # Fire and forget: it takes seconds (import torch) in its own process.

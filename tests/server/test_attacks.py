@@ -21,8 +21,14 @@ SECRET = "alice-token-5f2b9c"  # in alice's job env: must never reach mallory
 
 @pytest.fixture
 def mlc_config() -> dict[str, Any]:
-    # One rank slot: alice's second job waits in the queue while her first one runs.
-    return {"MLClusterApp": {"trust_identity_header": True}, "MLClusterConfig": {"cpu_slots": 1}}
+    # One rank slot: alice's second job waits in the queue while her first one runs. The
+    # routes' scoping is played with local jobs (no cluster needed), which a shared server
+    # refuses unless told (test_shared_local_jobs.py): the opt-out keeps everything else as
+    # on any shared server (per-user namespaces), and scoping must hold there too.
+    return {
+        "MLClusterApp": {"trust_identity_header": True, "allow_local_jobs_when_shared": True},
+        "MLClusterConfig": {"cpu_slots": 1},
+    }
 
 
 class Caller:
