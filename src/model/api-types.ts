@@ -108,7 +108,7 @@ export interface components {
     Error: {
       message: string;
     };
-    /** @description The %%distributed options in snake_case, plus the code every rank runs. */
+    /** @description The %%distributed options in snake_case, plus the code every rank runs. A `backend` left out is MLClusterConfig.default_backend, except on a server shared by many users (per-user namespaces), where it is `kubernetes` and `local` is refused (403). */
     JobSubmission: {
       /** @description Python source run as __main__ on every rank. */
       code: string;

@@ -113,6 +113,7 @@ class TestSharedServerThatAllowsLocalJobs:
             assert marker.read_text().startswith("bob ran as ")
         # And the server fires local schedules again.
         add_schedule(mlc.service, "bobs-nightly", BOB)
+
         def fired() -> list[Any]:
             jobs = mlc.service.store.list_jobs()[0]
             return [j for j in jobs if (j.origin or {}).get("schedule") == "bobs-nightly"]
@@ -129,7 +130,9 @@ def test_a_single_namespace_or_personal_server_is_not_shared() -> None:
 
     assert MLClusterApp(trust_identity_header=True).refuses_local_jobs
     assert not MLClusterApp().refuses_local_jobs
-    assert not MLClusterApp(trust_identity_header=True, notebook_namespace="team").refuses_local_jobs
+    assert not MLClusterApp(
+        trust_identity_header=True, notebook_namespace="team"
+    ).refuses_local_jobs
     assert not MLClusterApp(
         trust_identity_header=True, allow_local_jobs_when_shared=True
     ).refuses_local_jobs
