@@ -101,13 +101,20 @@ def read_error_report(store: JobStore, job_id: str, rank: int) -> dict[str, Any]
     return read_error_file(store.error_path(job_id, rank), rank)
 
 
+def reported_failure(rank: int, report: dict[str, Any] | None) -> str | None:
+    """'rank N failed: <type>: <message>' of an error report, the way failure_text says it."""
+    if not isinstance(report, dict):
+        return None
+    return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+
+
 def failure_text(store: JobStore, job_id: str, outcome: Outcome) -> str:
     """The failing rank's exception when it reported one, else how its process ended,
     else what the backend saw."""
     rank, code = outcome.failed_rank, outcome.exit_code
     report = read_error_report(store, job_id, rank) if rank is not None else None
     if report:
-        return f"rank {rank} failed: {report.get('exc_type')}: {report.get('message')}".rstrip(": ")
+        return reported_failure(rank, report)
     if outcome.message:
         return outcome.message
     if rank is None:

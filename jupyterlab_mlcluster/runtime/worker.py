@@ -272,9 +272,14 @@ def exit_report(rank: int, code: Any) -> dict[str, Any]:
 def write_error(report: dict[str, Any]) -> None:
     path = os.environ.get("MLCLUSTER_ERROR_FILE")
     if path:
-        _write_whole(path, json.dumps(report).encode())
-    else:
-        reporting.send({"type": "error", **report})
+        try:
+            _write_whole(path, json.dumps(report).encode())
+            return
+        except OSError as exc:
+            # A full disk: the report goes over the report channel instead (the supervisor
+            # keeps it in memory), so the job still says why this rank failed.
+            print(f"mlcluster: cannot write {path}: {exc}", file=sys.stderr)
+    reporting.send({"type": "error", **report})
 
 
 def _shutdown_process_group() -> None:

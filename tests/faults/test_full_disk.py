@@ -12,143 +12,41 @@ with a ballast file, real supervisors and ranks (cold interpreters), the real CL
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
 import os
 import random
-import subprocess
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import assert_no_job_processes, run_cli, scenario_seed, wait_for
+from helpers import assert_no_job_processes, scenario_seed, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.jobs.store import STAGING_PREFIX, JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
+from tests.faults.fulldisk import (
+    CHATTY_RANK,
+    Disk,
+    Figures,
+    alive,
+    check_whole,
+    listings,
+    mounted,
+    random_payload,
+)
 
 DISK_SIZE = "3m"
-CHATTY_RANK = """\
-import sys, time
-i = 0
-while True:
-    print(f"line {i} " + "x" * 200, flush=True)
-    i += 1
-    time.sleep(0.002)
-"""
-
-
-class Disk:
-    """A small tmpfs and a ballast file that fills it."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.ballast = path / "ballast"
-
-    def fill(self, leave: int = 0) -> None:
-        """Fill the filesystem, then free `leave` bytes again."""
-        with open(self.ballast, "ab", buffering=0) as f:
-            for chunk in (1 << 16, 1 << 12, 512, 1):
-                try:
-                    while True:
-                        f.write(b"\0" * chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC, exc
-        if leave:
-            size = self.ballast.stat().st_size
-            os.truncate(self.ballast, max(0, size - leave))
-
-    def free(self) -> None:
-        self.ballast.unlink(missing_ok=True)
-
-    def full(self) -> bool:
-        st = os.statvfs(self.path)
-        return st.f_bavail * st.f_frsize < 4096
 
 
 @pytest.fixture
 def disk(store_dir, tmp_path, monkeypatch):
     """A 3 MiB tmpfs of this test's own (tmp_path is unique per test and xdist worker); the
     job store on it (after store_dir, so `service` opens this one)."""
-    mount_point = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
-    mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE},mode=0700", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"a tmpfs cannot be mounted here (needs root): {done.stderr.strip()}")
-    try:
+    with mounted(tmp_path, DISK_SIZE) as mount_point:
+        if isinstance(mount_point, str):
+            pytest.skip(mount_point)
         monkeypatch.setenv("MLCLUSTER_STORE_DIR", str(mount_point / "store"))
         monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "jupyter-config"))
         monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
         yield Disk(mount_point)
-    finally:
-        Disk(mount_point).free()
-        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
-
-
-@dataclass
-class Figures:
-    injected: int = 0  # operations run against a full (or nearly full) disk
-    refused: int = 0  # submissions refused with nothing left behind
-    accepted: int = 0  # submissions taken whole
-    listings: int = 0  # listings answered on a full disk
-    jobs: int = 0
-    survived: int = 0  # jobs accounted for: final, with a true state and reason
-    lost: int = 0  # half-written submissions, crashed listings, jobs stuck or lost
-    notes: list[str] = field(default_factory=list)
-
-    def line(self) -> str:
-        return (
-            f"full disk: faults injected {self.injected}, submissions refused whole "
-            f"{self.refused}, accepted whole {self.accepted}, listings answered {self.listings}, "
-            f"jobs {self.jobs}, survived {self.survived}, lost: {self.lost}"
-        )
-
-
-def _check_whole(store: JobStore, figures: Figures) -> set[str]:
-    """Every job directory has its row and every row its directory with a payload; no
-    staging directory is left. Returns the ids of the rows."""
-    rows = set(store.job_owners())
-    dirs = {p.name for p in (store.root / "jobs").iterdir()}
-    staging = {d for d in dirs if d.startswith(STAGING_PREFIX)}
-    for name in staging | (dirs - staging - rows) | (rows - dirs):
-        figures.lost += 1
-        figures.notes.append(f"half-written: {name}")
-    for job_id in rows & dirs:
-        payload = store.payload_path(job_id)
-        if not payload.exists() or payload.stat().st_size == 0:
-            figures.lost += 1
-            figures.notes.append(f"{job_id}: empty payload")
-    return rows
-
-
-def _listings(service: JobService, expected: set[str], figures: Figures) -> None:
-    """Every way of listing jobs, on the full disk: each must answer, with every job."""
-    figures.injected += 3
-    fresh = JobStore(service.store.root)  # a process opening the store now
-    listed = {r.id for r in fresh.list_jobs()[0]}
-    fresh.close()
-    assert expected <= listed, (expected, listed)
-    assert expected <= {r.id for r in service.list()[0]}
-    cli = run_cli("jobs", "--json")
-    assert cli.returncode == 0, cli.stderr
-    assert "Traceback" not in cli.stderr, cli.stderr
-    assert expected <= {j["id"] for j in json.loads(cli.stdout)}
-    figures.listings += 3
-
-
-def _payload(rng: random.Random) -> Payload:
-    # Incompressible filler of random size: the write that hits the full disk falls at a
-    # different point each time (payload, its copy as cell.py, launch.json, the commit).
-    blob = os.urandom(rng.randint(1, 160_000)).hex()
-    return Payload(source=f"_ = {blob!r}\nprint('ok')\n")
 
 
 def test_submission_is_all_or_nothing(disk, service):
@@ -162,13 +60,13 @@ def test_submission_is_all_or_nothing(disk, service):
         disk.fill(leave=rng.choice([0, rng.randint(0, 600_000)]))
         figures.injected += 1
         try:
-            accepted.append(service.submit(JobSpec.from_options({"workers": 1}), _payload(rng)).id)
+            accepted.append(service.submit(JobSpec.from_options({"workers": 1}), random_payload(rng)).id)
             figures.accepted += 1
         except Exception as exc:  # noqa: BLE001 - which error a full disk raises varies
             text = str(exc).lower()
             assert "no space" in text or "disk is full" in text or "disk i/o" in text, repr(exc)
             figures.refused += 1
-        rows = _check_whole(service.store, figures)
+        rows = check_whole(service.store, figures)
         assert rows == set(accepted), (rows, accepted)
         disk.free()
     assert figures.refused >= 1, "no submission met a full disk"
@@ -210,11 +108,11 @@ def test_running_job_fails_saying_the_disk_is_full(disk, service):
     for job_id in victims:
         wait_for(
             lambda job_id=job_id: not any(
-                r.pid for r in service.store.get_job(job_id).ranks if _alive(r.pid)
+                r.pid for r in service.store.get_job(job_id).ranks if alive(r.pid)
             ),
             message="the ranks stopped",
         )
-    _listings(service, set(victims), figures)
+    listings(service, set(victims), figures)
     # A listing on a full disk with no process holding the database.
     disk.free()
     for job_id in victims:
@@ -235,7 +133,7 @@ def test_running_job_fails_saying_the_disk_is_full(disk, service):
     service.store.close()
     disk.fill()
     figures.injected += 1
-    _listings(service, set(victims), figures)
+    listings(service, set(victims), figures)
     disk.free()
     # Space is back: a new job runs, and says so in its log.
     again = service.submit(JobSpec.from_options({"workers": 2}), Payload(source="print('back')"))
@@ -275,24 +173,10 @@ def test_rest_listing_on_a_full_disk(disk, tmp_path):
         assert status == 200 and [j["id"] for j in body["jobs"]] == [job.id], body
         print("\nfull disk: GET /jobs answered 2 of 2 (faults injected 2, lost: 0)")
     finally:
-        with contextlib.suppress(Exception):
-            first.stop()
+        first.stop()
         if second is not None:
             second.stop()
         disk.free()
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError, ValueError):
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
 
 
 def test_a_job_that_fills_the_disk_itself(disk, service):
@@ -311,3 +195,59 @@ def test_a_job_that_fills_the_disk_itself(disk, service):
     assert service.wait(small.id, timeout=60).state == JobState.SUCCEEDED
     assert service.result(small.id) == ("value", 2)
     print("\nfull disk: a job filling the disk itself failed saying so; the next ran (lost: 0)")
+
+
+FILL_THEN_FAIL = """\
+import os
+print("filling", flush=True)
+ballast = os.path.join(os.path.dirname(os.environ["MLCLUSTER_ERROR_FILE"]), "ballast")
+with open(ballast, "wb", buffering=0) as f:
+    for chunk in (1 << 16, 1 << 12, 512, 1):
+        try:
+            while True:
+                f.write(b"x" * chunk)
+        except OSError:
+            pass
+raise ValueError("boom")
+"""
+
+
+def test_a_rank_whose_error_report_meets_a_full_disk(disk, service):
+    """The rank's error file cannot be written (its log still has room in its last page):
+    the report comes over the report channel, and the job says why the rank failed."""
+    job = service.submit(JobSpec.from_options({"workers": 1}), Payload(source=FILL_THEN_FAIL))
+    ballast = service.store.job_dir(job.id) / "ballast"
+    wait_for(lambda: ballast.exists(), message="the rank filling the disk")
+    wait_for(
+        lambda: not any(alive(pid) for _r, pid, _s in service.store.rank_processes(job.id)),
+        message="the rank gone",
+    )
+    ballast.unlink()  # the supervisor's final word may be waiting for space
+    record = service.wait(job.id, timeout=60)
+    assert record.state == JobState.FAILED
+    assert record.error == "rank 0 failed: ValueError: boom" or (
+        record.reason or ""
+    ).startswith("no space left on"), (record.error, record.reason)
+    assert not list(service.store.job_dir(job.id).glob("error-*"))
+    print(f"\nfull disk: a rank's error report without a file: {record.error!r} (lost: 0)")
+
+
+UNWRITABLE_ERROR_FILE = """\
+import os
+os.mkdir(os.environ["MLCLUSTER_ERROR_FILE"] + ".tmp" + str(os.getpid()))
+raise ValueError("boom")
+"""
+
+
+def test_an_error_report_that_cannot_be_written_still_arrives(service):
+    """Deterministically, what a full disk does at random: the rank's error file cannot be
+    written (here its temporary name is a directory), the report comes over the rank's
+    signed report channel and the job names the rank's exception, not just its exit status."""
+    job = service.submit(
+        JobSpec.from_options({"workers": 2}), Payload(source=UNWRITABLE_ERROR_FILE)
+    )
+    record = service.wait(job.id, timeout=60)
+    assert record.state == JobState.FAILED
+    assert record.error in ("rank 0 failed: ValueError: boom", "rank 1 failed: ValueError: boom")
+    lines = [line["line"] for line in service.logs(job.id)[0]]
+    assert any(line.startswith("mlcluster: cannot write") for line in lines), lines

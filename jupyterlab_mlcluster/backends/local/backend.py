@@ -146,6 +146,9 @@ class _Gang:
         self.last_metrics = 0.0
         self.open_fds = 0
         self.done: set[int] = set()  # ranks whose exit we have seen
+        # A rank's error report sent over its report channel: only when its error file
+        # could not be written (a full disk); the file, where there is one, wins.
+        self.reported_errors: dict[int, dict[str, Any]] = {}
 
     # -- start ------------------------------------------------------------------------
 
@@ -270,6 +273,8 @@ class _Gang:
                     self.rank_updates.update(rank, state=RankState.RUNNING)
                 elif rtype == "progress":
                     self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
+                elif rtype == "error":
+                    self.reported_errors[rank] = value
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -347,7 +352,12 @@ class _Gang:
                 )
                 if not ok:
                     self.stop(exclude={p.rank})
-                    return Outcome("failed", failed_rank=p.rank, exit_code=p.returncode)
+                    return Outcome(
+                        "failed",
+                        lifecycle.reported_failure(p.rank, self.reported_errors.get(p.rank)),
+                        failed_rank=p.rank,
+                        exit_code=p.returncode,
+                    )
             if len(finished) == len(self.ranks):
                 log.debug("all ranks exited")
                 return Outcome("succeeded")
