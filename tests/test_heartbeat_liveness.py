@@ -15,7 +15,7 @@ from jupyterlab_mlcluster.jobs import processes
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
 from jupyterlab_mlcluster.jobs.processes import HEARTBEAT_STALE, holder_alive, this_host
 from jupyterlab_mlcluster.jobs.record import JobRecord
-from jupyterlab_mlcluster.jobs.service import JobService, JobStillRunning, new_job_id
+from jupyterlab_mlcluster.jobs.service import JobService, new_job_id
 from jupyterlab_mlcluster.jobs.store import JobStore
 
 OTHER = {"pid": 4242, "create_time": 1_700_000_000.0, "host": "gpu-node-7.cluster"}
@@ -69,7 +69,7 @@ def test_a_dead_hosts_job_is_reaped_to_failed(jobs):
     assert jobs.cancel(job_id, purge=True) is None
 
 
-def test_a_live_hosts_job_stays_running_and_is_not_purged(jobs):
+def test_a_live_hosts_job_stays_running_and_is_not_taken_over(jobs):
     job_id = _remote_job(jobs.store, heartbeat=time.time())
     stop = threading.Event()
 
@@ -86,10 +86,6 @@ def test_a_live_hosts_job_stays_running_and_is_not_purged(jobs):
         # No supervisor here can take it over while it beats.
         me = {"pid": 1, "create_time": 2.0, "host": this_host()}
         assert not jobs.store.claim_supervisor(job_id, me, holder_alive)
-        with pytest.raises(JobStillRunning, match="gpu-node-7.cluster.*alive"):
-            jobs.cancel(job_id, purge=True)
-        record = jobs.store.get_job(job_id)  # still there, cancel asked of its supervisor
-        assert record.state == JobState.RUNNING and record.cancel_requested
     finally:
         stop.set()
         beater.join()
@@ -127,3 +123,40 @@ def test_a_stale_claim_is_taken_over(jobs):
     me = {"pid": 1, "create_time": 2.0, "host": this_host()}
     assert jobs.store.claim_supervisor(job_id, me, holder_alive)
     assert jobs.store.get_job(job_id).supervisor == me
+
+
+def test_the_cli_refuses_to_purge_a_live_hosts_job(jobs, tmp_path, monkeypatch):
+    """`mlcluster cancel --purge` (JobService.cancel) of a job whose supervisor on another
+    host still beats: the cancel is asked of that supervisor, then a clear error, exit
+    status 1, the job still there."""
+    import json
+
+    from helpers import run_cli
+
+    config_dir = tmp_path / "jupyter-config"
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": {"kill_grace_period": 0}})
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
+    job_id = _remote_job(jobs.store, heartbeat=time.time())
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            jobs.store.update_job(job_id, event="heartbeat", heartbeat=time.time())
+            stop.wait(processes.HEARTBEAT_INTERVAL / 4)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        done = run_cli("cancel", job_id, "--purge")
+    finally:
+        stop.set()
+        beater.join()
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"job {job_id} was not purged" in done.stderr and "gpu-node-7" in done.stderr
+    assert "Traceback" not in done.stderr
+    record = jobs.store.get_job(job_id)
+    assert record.state == JobState.RUNNING and record.cancel_requested
+    assert "gpu-node-7.cluster" in jobs.still_running(record)

@@ -431,7 +431,12 @@ class DistributedMagics(Magics):
         """Cancel a job: every rank is stopped."""
         args = magic_arguments.parse_argstring(self.distributed_cancel, line)
         record = self._find(args.job)
-        after = self.service.cancel(record.id, purge=args.purge)
+        from ..jobs.service import JobStillRunning
+
+        try:
+            after = self.service.cancel(record.id, purge=args.purge)
+        except JobStillRunning as exc:  # e.g. its supervisor on another host still beats
+            raise UsageError(str(exc)) from None
         print(f"{record.id} purged" if after is None else f"{record.id} {after.state}")
 
     @magic_arguments.magic_arguments()
