@@ -91,6 +91,8 @@ def test_a_store_on_nfs_uses_the_rollback_journal_and_says_so_once(tmp_path, cap
     assert [line["line"] for line in service.logs(job.id)[0]] == ["nfs", "nfs"]
     assert _journal(store) == "delete"
     assert not root.joinpath("jobs.db-wal").exists()
+    # Its supervisor opened the store the submitter's way (never wanting WAL back).
+    assert "journal mode" not in (store.job_dir(job.id) / "supervisor.log").read_text()
 
 
 def test_a_local_store_keeps_wal(tmp_path):

@@ -105,6 +105,7 @@ class JobService:
         )
         self._backends: dict[str, Backend] = {}
         self._last_reap = 0.0
+        self._last_staging_sweep = float("-inf")
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -421,7 +422,8 @@ class JobService:
                 except Exception as exc:
                     if not is_storage_full(exc, self.store.root):
                         raise
-        if not self.store.database.read_only:
+        if not self.store.database.read_only and now - self._last_staging_sweep > 60.0:
+            self._last_staging_sweep = now  # a directory scan: not on every reap
             self.store.remove_stale_staging()
         return reaped
 

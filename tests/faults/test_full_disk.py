@@ -251,3 +251,24 @@ def test_an_error_report_that_cannot_be_written_still_arrives(service):
     assert record.error in ("rank 0 failed: ValueError: boom", "rank 1 failed: ValueError: boom")
     lines = [line["line"] for line in service.logs(job.id)[0]]
     assert any(line.startswith("mlcluster: cannot write") for line in lines), lines
+
+
+def test_a_dead_submitters_staging_directory_is_swept(service):
+    """A submitter killed between writing a job's files and inserting its row leaves a
+    staging directory (never a job directory without a row): the reaper removes it once it
+    is old enough that no live submission can own it."""
+    import time
+
+    from jupyterlab_mlcluster.jobs.store import STAGING_PREFIX, STAGING_STALE
+
+    jobs_dir = service.store.root / "jobs"
+    old = jobs_dir / f"{STAGING_PREFIX}j0123456789"
+    fresh = jobs_dir / f"{STAGING_PREFIX}jabcdefabcd"
+    for path in (old, fresh):
+        (path / "logs").mkdir(parents=True)
+        (path / "payload.pkl").write_bytes(b"x")
+    then = time.time() - STAGING_STALE - 5
+    os.utime(old, (then, then))
+    service.reap(force=True)
+    assert not old.exists() and fresh.exists()
+    assert service.list()[1] == 0
