@@ -131,6 +131,36 @@ def test_old_generation_serves_while_the_new_one_builds(pool):
     assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [served_by]
 
 
+def test_the_next_cell_goes_straight_to_the_generation_that_served_it(pool, monkeypatch):
+    """A submitter remembers which generation covered its wish: the same wish is sent there
+    without asking every generation again; once that one is gone, it chooses afresh."""
+    _, first, _ = run(pool, ["warmprobe"])
+
+    def asked(*_args, **_kwargs):
+        raise AssertionError("every generation was asked again for the same wish")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(warmpool, "_generations", asked)
+        loaded, served_by, _ = run(pool, ["warmprobe"])
+    assert loaded == "warmprobe" and served_by == first
+    warmpool.stop(pool.config)
+    wait_for(lambda: process_gone(first), timeout=15, message="the stopped generation to go")
+    loaded, served_by, _ = run(pool, ["warmprobe"])  # still warm, from a new generation
+    assert loaded == "warmprobe" and served_by != first
+
+
+def test_a_kernels_new_import_is_learned_at_its_next_cell(tmp_path, monkeypatch):
+    (tmp_path / "newcomer").mkdir()
+    (tmp_path / "newcomer" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # an installed package's place
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "newcomer", raising=False)
+    assert "newcomer" not in preload.kernel_modules()
+    import newcomer  # noqa: F401 - the kernel imports it between two cells
+
+    assert "newcomer" in preload.kernel_modules()
+
+
 def test_what_a_kernel_or_script_may_teach_the_pool(tmp_path):
     import sys
 

@@ -156,10 +156,24 @@ def candidates(
     return chosen
 
 
+# kernel_modules' last answer and what it was for: judging every imported module takes ~10 ms
+# in a kernel that imported transformers (~2,600 of them), on every cell's critical path,
+# though between two cells the kernel rarely imports anything.
+_kernel_answer: tuple[Any, list[str]] | None = None
+
+
 def kernel_modules(refused: Iterable[str] = ()) -> list[str]:
     """What this process (a kernel) has imported that the pool may preload, in import order."""
+    global _kernel_answer
     loaded = dict(sys.modules)  # a copy: imports on other threads must not break the walk
-    return candidates(list(loaded), loaded, refused=refused)
+    key = (
+        frozenset((name, id(module)) for name, module in loaded.items()),
+        frozenset(refused),
+        os.environ.get("PYTHONPATH", ""),
+    )
+    if _kernel_answer is None or _kernel_answer[0] != key:
+        _kernel_answer = (key, candidates(list(loaded), loaded, refused=refused))
+    return list(_kernel_answer[1])
 
 
 def script_imports(path: str) -> list[str]:

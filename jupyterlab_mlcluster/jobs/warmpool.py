@@ -453,6 +453,11 @@ def serving_generation(config, want: list[str]) -> Path | None:
     retire. Otherwise a generation with them is built in the background (memory allowing)
     while the nearest ready one serves; with none ready, the job waits for the new one (the
     first cell pays the preload)."""
+    return _serving(config, want)[0]
+
+
+def _serving(config, want: list[str]) -> tuple[Path | None, bool]:
+    """serving_generation(), and whether the generation covers all of `want`."""
     env_fp = env_fingerprint()
     generations = [g for g in _generations(want) if g.get("env") == env_fp]
     covering = [g for g in generations if g.get("missing") == 0]
@@ -469,15 +474,24 @@ def serving_generation(config, want: list[str]) -> Path | None:
                 generations.remove(other)
         if len(generations) > 1:  # (one alone is never retired: no need to measure it)
             _within_memory(config, generations, best)
-        return Path(best["socket"])
+        return Path(best["socket"]), True
     if not generations:
-        return ensure_zygote(config, wait=True, modules=want)
+        path = ensure_zygote(config, wait=True, modules=want)
+        return path, path is not None
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
     # One build at a time: the next cell's slightly different wish waits for this one's
     # generation (which may cover it) rather than start a second build on the same cores.
     if not _build_underway() and _within_memory(config, generations, nearest):
         ensure_zygote(config, wait=False, modules=want)
-    return Path(nearest["socket"])
+    return Path(nearest["socket"]), False
+
+
+# This process's last choice: (environment, pool, wish) -> the generation that covered it. A
+# kernel's next cell nearly always wishes the same, and choosing again asks every generation
+# (each decoding the whole wish: ~2,600 names for a transformers kernel) on the job's critical
+# path. The choice is made afresh once the wish or the environment changes, or that
+# generation no longer answers (idle timeout, retired, stopped).
+_last_choice: tuple[tuple[str, str, frozenset[str]], Path] | None = None
 
 
 def spawn_supervisor(config, store_root: str, job_id: str, learned: list[str] = ()) -> bool:
@@ -485,20 +499,33 @@ def spawn_supervisor(config, store_root: str, job_id: str, learned: list[str] = 
 
     `learned`: modules the submitter imports (a kernel's, a script's top imports) that
     jobs/preload.py found preloadable."""
+    global _last_choice
+    want = requested_modules(config, learned)
+    message = {
+        "op": "spawn_supervisor",
+        "store": store_root,
+        "job": job_id,
+        "env": dict(os.environ),
+    }
     try:
-        path = serving_generation(config, requested_modules(config, learned))
+        key = (env_fingerprint(), str(pool_dir()), frozenset(want))
+        if _last_choice is not None and _last_choice[0] == key:
+            try:
+                request(_last_choice[1], message)
+                return True
+            except (OSError, ValueError, RuntimeError):
+                _last_choice = None  # gone or retired: choose again
+        path, covers = _serving(config, want)
     except UnsafePoolDir as exc:
         _warn_once(str(exc))
         return False
     if path is None:
         return False
     try:
-        request(
-            path,
-            {"op": "spawn_supervisor", "store": store_root, "job": job_id, "env": dict(os.environ)},
-        )
+        request(path, message)
     except (OSError, ValueError, RuntimeError):
         return False
+    _last_choice = (key, path) if covers else None
     return True
 
 
