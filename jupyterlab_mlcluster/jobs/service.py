@@ -106,6 +106,7 @@ class JobService:
         self._backends: dict[str, Backend] = {}
         self._last_reap = 0.0
         self._last_staging_sweep = float("-inf")
+        self._unsettled: dict[str, int] = {}  # job id -> reaps that could not write (full disk)
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -406,12 +407,18 @@ class JobService:
             try:
                 if self._settle_orphan(row):
                     reaped.append(row["id"])
+                tries = self._unsettled.pop(row["id"], 0)
+                if tries:
+                    log.warning("job %s settled after %d tries (a full disk)", row["id"], tries)
             except Exception as exc:
                 # A full disk: the job is settled by a later reap once there is space; a
-                # listing that reaps on the way must not fail for it.
+                # listing that reaps on the way must not fail for it. Said once per job,
+                # not on every reap (a server reaps every few seconds).
                 if not is_storage_full(exc, self.store.root):
                     raise
-                log.warning("cannot settle job %s yet: %s", row["id"], exc)
+                tries = self._unsettled[row["id"]] = self._unsettled.get(row["id"], 0) + 1
+                if tries == 1:
+                    log.warning("cannot settle job %s yet: %s", row["id"], exc)
         # Final jobs whose backend could not clean up yet (e.g. the Kubernetes API server was
         # unreachable): the backend tries again when its own backoff says it is due.
         for job_id in self.store.pending_cleanups():

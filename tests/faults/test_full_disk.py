@@ -272,3 +272,35 @@ def test_a_dead_submitters_staging_directory_is_swept(service):
     service.reap(force=True)
     assert not old.exists() and fresh.exists()
     assert service.list()[1] == 0
+
+
+def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, caplog):
+    """kill -9 of a supervisor, then the disk fills with nobody holding the store open: the
+    reapers (a fresh JobService: read-only) cannot write the job's end; they say so once,
+    listings answer, and the first reap after space is back settles it."""
+    import logging
+    import signal
+
+    job = service.submit(JobSpec.from_options({"workers": 2}), Payload(source=CHATTY_RANK))
+    wait_for(lambda: service.store.read_logs(job.id, tail=1)[0], message="the ranks writing")
+    sup = service.store.get_job(job.id).supervisor
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"]), message="the supervisor gone")
+    service.store.close()
+    disk.fill()
+    caplog.set_level(logging.WARNING, logger="jupyterlab_mlcluster.service")
+    reaper = JobService()
+    assert reaper.store.database.read_only
+    for _ in range(3):
+        assert reaper.reap(force=True) == []
+        assert [r.id for r in reaper.list()[0]] == [job.id]
+    said = [r.getMessage() for r in caplog.records if job.id in r.getMessage()]
+    assert len(said) == 1 and "cannot settle" in said[0], said
+    disk.free()
+    assert reaper.reap(force=True) == [job.id]
+    record = reaper.store.get_job(job.id)
+    assert record.state == JobState.FAILED and "died unexpectedly" in record.reason
+    said = [r.getMessage() for r in caplog.records if job.id in r.getMessage()]
+    assert said[-1] == f"job {job.id} settled after 3 tries (a full disk)", said
+    reaper.store.close()
+    print("\nfull disk: a dead supervisor's job settled after 3 refused reaps (lost: 0)")
