@@ -13,7 +13,7 @@ import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.jobs.store import JobStore
-from jupyterlab_mlcluster.jobs.watch import StoreBell, StoreWatcher
+from jupyterlab_mlcluster.jobs.watch import IDLE_BELLS_KEPT, StoreBell, StoreWatcher
 
 LONG = 600.0  # a wait that only a write can end within the test's time
 
@@ -26,19 +26,35 @@ def write_from_another_process(root) -> None:
     subprocess.run([sys.executable, "-c", code, str(root)], check=True, timeout=120)
 
 
+def follow_in_a_thread(watcher: StoreWatcher, timeout: float):
+    """A watcher is used by one thread (its store connection is that thread's): the thread
+    looks, waits (a long time) and looks again until it sees new log lines; -> (woken, what
+    it saw each time)."""
+    ready, woken, seen = threading.Event(), threading.Event(), []
+
+    def follow():
+        assert not watcher.poll()
+        watcher.wait(0.01)  # makes (or takes) the wake-up, forgets the writes so far
+        ready.set()
+        while not seen or not seen[-1].logs:  # (the writer opening the store may commit first)
+            watcher.wait(timeout)
+            seen.append(watcher.poll())
+        woken.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    wait_for(ready.is_set, message="the follower to wait")
+    return woken, seen
+
+
 @pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
 @pytest.mark.parametrize("mode", ["wal", "delete"])
 def test_a_write_by_another_process_wakes_the_waiter(tmp_path, mode):
     store = JobStore(tmp_path / "store", journal_mode=mode)
     watcher = StoreWatcher(store, since=store.last_seq())
-    assert not watcher.poll()
-    watcher.wait(0.01)  # makes the wake-up (and forgets the writes so far)
-    woken = threading.Event()
-    waiter = threading.Thread(target=lambda: (watcher.wait(LONG), woken.set()), daemon=True)
-    waiter.start()
+    woken, seen = follow_in_a_thread(watcher, LONG)
     write_from_another_process(store.root)
     wait_for(woken.is_set, message="the write to wake the waiter")
-    assert watcher.poll().logs == {"jabcdef0123"}
+    assert seen[-1].logs == {"jabcdef0123"}
     watcher.close()
 
 
@@ -74,11 +90,34 @@ def test_closed_or_missing_wake_up_falls_back_to_sleeping(tmp_path):
     store = JobStore(tmp_path / "store")
     watcher = StoreWatcher(store)
     watcher.wait(0.001)
-    bell = watcher._bell
     watcher.close()
     watcher.close()  # twice is fine
-    if bell is not None:  # its descriptor is given back
-        with pytest.raises(OSError):
-            os.fstat(bell.fd)
-    watcher.wait(0.001)  # sleeps, never touches a closed descriptor
+    watcher.wait(0.001)  # sleeps, never touches a released wake-up
     asyncio.run(watcher.wait_async(0.001))
+
+
+@pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
+def test_a_released_wake_up_serves_the_next_follower_and_the_rest_are_closed(tmp_path):
+    """Closing an inotify instance takes milliseconds (the kernel's RCU grace period): a
+    monitor's is kept for the next one of the same store, a few at most."""
+    store = JobStore(tmp_path / "store")
+    watchers = [StoreWatcher(store) for _ in range(IDLE_BELLS_KEPT + 2)]
+    for watcher in watchers:
+        watcher.wait(0.001)
+    bells = [watcher._bell for watcher in watchers]
+    assert len({bell.fd for bell in bells}) == len(bells)
+    for watcher in watchers:
+        watcher.close()
+    kept = [bell for bell in bells if bell._closer.alive]
+    assert len(kept) == IDLE_BELLS_KEPT
+    for bell in bells:
+        if bell not in kept:
+            with pytest.raises(OSError):
+                os.fstat(bell.fd)  # given back
+    again = StoreWatcher(store, since=store.last_seq())
+    woken, seen = follow_in_a_thread(again, LONG)
+    assert again._bell in kept  # no new instance made ...
+    write_from_another_process(store.root)
+    wait_for(woken.is_set, message="the reused wake-up to ring")  # ... and it still rings
+    assert seen[-1].logs == {"jabcdef0123"}
+    again.close()

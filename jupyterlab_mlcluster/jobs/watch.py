@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -28,6 +29,8 @@ log = logging.getLogger("jupyterlab_mlcluster.watch")
 # <sys/inotify.h>: a file in the directory was written, created or renamed into it.
 _IN_MODIFY, _IN_MOVED_TO, _IN_CREATE = 0x002, 0x080, 0x100
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+SETTLE_FIRST = 0.0005
+SETTLE_CAP = 0.004
 
 
 @dataclasses.dataclass
@@ -62,25 +65,43 @@ class StoreWatcher:
         return self._bell
 
     def wait(self, timeout: float) -> None:
-        """Sleep until the store may have changed, at most `timeout` seconds."""
+        """Sleep until the store has changed (since the last poll), at most `timeout` s."""
         bell = self._ring()
         if bell is None:
             time.sleep(timeout)
-        else:
-            bell.wait(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        bell.wait(timeout)
+        delay = SETTLE_FIRST
+        while not self._news() and (left := deadline - time.monotonic()) > 0:
+            bell.wait(min(delay, left))
+            delay = min(delay * 2, SETTLE_CAP)
 
     async def wait_async(self, timeout: float) -> None:
         """wait() without blocking the event loop."""
         bell = self._ring()
         if bell is None:
             await asyncio.sleep(timeout)
-        else:
-            await bell.wait_async(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        await bell.wait_async(timeout)
+        delay = SETTLE_FIRST
+        while not self._news() and (left := deadline - time.monotonic()) > 0:
+            await bell.wait_async(min(delay, left))
+            delay = min(delay * 2, SETTLE_CAP)
+
+    def _news(self) -> bool:
+        """Another connection committed since the last poll. A writer's last write() (what
+        woke us) comes a moment before its commit is visible (SQLite then updates its
+        shared-memory index, which inotify does not see), and a transaction is several
+        writes: after a wake-up without news, look again shortly (SETTLE_FIRST, doubling
+        up to SETTLE_CAP) instead of sleeping to the backstop."""
+        return self.store.data_version() != self._version
 
     def close(self) -> None:
         """Let go of the wake-up (wait() sleeps its timeout afterwards)."""
         if self._bell is not None:
-            self._bell.close()
+            self._bell.release()
             self._bell = None
 
     def poll(self) -> Changes:
@@ -106,19 +127,39 @@ class StoreWatcher:
         return changes
 
 
+# Released bells kept for the next follower of the same store directory: closing an inotify
+# instance waits for the kernel's RCU grace period (7-15 ms measured), which would otherwise
+# sit between a job's end and the cell's reply.
+_IDLE_BELLS: dict[tuple[str, int, int], list[StoreBell]] = {}
+_IDLE_LOCK = threading.Lock()
+IDLE_BELLS_KEPT = 2
+
+
 class StoreBell:
     """Readable when a file in the store's directory was written (Linux inotify); open()
     gives None where there is none (another system, or this user's inotify instances are
     used up: max_user_instances), and the caller polls."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, key: tuple[str, int, int] | None = None):
         self.fd = fd
+        self.key = key
         self._closer = weakref.finalize(self, os.close, fd)  # a monitor dropped unclosed
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> StoreBell | None:
         if not sys.platform.startswith("linux"):
             return None
+        try:
+            info = os.stat(directory)  # (a directory made anew at the same path: a new key)
+        except OSError:
+            return None
+        key = (os.fspath(directory), info.st_dev, info.st_ino)
+        with _IDLE_LOCK:
+            idle = _IDLE_BELLS.get(key)
+            bell = idle.pop() if idle else None
+        if bell is not None:
+            bell.drain()
+            return bell
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
@@ -132,7 +173,18 @@ class StoreBell:
         except (OSError, AttributeError) as exc:
             log.debug("no inotify on %s (%s): polling", directory, exc)
             return None
-        return cls(fd)
+        return cls(fd, key)
+
+    def release(self) -> None:
+        """Done with it: kept for the next follower of this store (a few), else closed."""
+        if self.key is not None and self._closer.alive:
+            self.drain()
+            with _IDLE_LOCK:
+                idle = _IDLE_BELLS.setdefault(self.key, [])
+                if len(idle) < IDLE_BELLS_KEPT:
+                    idle.append(self)
+                    return
+        self.close()
 
     def drain(self) -> None:
         """Forget the events so far (one look at the store covers them all)."""
