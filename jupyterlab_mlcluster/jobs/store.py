@@ -308,7 +308,7 @@ class JobStore:
         contents = dict(files or {})
         if payload is not None:
             contents[self.payload_path(record.id).name] = payload
-        renamed = False
+        renaming = False
         try:
             staging.mkdir(mode=0o700)
             (staging / "logs").mkdir(mode=0o700)
@@ -320,11 +320,15 @@ class JobStore:
                     f.write(data)
             now = time.time()
             with self._tx() as db:
-                self._insert_rows(db, record, now)
+                self._insert_rows(db, record, now)  # a taken id fails here, before the rename
+                renaming = True
                 os.rename(staging, job_dir)  # jobs/<id> never exists half-written
-                renamed = True
         except BaseException:
-            shutil.rmtree(job_dir if renamed else staging, ignore_errors=True)
+            # Whatever stopped it (a full disk, a failed COMMIT, Ctrl-C): no row was
+            # committed, so neither directory may stay.
+            shutil.rmtree(staging, ignore_errors=True)
+            if renaming:
+                shutil.rmtree(job_dir, ignore_errors=True)
             raise
 
     def _insert_rows(self, db: sqlite3.Connection, record: JobRecord, now: float) -> None:
