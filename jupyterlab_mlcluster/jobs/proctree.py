@@ -186,17 +186,23 @@ def our_group(pgid: int) -> bool:
     A rank's group outlives its leader while a member lives, and its id (the leader's pid)
     cannot be reused meanwhile; once the group is empty, the id may belong to anyone. So
     after a rank exited, its group is signalled only if this says yes."""
+    return pgid in _live_groups()
+
+
+def _live_groups() -> set[int]:
+    """The process groups of this process's live descendants (one scan of /proc)."""
     try:
         descendants = psutil.Process().children(recursive=True)
     except psutil.Error:
-        return False
+        return set()
+    groups = set()
     for proc in descendants:
         try:
-            if os.getpgid(proc.pid) == pgid and _alive(proc):
-                return True
+            if _alive(proc):
+                groups.add(os.getpgid(proc.pid))
         except (OSError, psutil.Error):
             continue
-    return False
+    return groups
 
 
 def _reap_children(keep: Iterable[int] = ()) -> None:
@@ -283,8 +289,9 @@ class Containment:
         `keep`: rank pids whose exit status their owner still collects (not reaped here)."""
         deadline = time.monotonic() + KILL_DEADLINE
         keep = set(keep)
+        ours = _live_groups()  # our_group() of each, from one scan of /proc (not one each)
         for pgid in rank_groups:
-            if our_group(pgid):
+            if pgid in ours:
                 killpg(pgid)
         if self.cgroup is not None:
             _kill_cgroup_keep(self.cgroup, deadline)
