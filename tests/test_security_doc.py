@@ -12,5 +12,5 @@ def test_every_test_named_in_the_security_table_exists():
     assert len(named) >= 20
     defined = set()
     for path in (ROOT / "tests").rglob("test_*.py"):
-        defined |= set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE))
+        defined |= set(re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE))
     assert named - defined == set()

@@ -207,12 +207,21 @@ class StoreBell:
             return
         loop = asyncio.get_running_loop()
         rung = loop.create_future()
-        loop.add_reader(self.fd, lambda: rung.done() or rung.set_result(None))
+
+        def ring() -> None:
+            if not rung.done():
+                rung.set_result(None)
+
+        # Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that comes as
+        # the awaited future completes (cpython gh-86296), and ipykernel interrupts an async
+        # cell by cancelling it: with a store written every second, Ctrl-C was now and then
+        # lost and the cell followed its job on. A plain awaited future passes it on.
+        loop.add_reader(self.fd, ring)
+        timer = loop.call_later(timeout, ring)
         try:
-            await asyncio.wait_for(rung, timeout)
-        except TimeoutError:
-            pass
+            await rung
         finally:
+            timer.cancel()
             loop.remove_reader(self.fd)
         self.drain()
 

@@ -58,11 +58,7 @@ class DeviceSampler:
         }
 
 
-def sample_forever(interval: float = INTERVAL) -> None:
-    from ..backends.local.metrics import RankSampler  # psutil over this process and its children
-
-    processes = RankSampler()
-    devices = DeviceSampler(visible_gpus())
+def sample_forever(processes: Any, devices: DeviceSampler, interval: float = INTERVAL) -> None:
     pid = os.getpid()
     processes.sample(pid, [])  # cpu_percent needs a first call to measure from
     while True:
@@ -73,8 +69,17 @@ def sample_forever(interval: float = INTERVAL) -> None:
 
 
 def start_reporting(interval: float = INTERVAL) -> threading.Thread:
+    # Imported here, before the thread starts: a daemon thread still importing (psutil
+    # imports subprocess) when a short rank's interpreter shuts down dies with a traceback
+    # in the rank's output.
+    from ..backends.local.metrics import RankSampler  # psutil over this process and its children
+
+    processes, devices = RankSampler(), DeviceSampler(visible_gpus())
     thread = threading.Thread(
-        target=sample_forever, args=(interval,), name="mlcluster-metrics", daemon=True
+        target=sample_forever,
+        args=(processes, devices, interval),
+        name="mlcluster-metrics",
+        daemon=True,
     )
     thread.start()
     return thread
