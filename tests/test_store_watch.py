@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -13,8 +14,11 @@ import time
 import pytest
 from helpers import wait_for
 
+from jupyterlab_mlcluster.jobs import watch
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.store import JobStore
-from jupyterlab_mlcluster.jobs.watch import IDLE_BELLS_KEPT, StoreBell, StoreWatcher
+from jupyterlab_mlcluster.jobs.watch import CREATED, ENDED, IDLE_BELLS_KEPT, StoreBell, StoreWatcher
+from jupyterlab_mlcluster.runtime.payload import Payload
 
 LONG = 600.0  # a wait that only a write can end within the test's time
 
@@ -98,9 +102,10 @@ def test_closed_or_missing_wake_up_falls_back_to_sleeping(tmp_path):
 
 
 @pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
-def test_a_released_wake_up_serves_the_next_follower_and_the_rest_are_closed(tmp_path):
+def test_a_released_wake_up_serves_the_next_follower_and_the_rest_are_closed(tmp_path, monkeypatch):
     """Closing an inotify instance takes milliseconds (the kernel's RCU grace period): a
-    monitor's is kept for the next one of the same store, a few at most."""
+    monitor's is kept for the next one (aimed at its directory), a few at most."""
+    monkeypatch.setattr(watch, "_IDLE_BELLS", [])
     store = JobStore(tmp_path / "store")
     watchers = [StoreWatcher(store) for _ in range(IDLE_BELLS_KEPT + 2)]
     for watcher in watchers:
@@ -122,6 +127,48 @@ def test_a_released_wake_up_serves_the_next_follower_and_the_rest_are_closed(tmp
     wait_for(woken.is_set, message="the reused wake-up to ring")  # ... and it still rings
     assert seen[-1].logs == {"jabcdef0123"}
     again.close()
+
+
+@pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
+def test_a_created_file_rings_a_growing_one_does_not(tmp_path):
+    (tmp_path / "log").write_bytes(b"")
+    bell = StoreBell.open(tmp_path, CREATED)
+    with open(tmp_path / "log", "ab") as log:
+        log.write(b"a line\n")
+    assert not select.select([bell.fd], [], [], 0.2)[0]
+    (tmp_path / "ended").touch()
+    assert select.select([bell.fd], [], [], LONG)[0]
+    bell.release()
+
+
+@pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
+def test_a_job_follower_is_woken_by_the_job_ending(service, monkeypatch):
+    """The kernel's monitor waits on its job's directory for a file to appear: the supervisor
+    makes one once the job is final, so even a follower with a long backstop sees the end."""
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
+    record = service.submit(
+        JobSpec.from_options({"workers": 1}),
+        Payload(source="import sys\nsys.stdin.read()"),  # runs until cancelled
+    )
+    wait_for(lambda: service.get(record.id).state == JobState.RUNNING, message="the job to run")
+    job_dir = service.store.job_dir(record.id)
+    assert not (job_dir / ENDED).exists()
+    watcher = StoreWatcher(service.store, {record.id}, wake_on=(job_dir, CREATED))
+    ready, woken = threading.Event(), threading.Event()
+
+    def follow():
+        watcher.wait(0.01)
+        ready.set()
+        while not service.store.get_job(record.id).final:
+            watcher.wait(LONG)
+        woken.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    wait_for(ready.is_set, message="the follower to wait")
+    service.cancel(record.id)
+    wait_for(woken.is_set, message="the job's end to wake the follower")
+    assert (job_dir / ENDED).exists()
+    watcher.close()
 
 
 @pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")

@@ -31,6 +31,7 @@ from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 from .record import JobRecord
 from .store import JobStore
 from .sweep import wait_for_slot
+from .watch import ENDED
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -273,6 +274,10 @@ def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
         if not r.state.final
     }
     ctx.set_ranks(leftover)
+    # Wakes a follower (the kernel's monitor) at once instead of at its next poll; without
+    # it (a full disk) the poll still sees the end.
+    with contextlib.suppress(OSError):
+        (store.job_dir(job_id) / ENDED).touch()
 
 
 def supervise(store: JobStore, job_id: str, config=None) -> int:

@@ -1,11 +1,13 @@
 """Following the store's change feed: what changed since I last looked?
 
-A follower that waits between looks (the kernel's monitor) is woken the moment a process on
-this machine writes the store (inotify on the store's directory, where its database and
-journal files are), not a fixed poll interval later: on a job's critical path that interval
-was the largest wait left between "the job is final" and the cell's reply. The interval stays
-as a backstop (a writer on another host sharing the store over a network filesystem is not
-seen by inotify), so a follower is never later than with polling alone.
+A follower that waits between looks is woken the moment a process on this machine changes
+what it watches (inotify): by default any write to the store's directory (its database and
+journal files), or, for the kernel's monitor, a file appearing in its job's directory (the
+supervisor makes ENDED there once the job is final), not a fixed poll interval later: on a
+job's critical path that interval was the largest wait left between "the job is final" and
+the cell's reply. The interval stays as a backstop (a writer on another host sharing the store
+over a network filesystem is not seen by inotify), so a follower is never later than with
+polling alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .store import JobStore
 log = logging.getLogger("jupyterlab_mlcluster.watch")
 
 # <sys/inotify.h>: a file in the directory was written, created or renamed into it.
+ENDED = "ended"  # made in a job's directory once its supervisor has made it final
 _IN_MODIFY, _IN_MOVED_TO, _IN_CREATE = 0x002, 0x080, 0x100
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 SETTLE_FIRST = 0.0005
@@ -50,18 +53,28 @@ class StoreWatcher:
     Not thread-safe; give each thread its own (the store hands out per-thread connections).
     """
 
-    def __init__(self, store: JobStore, job_ids: set[str] | None = None, since: int | None = None):
+    def __init__(
+        self,
+        store: JobStore,
+        job_ids: set[str] | None = None,
+        since: int | None = None,
+        *,
+        wake_on: tuple[Path, int] | None = None,
+    ):
+        """`wake_on`: (directory, WRITES or CREATED) whose change ends a wait(); default any
+        write to the store's own directory (every commit)."""
         self.store = store
         self.job_ids = job_ids
         self.seq = store.last_seq() if since is None else since
         self._version: int | None = None
         self._bell: StoreBell | None = None
         self._bell_tried = False
+        self._wake_on = wake_on or (store.root, WRITES)
 
     def _ring(self) -> StoreBell | None:
         if not self._bell_tried:  # made on the first wait: pollers that never wait need none
             self._bell_tried = True
-            self._bell = StoreBell.open(self.store.root)
+            self._bell = StoreBell.open(*self._wake_on)
         return self._bell
 
     def wait(self, timeout: float) -> None:
@@ -127,62 +140,63 @@ class StoreWatcher:
         return changes
 
 
-# Released bells kept for the next follower of the same store directory: closing an inotify
+# Released bells, kept for the next follower (re-aimed at its directory): closing an inotify
 # instance waits for the kernel's RCU grace period (7-15 ms measured), which would otherwise
-# sit between a job's end and the cell's reply.
-_IDLE_BELLS: dict[tuple[str, int, int], list[StoreBell]] = {}
+# sit between a job's end and the cell's reply; moving a watch takes microseconds.
+_IDLE_BELLS: list[StoreBell] = []
 _IDLE_LOCK = threading.Lock()
 IDLE_BELLS_KEPT = 2
+WRITES = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE  # any file in the directory written
+CREATED = _IN_MOVED_TO | _IN_CREATE  # a file appeared in it (not: one grew)
 
 
 class StoreBell:
-    """Readable when a file in the store's directory was written (Linux inotify); open()
-    gives None where there is none (another system, or this user's inotify instances are
-    used up: max_user_instances), and the caller polls."""
+    """Readable when a file in a directory was written (or made: `mask`), by Linux inotify;
+    open() gives None where there is none (another system, or this user's inotify instances
+    are used up: max_user_instances), and the caller polls."""
 
-    def __init__(self, fd: int, key: tuple[str, int, int] | None = None):
+    def __init__(self, fd: int):
         self.fd = fd
-        self.key = key
+        self.wd = -1
         self._closer = weakref.finalize(self, os.close, fd)  # a monitor dropped unclosed
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str]) -> StoreBell | None:
+    def open(cls, directory: str | os.PathLike[str], mask: int = WRITES) -> StoreBell | None:
         if not sys.platform.startswith("linux"):
             return None
-        try:
-            info = os.stat(directory)  # (a directory made anew at the same path: a new key)
-        except OSError:
-            return None
-        key = (os.fspath(directory), info.st_dev, info.st_ino)
         with _IDLE_LOCK:
-            idle = _IDLE_BELLS.get(key)
-            bell = idle.pop() if idle else None
-        if bell is not None:
-            bell.drain()
-            return bell
+            bell = _IDLE_BELLS.pop() if _IDLE_BELLS else None
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd < 0:
-                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-            mask = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
-            if libc.inotify_add_watch(fd, os.fsencode(Path(directory)), mask) < 0:
-                err = ctypes.get_errno()
-                os.close(fd)
-                raise OSError(err, os.strerror(err))
+            if bell is None:
+                fd = _libc().inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+                if fd < 0:
+                    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+                bell = cls(fd)
+            bell._aim(directory, mask)
         except (OSError, AttributeError) as exc:
             log.debug("no inotify on %s (%s): polling", directory, exc)
+            if bell is not None:
+                bell.release()
             return None
-        return cls(fd, key)
+        return bell
+
+    def _aim(self, directory: str | os.PathLike[str], mask: int) -> None:
+        self.wd = _libc().inotify_add_watch(self.fd, os.fsencode(Path(directory)), mask)
+        if self.wd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self.drain()
 
     def release(self) -> None:
-        """Done with it: kept for the next follower of this store (a few), else closed."""
-        if self.key is not None and self._closer.alive:
+        """Done with it: kept (watching nothing) for the next follower, a few, else closed."""
+        if self._closer.alive:
+            if self.wd >= 0:
+                _libc().inotify_rm_watch(self.fd, self.wd)
+                self.wd = -1
             self.drain()
             with _IDLE_LOCK:
-                idle = _IDLE_BELLS.setdefault(self.key, [])
-                if len(idle) < IDLE_BELLS_KEPT:
-                    idle.append(self)
+                if len(_IDLE_BELLS) < IDLE_BELLS_KEPT:
+                    _IDLE_BELLS.append(self)
                     return
         self.close()
 
@@ -227,3 +241,7 @@ class StoreBell:
 
     def close(self) -> None:
         self._closer()
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)

@@ -27,7 +27,7 @@ from typing import Any
 from ..jobs.model import JobState
 from ..jobs.record import JobRecord
 from ..jobs.service import JobService
-from ..jobs.watch import StoreWatcher
+from ..jobs.watch import CREATED, StoreWatcher
 
 POLL_INTERVAL = 0.05
 MAX_REDRAWS_PER_SECOND = 4
@@ -373,7 +373,12 @@ class JobMonitor:
         self.quiet = quiet
         self.terminal = terminal
         self.record = service.store.get_job(job_id)
-        self.watcher = StoreWatcher(service.store, {job_id}, since=0)
+        # Woken when a file appears in the job's directory (its supervisor makes one once
+        # the job is final), not by every write to the store: while the job runs, polling
+        # every POLL_INTERVAL costs the kernel less than waking for each log batch.
+        self.watcher = StoreWatcher(
+            service.store, {job_id}, since=0, wake_on=(service.store.job_dir(job_id), CREATED)
+        )
         self.cursor: str | None = None
         self.outputs = RankOutputs(
             self.record.spec.workers, enabled=rank_output and not terminal and not quiet
@@ -507,7 +512,7 @@ class JobMonitor:
     def follow_blocking(self) -> JobRecord:
         try:
             while not self.step():
-                self.watcher.wait(POLL_INTERVAL)  # woken by the store's next write
+                self.watcher.wait(POLL_INTERVAL)  # (or when the job ends)
                 self.service.reap()
         finally:
             self.watcher.close()
@@ -519,7 +524,7 @@ class JobMonitor:
         (the Cancel button) are handled while the cell runs."""
         try:
             while not self.step():
-                await self.watcher.wait_async(POLL_INTERVAL)  # woken by the store's next write
+                await self.watcher.wait_async(POLL_INTERVAL)  # (or when the job ends)
                 self.service.reap()
         finally:
             self.watcher.close()
