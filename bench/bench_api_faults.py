@@ -2,6 +2,7 @@
 version of tests/faults/test_kube_api_faults.py.
 
     python bench/bench_api_faults.py [--rounds 20] [--seconds 600] [--longest 20] [--seed N]
+                                     [--failing-deletes 60]
 
 Each round a real supervisor runs a ticking job against the Kubernetes API emulator, reached
 through a TCP proxy that the script breaks 1-3 times (connections refused with open watches
@@ -32,6 +33,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop starting rounds after")
     parser.add_argument("--longest", type=float, default=20.0, help="the longest fault, seconds")
+    parser.add_argument(
+        "--failing-deletes",
+        type=float,
+        default=None,
+        help="every round's cancel meets deletes failing (503) for this many seconds",
+    )
     parser.add_argument("--seed", type=int, default=20261126)
     args = parser.parse_args()
 
@@ -77,6 +84,7 @@ def main() -> int:
             args.rounds,
             seconds=args.seconds,
             longest=args.longest,
+            failing_deletes=args.failing_deletes,
         )
     finally:
         for record in service.store.list_jobs()[0]:

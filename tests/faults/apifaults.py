@@ -158,6 +158,7 @@ def random_rounds(
     rounds: int,
     seconds: float | None = None,
     longest: float = OUTAGE,
+    failing_deletes: float | None = None,
 ) -> ApiTally:
     """Each round: a ticking job meets 1-3 faults of random kinds and lengths (up to
     `longest` s, with the API back in between), sometimes a cancel whose deletes fail for a
@@ -187,11 +188,14 @@ def random_rounds(
         ok = True
         try:
             carries_on(service, record.id)
-            if rng.random() < 0.5:  # the cancel's deletes fail for a while
+            if failing_deletes or rng.random() < 0.5:  # the cancel's deletes fail a while
                 proxy.set_mode("fail_deletes")
                 tally.injected += 1
                 service.cancel(record.id, wait=False)
-                time.sleep(rng.uniform(1.0, longest))
+                time.sleep(failing_deletes or rng.uniform(1.0, longest))
+                if service.store.get_job(record.id).final:
+                    tally.notes.append(f"{record.id}: final while its deletes failed")
+                    ok = False
                 proxy.set_mode("pass")
             final = service.cancel(record.id)
             player.kill_deleted()
@@ -200,7 +204,7 @@ def random_rounds(
                 timeout=60,
                 message="objects gone",
             )
-            ok = final.state == "cancelled" and left
+            ok = ok and final.state == "cancelled" and left
         except AssertionError as exc:
             tally.notes.append(f"{record.id}: {exc}")
             ok = False
