@@ -198,3 +198,34 @@ def test_a_cancelled_async_wait_is_never_swallowed(tmp_path, turns):
 
     assert asyncio.run(main()) in ("cancelled", "done")
     bell.close()
+
+
+@pytest.mark.skipif(StoreBell.open("/") is None, reason="no inotify here: followers poll")
+def test_a_wake_up_past_descriptor_1024_still_waits(tmp_path):
+    """A long-lived process (a Jupyter server, a kernel) holds many descriptors: the wake-up's
+    may be past select()'s FD_SETSIZE (1024)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open only {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    ballast = []
+    try:
+        while not ballast or ballast[-1] < 1100:
+            ballast.append(os.open(os.devnull, os.O_RDONLY))
+        with watch._IDLE_LOCK:  # a fresh descriptor, not a kept (low) one
+            while watch._IDLE_BELLS:
+                watch._IDLE_BELLS.pop().close()
+        bell = StoreBell.open(tmp_path)
+        assert bell is not None and bell.fd > 1024
+        bell.wait(0.01)  # select() raised "filedescriptor out of range" here
+        (tmp_path / "x").write_bytes(b"x")
+        started = time.monotonic()
+        bell.wait(LONG)
+        assert time.monotonic() - started < LONG / 2, "woken by the write"
+        bell.close()
+    finally:
+        for fd in ballast:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -210,7 +210,11 @@ class StoreBell:
 
     def wait(self, timeout: float) -> None:
         if self._closer.alive:
-            select.select([self.fd], [], [], timeout)
+            # poll, not select: select() refuses descriptors past FD_SETSIZE (1024), which a
+            # long-lived process (a Jupyter server, a kernel) with many sockets reaches.
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            poller.poll(max(0.0, timeout) * 1000)
             self.drain()
         else:
             time.sleep(timeout)
