@@ -256,6 +256,10 @@ def _until_written(store: JobStore, write, what: str):
         except Exception as exc:
             if not is_storage_full(exc, store.root):
                 raise
+            if not store.db_path.exists():
+                # The store itself was removed (its directory deleted, its disk unmounted):
+                # nobody can ever read this word, so waiting for space would wait forever.
+                raise
             failures += 1
             if failures == 1:  # once, not every retry (the log may be on that disk too)
                 log.warning("cannot write %s (%s): retrying until there is space", what, exc)

@@ -21,6 +21,7 @@ from helpers import assert_no_job_processes, scenario_seed, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
+from jupyterlab_mlcluster.jobs.store import JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 from tests.faults.fulldisk import (
     CHATTY_RANK,
@@ -304,3 +305,26 @@ def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, ca
     assert said[-1] == f"job {job.id} settled after 3 tries (a full disk)", said
     reaper.store.close()
     print("\nfull disk: a dead supervisor's job settled after 3 refused reaps (lost: 0)")
+
+
+def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
+    """A supervisor waiting for space to write its job's end, whose store is then removed
+    (its directory deleted, its disk unmounted): nobody could ever read that word, so it
+    stops instead of waiting forever, a process no one can reach."""
+    import errno
+    import shutil
+
+    from jupyterlab_mlcluster.jobs import supervisor
+
+    store = JobStore(tmp_path / "store")
+    tries = []
+
+    def write():
+        tries.append(1)
+        if len(tries) == 2:
+            shutil.rmtree(store.root)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        supervisor._until_written(store, write, "the job's end")
+    assert len(tries) == 2
