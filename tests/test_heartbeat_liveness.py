@@ -5,8 +5,10 @@ purged while its supervisor beats."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,6 +59,26 @@ def test_liveness_rule():
     assert not holder_alive(gone, now)
 
 
+@contextlib.contextmanager
+def beating(store: JobStore, job_id: str) -> Iterator[None]:
+    """The other host's supervisor meanwhile: alive (its heartbeat fresh), and slow to honour
+    a cancel."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            store.update_job(job_id, event="heartbeat", heartbeat=time.time())
+            stop.wait(processes.HEARTBEAT_INTERVAL / 4)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()
+
+
 def test_a_dead_hosts_job_is_reaped_to_failed(jobs):
     job_id = _remote_job(jobs.store, heartbeat=time.time() - HEARTBEAT_STALE - 30)
     assert job_id in jobs.reap(force=True)
@@ -71,24 +93,12 @@ def test_a_dead_hosts_job_is_reaped_to_failed(jobs):
 
 def test_a_live_hosts_job_stays_running_and_is_not_taken_over(jobs):
     job_id = _remote_job(jobs.store, heartbeat=time.time())
-    stop = threading.Event()
-
-    def beat():  # the other host's supervisor, alive but slow to honour the cancel
-        while not stop.is_set():
-            jobs.store.update_job(job_id, event="heartbeat", heartbeat=time.time())
-            stop.wait(processes.HEARTBEAT_INTERVAL / 4)
-
-    beater = threading.Thread(target=beat, daemon=True)
-    beater.start()
-    try:
+    with beating(jobs.store, job_id):
         assert jobs.reap(force=True) == []
         assert jobs.store.get_job(job_id).state == JobState.RUNNING
         # No supervisor here can take it over while it beats.
         me = {"pid": 1, "create_time": 2.0, "host": this_host()}
         assert not jobs.store.claim_supervisor(job_id, me, holder_alive)
-    finally:
-        stop.set()
-        beater.join()
 
 
 def test_a_live_host_that_honours_the_cancel_is_purged(jobs):
@@ -140,20 +150,8 @@ def test_the_cli_refuses_to_purge_a_live_hosts_job(jobs, tmp_path, monkeypatch):
     )
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
     job_id = _remote_job(jobs.store, heartbeat=time.time())
-    stop = threading.Event()
-
-    def beat():
-        while not stop.is_set():
-            jobs.store.update_job(job_id, event="heartbeat", heartbeat=time.time())
-            stop.wait(processes.HEARTBEAT_INTERVAL / 4)
-
-    beater = threading.Thread(target=beat, daemon=True)
-    beater.start()
-    try:
+    with beating(jobs.store, job_id):
         done = run_cli("cancel", job_id, "--purge")
-    finally:
-        stop.set()
-        beater.join()
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"job {job_id} was not purged" in done.stderr and "gpu-node-7" in done.stderr
     assert "Traceback" not in done.stderr
