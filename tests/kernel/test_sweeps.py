@@ -155,8 +155,16 @@ def test_interrupt_cancels_every_trial(kernel, service):
         timeout=60,
         message="the first trial running",
     )
-    queued = [j for j in service.store.list_jobs()[0] if j.state == "queued"]
-    assert len(queued) == 2 and all("sweep slot" in (j.reason or "") for j in queued)
+    # Each waiting trial's supervisor says why once it asks for a slot (it may start after
+    # the first trial already runs, now that trials start fast).
+    wait_for(
+        lambda: (
+            len(queued := [j for j in service.store.list_jobs()[0] if j.state == "queued"]) == 2
+            and all("sweep slot" in (j.reason or "") for j in queued)
+        ),
+        timeout=60,
+        message="the other two trials waiting for a sweep slot",
+    )
     kernel.km.interrupt_kernel()
     _msgs, reply = kernel.collect(msg_id, timeout=60)
     assert reply["status"] == "error"
