@@ -92,7 +92,12 @@ def test_attack_rest_jobs_land_in_the_callers_namespace_and_stay_out_of_reach(
     jp_fetch,
     jp_ws_fetch,
     run,
+    monkeypatch,
 ) -> None:
+    # The reaper's cleanup retries on the one backoff policy (up to 60 s apart) while a
+    # deleted job's pods are still going: its scale shortened (shape unchanged), so the
+    # wait below measures where it deletes, not how long a loaded machine backs off.
+    monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
     install_crds(kube)  # the server watches Notebooks in every namespace
     alice_ns, bob_ns = user_namespaces[ALICE], user_namespaces[BOB]
     alice, bob = User(jp_fetch, jp_ws_fetch, ALICE), User(jp_fetch, jp_ws_fetch, BOB)
