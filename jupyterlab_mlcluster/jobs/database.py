@@ -9,24 +9,35 @@ this tick fire); each opens it through this class.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 from .fsinfo import is_storage_full
 
+log = logging.getLogger(__name__)
+
 # After falling back to a read-only connection (full disk), try a normal one again this often.
 READ_ONLY_RETRY = 1.0
+
+
+# Every Database of this process: a write transaction first ends what an interrupt left
+# open on any of them (the job store and the experiment store each hold a connection to
+# the same file, and one's leftover lock would lock the other out).
+_ALL: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
 class Database:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self._local = threading.local()
+        _ALL.add(self)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -89,8 +100,11 @@ class Database:
         if self._local.read_only_since is not None:
             # The full disk that made this connection read-only (is_storage_full knows it).
             raise sqlite3.OperationalError(f"database or disk is full: {self._local.error}")
-        db.execute("BEGIN IMMEDIATE")
+        for database in list(_ALL):
+            if database.path == self.path:
+                database.end_interrupted()
         try:
+            db.execute("BEGIN IMMEDIATE")
             yield db
             db.execute("COMMIT")
         except BaseException:
@@ -99,6 +113,22 @@ class Database:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise
+
+    def end_interrupted(self) -> None:
+        """Roll back a write transaction of this thread that an interrupt (Ctrl-C in a
+        kernel or the CLI) left open, landing between its BEGIN and its end (in a `with`
+        statement's own machinery, say): it would hold the store's write lock against every
+        other process for as long as this one lives. Transactions never nest here, so an
+        open one outside `transaction()` is always such a leftover."""
+        db = getattr(self._local, "db", None)
+        if (
+            db is not None
+            and db.in_transaction
+            and getattr(self._local, "pid", None) == os.getpid()
+        ):
+            log.warning("rolling back a write transaction an interrupt left open")
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

@@ -73,6 +73,15 @@ def supervisor_alive(row: Mapping[str, Any]) -> bool:
     return holder_alive(json.loads(raw), row["heartbeat"])
 
 
+def submitter_gone(origin: Mapping[str, Any]) -> bool:
+    """Has the process a job is attached to (the foreground CLI that submitted it, whose
+    end cancels the job) ended? Judged on its own host only."""
+    pid = origin.get("attach_pid")
+    if not pid or origin.get("attach_host", this_host()) != this_host():
+        return False
+    return not process_is(pid, origin.get("attach_create_time"))
+
+
 def supervisor_lost_reason(row: Mapping[str, Any]) -> str:
     """Why a job whose supervisor is not alive (supervisor_alive) is being failed."""
     if not row["supervisor"]:

@@ -38,6 +38,7 @@ from .processes import (
     holder_alive,
     process_is,
     start_detached,
+    submitter_gone,
     supervisor_alive,
     supervisor_lost_reason,
     this_host,
@@ -160,6 +161,7 @@ class JobService:
 
             origin["attach_pid"] = attach_to_pid
             origin["attach_create_time"] = psutil.Process(attach_to_pid).create_time()
+            origin["attach_host"] = this_host()
         record = JobRecord(
             id=job_id,
             name=spec.name or _default_name(payload, origin),
@@ -402,7 +404,10 @@ class JobService:
         self._last_reap = now
         reaped = []
         for row in self.store.unfinished_jobs():
-            if supervisor_alive(row):
+            # A cancelled job no supervisor has claimed yet is settled now, not after the
+            # claim grace: one that starts later finds it final and exits (claim_supervisor).
+            unclaimed_cancel = row["cancel_requested"] and not row["supervisor"]
+            if supervisor_alive(row) and not unclaimed_cancel:
                 continue
             try:
                 if self._settle_orphan(row):
@@ -446,6 +451,11 @@ class JobService:
         backend.cleanup_orphans(self.store, record)
         if row["cancel_requested"]:
             moved = self.store.transition(record.id, JobState.CANCELLED, reason="cancelled by user")
+        elif not row["supervisor"] and submitter_gone(record.origin):
+            # Its submitter (a CLI stopped by Ctrl-C mid-submit) ended before the job's
+            # supervisor started: the job would have been cancelled with it.
+            why = f"cancelled: its submitter (pid {record.origin['attach_pid']}) ended first"
+            moved = self.store.transition(record.id, JobState.CANCELLED, reason=why)
         else:
             why = supervisor_lost_reason(row)
             moved = self.store.transition(record.id, JobState.FAILED, error=why, reason=why)

@@ -324,12 +324,21 @@ class JobStore:
                 renaming = True
                 os.rename(staging, job_dir)  # jobs/<id> never exists half-written
         except BaseException:
-            # Whatever stopped it (a full disk, a failed COMMIT, Ctrl-C): no row was
-            # committed, so neither directory may stay.
+            # Whatever stopped it (a full disk, a failed COMMIT, Ctrl-C) left no row, so
+            # neither directory may stay; unless a Ctrl-C came just after the COMMIT: then
+            # the row is there and its directory with it.
             shutil.rmtree(staging, ignore_errors=True)
-            if renaming:
+            self.database.end_interrupted()  # then the row is either committed or gone
+            if renaming and not self._has_row(record.id):
                 shutil.rmtree(job_dir, ignore_errors=True)
             raise
+
+    def _has_row(self, job_id: str) -> bool:
+        try:
+            row = self._db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return row is not None
+        except sqlite3.Error:
+            return False  # unreadable: the failed write is the likelier story
 
     def _insert_rows(self, db: sqlite3.Connection, record: JobRecord, now: float) -> None:
         db.execute(

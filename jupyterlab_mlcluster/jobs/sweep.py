@@ -87,6 +87,7 @@ def submit_sweep(
             )
             submitted.append(record.id)
             store.add_trial(sweep_id, index, record.id, params)
+        return Sweep(service, sweep_id)  # in the try: an interrupt up to here cancels it all
     except BaseException:
         # Interrupted or failed half-way: no trial of a sweep that was not wholly submitted
         # may run on (the store knows every job of the sweep, even one whose submit was cut
@@ -94,7 +95,6 @@ def submit_sweep(
         for job_id in sorted(set(submitted) | set(store.jobs_of_sweep(sweep_id))):
             service.cancel(job_id, wait=False)
         raise
-    return Sweep(service, sweep_id)
 
 
 def wait_for_slot(ctx) -> bool:
