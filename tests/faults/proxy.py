@@ -65,11 +65,11 @@ class FaultProxy:
             self._moving.clear()
         else:
             self._moving.set()
+        if mode == "refuse":
+            self._close_listener()  # first: no connection may slip in between the two
         if mode in ("refuse", "throttle"):
             self._reset_open()
-        if mode == "refuse":
-            self._close_listener()
-        elif self._listener is None:
+        if mode != "refuse" and self._listener is None:
             self._listen()
 
     def stop(self) -> None:
@@ -112,11 +112,15 @@ class FaultProxy:
             self.faults += len(self._clients & set(conns))
             self._clients.clear()
         for conn in conns:
-            with contextlib.suppress(OSError):
-                # RST, not FIN, as when a server dies: no lingering on close. The shutdown
-                # wakes the proxy's own thread blocked reading it (a close alone would not).
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.shutdown(socket.SHUT_RD)
+            self._reset(conn)
+
+    @staticmethod
+    def _reset(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            # RST, not FIN, as when a server dies: no lingering on close. The shutdown
+            # wakes the proxy's own thread blocked reading it (a close alone would not).
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.shutdown(socket.SHUT_RD)
 
     def _track(self, conn: socket.socket) -> None:
         with self._lock:
@@ -145,6 +149,12 @@ class FaultProxy:
             with self._lock:
                 self.requests.append(seen)
             self._moving.wait()
+            if self.mode == "refuse":
+                # Accepted just before the listener closed: a server that died mid-request.
+                with self._lock:
+                    self.faults += 1
+                self._reset(client)
+                return
             if self.mode == "throttle" or (self.mode == "fail_deletes" and method == "DELETE"):
                 status = 429 if self.mode == "throttle" else 503
                 seen.answered = status

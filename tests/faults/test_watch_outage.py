@@ -165,11 +165,17 @@ def test_the_controller_idles_through_an_outage_and_catches_up(
             attempts = len(proxy.requests) - requests_before
             proxy.set_mode("pass")
             back = time.monotonic()
-            kube.wait_for(
-                lambda name=name: len(owned(kube, kube_namespace, name)) == 4,
-                timeout=CATCH_UP,
-                message=f"{name}'s objects after the {fault}",
-            )
+            try:
+                kube.wait_for(
+                    lambda name=name: len(owned(kube, kube_namespace, name)) == 4,
+                    timeout=CATCH_UP,
+                    message=f"{name}'s objects after the {fault}",
+                )
+            except TimeoutError as timeout:
+                alive = "alive" if ControllerZygote.alive(pid) else "dead"
+                raise AssertionError(
+                    f"{timeout}; the controller is {alive}; its log:\n{log.read_text()[-12000:]}"
+                ) from None
             figures.append(
                 f"{fault} {cut:.0f}s: CPU {cpu:.1%} of a core, log +{growth / 1024:.1f} KiB, "
                 f"{attempts} requests; reconciled {time.monotonic() - back:.1f}s after"
