@@ -25,13 +25,14 @@ import email.utils
 import json
 import logging
 import os
-import random
 import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from .jobs.backoff import Backoff
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
@@ -579,23 +580,6 @@ class AsyncConnection:
 
 
 # --- when to try again ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with full jitter, capped: attempt n waits a uniform random time
-    in [0, min(cap, first * 2**n)], and never less than the server's `Retry-After`
-    (itself capped). Full jitter spreads the retries of many clients after an outage."""
-
-    first: float = 0.5
-    cap: float = 60.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        ceiling = min(self.cap, self.first * 2 ** min(attempt, 62))
-        wait = random.uniform(0, ceiling)
-        if retry_after is not None:
-            wait = max(wait, min(retry_after, self.cap))
-        return wait
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,29 @@ def test_backoff_is_full_jitter_exponential_capped_and_obeys_retry_after():
     assert policy.delay(0, retry_after=10_000) == 60.0  # a server's wish is capped too
 
 
+def test_equal_jitter_waits_between_half_and_all_of_a_doubling_capped_ceiling():
+    """The floor the supervisor's full-disk retries, the schedulers and the Kueue/Volcano
+    views use: never an immediate retry; kubeconn's name is the floor module's class."""
+    from jupyterlab_mlcluster.jobs.backoff import Backoff as FloorBackoff
+
+    assert Backoff is FloorBackoff
+    policy = Backoff(first=0.1, cap=2.0, floor=0.5)
+    assert [policy.ceiling(n) for n in range(7)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert policy.ceiling(10**6) == 2.0  # no overflow for a long outage's attempt count
+    rng = random.Random(20261126)
+    for attempt in range(12):
+        ceiling = policy.ceiling(attempt)
+        delays = [policy.delay(attempt, rng=rng) for _ in range(300)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), (attempt, min(delays))
+        assert min(delays) < ceiling * 0.6 and max(delays) > ceiling * 0.9  # spread over it
+    # Retry-After lifts a wait above the ceiling, never above the cap.
+    assert all(policy.delay(0, retry_after=1.5, rng=rng) >= 1.5 for _ in range(50))
+    assert policy.delay(0, retry_after=3600, rng=rng) == 2.0
+    # A caller's seeded generator makes its waits reproducible.
+    again = [policy.delay(n, rng=random.Random(5)) for n in range(8)]
+    assert again == [policy.delay(n, rng=random.Random(5)) for n in range(8)]
+
+
 def test_the_policy_can_be_scaled_for_tests_but_keeps_its_shape(monkeypatch):
     monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
     assert kubeconn.backoff_from_env() == Backoff(first=0.2, cap=2.0)

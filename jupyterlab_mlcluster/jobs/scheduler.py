@@ -9,12 +9,12 @@ Schedules on the Kubernetes backend are fired by their CronJob in the cluster, n
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .backoff import Backoff
 from .experiment_store import ExperimentStore, UnknownSchedule
 from .model import JobSpec, JobState
 from .record import iso
@@ -201,8 +201,16 @@ class Scheduler:
             except Exception:
                 failures += 1
                 log.exception("scheduler pass failed (%d in a row)", failures)
-                wait = min(MAX_BACKOFF, interval * 2 ** min(failures, 6)) * random.uniform(0.5, 1)
+                wait = pass_backoff(interval, MAX_BACKOFF, 6).delay(failures)
             stop.wait(wait)
+
+
+def pass_backoff(interval: float, longest: float, doublings: int) -> Backoff:
+    """How a scheduler waits after its n-th failed pass in a row (n from 1): the ceiling is
+    `interval * 2**n`, at most `longest` and at most `doublings` doublings of `interval` (a
+    short test interval stays short); equal jitter (floor 0.5): never sooner than half the
+    ceiling, so a failing store is never retried at once, nor by every server in step."""
+    return Backoff(first=interval, cap=min(longest, interval * 2**doublings), floor=0.5)
 
 
 def run_json(run: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ import psutil
 
 from ..backends.base import get_backend
 from ..config import get_config
+from .backoff import Backoff
 from .fsinfo import is_storage_full, no_space_text
 from .gpu_idle import IdleGpuWatch
 from .logfiles import format_log_line
@@ -37,10 +37,11 @@ log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CANCEL_POLL_INTERVAL = 0.1
 LOG_EVENT_INTERVAL = 0.05
-# A supervisor whose store's disk is full retries writing its job's final state, with
-# jittered backoff up to this cap, until space allows: it never exits leaving the job running.
-FULL_DISK_RETRY_FIRST = 0.1
-FULL_DISK_RETRY_CAP = 2.0
+# A supervisor whose store's disk is full retries writing its job's final state until space
+# allows (it never exits leaving the job running): 0.1 s doubling to a 2 s cap, soon enough
+# to notice freed space. Equal jitter (floor 0.5): a retry is never immediate, so the many
+# writes of a full disk's supervisors neither spin nor come back in step.
+FULL_DISK_RETRY = Backoff(first=0.1, cap=2.0, floor=0.5)
 
 
 class LogWriter:
@@ -248,7 +249,6 @@ def _drop_partial_outputs(store: JobStore, job_id: str) -> None:
 def _until_written(store: JobStore, write, what: str):
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
     job's last word is written as soon as there is space for it. Other errors propagate."""
-    delay = FULL_DISK_RETRY_FIRST
     failures = 0
     while True:
         try:
@@ -263,8 +263,7 @@ def _until_written(store: JobStore, write, what: str):
             failures += 1
             if failures == 1:  # once, not every retry (the log may be on that disk too)
                 log.warning("cannot write %s (%s): retrying until there is space", what, exc)
-            time.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, FULL_DISK_RETRY_CAP)
+            time.sleep(FULL_DISK_RETRY.delay(failures - 1))  # the first retry is attempt 0
 
 
 def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:

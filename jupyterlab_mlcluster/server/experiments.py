@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ from tornado import web
 
 from .. import patterns
 from ..jobs.experiment_store import UnknownSchedule, UnknownSweep
-from ..jobs.scheduler import Scheduler, experiments, run_json, schedule_json
+from ..jobs.scheduler import Scheduler, experiments, pass_backoff, run_json, schedule_json
 from ..jobs.scheduler import delete as delete_schedule
 from ..jobs.scheduler import pause as pause_schedule
 from ..jobs.sweep import Sweep
@@ -229,8 +228,7 @@ class ServerScheduler:
             except Exception:
                 failures += 1
                 log.exception("mlcluster: scheduler pass failed (%d in a row)", failures)
-                wait = min(self.MAX_BACKOFF, self.interval * 2 ** min(failures, 8))
-                wait *= random.uniform(0.5, 1.0)
+                wait = pass_backoff(self.interval, self.MAX_BACKOFF, 8).delay(failures)
             await asyncio.sleep(wait)
 
     async def stop(self) -> None:

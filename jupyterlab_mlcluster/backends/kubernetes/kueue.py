@@ -21,6 +21,8 @@ import random
 import time
 from typing import Any
 
+from ...jobs.backoff import Backoff
+
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta1"
@@ -28,6 +30,9 @@ VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta1"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 POLL_INTERVAL = 2.0  # seconds between looks while the job waits
 MAX_BACKOFF = 60.0
+# After n failed looks in a row (n from 1) the next waits in [c/2, c], c = 2 s * 2**n up to
+# MAX_BACKOFF: equal jitter, so a look never comes sooner than the normal poll.
+LOOK_BACKOFF = Backoff(first=POLL_INTERVAL, cap=MAX_BACKOFF, floor=0.5)
 
 
 @dataclasses.dataclass
@@ -138,9 +143,9 @@ class KueueView:
         pending = self._get(f"{VISIBILITY}/namespaces/{ns}/localqueues/{lq}/pendingworkloads")
         items = (pending or {}).get("items") if pending is not None else None
         if self.failures > failures_before:
-            # Full jitter, capped: a cluster without the visibility API is asked rarely.
-            delay = min(MAX_BACKOFF, POLL_INTERVAL * 2 ** min(self.failures, 10))
-            self.next_look = now + self.rng.uniform(POLL_INTERVAL, delay)
+            # Jittered, capped: a cluster without the visibility API is asked rarely (each
+            # of a look's refused reads counts as a failure, so it backs off faster).
+            self.next_look = now + LOOK_BACKOFF.delay(self.failures, rng=self.rng)
         else:
             self.failures = 0
             self.next_look = now + POLL_INTERVAL

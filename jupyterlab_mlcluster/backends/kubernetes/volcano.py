@@ -19,11 +19,16 @@ import random
 import time
 from typing import Any
 
+from ...jobs.backoff import Backoff
+
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
 API = "/apis/scheduling.volcano.sh/v1beta1"
 POLL_INTERVAL = 2.0  # seconds between looks while the job waits
 MAX_BACKOFF = 60.0
+# After n failed looks in a row (n from 1) the next waits in [c/2, c], c = 2 s * 2**n up to
+# MAX_BACKOFF: equal jitter, so a look never comes sooner than the normal poll.
+LOOK_BACKOFF = Backoff(first=POLL_INTERVAL, cap=MAX_BACKOFF, floor=0.5)
 _EVICTED_WORDS = ("evict", "preempt", "reclaim")
 
 
@@ -88,8 +93,7 @@ class PodGroupView:
         except Exception as exc:  # noqa: BLE001 - optional knowledge; back off and go on
             log.debug("Volcano: GET %s failed: %s", self.path, exc)
             self.failures += 1
-            delay = min(MAX_BACKOFF, POLL_INTERVAL * 2 ** min(self.failures, 10))
-            self.next_look = now + self.rng.uniform(POLL_INTERVAL, delay)
+            self.next_look = now + LOOK_BACKOFF.delay(self.failures, rng=self.rng)
             return False
         self.failures = 0
         self.next_look = now + POLL_INTERVAL
