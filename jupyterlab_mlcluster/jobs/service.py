@@ -108,6 +108,7 @@ class JobService:
         self._last_reap = 0.0
         self._last_staging_sweep = float("-inf")
         self._unsettled: dict[str, int] = {}  # job id -> reaps that could not write (full disk)
+        self._uncleaned: dict[str, int] = {}  # the same, for a final job's pending cleanup
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -416,28 +417,42 @@ class JobService:
                 if tries:
                     log.warning("job %s settled after %d tries (a full disk)", row["id"], tries)
             except Exception as exc:
-                # A full disk: the job is settled by a later reap once there is space; a
-                # listing that reaps on the way must not fail for it. Said once per job,
-                # not on every reap (a server reaps every few seconds).
-                if not is_storage_full(exc, self.store.root):
+                if not self._later_when_full(exc, self._unsettled, row["id"], "settle"):
                     raise
-                tries = self._unsettled[row["id"]] = self._unsettled.get(row["id"], 0) + 1
-                if tries == 1:
-                    log.warning("cannot settle job %s yet: %s", row["id"], exc)
         # Final jobs whose backend could not clean up yet (e.g. the Kubernetes API server was
         # unreachable): the backend tries again when its own backoff says it is due.
-        for job_id in self.store.pending_cleanups():
+        pending = self.store.pending_cleanups()
+        # A job's refused cleanups are forgotten once it has none pending (not when a call
+        # returns: the backend may not have been due), so a long full disk is said once per
+        # job, and the map holds only jobs still pending.
+        still = set(pending)
+        self._uncleaned = {k: v for k, v in self._uncleaned.items() if k in still}
+        for job_id in pending:
             record = self.store.get_job(job_id)
             if record.final:
                 try:
                     self.backend(record.backend).cleanup_orphans(self.store, record)
                 except Exception as exc:
-                    if not is_storage_full(exc, self.store.root):
+                    if not self._later_when_full(exc, self._uncleaned, job_id, "clean up"):
                         raise
         if not self.store.database.read_only and now - self._last_staging_sweep > 60.0:
             self._last_staging_sweep = now  # a directory scan: not on every reap
             self.store.remove_stale_staging()
         return reaped
+
+    def _later_when_full(
+        self, exc: Exception, tries: dict[str, int], job_id: str, what: str
+    ) -> bool:
+        """True when `exc` is the store's disk being full: `what` is done for the job by a
+        later reap once there is space, and a listing that reaps on the way must not fail
+        for it. Said once per job, not on every reap (a server reaps every few seconds);
+        `tries` counts the refused reaps until the caller's success forgets the job."""
+        if not is_storage_full(exc, self.store.root):
+            return False
+        count = tries[job_id] = tries.get(job_id, 0) + 1
+        if count == 1:
+            log.warning("cannot %s job %s yet: %s", what, job_id, exc)
+        return True
 
     def _settle_orphan(self, row) -> bool:
         """A job whose supervisor is gone: respawn one (a backend may ask to) or finish the
