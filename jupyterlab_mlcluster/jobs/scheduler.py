@@ -48,9 +48,8 @@ class Clock:
                 import datetime
 
                 try:
-                    self.start = datetime.datetime.fromisoformat(
-                        start.replace("Z", "+00:00")
-                    ).timestamp()
+                    # Python 3.11's fromisoformat reads a "Z" suffix itself.
+                    self.start = datetime.datetime.fromisoformat(start).timestamp()
                 except ValueError:
                     raise ScheduleError(
                         f"--clock {spec!r}: START must be epoch or ISO 8601"

@@ -16,13 +16,15 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..backends.base import Backend, get_backend
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
+from .fsinfo import is_storage_full
 from .model import (
     TENSORBOARD_ENV,
     JobSpec,
@@ -31,7 +33,6 @@ from .model import (
     SpecError,
     tensorboard_dir_for,
 )
-from .fsinfo import is_storage_full
 from .owner import current_user
 from .processes import (
     heartbeat_age,
@@ -511,11 +512,11 @@ def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
 
 
 __all__ = [
-    "JobService",
-    "JobFailed",
     "JobCancelled",
+    "JobFailed",
+    "JobService",
     "JobStillRunning",
-    "SpecError",
     "PayloadError",
+    "SpecError",
     "UnknownJob",
 ]

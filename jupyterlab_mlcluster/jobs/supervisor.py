@@ -51,8 +51,9 @@ class LogWriter:
         self._store = store
         self._job_id = job_id
         self._files = {
-            r: open(store.log_path(job_id, r), "ab", buffering=0)
-            for r in range(workers)  # noqa: SIM115
+            # Open for the writer's life, closed by close(): not a with block.
+            r: open(store.log_path(job_id, r), "ab", buffering=0)  # noqa: SIM115
+            for r in range(workers)
         }
         self._dirty = False
         self._last_notify = 0.0
