@@ -307,6 +307,50 @@ def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, ca
     print("\nfull disk: a dead supervisor's job settled after 3 refused reaps (lost: 0)")
 
 
+def test_a_final_jobs_pending_cleanup_waits_for_space_and_is_said_once(disk, service, caplog):
+    """A final Kubernetes job whose objects are still to delete (a pending cleanup, which its
+    backend records again before each attempt): with the disk full (the reaper's store
+    read-only) no reap can record it; they say so once, listings answer, and the first reap
+    after space is back records it (its next attempt still an hour ahead: no cluster asked)."""
+    import logging
+    import time
+
+    from jupyterlab_mlcluster.jobs.record import JobRecord
+    from jupyterlab_mlcluster.jobs.service import new_job_id
+
+    job_id, now = new_job_id(), time.time()
+    pending = {"since": now - 60, "attempts": 4, "next_attempt": now + 3600}
+    service.store.insert_job(
+        JobRecord(
+            id=job_id,
+            name="cleanup",
+            spec=JobSpec(backend="kubernetes"),
+            state=JobState.SUCCEEDED,
+            created=now - 120,
+            finished=now - 60,
+            backend_state={"pending_cleanup": pending},
+        ),
+        b"payload",
+    )
+    service.store.close()
+    disk.fill()
+    caplog.set_level(logging.WARNING, logger="jupyterlab_mlcluster.service")
+    reaper = JobService()
+    assert reaper.store.database.read_only
+    for _ in range(3):
+        assert reaper.reap(force=True) == []
+        assert [r.id for r in reaper.list()[0]] == [job_id]
+    said = [r.getMessage() for r in caplog.records if job_id in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"cannot clean up job {job_id} yet"), said
+    disk.free()
+    reaper.reap(force=True)
+    state = reaper.store.get_job(job_id).backend_state
+    assert state["pending_cleanup"]["attempts"] == 4  # kept; not due yet, so not tried
+    assert len([r for r in caplog.records if job_id in r.getMessage()]) == 1
+    reaper.store.close()
+    print("\nfull disk: a pending cleanup refused by 3 reaps, said once, kept (lost: 0)")
+
+
 def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
     """A supervisor waiting for space to write its job's end, whose store is then removed
     (its directory deleted, its disk unmounted): nobody could ever read that word, so it
