@@ -303,9 +303,16 @@ class ClusterPlayer:
     def finish_job(
         self, job: dict[str, Any], succeeded: bool, reason: str = "", message: str = ""
     ) -> None:
-        """The controller's verdict on the job object (status subresource)."""
+        """The controller's verdict on the job object (status subresource). None to give
+        when the object is gone already: mlcluster finishes a job whose ranks all succeeded
+        from its pods alone and deletes the object, maybe before the controller's verdict."""
         now = _now()
-        job = self.refresh(job)
+        try:
+            job = self.refresh(job)
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+            return
         if job["kind"] in ("TrainJob", "Job"):
             kind = "Complete" if succeeded else "Failed"
         else:  # Kubeflow v1 jobs
@@ -337,14 +344,18 @@ class ClusterPlayer:
         else:
             condition.update(lastUpdateTime=now, lastTransitionTime=now)
             status = {"conditions": [condition], "replicaStatuses": {}, "startTime": now}
-        self.kube.patch(
-            job["apiVersion"],
-            job["kind"],
-            job["metadata"]["name"],
-            {"status": status},
-            self.namespace,
-            subresource="status",
-        )
+        try:
+            self.kube.patch(
+                job["apiVersion"],
+                job["kind"],
+                job["metadata"]["name"],
+                {"status": status},
+                self.namespace,
+                subresource="status",
+            )
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
 
     # -- scheduler and kubelet -------------------------------------------------------------
     def schedule(self, pod: str) -> None:
