@@ -275,18 +275,12 @@ def test_a_dead_submitters_staging_directory_is_swept(service):
     assert service.list()[1] == 0
 
 
-def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, caplog):
-    """kill -9 of a supervisor, then the disk fills with nobody holding the store open: the
-    reapers (a fresh JobService: read-only) cannot write the job's end; they say so once,
-    listings answer, and the first reap after space is back settles it."""
+def reaps_on_a_full_disk(service, disk, caplog, job_id: str):
+    """Fill the disk, then reap three times with a fresh JobService (its store read-only):
+    each reap settles nothing and listings still show the job. (the reaper, what was said
+    about the job)"""
     import logging
-    import signal
 
-    job = service.submit(JobSpec.from_options({"workers": 2}), Payload(source=CHATTY_RANK))
-    wait_for(lambda: service.store.read_logs(job.id, tail=1)[0], message="the ranks writing")
-    sup = service.store.get_job(job.id).supervisor
-    os.kill(sup["pid"], signal.SIGKILL)
-    wait_for(lambda: not alive(sup["pid"]), message="the supervisor gone")
     service.store.close()
     disk.fill()
     caplog.set_level(logging.WARNING, logger="jupyterlab_mlcluster.service")
@@ -294,8 +288,22 @@ def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, ca
     assert reaper.store.database.read_only
     for _ in range(3):
         assert reaper.reap(force=True) == []
-        assert [r.id for r in reaper.list()[0]] == [job.id]
-    said = [r.getMessage() for r in caplog.records if job.id in r.getMessage()]
+        assert [r.id for r in reaper.list()[0]] == [job_id]
+    return reaper, [r.getMessage() for r in caplog.records if job_id in r.getMessage()]
+
+
+def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, caplog):
+    """kill -9 of a supervisor, then the disk fills with nobody holding the store open: the
+    reapers (a fresh JobService: read-only) cannot write the job's end; they say so once,
+    listings answer, and the first reap after space is back settles it."""
+    import signal
+
+    job = service.submit(JobSpec.from_options({"workers": 2}), Payload(source=CHATTY_RANK))
+    wait_for(lambda: service.store.read_logs(job.id, tail=1)[0], message="the ranks writing")
+    sup = service.store.get_job(job.id).supervisor
+    os.kill(sup["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(sup["pid"]), message="the supervisor gone")
+    reaper, said = reaps_on_a_full_disk(service, disk, caplog, job.id)
     assert len(said) == 1 and "cannot settle" in said[0], said
     disk.free()
     assert reaper.reap(force=True) == [job.id]
@@ -312,7 +320,6 @@ def test_a_final_jobs_pending_cleanup_waits_for_space_and_is_said_once(disk, ser
     backend records again before each attempt): with the disk full (the reaper's store
     read-only) no reap can record it; they say so once, listings answer, and the first reap
     after space is back records it (its next attempt still an hour ahead: no cluster asked)."""
-    import logging
     import time
 
     from jupyterlab_mlcluster.jobs.record import JobRecord
@@ -332,15 +339,7 @@ def test_a_final_jobs_pending_cleanup_waits_for_space_and_is_said_once(disk, ser
         ),
         b"payload",
     )
-    service.store.close()
-    disk.fill()
-    caplog.set_level(logging.WARNING, logger="jupyterlab_mlcluster.service")
-    reaper = JobService()
-    assert reaper.store.database.read_only
-    for _ in range(3):
-        assert reaper.reap(force=True) == []
-        assert [r.id for r in reaper.list()[0]] == [job_id]
-    said = [r.getMessage() for r in caplog.records if job_id in r.getMessage()]
+    reaper, said = reaps_on_a_full_disk(service, disk, caplog, job_id)
     assert len(said) == 1 and said[0].startswith(f"cannot clean up job {job_id} yet"), said
     disk.free()
     reaper.reap(force=True)
