@@ -335,8 +335,7 @@ class JobStore:
 
     def _has_row(self, job_id: str) -> bool:
         try:
-            row = self._db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            return row is not None
+            return self.cancel_requested(job_id) is not None  # None: no such row
         except sqlite3.Error:
             return False  # unreadable: the failed write is the likelier story
 

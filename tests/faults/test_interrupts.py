@@ -102,9 +102,9 @@ def test_ctrl_c_at_every_line_of_storing_a_job_leaves_it_whole_or_absent(tmp_pat
             break
         interrupted += 1
         where = seen[1]
-        has_row = store._db.execute("SELECT 1 FROM jobs WHERE id = ?", (record.id,)).fetchone()
+        has_row = store.cancel_requested(record.id) is not None  # None: no such row
         has_dir = store.job_dir(record.id).is_dir()
-        assert bool(has_row) == has_dir, (where, bool(has_row), has_dir)
+        assert has_row == has_dir, (where, has_row, has_dir)
         if has_dir:
             stored += 1
             assert store.payload_path(record.id).read_bytes() == b"payload", where
@@ -151,9 +151,7 @@ def test_ctrl_c_at_every_few_lines_of_submitting_a_sweep_cancels_what_it_stored(
         new = [r for r in service.store.list_jobs()[0] if r.id not in before]
         made += len(new)
         for record in new:
-            cancel = service.store._db.execute(
-                "SELECT cancel_requested FROM jobs WHERE id = ?", (record.id,)
-            ).fetchone()[0]
+            cancel = service.store.cancel_requested(record.id)
             assert cancel or str(record.state) == "cancelled", (where, record.id, record.state)
             assert service.store.job_dir(record.id).is_dir(), (where, record.id)
         assert others_can_write(service.store.database.path), f"write lock held ({where})"
