@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import logging
 import os
 import select
@@ -159,6 +160,11 @@ class StoreBell:
         self.fd = fd
         self.wd = -1
         self._closer = weakref.finalize(self, os.close, fd)  # a monitor dropped unclosed
+        # poll, not select: select() refuses descriptors past FD_SETSIZE (1024), which a
+        # long-lived process (a Jupyter server, a kernel) with many sockets reaches. One
+        # poller for the bell's life: a follower waits on it every POLL_INTERVAL.
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], mask: int = WRITES) -> StoreBell | None:
@@ -210,11 +216,7 @@ class StoreBell:
 
     def wait(self, timeout: float) -> None:
         if self._closer.alive:
-            # poll, not select: select() refuses descriptors past FD_SETSIZE (1024), which a
-            # long-lived process (a Jupyter server, a kernel) with many sockets reaches.
-            poller = select.poll()
-            poller.register(self.fd, select.POLLIN)
-            poller.poll(max(0.0, timeout) * 1000)
+            self._poller.poll(max(0.0, timeout) * 1000)
             self.drain()
         else:
             time.sleep(timeout)
@@ -247,5 +249,7 @@ class StoreBell:
         self._closer()
 
 
+@functools.cache
 def _libc():
+    """The C library, loaded once: every bell's open, aim and release calls into it."""
     return ctypes.CDLL(None, use_errno=True)
