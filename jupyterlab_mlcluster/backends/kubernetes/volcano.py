@@ -19,16 +19,12 @@ import random
 import time
 from typing import Any
 
-from ...jobs.backoff import Backoff
+# Looked at, and backed off from, exactly as Kueue's view of a waiting job.
+from .kueue import LOOK_BACKOFF, POLL_INTERVAL
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
 API = "/apis/scheduling.volcano.sh/v1beta1"
-POLL_INTERVAL = 2.0  # seconds between looks while the job waits
-MAX_BACKOFF = 60.0
-# After n failed looks in a row (n from 1) the next waits in [c/2, c], c = 2 s * 2**n up to
-# MAX_BACKOFF: equal jitter, so a look never comes sooner than the normal poll.
-LOOK_BACKOFF = Backoff(first=POLL_INTERVAL, cap=MAX_BACKOFF, floor=0.5)
 _EVICTED_WORDS = ("evict", "preempt", "reclaim")
 
 
