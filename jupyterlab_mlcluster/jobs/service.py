@@ -54,8 +54,11 @@ WAIT_POLL = 0.02
 PURGE_EXIT_WAIT = 5.0
 
 
-class JobFailed(RuntimeError):
-    """A job ended `failed`; the message names the failing rank and shows its traceback."""
+class DistributedJobFailed(RuntimeError):
+    """A job ended `failed`; the message names the failing rank and shows its traceback.
+
+    Printed under its own name (IPython's error message carries the class's __name__, and
+    the rendered traceback says the same)."""
 
     def __init__(self, record: JobRecord, traceback_text: str | None):
         self.record = record
@@ -67,20 +70,28 @@ class JobFailed(RuntimeError):
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of our own (irrelevant) stack: the rank's story."""
-        return [f"\x1b[31mDistributedJobFailed\x1b[0m: {self}"]
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
 
 
 class JobStillRunning(RuntimeError):
     """A purge refused: something of the job may still run (the message says what)."""
 
 
-class JobCancelled(RuntimeError):
+class DistributedJobCancelled(RuntimeError):
+    """A job ended `cancelled` (the reason says who or what stopped it)."""
+
     def __init__(self, record: JobRecord):
         self.record = record
         super().__init__(f"job {record.id} was {record.reason or 'cancelled'}")
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[33mDistributedJobCancelled\x1b[0m: {self}"]
+        return [f"\x1b[33m{type(self).__name__}\x1b[0m: {self}"]
+
+
+# The names these had before (code that catches them keeps working; the class, and what is
+# printed, is the Distributed* one).
+JobFailed = DistributedJobFailed
+JobCancelled = DistributedJobCancelled
 
 
 def new_job_id() -> str:
@@ -280,6 +291,18 @@ class JobService:
         data = cloudpickle.loads(path.read_bytes())
         return data["kind"], data["value"]
 
+    def take_result(self, job_id: str) -> tuple[str, Any]:
+        """result(), then the result leaves the store: the cell that ran the job delivers
+        it into its kernel, and a copy left in the store (a 100 MB pull, say) would only
+        hold disk and a readable copy of the user's data. Other readers (the REST API, a Job
+        handle) read result() and leave it."""
+        delivered = self.result(job_id)
+        try:
+            self.store.drop_result(job_id)
+        except Exception as exc:  # noqa: BLE001 - delivered all the same; purge removes it
+            log.warning("the result of job %s stays in the store: %s", job_id, exc)
+        return delivered
+
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -301,9 +324,9 @@ class JobService:
     def raise_for_state(self, record: JobRecord) -> None:
         if record.state == JobState.FAILED:
             report = self.error_report(record.id)
-            raise JobFailed(record, report.get("traceback") if report else None)
+            raise DistributedJobFailed(record, report.get("traceback") if report else None)
         if record.state == JobState.CANCELLED:
-            raise JobCancelled(record)
+            raise DistributedJobCancelled(record)
 
     def cluster(self, owner: str | None = None) -> dict[str, Any]:
         """Capacity, and the ids of queued and running jobs (`owner`: only that user's)."""
@@ -512,6 +535,8 @@ def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "DistributedJobCancelled",
+    "DistributedJobFailed",
     "JobCancelled",
     "JobFailed",
     "JobService",

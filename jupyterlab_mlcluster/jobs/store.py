@@ -282,6 +282,13 @@ class JobStore:
     def result_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "result.pkl"
 
+    def drop_result(self, job_id: str) -> None:
+        """Forget a delivered result: its file(s) (any form of it) and the job's
+        has_result, so nothing claims a result that is gone."""
+        for path in self.job_dir(job_id).glob("result.*"):
+            path.unlink(missing_ok=True)
+        self.update_job(job_id, has_result=False)
+
     def error_path(self, job_id: str, rank: int) -> Path:
         return self.job_dir(job_id) / f"error-{int(rank)}.json"
 

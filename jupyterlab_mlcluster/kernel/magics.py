@@ -13,13 +13,11 @@ plain blocking cell magic does the same work.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import keyword
 import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from IPython.core import magic_arguments
@@ -294,7 +292,7 @@ class CellRun:
         expression. A failed or cancelled job raises."""
         service = self.magics.service
         service.raise_for_state(record)
-        kind, value = service.result(record.id)
+        kind, value = service.take_result(record.id)
         if kind == "pull":
             self.shell.user_ns.update(value)
             return None
@@ -329,29 +327,41 @@ class CellRun:
             return job, None
         return self.monitor, self.finish
 
-    @contextlib.contextmanager
-    def _interruptible(self) -> Iterator[None]:
-        """Ctrl-C (or the kernel cancelling an async cell) cancels what the cell started."""
-        try:
-            yield
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            self.on_interrupt()
-            raise
+    def _interrupted(self) -> KeyboardInterrupt:
+        """Ctrl-C (or the kernel cancelling an async cell) cancels what the cell started;
+        the cell then ends as an interrupted Python cell ends, with KeyboardInterrupt.
+        ipykernel turns an interrupt of an awaited cell into asyncio.CancelledError: the
+        user never asked for asyncio, so that must not surface, nor our frames (IPython
+        shows an exception's own _render_traceback_ instead of its stack)."""
+        self.on_interrupt()
+        if self.sweep is not None:
+            what = f"sweep {self.sweep.id} was cancelled"
+        elif self.job_id is not None:
+            what = f"job {self.job_id} was cancelled"
+        else:
+            what = "nothing was submitted"
+        interrupt = KeyboardInterrupt(what)
+        interrupt._render_traceback_ = lambda: [f"\x1b[31mKeyboardInterrupt\x1b[0m: {what}"]
+        return interrupt
 
     def run_blocking(self) -> Any:
         monitor, finish = self._to_follow(self.submit())
         if finish is None:
             return monitor
-        with self._interruptible():
+        try:
             result = monitor.follow_blocking()
+        except KeyboardInterrupt:
+            raise self._interrupted() from None
         return finish(result)
 
     async def run_async(self) -> Any:
         monitor, finish = self._to_follow(self.submit())
         if finish is None:
             return monitor
-        with self._interruptible():
+        try:
             result = await monitor.follow_async()
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise self._interrupted() from None
         return finish(result)
 
 
@@ -493,7 +503,7 @@ class DistributedMagics(Magics):
 
     def _attached_result(self, record) -> Any:
         self.service.raise_for_state(record)
-        kind, value = self.service.result(record.id)
+        kind, value = self.service.take_result(record.id)
         if kind == "pull":
             self.shell.user_ns.update(value)
             return None

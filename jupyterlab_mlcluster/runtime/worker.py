@@ -232,7 +232,10 @@ def _write_whole(path: str, data: bytes) -> None:
     partial temporary file behind to keep the disk full."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        # 0600: a pulled result may hold anything of the user's (data, tokens); nobody
+        # else on the machine may read it while it waits for delivery.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:

@@ -76,6 +76,9 @@ def test_failing_rank_raises_with_its_traceback(kernel, service):
     (error,) = outputs(msgs, "error")
     text = "\n".join(error["traceback"])
     assert "Traceback of rank 1" in text and "1 / 0" in text and "line 3" in text
+    # Printed under the name of the class the user would catch (one name, not two).
+    assert reply["ename"] == "DistributedJobFailed"
+    assert text.startswith("\x1b[31mDistributedJobFailed\x1b[0m: ")
     assert "magics.py" not in text  # our machinery stays out of the user's way
     assert_no_job_processes(service)
 
@@ -92,7 +95,13 @@ def test_interrupt_cancels_the_job_and_leaves_nothing(kernel, service):
     )[0]
     kernel.km.interrupt_kernel()
     msgs, reply = kernel.collect(msg_id, timeout=60)
-    assert reply["status"] == "error"
+    # As an interrupted Python cell ends: KeyboardInterrupt, not asyncio's CancelledError
+    # (the cell is awaited under autoawait), and none of our frames in its traceback.
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    (error,) = outputs(msgs, "error")
+    text = "\n".join(error["traceback"])
+    assert "CancelledError" not in text and "magics.py" not in text, text
+    assert f"job {job.id} was cancelled" in text
     record = service.store.get_job(job.id)
     assert record.state == "cancelled"
     assert_no_job_processes(service)
@@ -147,6 +156,25 @@ def test_widget_messages_carry_rank_state_and_progress(kernel):
     assert {("0", "running"), ("1", "running"), ("0", "succeeded"), ("1", "succeeded")} <= states
     assert "eval 10/10" in labels
     assert any(label.startswith("epoch") for label in labels), labels
+
+
+def test_a_pulled_result_is_private_and_leaves_the_store_once_delivered(kernel, service):
+    msgs, reply = kernel.execute(
+        "%%distributed --workers 2 --no-wait --pull blob\nblob = b'x' * 1_000_000\n"
+    )
+    assert reply["status"] == "ok", reply
+    (record,) = service.store.list_jobs()[0]
+    assert service.wait(record.id, timeout=60).state == "succeeded"
+    path = service.store.result_path(record.id)
+    assert service.store.get_job(record.id).has_result
+    assert path.stat().st_mode & 0o777 == 0o600  # only its owner may read it meanwhile
+    msgs, reply = kernel.execute(f"%distributed_attach {record.id}\nlen(blob)")
+    assert reply["status"] == "ok", reply
+    msgs, _ = kernel.execute("len(blob)")
+    assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "1000000"
+    # delivered: the store keeps no copy, and says so
+    assert not path.exists() and not list(path.parent.glob("result.*"))
+    assert not service.store.get_job(record.id).has_result
 
 
 def test_no_wait_returns_a_handle_and_jobs_are_listed(kernel, service):

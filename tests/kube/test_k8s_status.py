@@ -321,7 +321,7 @@ def test_plans():
     assert plan({}, default_image="", notebook_image="nb:1").image == "nb:1"
     assert plan({"image": "mine:2"}, notebook_image="nb:1").image == "mine:2"
     assert plan({"queue": "q"}, gang="volcano", served_kinds={"PodGroup"}).queue == "q"
-    assert plan({"queue": "q"}).queue is None  # no gang scheduler, no queue
+    assert plan({}, default_queue="q").queue is None  # no gang scheduler: no queue
     assert plan({"priority": -1}, priority_classes={"-1": "low"}).priority_class == "low"
     packed = plan(
         {"workers": 8, "gpus_per_worker": 1}, served_kinds={"PyTorchJob"}, gpus_per_node=4
@@ -333,6 +333,9 @@ def test_plans():
         plan({}, gang="volcano")
     with pytest.raises(SpecError, match="through the Training Operator needs its CRDs"):
         plan({}, gang="training-operator")
+    # An option nothing would honour is refused, not dropped (no gang scheduler reads it).
+    with pytest.raises(SpecError, match="--queue q: no gang scheduler is configured"):
+        plan({"queue": "q"})
 
 
 # --- Kueue standing (backends/kubernetes/kueue.py) ------------------------------------------

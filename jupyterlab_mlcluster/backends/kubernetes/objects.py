@@ -246,6 +246,14 @@ def check_request(
     clashes = sorted(set(spec.env) & ENGINE_ENV)
     if clashes:
         raise SpecError(f"env {', '.join(clashes)} is set by mlcluster and cannot be overridden")
+    if spec.queue and gang == "none":
+        # Without a gang scheduler nothing reads a queue: running the job unqueued would
+        # ignore the option the user gave.
+        raise SpecError(
+            f"--queue {spec.queue}: no gang scheduler is configured to queue jobs "
+            "(MLClusterConfig.kubernetes_gang is 'none'; set it to volcano, kueue or "
+            "training-operator, or drop --queue)"
+        )
     chosen_queue = spec.queue or queue
     if gang == "kueue" and not chosen_queue:
         raise SpecError(
