@@ -16,6 +16,9 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 jlpm lint
 jlpm test
+# The images' Containerfiles (deploy/images): hadolint, from the test extra; any finding fails.
+# A glob that matches nothing stays literal, so hadolint fails on it too.
+hadolint deploy/images/*.Containerfile
 # Test files run in parallel worker processes, a file's tests together in one (their
 # module-scoped servers and emulators are shared): most tests wait on processes, kernels and
 # servers rather than compute, so two workers on two cores cut the wall time well below a
