@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: the sidebar's lint (eslint + prettier) and unit tests
-# (jest, which also checks src/model/api-types.ts against the API document), then every Python test
-# (engine, kernel, server, Kubernetes emulator, controller, real-browser sidebar). Fails loudly.
+# Set up, then run the whole test suite: the sidebar's lint (eslint + prettier, stylelint on its
+# CSS) and unit tests (jest, which also checks src/model/api-types.ts against the API document),
+# hadolint on the images' Containerfiles, then every Python test (engine, kernel, server,
+# Kubernetes emulator, controller, real-browser sidebar). Fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
