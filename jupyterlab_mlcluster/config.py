@@ -54,7 +54,7 @@ class MLClusterConfig(Configurable):
         return _env("MLCLUSTER_STORE_JOURNAL_MODE") or "auto"
 
     default_backend = Enum(
-        ["local", "kubernetes"],
+        ["local", "kubernetes", "slurm"],
         help="Backend used when a job does not name one. Env: MLCLUSTER_BACKEND.",
     ).tag(config=True)
 
@@ -288,6 +288,57 @@ class MLClusterConfig(Configurable):
     kubernetes_request_timeout = Float(
         10.0,
         help="Seconds a single Kubernetes API request (not a watch or log stream) may take.",
+    ).tag(config=True)
+
+
+    slurm_partition = Unicode(
+        "",
+        help="Slurm partition of jobs that pass no --queue ('' = the cluster's default "
+        "partition).",
+    ).tag(config=True)
+
+    slurm_account = Unicode(
+        "",
+        help="Slurm account jobs are charged to (sbatch --account; '' = the user's default).",
+    ).tag(config=True)
+
+    slurm_extra_args = List(
+        Unicode(),
+        help="More sbatch options for every Slurm job, e.g. ['--constraint=a100', "
+        "'--exclusive']. Checked with the rest by `sbatch --test-only` at submit.",
+    ).tag(config=True)
+
+    slurm_bin_dir = Unicode(
+        "",
+        help="Directory holding sbatch, squeue, scancel, scontrol and sinfo ('' = found on "
+        "PATH). The notebook must reach the cluster's controller with them (a login node, "
+        "or a notebook started by batchspawner/Open OnDemand on a compute node).",
+    ).tag(config=True)
+
+    slurm_python = Unicode(
+        "",
+        help="Python interpreter the ranks run on the compute nodes ('' = the notebook's "
+        "own, sys.executable: it must be on the filesystem the nodes share).",
+    ).tag(config=True)
+
+    slurm_priority_qos = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="Slurm QOS for each --priority value, e.g. {'10': 'high', '-10': 'low'}. A "
+        "priority without an entry is a nice value instead: negative --priority = sbatch "
+        "--nice=<-priority> (lower); positive needs Slurm operator rights (Slurm refuses "
+        "it at submit otherwise).",
+    ).tag(config=True)
+
+    slurm_poll_interval = Float(
+        0.5,
+        help="Seconds between a Slurm job supervisor's looks at its job (scontrol show job).",
+    ).tag(config=True)
+
+    slurm_command_timeout = Float(
+        30.0,
+        help="Seconds one sbatch/squeue/scancel/scontrol/sinfo call may take before it is "
+        "killed and retried (with jittered backoff, a few times at most).",
     ).tag(config=True)
 
 

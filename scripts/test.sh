@@ -15,6 +15,16 @@ if [ ! -x /usr/bin/chromium ]; then
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
   fi
 fi
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  # The slurm backend is tested against a real one-node Slurm (tests/slurm/cluster.py starts
+  # munged, slurmctld and slurmd itself): Debian's slurm-wlm and munge. The packages' own
+  # services are not needed (nor started by apt in a container).
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq slurm-wlm munge >/dev/null
+  fi
+fi
 jlpm lint
 jlpm test
 # The images' Containerfiles (deploy/images): hadolint, from the test extra; any finding fails.

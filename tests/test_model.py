@@ -83,7 +83,7 @@ def test_spec_from_options_converts_and_validates():
         ({"workers": 2.5}, "workers must be an integer"),
         ({"gpus_per_worker": -1}, "gpus_per_worker must be at least 0"),
         ({"framework": "mxnet"}, "framework must be one of"),
-        ({"backend": "slurm"}, "backend must be one of"),
+        ({"backend": "lsf"}, "backend must be one of"),
         ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
         ({"env": {"RANK": "3"}}, "RANK is set by mlcluster"),
         ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),

@@ -36,6 +36,11 @@ class Backend(abc.ABC):
         """Total resources as {"cpus": float, "gpus": [ids], "memory": bytes} (or what the
         backend can tell), stored with each job for admission."""
 
+    def cluster_capacity(self) -> dict[str, Any] | None:
+        """GET /cluster's view where the cluster itself says what is free (`capacity`, and
+        more keys to add to the reply); None: computed from the store's allocations."""
+        return None
+
     def in_namespace(self, namespace: str) -> "Backend":
         """This backend placing jobs in `namespace` (a server that maps each user to their own
         namespace passes the caller's); SpecError where the backend has no namespaces."""
@@ -82,4 +87,8 @@ def get_backend(name: str, config: "MLClusterConfig") -> Backend:
         from .kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(config)
+    if name == "slurm":
+        from .slurm.backend import SlurmBackend
+
+        return SlurmBackend(config)
     raise ValueError(f"unknown backend {name!r}")

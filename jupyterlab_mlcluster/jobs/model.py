@@ -60,7 +60,7 @@ class RankState(str, enum.Enum):
 
 
 FRAMEWORKS = ("pytorch", "tensorflow", "jax", "none")
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "slurm")
 
 _NAME_RE = patterns.regex(patterns.JOB_NAME)
 JOB_ID_RE = patterns.regex(patterns.JOB_REF)

@@ -17,7 +17,7 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ),
     (("--memory",), {"default": None, "help": "memory per rank, e.g. 4Gi, 512M"}),
     (("--framework",), {"default": None, "help": "pytorch (default), tensorflow, jax or none"}),
-    (("--backend",), {"default": None, "help": "local (default) or kubernetes"}),
+    (("--backend",), {"default": None, "help": "local (default), kubernetes or slurm"}),
     (("--image",), {"default": None, "help": "container image (kubernetes)"}),
     (("--name",), {"default": None, "help": "a name for the job"}),
     (

@@ -342,7 +342,7 @@ class JobService:
             queued, _ = self.store.list_jobs(states=["queued"], backend=backend_name, owner=owner)
             mine = {j.id for j in queued}
         gpus = capacity.get("gpus", [])
-        return {
+        view = {
             "backend": backend_name,
             "capacity": {
                 "gpus": {"total": len(gpus), "free": len([g for g in gpus if g not in used_gpus])},
@@ -358,6 +358,9 @@ class JobService:
             "queue": [j for j in self.store.queue(backend_name) if mine is None or j in mine],
             "running": [j.id for j in active if owner is None or j.owner == owner],
         }
+        # A cluster that says itself what is free (Slurm's sinfo) over the store's sums.
+        view.update(backend.cluster_capacity() or {})
+        return view
 
     # -- cancel / forget -------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ export interface components {
     JobState:
       'queued' | 'starting' | 'running' | 'succeeded' | 'failed' | 'cancelled';
     /**
-     * @description Where a job runs: processes on this machine, or pods in a Kubernetes cluster.
+     * @description Where a job runs: processes on this machine, pods in a Kubernetes cluster, or tasks of a Slurm allocation.
      * @enum {unknown}
      */
-    Backend: 'local' | 'kubernetes';
+    Backend: 'local' | 'kubernetes' | 'slurm';
     /**
      * @description The distributed framework the ranks are set up for (`none`: rank environment only).
      * @enum {unknown}
@@ -298,6 +298,14 @@ export interface components {
       /** @description Queued job ids in admission order. */
       queue: string[];
       running?: string[];
+      /** @description The slurm backend only: every partition's CPUs and GPUs, total and idle, as sinfo tells them (`capacity` is then the default partition's, or MLClusterConfig.slurm_partition's). */
+      partitions?: {
+        name: string;
+        default: boolean;
+        nodes: number;
+        cpus: components['schemas']['Capacity'];
+        gpus: components['schemas']['Capacity'];
+      }[];
     };
     /** @description A notebook server to spawn for the calling user. Resources are requests of its pod (memory and GPUs also its limits); unset ones are left to the cluster's defaults. */
     NotebookRequest: {

@@ -1,0 +1,569 @@
+"""The Slurm backend: a job is one sbatch allocation of N tasks, started in one srun step.
+
+In the submitting process: `validate` asks Slurm itself (`sbatch --test-only`) so a job it
+would refuse is refused, in its words, before anything is stored; `capacity` reads sinfo.
+Inside the supervisor: each attempt writes its batch script into the job's directory (on
+the filesystem the notebook shares with the nodes), submits it, follows it with squeue
+(Slurm's pending reason is the job's reason), tails each rank's output, report and exit
+files, and ends it with scancel: SIGTERM, then SIGKILL after `kill_grace_period`, as the
+other backends stop their ranks. The reaper cancels what a dead supervisor left, found by
+the comment every allocation of ours carries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...jobs import lifecycle
+from ...jobs.backoff import Backoff
+from ...jobs.lifecycle import Outcome
+from ...jobs.model import JobSpec, JobState, RankState, SpecError
+from ...runtime.protocol import OutputParser, job_key, key_path
+from ..base import Backend
+from . import script
+from .commands import SlurmCommands, SlurmError
+
+if TYPE_CHECKING:
+    from ...jobs.store import JobStore
+    from ...jobs.supervisor import JobContext
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+
+LOOP_TICK = 0.05
+# squeue failing this many looks in a row (each already retried) loses the job: it is
+# cancelled as far as Slurm lets us and failed, saying why.
+MAX_LOOK_FAILURES = 5
+LOOK_BACKOFF = Backoff(first=1.0, cap=15.0, floor=0.5)
+# After scancel, how long the supervisor waits for Slurm to let the job go before it says so
+# and leaves the rest to the reaper (a pending cleanup stays recorded).
+GONE_WAIT = 60.0
+READ_CAP = 1 << 20  # bytes read from one rank file per turn
+PENDING_CLEANUP = "pending_cleanup"
+# Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
+# sbatch must not inherit them, or its tasks would think they were the notebook's.
+_KEEP_SLURM = {"SLURM_CONF"}
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def commands(self) -> SlurmCommands:
+        return SlurmCommands(self.config.slurm_bin_dir, self.config.slurm_command_timeout)
+
+    def validate(self, spec: JobSpec) -> None:
+        if spec.workers > self.config.max_workers:
+            raise SpecError(
+                f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)"
+            )
+        args = self._sbatch_arguments(spec, job_id="validate", attempt_dir=os.getcwd())
+        try:
+            self.commands().test_only(args)
+        except SlurmError as exc:
+            raise SpecError(f"Slurm refuses the job: {exc}") from None
+
+    def _sbatch_arguments(self, spec: JobSpec, *, job_id: str, attempt_dir: str) -> list[str]:
+        c = self.config
+        return script.sbatch_arguments(
+            spec,
+            job_id=job_id,
+            attempt_dir=attempt_dir,
+            partition=c.slurm_partition,
+            account=c.slurm_account,
+            qos_by_priority=dict(c.slurm_priority_qos),
+            extra_args=list(c.slurm_extra_args),
+        )
+
+    def partitions(self) -> dict[str, dict[str, Any]]:
+        return script.parse_sinfo(self.commands().sinfo())
+
+    def _partition(self, partitions: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+        name = self.config.slurm_partition
+        if name:
+            return partitions.get(name)
+        return next((p for p in partitions.values() if p["default"]), None)
+
+    def capacity(self) -> dict[str, Any]:
+        """The job's partition's totals from sinfo, in the store's shape."""
+        try:
+            part = self._partition(self.partitions())
+        except SlurmError as exc:
+            log.warning("sinfo: %s", exc)
+            part = None
+        if part is None:
+            return {"cpus": 0, "gpus": [], "memory": 0}
+        return {
+            "cpus": part["cpus_total"],
+            "gpus": list(range(part["gpus_total"])),
+            "memory": part["memory_mb"] << 20,
+        }
+
+    def cluster_capacity(self) -> dict[str, Any] | None:
+        """GET /cluster: the default partition's CPUs and GPUs, total and idle (sinfo), and
+        every partition's; None where sinfo cannot be asked (then the store's view)."""
+        try:
+            partitions = self.partitions()
+        except SlurmError as exc:
+            log.warning("sinfo: %s", exc)
+            return None
+        part = self._partition(partitions) or {
+            "cpus_total": 0,
+            "cpus_idle": 0,
+            "gpus_total": 0,
+            "gpus_idle": 0,
+            "memory_mb": 0,
+        }
+        return {
+            "capacity": {
+                "gpus": {"total": part["gpus_total"], "free": part["gpus_idle"]},
+                "cpus": {"total": part["cpus_total"], "free": part["cpus_idle"]},
+                "memory": {"total": part["memory_mb"] << 20, "free": None},
+            },
+            "partitions": [
+                {
+                    "name": name,
+                    "default": p["default"],
+                    "nodes": p["nodes"],
+                    "cpus": {"total": p["cpus_total"], "free": p["cpus_idle"]},
+                    "gpus": {"total": p["gpus_total"], "free": p["gpus_idle"]},
+                }
+                for name, p in sorted(partitions.items())
+            ],
+        }
+
+    # -- after a supervisor died -----------------------------------------------------------
+
+    def cleanup_orphans(self, store: JobStore, job) -> None:
+        """Cancel every allocation of the job Slurm still runs or queues (found by comment:
+        also one whose id the supervisor never got to record); the cleanup stays pending,
+        retried on the reaper's later passes with backoff, until Slurm has none left."""
+        state = dict(store.get_job(job.id).backend_state or {})
+        pending = dict(state.get(PENDING_CLEANUP) or {"since": time.time()})
+        if pending.get("next_attempt", 0) > time.time():
+            return
+        commands = self.commands()
+        try:
+            rows = script.ours(commands.jobs(user=current_slurm_user()), job.id)
+            active = [r["id"] for r in rows if r["state"] in script.ACTIVE_STATES]
+            if active:
+                commands.cancel(active)
+                log.warning("job %s: cancelled its Slurm job(s) %s", job.id, ", ".join(active))
+            gone = not active
+        except SlurmError as exc:
+            log.warning("job %s: cannot cancel its Slurm allocation yet: %s", job.id, exc)
+            gone = False
+        if gone:
+            state.pop(PENDING_CLEANUP, None)
+        else:
+            attempts = int(pending.get("attempts", 0)) + 1
+            pending.update(
+                attempts=attempts, next_attempt=time.time() + LOOK_BACKOFF.delay(attempts)
+            )
+            state[PENDING_CLEANUP] = pending
+        store.update_job(job.id, backend_state=state)
+
+    # -- inside the supervisor -------------------------------------------------------------
+
+    def run(self, ctx: JobContext) -> None:
+        launch = _read_launch(ctx.store, ctx.job.id)
+        lifecycle.run_attempts(ctx, lambda n: _Attempt(self, ctx, launch, n).run())
+
+
+def current_slurm_user() -> str:
+    """The Unix user whose Slurm jobs these are (not $MLCLUSTER_USER: Slurm knows uids)."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
+    try:
+        return json.loads((store.job_dir(job_id) / "launch.json").read_text())
+    except FileNotFoundError:
+        return {"env": dict(os.environ), "cwd": os.getcwd()}
+
+
+def _set_backend_state(ctx: JobContext, **fields: Any) -> None:
+    state = dict(ctx.store.get_job(ctx.job.id).backend_state or {})
+    for key, value in fields.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    ctx.store.update_job(ctx.job.id, backend_state=state)
+
+
+class _RankFile:
+    """One rank's output, report or exit file, read as it grows."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(READ_CAP)
+        except FileNotFoundError:
+            return b""
+        self.offset += len(data)
+        return data
+
+
+class _Attempt:
+    """One sbatch allocation: submit, follow, stream, stop."""
+
+    def __init__(self, backend: SlurmBackend, ctx: JobContext, launch: dict[str, Any], number: int):
+        self.backend = backend
+        self.ctx = ctx
+        self.spec: JobSpec = ctx.job.spec
+        self.launch = launch
+        self.number = number
+        self.commands = backend.commands()
+        self.dir = ctx.store.job_dir(ctx.job.id) / "slurm" / f"attempt-{number}"
+        self.slurm_id: str | None = None
+        self.slurm_state = "PENDING"
+        self.running = False
+        self.rank_updates = lifecycle.RankUpdates(ctx)
+        key = job_key(key_path(str(ctx.store.payload_path(ctx.job.id))))
+        self.files: dict[tuple[int, str], _RankFile] = {}
+        self.parsers: dict[tuple[int, str], OutputParser] = {}
+        for rank in range(self.spec.workers):
+            for stream, suffix in script.RANK_STREAMS.items():
+                self.files[(rank, stream)] = _RankFile(
+                    script.rank_file(str(self.dir), rank, suffix)
+                )
+                self.parsers[(rank, stream)] = OutputParser(key if stream == "c" else None, rank)
+        self.exits: dict[int, int] = {}
+        self.started_ranks: set[int] = set()
+        self.look_failures = 0
+        self.next_look = 0.0
+        self.reported_errors: dict[int, dict[str, Any]] = {}
+
+    # -- submit ------------------------------------------------------------------------
+
+    def environment(self) -> dict[str, str]:
+        """What sbatch passes to the tasks: the submitter's environment less launcher and
+        Slurm variables (launcher.base_environment), plus the job's own."""
+        from ..local.launcher import base_environment
+
+        store, job_id, spec = self.ctx.store, self.ctx.job.id, self.spec
+        env = {
+            k: v
+            for k, v in base_environment(self.launch.get("env", {})).items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) or k in _KEEP_SLURM
+        }
+        if "SLURM_CONF" in os.environ:  # the supervisor's (the cluster this backend talks to)
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        env.update(spec.env)
+        env.update(
+            {
+                "TORCHELASTIC_RESTART_COUNT": str(self.number),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": job_id,
+                "TORCHELASTIC_USE_AGENT_STORE": "False",
+                "PYTHONUNBUFFERED": "1",
+                "MLCLUSTER_JOB_ID": job_id,
+                "MLCLUSTER_PAYLOAD": str(store.payload_path(job_id)),
+                "MLCLUSTER_SLURM_ERROR_FILES": str(store.job_dir(job_id) / "error-{rank}.json"),
+                "MLCLUSTER_SLURM_RESULT_PATH": str(store.result_path(job_id)),
+            }
+        )
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(script.cpus_per_task(spec))
+        if spec.tensorboard:
+            env["MLCLUSTER_TENSORBOARD_DIR"] = spec.tensorboard
+        else:
+            tensorboard = store.tensorboard_dir(job_id)
+            tensorboard.mkdir(mode=0o700, exist_ok=True)
+            env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard))
+        return env
+
+    def submit(self) -> None:
+        ctx = self.ctx
+        self.dir.mkdir(parents=True, exist_ok=True)
+        python = ctx.config.slurm_python or sys.executable
+        job_script = self.dir / "job.sh"
+        job_script.write_text(script.batch_script(python=python, attempt_dir=str(self.dir)))
+        args = self.backend._sbatch_arguments(
+            self.spec, job_id=ctx.job.id, attempt_dir=str(self.dir)
+        )
+        # Recorded before sbatch: if this process dies before it learns the Slurm job id,
+        # the reaper still cancels the allocation (found by its comment).
+        _set_backend_state(ctx, **{PENDING_CLEANUP: {"since": time.time()}})
+        self.slurm_id = self.commands.submit(args, str(job_script), self.environment())
+        _set_backend_state(ctx, slurm_job_id=self.slurm_id)
+        log.info("attempt %d is Slurm job %s", self.number, self.slurm_id)
+        ctx.set_reason(f"submitted to Slurm as job {self.slurm_id}")
+        ctx.set_ranks(
+            {
+                r: {
+                    "state": RankState.PENDING,
+                    "finished": None,
+                    "exit_code": None,
+                    "progress": None,
+                    "started": None,
+                    "pid": None,
+                }
+                for r in range(self.spec.workers)
+            }
+        )
+
+    # -- follow ------------------------------------------------------------------------
+
+    def look(self) -> None:
+        """squeue: the Slurm job's state; pending reason and position; nodes once running."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        try:
+            rows = self.commands.jobs(job_ids=[self.slurm_id])
+        except SlurmError as exc:
+            self.look_failures += 1
+            self.next_look = now + LOOK_BACKOFF.delay(self.look_failures - 1)
+            log.warning("squeue failed (%d in a row): %s", self.look_failures, exc)
+            if self.look_failures >= MAX_LOOK_FAILURES:
+                raise
+            return
+        self.look_failures = 0
+        self.next_look = now + self.ctx.config.slurm_poll_interval
+        if not rows:  # Slurm forgot it (MinJobAge passed): it ended
+            self.slurm_state = (
+                "GONE" if self.slurm_state in script.ACTIVE_STATES else self.slurm_state
+            )
+            return
+        row = rows[0]
+        self.slurm_state = row["state"]
+        if row["state"] == "PENDING":
+            reason = script.pending_reason(row["reason"])
+            position = self._position()
+            if position is not None:
+                reason += f"; position {position} in Slurm's queue"
+            self.ctx.set_reason(reason)
+        elif row["state"] in ("RUNNING", "COMPLETING") and not self.running:
+            self._running(row["nodes"])
+
+    def _position(self) -> int | None:
+        try:
+            order = self.commands.pending_order(self.spec.queue or self.ctx.config.slurm_partition)
+        except SlurmError:
+            return None
+        return order.index(self.slurm_id) + 1 if self.slurm_id in order else None
+
+    def _running(self, nodes: str) -> None:
+        ctx = self.ctx
+        self.running = True
+        now = time.time()
+        host = script.first_host(nodes) if nodes and nodes != "(null)" else None
+        ctx.set_ranks(
+            {
+                r: {"state": RankState.STARTING, "host": host, "started": now}
+                for r in range(self.spec.workers)
+            }
+        )
+        fields = {} if ctx.job.started else {"started": now}
+        ctx.set_state(JobState.RUNNING, reason=None, **fields)
+        ctx.job.started = ctx.job.started or now
+
+    def pump(self) -> None:
+        """New output, reports and exits of every rank."""
+        for (rank, stream), f in self.files.items():
+            data = f.read()
+            if data:
+                self._handle(rank, stream, self.parsers[(rank, stream)].feed(data))
+        for rank in range(self.spec.workers):
+            if rank in self.exits:
+                continue
+            code = _read_exit(script.rank_file(str(self.dir), rank, "exit"))
+            if code is None:
+                continue
+            self._drain_rank(rank)
+            self.exits[rank] = code
+            self.rank_updates.update(
+                rank,
+                state=RankState.SUCCEEDED if code == 0 else RankState.FAILED,
+                exit_code=code,
+                finished=time.time(),
+            )
+
+    def _drain_rank(self, rank: int) -> None:
+        for stream in script.RANK_STREAMS:
+            f, parser = self.files[(rank, stream)], self.parsers[(rank, stream)]
+            while data := f.read():
+                self._handle(rank, stream, parser.feed(data))
+
+    def _handle(self, rank: int, stream: str, items) -> None:
+        for kind, value in items:
+            if kind == "line":
+                if stream != "c":
+                    self.ctx.logs.line(rank, stream, value)
+            elif kind == "progress":
+                self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
+            elif kind == "control":
+                rtype = value.get("type")
+                if rtype == "started" and rank not in self.exits:
+                    self.started_ranks.add(rank)
+                    self.rank_updates.update(rank, state=RankState.RUNNING, pid=value.get("pid"))
+                elif rtype == "progress":
+                    self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
+                elif rtype == "error":
+                    self.reported_errors[rank] = value
+
+    def flush(self, force: bool = False) -> None:
+        self.rank_updates.flush(force)
+        self.ctx.tick()
+
+    def watch(self) -> Outcome:
+        ctx, spec = self.ctx, self.spec
+        ended_seen = False
+        while True:
+            self.pump()
+            failed = sorted(r for r, code in self.exits.items() if code != 0)
+            if failed:
+                # The first rank that failed (its error report's time), as torchrun says.
+                rank = min(failed, key=self._failure_time)
+                self.stop(exclude=set(self.exits))
+                return Outcome(
+                    "failed",
+                    lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
+                    failed_rank=rank,
+                    exit_code=self.exits[rank],
+                )
+            if len(self.exits) == spec.workers:
+                self.wait_gone(GONE_WAIT)
+                return Outcome("succeeded")
+            reason = ctx.cancelled()
+            if reason:
+                self.stop()
+                return Outcome("cancelled", reason)
+            if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
+                self.stop()
+                return Outcome(
+                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
+                )
+            self.look()
+            if self.slurm_state not in script.ACTIVE_STATES:
+                if ended_seen:  # one more turn read what the ranks left: still not all
+                    return self._ended()
+                ended_seen = True
+                continue
+            self.flush()
+            time.sleep(LOOP_TICK)
+
+    def _failure_time(self, rank: int) -> float:
+        report = lifecycle.read_error_report(self.ctx.store, self.ctx.job.id, rank) or {}
+        return float(report.get("timestamp") or float("inf"))
+
+    def _ended(self) -> Outcome:
+        """The Slurm job ended before every rank said how it ended: why, in Slurm's terms."""
+        self.pump()
+        self._mark_unfinished(RankState.CANCELLED)
+        known = script.job_outcome(self.slurm_state)
+        if known is not None:
+            kind, message = known
+            return Outcome(kind, message, restartable=kind == "failed")
+        missing = [r for r in range(self.spec.workers) if r not in self.exits]
+        rank = missing[0] if missing else None
+        return Outcome(
+            "failed",
+            f"Slurm job {self.slurm_id} ended ({self.slurm_state}) before rank {rank} did: "
+            f"see {self.dir / 'batch.out'}"
+            if rank is not None
+            else f"Slurm job {self.slurm_id} ended: {self.slurm_state}",
+            failed_rank=rank,
+        )
+
+    def _mark_unfinished(self, state: RankState) -> None:
+        now = time.time()
+        for rank in range(self.spec.workers):
+            if rank not in self.exits:
+                self.rank_updates.update(rank, state=state, finished=now)
+        self.flush(force=True)
+
+    # -- stop --------------------------------------------------------------------------
+
+    def stop(self, exclude: set[int] = frozenset()) -> None:
+        """SIGTERM to every task, SIGKILL after kill_grace_period, then the allocation
+        cancelled; the ranks still running are marked cancelled."""
+        if self.slurm_id is None:
+            return
+        self.flush(force=True)
+        grace = self.ctx.config.kill_grace_period
+        try:
+            self.commands.signal(self.slurm_id, "TERM")
+        except SlurmError as exc:
+            log.warning("scancel --signal=TERM %s: %s", self.slurm_id, exc)
+        if not self.wait_gone(grace, tasks_only=True):
+            try:
+                self.commands.signal(self.slurm_id, "KILL", full=True)
+            except SlurmError as exc:
+                log.warning("scancel --signal=KILL %s: %s", self.slurm_id, exc)
+        self.cancel_allocation()
+        self._mark_unfinished(RankState.CANCELLED)
+
+    def cancel_allocation(self) -> None:
+        try:
+            self.commands.cancel([self.slurm_id])
+        except SlurmError as exc:
+            log.warning("scancel %s: %s", self.slurm_id, exc)
+        self.wait_gone(GONE_WAIT)
+
+    def wait_gone(self, timeout: float, *, tasks_only: bool = False) -> bool:
+        """Wait (pumping output) until every task exited (`tasks_only`) or Slurm has let the
+        job go; whether it happened in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.pump()
+            if tasks_only and self._tasks_done():
+                return True
+            self.next_look = 0.0
+            try:
+                self.look()
+            except SlurmError:
+                pass
+            if (
+                self.slurm_state not in script.ACTIVE_STATES
+                or self.slurm_state == "COMPLETING"
+                and tasks_only
+            ):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self.flush()
+            time.sleep(min(0.2, self.ctx.config.slurm_poll_interval))
+
+    def _tasks_done(self) -> bool:
+        return len(self.exits) == self.spec.workers
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        try:
+            self.submit()
+        except SlurmError as exc:
+            return Outcome("failed", f"sbatch: {exc}", restartable=False)
+        try:
+            outcome = self.watch()
+        except BaseException:
+            self.stop()
+            raise
+        self.pump()
+        self.flush(force=True)
+        self.ctx.logs.maybe_notify(force=True)
+        if self.slurm_state not in script.ACTIVE_STATES:
+            _set_backend_state(self.ctx, **{PENDING_CLEANUP: None})
+        return outcome
+
+
+def _read_exit(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,47 @@
+"""What each task of a Slurm job step runs: `python -m jupyterlab_mlcluster.backends.slurm.rank`.
+
+It turns Slurm's task variables into the rank's torchrun environment (script.rank_environment),
+opens the rank's report file (its signed records: started, progress, errors, as a local rank's
+report pipe), runs the same worker as every backend, and leaves its exit status in a file
+beside its output so the supervisor knows how each rank ended (a task killed by a signal
+leaves none: it was stopped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from . import script
+
+
+def main() -> None:
+    attempt_dir = os.environ["MLCLUSTER_SLURM_ATTEMPT_DIR"]
+    os.environ.update(script.rank_environment(dict(os.environ), attempt_dir))
+    rank = int(os.environ["RANK"])
+    report = os.open(
+        script.rank_file(attempt_dir, rank, "control"),
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+        0o600,
+    )
+    os.environ["MLCLUSTER_REPORT"] = f"fd:{report}"
+    from ...runtime import worker
+
+    status: int | str | None = 1
+    try:
+        worker.main()
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if exc.code is not None else 0
+        raise
+    finally:
+        code = status if isinstance(status, int) else 1
+        path = script.rank_file(attempt_dir, rank, "exit")
+        with contextlib.suppress(OSError):
+            with open(f"{path}.tmp", "w") as f:
+                f.write(str(code))
+            os.replace(f"{path}.tmp", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Pure builders and parsers of the Slurm backend: no subprocess, no file, no clock.
+
+- `sbatch_arguments` / `batch_script`: one allocation of N tasks, started in one `srun` step
+  (the whole gang starts, or none does), each task's output in files of its own on the
+  filesystem the notebook shares with the nodes;
+- `rank_environment`: inside a task, the torchrun variables from Slurm's (`SLURM_TO_RANK`);
+- `parse_jobs` / `parse_sinfo` / `job_outcome`: what squeue and sinfo print, and what a
+  Slurm job state means for the attempt.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Any
+
+from ...jobs.model import JobSpec, SpecError
+
+# Rank variable <- the Slurm variable it comes from (README "On Slurm"), inside each task.
+SLURM_TO_RANK = (
+    ("RANK", "SLURM_PROCID"),
+    ("WORLD_SIZE", "SLURM_NTASKS"),
+    ("LOCAL_RANK", "SLURM_LOCALID"),
+    ("LOCAL_WORLD_SIZE", "SLURM_STEP_TASKS_PER_NODE (this node's count)"),
+    ("GROUP_RANK", "SLURM_NODEID"),
+    ("GROUP_WORLD_SIZE", "SLURM_STEP_NUM_NODES"),
+    ("MASTER_ADDR", "first host of SLURM_JOB_NODELIST"),
+    ("MASTER_PORT", "a free port of that host, chosen by the batch script"),
+    ("TORCHELASTIC_RUN_ID", "the mlcluster job id (SLURM_JOB_ID is in the log)"),
+)
+
+# The comment every allocation of ours carries: the reaper finds a dead supervisor's
+# allocation by it even when the supervisor died before it could record the Slurm job id.
+COMMENT_PREFIX = "mlcluster:"
+
+# Where one attempt's files live, inside the job's directory (the shared filesystem).
+RANK_STREAMS = {"o": "out", "e": "err", "c": "control"}
+
+# Slurm job states -> what the attempt became. Pending/running ones are not final.
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "RESV_DEL_HOLD",
+}
+_ENDED_REASONS = {
+    "TIMEOUT": ("timeout", "Slurm ended the job at its time limit (TIMEOUT)"),
+    "NODE_FAIL": ("failed", "a node of the allocation failed (Slurm: NODE_FAIL)"),
+    "PREEMPTED": ("failed", "Slurm preempted the job (PREEMPTED)"),
+    "BOOT_FAIL": ("failed", "a node of the allocation failed to boot (Slurm: BOOT_FAIL)"),
+    "DEADLINE": ("timeout", "Slurm ended the job at its deadline (DEADLINE)"),
+    "OUT_OF_MEMORY": ("failed", "out of memory (Slurm: OUT_OF_MEMORY)"),
+    "CANCELLED": ("cancelled", "cancelled in Slurm (scancel, or an administrator)"),
+    "REVOKED": ("cancelled", "Slurm revoked the job (REVOKED)"),
+    "SPECIAL_EXIT": ("failed", "Slurm held the job (SPECIAL_EXIT)"),
+}
+
+
+def attempt_files(attempt_dir: str) -> dict[str, str]:
+    """The file names (with Slurm's %t = task id) of one attempt's batch script and output."""
+    return {
+        "script": f"{attempt_dir}/job.sh",
+        "batch_output": f"{attempt_dir}/batch.out",
+        "out": f"{attempt_dir}/rank-%t.out",
+        "err": f"{attempt_dir}/rank-%t.err",
+    }
+
+
+def rank_file(attempt_dir: str, rank: int, kind: str) -> str:
+    """A rank's own file of the attempt: out, err, control (its signed reports), exit."""
+    return f"{attempt_dir}/rank-{int(rank)}.{kind}"
+
+
+def time_limit(seconds: float | None) -> str | None:
+    """sbatch --time of a --timeout: whole minutes, rounded up (Slurm counts minutes; the
+    supervisor ends the job at the exact time itself, Slurm's limit is the backstop)."""
+    if seconds is None:
+        return None
+    minutes = max(1, math.ceil(seconds / 60))
+    return f"{minutes // 60}:{minutes % 60:02d}:00"
+
+
+def priority_arguments(priority: int, qos_by_priority: dict[str, str]) -> list[str]:
+    """--qos from MLClusterConfig.slurm_priority_qos, else a nice value (0: nothing)."""
+    qos = qos_by_priority.get(str(priority))
+    if qos:
+        return [f"--qos={qos}"]
+    if priority == 0:
+        return []
+    # A higher mlcluster priority is a lower nice value; Slurm bounds nice at +-2147483645.
+    return [f"--nice={max(-2147483645, min(2147483645, -priority))}"]
+
+
+def memory_per_cpu_mib(memory: int | None, cpus_per_task: int) -> int | None:
+    if memory is None:
+        return None
+    return max(1, math.ceil(memory / cpus_per_task / (1 << 20)))
+
+
+def cpus_per_task(spec: JobSpec) -> int:
+    """Slurm allocates whole CPUs: a fraction of one is one."""
+    return max(1, math.ceil(spec.cpus))
+
+
+def sbatch_arguments(
+    spec: JobSpec,
+    *,
+    job_id: str,
+    attempt_dir: str,
+    partition: str = "",
+    account: str = "",
+    qos_by_priority: dict[str, str] | None = None,
+    extra_args: list[str] = (),
+) -> list[str]:
+    """sbatch's options for one attempt of `spec` (the script itself: `batch_script`)."""
+    if spec.image:
+        raise SpecError(
+            "--image only applies to the kubernetes backend; Slurm tasks run this environment"
+        )
+    files = attempt_files(attempt_dir)
+    cpus = cpus_per_task(spec)
+    args = [
+        "--parsable",
+        f"--job-name={spec.name or 'mlcluster'}",
+        f"--comment={COMMENT_PREFIX}{job_id}",
+        f"--ntasks={spec.workers}",
+        f"--cpus-per-task={cpus}",
+        f"--output={files['batch_output']}",
+        f"--chdir={attempt_dir}",
+        # The job is restarted by its supervisor (max_restarts), never requeued by Slurm
+        # behind its back.
+        "--no-requeue",
+        # The tasks get the environment the supervisor gives sbatch (the submitter's, less
+        # launcher variables, plus the job's): as a local rank gets it.
+        "--export=ALL",
+    ]
+    if spec.gpus_per_worker:
+        args.append(f"--gpus-per-task={spec.gpus_per_worker}")
+    mem = memory_per_cpu_mib(spec.memory, cpus)
+    if mem is not None:
+        args.append(f"--mem-per-cpu={mem}M")
+    limit = time_limit(spec.timeout)
+    if limit:
+        args.append(f"--time={limit}")
+    queue = spec.queue or partition
+    if queue:
+        args.append(f"--partition={queue}")
+    if account:
+        args.append(f"--account={account}")
+    args += priority_arguments(spec.priority, qos_by_priority or {})
+    args += list(extra_args)
+    return args
+
+
+def batch_script(*, python: str, attempt_dir: str) -> str:
+    """The batch script: pick MASTER_PORT on the first node (where the batch script runs,
+    and rank 0 with it), then start every task in one srun step; a task that fails ends the
+    step (--kill-on-bad-exit), as torchrun stops the others."""
+    files = attempt_files(attempt_dir)
+    q = shlex.quote
+    port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    srun = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--output={files['out']}",
+        f"--error={files['err']}",
+        "--input=none",
+        python,
+        "-m",
+        "jupyterlab_mlcluster.backends.slurm.rank",
+    ]
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "# Written by jupyterlab-mlcluster: one attempt of one job (see rank-*.out/err).",
+            f"MASTER_PORT=$({q(python)} -c {q(port)}) || exit 1",
+            "export MASTER_PORT",
+            f"MLCLUSTER_SLURM_ATTEMPT_DIR={q(attempt_dir)}",
+            "export MLCLUSTER_SLURM_ATTEMPT_DIR",
+            "exec " + " ".join(q(a) for a in srun),
+            "",
+        ]
+    )
+
+
+# -- inside a task -------------------------------------------------------------------------
+
+_HOSTLIST_RE = re.compile(r"([^,\[]+)(\[([^\]]*)\])?")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: 'vm' -> 'vm', 'gpu[07-09,12],cpu1' -> 'gpu07'."""
+    match = _HOSTLIST_RE.match(nodelist.strip())
+    if not match or not match.group(1):
+        raise ValueError(f"not a Slurm hostlist: {nodelist!r}")
+    prefix, ranges = match.group(1), match.group(3)
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """This node's task count from SLURM_STEP_TASKS_PER_NODE: '2(x3),1', node 3 -> 1."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise ValueError(f"not a Slurm tasks-per-node list: {tasks_per_node!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node_id]
+
+
+def rank_environment(env: dict[str, str], attempt_dir: str) -> dict[str, str]:
+    """The torchrun-compatible variables of this task, from Slurm's (`SLURM_TO_RANK`), and
+    its own files (error report, result for rank 0). Only what is added is returned."""
+    rank = int(env["SLURM_PROCID"])
+    world = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
+    node_id = int(env.get("SLURM_NODEID", "0"))
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or world
+    nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or "1"
+    out = {
+        "RANK": str(rank),
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": str(tasks_on_node(per_node, node_id)),
+        "GROUP_RANK": str(node_id),
+        "GROUP_WORLD_SIZE": nodes,
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": first_host(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"]),
+        "MLCLUSTER_ERROR_FILE": env["MLCLUSTER_SLURM_ERROR_FILES"].replace("{rank}", str(rank)),
+    }
+    out["TORCHELASTIC_ERROR_FILE"] = out["MLCLUSTER_ERROR_FILE"]
+    if rank == 0 and env.get("MLCLUSTER_SLURM_RESULT_PATH"):
+        out["MLCLUSTER_RESULT_PATH"] = env["MLCLUSTER_SLURM_RESULT_PATH"]
+    return out
+
+
+# -- what Slurm says -----------------------------------------------------------------------
+
+SQUEUE_FORMAT = "%i|%T|%r|%N|%k"
+SQUEUE_FIELDS = ("id", "state", "reason", "nodes", "comment")
+
+
+def parse_jobs(text: str) -> list[dict[str, str]]:
+    """Rows of `squeue --noheader --format=SQUEUE_FORMAT`."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(SQUEUE_FIELDS) - 1)
+        if len(parts) != len(SQUEUE_FIELDS):
+            continue
+        row = dict(zip(SQUEUE_FIELDS, (p.strip() for p in parts)))
+        # Extended states ("CANCELLED by 0", "RUNNING+...") name their base state first.
+        row["state"] = re.split(r"[\s+]", row["state"], maxsplit=1)[0]
+        rows.append(row)
+    return rows
+
+
+def ours(rows: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
+    """The rows of allocations made for mlcluster job `job_id` (by their comment)."""
+    return [r for r in rows if r.get("comment") == f"{COMMENT_PREFIX}{job_id}"]
+
+
+def pending_reason(reason: str) -> str:
+    """A pending job's reason, readable: Slurm's own word kept (users search for it)."""
+    reason = reason.strip().strip("()")
+    hints = {
+        "Resources": "the cluster has no free resources for it yet",
+        "Priority": "jobs of higher priority are ahead of it",
+        "Dependency": "it waits for another job",
+        "QOSMaxGRESPerUser": "your QOS's GPU limit is reached",
+        "QOSMaxCpuPerUserLimit": "your QOS's CPU limit is reached",
+        "AssocMaxJobsLimit": "your account's job limit is reached",
+        "ReqNodeNotAvail": "a node it needs is not available",
+        "PartitionDown": "the partition is down",
+        "BeginTime": "its start time has not come",
+        "None": "Slurm has not looked at it yet",
+    }
+    hint = hints.get(reason)
+    return f"waiting in Slurm: {reason}" + (f" ({hint})" if hint else "")
+
+
+def job_outcome(state: str) -> tuple[str, str] | None:
+    """(kind, message) for a final Slurm job state other than COMPLETED/FAILED (whose ranks
+    tell what happened); None while the job is active."""
+    if state in ACTIVE_STATES:
+        return None
+    return _ENDED_REASONS.get(state)
+
+
+SINFO_FORMAT = "NodeHost:0|,Partition:0|,CPUsState:0|,Gres:0|,GresUsed:0|,Memory:0|,StateLong:0|"
+_UNUSABLE = ("down", "drain", "fail", "maint", "unknown", "not_responding", "future", "power")
+
+
+def _gpu_count(gres: str) -> int:
+    """GPUs in a sinfo Gres/GresUsed field: 'gpu:a100:4(S:0-1),gpu:2' -> 6."""
+    total = 0
+    for item in re.split(r",(?![^()]*\))", gres or ""):
+        match = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
+        if match:
+            total += int(match.group(1))
+    return total
+
+
+def parse_sinfo(text: str) -> dict[str, dict[str, Any]]:
+    """Per partition: CPUs and GPUs total and idle, memory (MB) total, nodes; from
+    `sinfo --noheader --Node --Format=SINFO_FORMAT` (a node in several partitions counts
+    in each). A default partition is marked `default`."""
+    partitions: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7:
+            continue
+        _host, name, cpus, gres, gres_used, memory, state = (p.strip() for p in parts[:7])
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        entry = partitions.setdefault(
+            name,
+            {
+                "default": default,
+                "nodes": 0,
+                "cpus_total": 0,
+                "cpus_idle": 0,
+                "gpus_total": 0,
+                "gpus_idle": 0,
+                "memory_mb": 0,
+            },
+        )
+        try:
+            _alloc, idle, _other, total = (int(x) for x in cpus.split("/"))
+        except ValueError:
+            continue
+        usable = not any(word in state.lower() for word in _UNUSABLE)
+        gpus = _gpu_count(gres)
+        entry["nodes"] += 1
+        entry["cpus_total"] += total
+        entry["gpus_total"] += gpus
+        entry["memory_mb"] += int(memory) if memory.isdigit() else 0
+        if usable:
+            entry["cpus_idle"] += idle
+            entry["gpus_idle"] += max(0, gpus - _gpu_count(gres_used))
+    return partitions
+
+
+def slurm_error(stderr: str) -> str:
+    """Slurm's own words from a command's stderr: its error lines, else all of it."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or "failure" in line.lower()]
+    return "; ".join(errors or lines)
