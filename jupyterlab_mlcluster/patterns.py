@@ -30,6 +30,10 @@ IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 NOTEBOOK_NAME = r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$"
 # A namespace: a DNS-1123 label (at most 63 characters).
 NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# One user's identity as the identity header carries it (a Notebook's spec.owner): visible
+# ASCII without '*' (Istio's wildcard: `*` admits everyone, `a*` everyone starting with "a"),
+# whitespace, ',' or ';' (lists), quotes or backslashes. At most 253 characters.
+IDENTITY = r"^[A-Za-z0-9._@+:/=~!#$%&|?^{}-]{1,253}$"
 # Kubernetes quantities as the notebook builder accepts them.
 CPU_QUANTITY = r"^[0-9]+(\.[0-9]+)?m?$"
 MEMORY_QUANTITY = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"

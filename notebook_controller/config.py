@@ -5,6 +5,8 @@ from __future__ import annotations
 from traitlets import Bool, Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
+from .ingress import GATEWAY_PRINCIPAL
+
 
 class ControllerConfig(Configurable):
     """The notebook-controller's settings (``--ControllerConfig.<name>=...`` or a config file)."""
@@ -49,7 +51,7 @@ class ControllerConfig(Configurable):
         "header (Kubeflow's userid-prefix, e.g. 'accounts.google.com:').",
     )
     gateway_principal = Unicode(
-        "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account",
+        GATEWAY_PRINCIPAL,
         config=True,
         help="mTLS identity of the ingress gateway; only it may forward user requests, so the "
         "identity header cannot be forged from inside the mesh.",

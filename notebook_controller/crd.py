@@ -35,8 +35,12 @@ SPEC_SCHEMA: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "maxLength": 253,
+            # One identity, never a pattern or a list: it becomes the one header value the
+            # notebook's AuthorizationPolicy admits (Istio reads '*' there as a wildcard).
+            "pattern": patterns.IDENTITY,
             "description": "Identity of the user this notebook server belongs to, as the "
-            "identity header carries it. Only this user is let through.",
+            "identity header carries it. Only this user is let through. One identity: no "
+            "'*', whitespace, ',' or ';'.",
         },
         "template": {
             "type": "object",

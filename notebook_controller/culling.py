@@ -9,17 +9,24 @@ open tab, gets culled. Here a notebook is active when any of these says so:
 - a client is connected (``/api/status``: ``connections``), unless ``cull_connected``.
 
 The probes pass ``no_track_activity=1`` so that reading activity is not itself activity.
+
+The pod answering is the user's: it may redirect (the controller's identity would then call
+wherever it points) or stream without end. Redirects are not followed, and a body longer than
+`MAX_BODY` bytes is refused unread beyond that; either is a failed probe, never a cull.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+MAX_BODY = 64 * 1024  # a busy server's /api/kernels with hundreds of kernels fits in a few KiB
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,25 @@ class ProbeError(Exception):
 
 async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) -> Any:
     async with session.get(
-        url, params={"no_track_activity": "1"}, timeout=aiohttp.ClientTimeout(total=timeout)
+        url,
+        params={"no_track_activity": "1"},
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        allow_redirects=False,
     ) as response:
         if response.status == 404:
             return None  # e.g. terminals disabled on that server
-        if response.status >= 400:
-            raise ProbeError(f"{url} answered {response.status}")
-        return await response.json(content_type=None)
+        if response.status >= 300:
+            raise ProbeError(f"{url} answered {response.status} (redirects are not followed)")
+        if (response.content_length or 0) > MAX_BODY:
+            raise ProbeError(
+                f"{url} announced {response.content_length} bytes (at most {MAX_BODY})"
+            )
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(16 * 1024):
+            body += chunk
+            if len(body) > MAX_BODY:  # streamed without a length: stop reading
+                raise ProbeError(f"{url} answered more than {MAX_BODY} bytes")
+        return json.loads(bytes(body))
 
 
 async def probe_activity(session: aiohttp.ClientSession, base_url: str, timeout: float) -> Activity:

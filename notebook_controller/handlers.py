@@ -39,6 +39,7 @@ from .culling import ProbeError, probe_activity, should_cull
 from .events import mirrored_event, notebook_event, notebook_of_event
 from .kube import KubeClient
 from .metrics import CULLED, RECONCILE_ERRORS, RECONCILES, MetricsServer
+from .namespaces import foreign_owner_error, namespace_owner
 from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
@@ -59,6 +60,9 @@ _INDEX_OF_KIND = {
     "AuthorizationPolicy": "owned_authorizationpolicies",
 }
 _PERMANENT_STATUSES = frozenset({400, 403, 422})
+# How long a namespace's owner (its Profile or annotation) is believed before it is read again.
+NAMESPACE_OWNER_TTL = 30.0
+PROFILE_API_VERSION = "kubeflow.org/v1"
 KOPF_PREFIX = f"kopf.{GROUP}"
 INDEX_NAMES = ("notebooks", *_INDEX_OF_KIND.values(), "owned_pods")
 
@@ -116,6 +120,8 @@ class NotebookController:
         self._written: dict[NotebookKey, dict[str, Any]] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
+        # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
+        self._namespace_owners: dict[str, tuple[str | None, float]] = {}
         self.metrics = MetricsServer()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -167,6 +173,30 @@ class NotebookController:
                 ),
             )
         return self.istio
+
+    async def owner_of_namespace(self, namespace: str) -> str | None:
+        """Who owns `namespace` (namespaces.namespace_owner), read at most every
+        NAMESPACE_OWNER_TTL seconds."""
+        assert self.kube is not None
+        known = self._namespace_owners.get(namespace)
+        now = asyncio.get_running_loop().time()
+        if known is not None and now - known[1] < NAMESPACE_OWNER_TTL:
+            return known[0]
+        namespace_obj = await self.kube.get("v1", "Namespace", None, namespace)
+        profile = await self.kube.get(PROFILE_API_VERSION, "Profile", None, namespace)
+        owner = namespace_owner(namespace_obj, profile)
+        self._namespace_owners[namespace] = (owner, now)
+        return owner
+
+    async def refusal(self, notebook: Mapping[str, Any]) -> str | None:
+        """Why this Notebook gets no children at all: its owner is not one identity, or is not
+        its namespace's owner (its route would admit that user on another user's origin)."""
+        owner = notebook["spec"].get("owner")
+        problem = objects.owner_error(owner)
+        if problem:
+            return f"refused: {problem}"
+        namespace = notebook["metadata"]["namespace"]
+        return foreign_owner_error(owner, namespace, await self.owner_of_namespace(namespace))
 
     def _lock(self, key: NotebookKey) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -220,6 +250,14 @@ class NotebookController:
         istio = await self.discover_istio()
         errors = []
         async with self._lock(key):
+            refused = await self.refusal(notebook)
+            if refused:
+                # Permanent until the notebook or its namespace changes (the resync looks
+                # again): no retry loop, nothing created, the status says why.
+                self._errors[key] = refused
+                await self._write_status(notebook, indexes)
+                logger.warning("Not reconciled: %s", refused)
+                return None
             if self.config.use_istio and (istio.networking is None or istio.security is None):
                 errors.append(
                     "Istio is not installed in the cluster (networking.istio.io and "

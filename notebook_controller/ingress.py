@@ -8,9 +8,11 @@ OIDC issuer (oauth2-proxy/dex, Keycloak, a cloud IdP):
 - `RequestAuthentication` on the ingress gateway workload verifies the token (issuer, JWKS,
   audiences) and copies the user claim into the identity header (`outputClaimToHeaders`,
   which sets the header, replacing any value the client sent);
-- an `AuthorizationPolicy` (DENY) on the same workload refuses, for the notebook paths, every
-  request without a verified request principal, and every token that lacks the user claim (so
-  the header is always the one the gateway wrote, never the client's).
+- an `AuthorizationPolicy` (DENY) on the same workload refuses, for the notebook paths and the
+  shared Jupyter server's prefix (`SERVER_PATHS`), every request without a verified request
+  principal, and every token that lacks the user claim (so the header is always the one the
+  gateway wrote, never the client's). The gateway workload is shared with the platform's other
+  routes, so the policy names our paths rather than every path.
 
 Without an issuer there is nothing to verify identities with, so no Gateway is produced at all
 (`mlcluster manifests` says why): an open Gateway would let anyone claim to be anyone.
@@ -24,7 +26,14 @@ from typing import Any
 
 # The paths the notebook routes live under (VirtualService prefixes /notebook/<ns>/<name>/).
 NOTEBOOK_PATHS = ["/notebook/*", "/notebook"]
+# The shared Jupyter server's base URL (ServerApp.base_url) behind the same gateway
+# (server_deploy.py routes it); it trusts the identity header too, so it needs the same JWT.
+SERVER_PREFIX = "/jupyter"
+SERVER_PATHS = [f"{SERVER_PREFIX}/*", SERVER_PREFIX]
+PROTECTED_PATHS = [*NOTEBOOK_PATHS, *SERVER_PATHS]
 GATEWAY_SELECTOR = {"istio": "ingressgateway"}
+# The ingress gateway's mTLS identity: the only caller the identity header is believed from.
+GATEWAY_PRINCIPAL = "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"
 
 
 @dataclass(frozen=True)
@@ -89,13 +98,16 @@ def request_authentication(gateway_name: str, auth: IngressAuth) -> dict[str, An
     }
 
 
-def require_identity_policy(gateway_name: str, auth: IngressAuth) -> dict[str, Any]:
-    """DENY, on the notebook paths: no verified principal, or a token without the user claim.
+def require_identity_policy(
+    gateway_name: str, auth: IngressAuth, paths: Sequence[str] = tuple(PROTECTED_PATHS)
+) -> dict[str, Any]:
+    """DENY, on the notebook paths and the shared server's: no verified principal, or a token
+    without the user claim.
 
     A RequestAuthentication alone lets requests without any token through (it only rejects
     invalid ones); this policy is what makes a token mandatory."""
     namespace, name = _split(gateway_name)
-    to = [{"operation": {"paths": list(NOTEBOOK_PATHS)}}]
+    to = [{"operation": {"paths": list(paths)}}]
     return {
         "apiVersion": "security.istio.io/v1",
         "kind": "AuthorizationPolicy",

@@ -36,6 +36,8 @@ PLURALS = {
     "VirtualService": "virtualservices",
     "AuthorizationPolicy": "authorizationpolicies",
     "Lease": "leases",
+    "Namespace": "namespaces",
+    "Profile": "profiles",
 }
 JSON_PATCH = "application/json-patch+json"
 

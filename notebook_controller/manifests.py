@@ -13,6 +13,7 @@ from .admission import admission_objects
 from .crd import GROUP, PLURAL, notebook_crd
 from .ingress import IngressAuth, ingress_objects
 from .namespaces import user_namespace_objects
+from .server_deploy import server_objects
 
 try:
     from jupyterlab_mlcluster._version import __version__ as _VERSION
@@ -70,7 +71,9 @@ RULES: list[dict[str, Any]] = [
         "resources": ["customresourcedefinitions"],
         "verbs": ["list", "watch"],
     },
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    # Whose namespace a Notebook is in (handlers.NotebookController.owner_of_namespace).
+    {"apiGroups": ["kubeflow.org"], "resources": ["profiles"], "verbs": ["get"]},
 ]
 
 
@@ -166,7 +169,9 @@ def all_manifests(
     the service account its notebook pods run as there, allowed to run `%%distributed
     --backend kubernetes` jobs in that namespace and nothing more; last, the shared Jupyter
     server's own least-privilege RBAC (its service account in `server_namespace`, default the
-    controller's; server/rbac.py), allowed into each of `user_namespaces`."""
+    controller's; server/rbac.py), allowed into each of `user_namespaces`, and the server
+    itself (server_deploy.py: Deployment, Service, its route on the gateway, and policies that
+    admit only the gateway's identity)."""
     role = f"mlcluster-{CONTROLLER_NAME}"
     args = [
         f"--gateway={gateway}",
@@ -242,5 +247,13 @@ def all_manifests(
         )
     manifests += server_rbac(
         server_namespace or namespace, tuple(user_namespaces), server_service_account
+    )
+    manifests += server_objects(
+        namespace=server_namespace or namespace,
+        image=image,
+        service_account=server_service_account,
+        gateway=gateway,
+        host=host,
+        owner_header=owner_header,
     )
     return manifests

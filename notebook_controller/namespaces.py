@@ -10,6 +10,7 @@ and the Istio init container do not all fit it), its own service account with a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
@@ -17,6 +18,9 @@ from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
 # Marks namespaces that hold users' notebooks and jobs: the admission policy's binding for job
 # pod templates selects them.
 USER_NAMESPACE_LABEL = "mlcluster.io/user-namespace"
+# Whose namespace it is, where no Kubeflow Profile says so: the controller refuses notebooks
+# there for anyone else.
+OWNER_ANNOTATION = "mlcluster.io/owner"
 POD_SECURITY_LEVEL = "baseline"
 
 
@@ -31,7 +35,7 @@ def user_namespace(name: str, owner: str = "") -> dict[str, Any]:
     }
     metadata: dict[str, Any] = {"name": name, "labels": labels}
     if owner:
-        metadata["annotations"] = {"mlcluster.io/owner": owner}
+        metadata["annotations"] = {OWNER_ANNOTATION: owner}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
@@ -47,3 +51,31 @@ def strict_mtls(namespace: str) -> dict[str, Any]:
 def user_namespace_objects(name: str, service_account: str) -> list[dict[str, Any]]:
     """Namespace, STRICT PeerAuthentication, service account + Role + RoleBinding (apply order)."""
     return [user_namespace(name), strict_mtls(name), *notebook_rbac(name, service_account)]
+
+
+def namespace_owner(
+    namespace: Mapping[str, Any] | None, profile: Mapping[str, Any] | None
+) -> str | None:
+    """Who owns a namespace: the user of the Kubeflow Profile of that name (the server maps a
+    user to the Profile they own, server/user_namespace.py), else the namespace's
+    `mlcluster.io/owner` annotation; None when nothing says (a namespace users share)."""
+    if profile is not None and not profile["metadata"].get("deletionTimestamp"):
+        owner = (profile.get("spec") or {}).get("owner") or {}
+        if owner.get("kind") == "User" and owner.get("name"):
+            return str(owner["name"])
+    annotations = ((namespace or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(OWNER_ANNOTATION) or None
+
+
+def foreign_owner_error(owner: str, namespace_name: str, owned_by: str | None) -> str | None:
+    """Why a Notebook for `owner` may not run in a namespace `owned_by` someone (None: nobody
+    said), or None when it may.
+
+    A notebook admits its owner on the namespace's origin: one for Alice in Bob's namespace
+    would put Alice on pages Bob controls, so the owner must own the namespace."""
+    if owned_by is None or owned_by == owner:
+        return None
+    return (
+        f"refused: namespace {namespace_name!r} belongs to another user, and a notebook may "
+        f"only be owned by its namespace's owner (spec.owner {owner!r})"
+    )

@@ -31,6 +31,7 @@ ISTIO_VERSIONS = ("v1", "v1beta1")  # newest first
 
 _NAME_RE = patterns.regex(patterns.NOTEBOOK_NAME)
 _NAMESPACE_RE = patterns.regex(patterns.NAMESPACE)
+_IDENTITY_RE = patterns.regex(patterns.IDENTITY)
 _CPU_RE = patterns.regex(patterns.CPU_QUANTITY)
 _MEMORY_RE = patterns.regex(patterns.MEMORY_QUANTITY)
 _WORKSPACE_SIZE_RE = patterns.regex(patterns.WORKSPACE_SIZE)
@@ -63,6 +64,18 @@ def namespace_error(name: str) -> str | None:
         return (
             "namespaces are at most 63 lower-case letters, digits and '-', starting and "
             f"ending with a letter or digit (got {name!r})"
+        )
+    return None
+
+
+def owner_error(owner: Any) -> str | None:
+    """Why ``owner`` cannot be a Notebook's spec.owner (one identity), or None when it can."""
+    if not isinstance(owner, str) or not owner:
+        return "a notebook needs an owner"
+    if not _IDENTITY_RE.fullmatch(owner):
+        return (
+            "a notebook's owner is one identity: at most 253 visible ASCII characters without "
+            f"'*', whitespace, ',', ';', quotes or backslashes (got {owner!r})"
         )
     return None
 
@@ -176,8 +189,9 @@ def notebook_resource(
 ) -> dict[str, Any]:
     """A Notebook for one user, from the spawn form's fields; raises InvalidNotebook."""
     validate_notebook_name(name)
-    if not owner:
-        raise InvalidNotebook("a notebook needs an owner")
+    problem = owner_error(owner)
+    if problem:
+        raise InvalidNotebook(problem)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
         raise InvalidNotebook(f"gpus must be a whole number >= 0 (got {gpus!r})")
     requests: dict[str, str] = {}

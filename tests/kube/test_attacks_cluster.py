@@ -12,6 +12,7 @@ import datetime
 import time
 from typing import Any
 
+import jsonschema
 import pytest
 
 from notebook_controller import objects
@@ -21,8 +22,10 @@ from notebook_controller.ingress import IngressAuth
 from notebook_controller.manifests import NOTEBOOK_SERVICE_ACCOUNT, all_manifests
 from notebook_controller.namespaces import USER_NAMESPACE_LABEL
 from tests.kube.admission_cel import denials
-from tests.kube.controller_support import NB, create_notebook, wait_owned, wait_phase
+from tests.kube.controller_support import NB, create_notebook, owned, wait_owned, wait_phase
 from tests.kube.helpers import Kube, KubeApiError
+from tests.kube.istio import SPEC_SCHEMAS, strict_json_schema
+from tests.kube.istio_authz import Request, allowed
 from tests.kube.istio_upstream import validate_istio_upstream
 from tests.kube.validation import validate_builtin_uncached
 
@@ -36,7 +39,9 @@ AUTH = IngressAuth(
 
 
 def _validate(obj: dict[str, Any]) -> None:
-    if "istio.io" in obj["apiVersion"]:
+    if obj["kind"] == "VirtualService":  # not in the upstream CRD excerpt: Istio's API reference
+        jsonschema.validate(obj["spec"], strict_json_schema(SPEC_SCHEMAS["VirtualService"]))
+    elif "istio.io" in obj["apiVersion"]:
         validate_istio_upstream(obj)
     else:
         assert validate_builtin_uncached(obj) == [], obj["kind"]
@@ -73,8 +78,10 @@ def test_attack_forged_identity_header_needs_a_verified_jwt() -> None:
     no_principal, no_claim = deny["spec"]["rules"]
     assert no_principal["from"] == [{"source": {"notRequestPrincipals": ["*"]}}]
     assert no_claim["when"] == [{"key": "request.auth.claims[email]", "notValues": ["*"]}]
-    for denied in (no_principal, no_claim):  # the notebook routes are all under /notebook/
-        assert denied["to"] == [{"operation": {"paths": ["/notebook/*", "/notebook"]}}]
+    for denied in (no_principal, no_claim):  # the notebook routes, and the shared server's
+        assert denied["to"] == [
+            {"operation": {"paths": ["/notebook/*", "/notebook", "/jupyter/*", "/jupyter"]}}
+        ]
     # TLS: the Gateway serves HTTPS with the platform's certificate and redirects HTTP.
     https, http = gateway["spec"]["servers"]
     assert https["tls"] == {"mode": "SIMPLE", "credentialName": "ml-tls"}
@@ -94,6 +101,113 @@ def test_attack_no_issuer_means_no_open_gateway(capsys: pytest.CaptureFixture[st
     assert captured.err == ""
     assert print_manifests(["--no-gateway"]) == 0  # bring your own: no note either
     assert capsys.readouterr().err == ""
+
+
+GATEWAY_WORKLOAD = ("istio-system", {"istio": "ingressgateway", "app": "istio-ingressgateway"})
+
+
+def _server_workload(manifests: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
+    [deployment] = [
+        m
+        for m in manifests
+        if m["kind"] == "Deployment" and m["metadata"]["name"] == "mlcluster-jupyter-server"
+    ]
+    return deployment["metadata"]["namespace"], deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_attack_forged_header_to_the_shared_server_without_a_jwt_is_denied_at_the_gateway() -> None:
+    """Mallory sends `kubeflow-userid: alice` to the shared server's route on the gateway with
+    no token, or with a token that has no user claim: the gateway's DENY policy covers the
+    server's prefix as it covers the notebooks', so the request never reaches the server; a
+    verified token (whose claim the gateway writes into the header) goes through. Every path
+    the printed route matches is covered."""
+    manifests = all_manifests(ingress_auth=AUTH, host="ml.example.com")
+    for manifest in manifests:
+        _validate(manifest)
+    namespace, labels = GATEWAY_WORKLOAD
+    [route] = [
+        m
+        for m in manifests
+        if m["kind"] == "VirtualService" and m["metadata"]["name"] == "mlcluster-jupyter-server"
+    ]
+    assert route["spec"]["gateways"] == ["istio-system/mlcluster-gateway"]
+    assert route["spec"]["hosts"] == ["ml.example.com"]
+    matched = [
+        next(iter(m["uri"].values())) for rule in route["spec"]["http"] for m in rule["match"]
+    ]
+    assert matched == ["/jupyter/", "/jupyter"]
+    forged = {"kubeflow-userid": "alice@example.com"}
+    for path in [*matched, "/jupyter/mlcluster/api/jobs", "/jupyter/api/kernels", "/jupyter/lab"]:
+        assert not allowed(manifests, namespace, labels, Request(path, headers=forged)), path
+        no_claim = Request(
+            path, request_principal="https://dex.example.com/mallory", headers=forged
+        )
+        assert not allowed(manifests, namespace, labels, no_claim), path
+        verified = Request(
+            path,
+            request_principal="https://dex.example.com/alice",
+            claims={"email": "alice@example.com"},
+            headers={"kubeflow-userid": "alice@example.com"},
+        )
+        assert allowed(manifests, namespace, labels, verified), path
+    # The platform's other routes on the shared ingress workload are not ours to close.
+    assert allowed(manifests, namespace, labels, Request("/grafana/", headers=forged))
+
+
+def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
+    """Mallory's notebook or job pod (in the mesh, her namespace's identity) calls the shared
+    server's Service directly with `kubeflow-userid: alice`, around the gateway; or a pod
+    without a sidecar calls it in plain text. The printed server workload admits only the
+    ingress gateway's mTLS identity (ALLOW policy; STRICT mTLS; sidecar injected), so both are
+    refused, and the gateway's own forwarded requests pass. It runs as the server's
+    least-privilege service account."""
+    from jupyterlab_mlcluster.server.rbac import SERVICE_ACCOUNT
+
+    manifests = all_manifests(
+        ingress_auth=AUTH, user_namespaces=["alice", "mallory"], server_namespace="hub"
+    )
+    for manifest in manifests:
+        _validate(manifest)
+    namespace, labels = _server_workload(manifests)
+    assert namespace == "hub" and labels["sidecar.istio.io/inject"] == "true"
+    [deployment] = [
+        m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["namespace"] == "hub"
+    ]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    command = pod["containers"][0]["command"]
+    assert "--MLClusterApp.trust_identity_header=True" in command
+    assert "--ServerApp.base_url=/jupyter/" in command
+    path = "/jupyter/mlcluster/api/jobs"
+    forged = {"kubeflow-userid": "alice@example.com"}
+    mallory_pod = Request(
+        path, principal="cluster.local/ns/mallory/sa/mlcluster-notebook", headers=forged
+    )
+    assert not allowed(manifests, namespace, labels, mallory_pod)
+    controller_pod = Request(
+        path, principal="cluster.local/ns/mlcluster-system/sa/notebook-controller", headers=forged
+    )
+    assert not allowed(manifests, namespace, labels, controller_pod)
+    assert not allowed(manifests, namespace, labels, Request(path, headers=forged))  # plain text
+    gateway = Request(
+        path,
+        principal="cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account",
+        headers=forged,
+    )
+    assert allowed(manifests, namespace, labels, gateway)
+    [peer] = [
+        m
+        for m in manifests
+        if m["kind"] == "PeerAuthentication" and m["metadata"]["namespace"] == "hub"
+    ]
+    assert peer["spec"]["mtls"] == {"mode": "STRICT"}
+    assert all(labels.get(k) == v for k, v in peer["spec"]["selector"]["matchLabels"].items())
+    # The Service reaches the server's pods only (same selector the policies use).
+    [service] = [
+        m for m in manifests if m["kind"] == "Service" and m["metadata"]["namespace"] == "hub"
+    ]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
 
 
 # --- 2. unmeshed pods, plain-text access, privileged pods in user namespaces ---------------------
@@ -246,6 +360,81 @@ def test_admission_policy_is_shipped_valid_and_bound() -> None:
     assert denials(policy, pod) == []
 
 
+# --- spec.owner: one identity, and the namespace's owner ---------------------------------------
+
+WILDCARD_OWNERS = ["*", "alice*", "*@example.com", "alice, bob", "alice bob", "alice;bob", " alice"]
+
+
+@pytest.mark.parametrize("owner", WILDCARD_OWNERS)
+def test_attack_wildcard_or_list_owner_is_refused_by_the_api_and_the_builder(
+    kube: Kube, kube_namespace: str, owner: str
+) -> None:
+    """Mallory writes `spec.owner: "*"` (Istio's wildcard in the notebook's AuthorizationPolicy:
+    everyone admitted), a prefix pattern, a list or a padded name: the CRD's pattern refuses it
+    at the API (422, nothing stored), and the builder the server spawns with refuses it too."""
+    from tests.kube.controller_support import install_crds
+
+    install_crds(kube)
+    body = objects.notebook_resource("nb1", kube_namespace, "mallory@example.com")
+    body["spec"]["owner"] = owner
+    with pytest.raises(KubeApiError) as refused:
+        kube.create(body)
+    assert refused.value.status == 422
+    assert kube.find(NB, "Notebook", "nb1", kube_namespace) is None
+    with pytest.raises(objects.InvalidNotebook, match="one identity"):
+        objects.notebook_resource("nb1", kube_namespace, owner)
+    assert objects.owner_error("mallory@example.com") is None
+    assert objects.owner_error("accounts.google.com:alice@example.com") is None
+
+
+def test_attack_notebook_for_a_victim_in_the_attackers_namespace_is_refused(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    """Mallory, in the namespace she owns (its `mlcluster.io/owner` annotation, or her Kubeflow
+    Profile), creates a Notebook whose owner is Alice: its route would put Alice, logged in,
+    on pages Mallory serves from the notebooks' origin. The controller makes nothing for it
+    and its status says why; Mallory's own notebook there is reconciled. (Which mark decides,
+    Profile before annotation: test_namespace_owner_comes_from_the_profile_then_the_annotation.)"""
+    from notebook_controller.namespaces import OWNER_ANNOTATION
+
+    kube.patch(
+        "v1",
+        "Namespace",
+        kube_namespace,
+        {"metadata": {"annotations": {OWNER_ANNOTATION: "mallory@example.com"}}},
+        None,
+    )
+    with controller():
+        create_notebook(kube, kube_namespace, name="lure", workspace=None)  # owner: alice
+        kube.create(
+            objects.notebook_resource("own", kube_namespace, "mallory@example.com", cpu="1")
+        )
+        status = wait_phase(kube, kube_namespace, "lure", "error")
+        assert "belongs to another user" in status["phase"] + status.get("message", "")
+        wait_owned(kube, kube_namespace, "own", count=4)
+        time.sleep(1)  # a retry or a second pass would have made something by now
+        assert owned(kube, kube_namespace, "lure") == {}
+
+
+def test_namespace_owner_comes_from_the_profile_then_the_annotation() -> None:
+    from notebook_controller.namespaces import (
+        OWNER_ANNOTATION,
+        foreign_owner_error,
+        namespace_owner,
+    )
+
+    annotated = {"metadata": {"name": "ns", "annotations": {OWNER_ANNOTATION: "mallory"}}}
+    profile = {"metadata": {"name": "ns"}, "spec": {"owner": {"kind": "User", "name": "alice"}}}
+    assert namespace_owner(annotated, None) == "mallory"
+    assert namespace_owner(annotated, profile) == "alice"  # the Profile decides
+    gone = {**profile, "metadata": {"name": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert namespace_owner(annotated, gone) == "mallory"
+    assert namespace_owner({"metadata": {"name": "shared"}}, None) is None
+    assert foreign_owner_error("alice", "ns", "alice") is None
+    assert foreign_owner_error("alice", "shared", None) is None  # a namespace users share
+    assert "belongs to another user" in (foreign_owner_error("alice", "ns", "mallory") or "")
+
+
 # --- 3. hijacking another notebook's objects (shared namespace) ----------------------------------
 
 
@@ -346,3 +535,81 @@ def test_attack_stop_of_a_replaced_notebook_is_refused(kube: Kube, kube_namespac
     assert objects.is_stopped(stopped)
     started = guarded_stop(stopped, False)
     assert not objects.is_stopped(started)
+
+
+# --- the controller's activity probe against a hostile notebook pod ---------------------------
+
+
+def test_attack_activity_probe_is_redirected_or_flooded_by_the_notebook_pod() -> None:
+    """Mallory's notebook server (a real HTTP server here) answers the controller's activity
+    probe with a redirect to an internal service (blind SSRF with the controller's identity),
+    or with an endless valid-JSON body (the controller's memory). The probe follows no
+    redirect (the target is never called) and stops reading after MAX_BODY bytes; both are a
+    failed probe (never a cull), and an honest server is still read."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from notebook_controller.culling import MAX_BODY, ProbeError, probe_activity
+
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    internal_calls: list[str] = []
+    streamed: dict[str, Any] = {"bytes": 0, "finished": False}
+
+    async def internal(request: web.Request) -> web.Response:
+        internal_calls.append(request.path)
+        return web.json_response({"last_activity": now, "connections": 0})
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"/internal/{request.match_info['what']}")
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # chunked: no length announced
+        response.content_type = "application/json"
+        await response.prepare(request)
+        total = 64 * 1024 * 1024
+        try:
+            await response.write(b'{"last_activity": "' + now.encode() + b'", "pad": "')
+            chunk = b"x" * (256 * 1024)
+            while streamed["bytes"] < total:
+                await response.write(chunk)
+                streamed["bytes"] += len(chunk)
+            await response.write(b'"}')
+            streamed["finished"] = True
+        finally:
+            ended.set()
+        return response
+
+    async def honest(request: web.Request) -> web.Response:
+        what = request.match_info["what"]
+        return web.json_response({"last_activity": now} if what == "status" else [])
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/internal/api/{what}", internal)
+        app.router.add_get("/redirect/api/{what}", redirect)
+        app.router.add_get("/flood/api/{what}", flood)
+        app.router.add_get("/honest/api/{what}", honest)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(ProbeError, match="redirects are not followed"):
+                    await probe_activity(session, f"{base}/redirect/", 10)
+                assert internal_calls == []
+                with pytest.raises(ProbeError, match=f"more than {MAX_BODY} bytes"):
+                    await probe_activity(session, f"{base}/flood/", 30)
+                activity = await probe_activity(session, f"{base}/honest/", 10)
+                assert activity.kernels == 0 and not activity.busy
+            await asyncio.wait_for(ended.wait(), 30)
+            assert not streamed["finished"], "the controller read the whole flood"
+        finally:
+            await runner.cleanup()
+
+    ended = asyncio.Event()
+    asyncio.run(main())
