@@ -26,7 +26,8 @@ SERVER_NAME = "mlcluster-jupyter-server"
 SERVER_PORT = 8888
 SERVICE_PORT = 80
 STORE_CLAIM = f"{SERVER_NAME}-store"
-HOME = "/home/jovyan"
+# The image's home (deploy/images/jupyterlab-mlcluster.Containerfile), where the store lives.
+HOME = "/home/mlcluster"
 
 
 def _labels() -> dict[str, str]:
@@ -92,8 +93,8 @@ def server_deployment(
                     "serviceAccountName": service_account,
                     "securityContext": {
                         "runAsNonRoot": True,
-                        "runAsUser": 1000,
-                        "fsGroup": 100,
+                        "runAsUser": 1000,  # the image's user
+                        "fsGroup": 1000,  # the store volume writable by it
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [
@@ -101,7 +102,6 @@ def server_deployment(
                             "name": "jupyter",
                             "image": image,
                             "command": server_command(owner_header),
-                            "env": [{"name": "HOME", "value": HOME}],
                             "ports": [{"name": "http-jupyter", "containerPort": SERVER_PORT}],
                             "readinessProbe": {
                                 "httpGet": {"path": f"{SERVER_PREFIX}/api", "port": SERVER_PORT},
