@@ -13,5 +13,9 @@ python -m pip install -q --upgrade pip
 # pull a multi-GB CUDA build. The editable install also builds the sidebar (jlpm, via
 # hatch-jupyter-builder) into labextension/.
 python -m pip install -q -e ".[test]"
+# The sidebar's tools (eslint, prettier, stylelint, jest) as package.json and yarn.lock name them:
+# the editable build above installs them only when it rebuilds the sidebar, so a checkout whose
+# labextension/ is current would lint with a node_modules older than its package.json.
+jlpm install >/dev/null
 # Point JupyterLab at the built sidebar of this checkout (a wheel install ships it instead).
 jupyter labextension develop --overwrite . >/dev/null
