@@ -24,6 +24,8 @@ import pytest
 
 from jupyterlab_mlcluster._version import __version__
 
+pytestmark = pytest.mark.slow  # ~15 s: a wheel build, a venv, two listings and a kernel
+
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_NAME = f"jupyterlab_mlcluster-{__version__}-py3-none-any.whl"
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the listings colour "enabled" and "OK"
