@@ -11,6 +11,12 @@ import os
 
 import pytest
 
+# The in-process Jupyter server of tests/server (pytest-jupyter's fixtures, the extension on
+# the test's store), for the REST test here: same fixtures, not a second copy.
+from pytest_jupyter.jupyter_server import *
+
+from tests.server.conftest import api, jp_server_config, mlc, mlc_config  # noqa: F401
+
 from .cluster import SlurmCluster, missing
 
 

@@ -6,18 +6,17 @@ CPUs: a 2-rank job fills it, so a second one must wait in Slurm's queue.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
-
 from helpers import run_cli, wait_for
+
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, SpecError
 from jupyterlab_mlcluster.runtime.payload import Payload
 
@@ -89,3 +88,293 @@ def test_ranks_get_the_torchrun_environment_from_slurms(service, slurm):
         assert env["TORCHELASTIC_RUN_ID"] == job.id
         assert env["OMP_NUM_THREADS"] == "1" and env["MY_FLAG"] == "on"
     assert [r.state for r in record.ranks] == ["succeeded", "succeeded"]
+
+
+def rank_lines(service, job_id: str, rank: int | None = None) -> list[str]:
+    return [line["line"] for line in service.logs(job_id, rank=rank)[0]]
+
+
+def test_a_failing_rank_stops_the_other_and_its_traceback_is_the_error(service):
+    code = textwrap.dedent(
+        """
+        import os, time
+        def check(value):
+            raise ValueError(f"bad value {value}")
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            check(42)
+        print("rank 0 waits", flush=True)
+        time.sleep(120)
+        """
+    )
+    job = submit(service, code, workers=2)
+    record = service.wait(job.id, timeout=90)
+    assert record.state == JobState.FAILED
+    assert record.failed_rank == 1
+    assert record.error == "rank 1 failed: ValueError: bad value 42"
+    report = service.error_report(job.id)
+    assert "check(42)" in report["traceback"] and "ValueError: bad value 42" in report["traceback"]
+    states = {r.rank: r.state for r in record.ranks}
+    assert states == {0: "cancelled", 1: "failed"}
+    assert any("ValueError: bad value 42" in line for line in rank_lines(service, job.id, 1))
+    assert record.finished - record.started < 60  # rank 0 did not sleep its 120 s
+
+
+def test_cancel_sends_sigterm_then_the_allocation_goes(service, slurm):
+    code = textwrap.dedent(
+        """
+        import signal, sys, time
+        def bye(signum, frame):
+            print("SIGTERM handled", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(120)
+        """
+    )
+    job = submit(service, code, workers=2)
+    wait_for(lambda: len(rank_lines(service, job.id)) == 2, 60, message="both ranks ready")
+    record = service.cancel(job.id)
+    assert record.state == JobState.CANCELLED and record.reason == "cancelled by user"
+    assert rank_lines(service, job.id).count("SIGTERM handled") == 2
+    assert {r.state for r in record.ranks} == {"cancelled"}
+    assert slurm.jobs() == []
+
+
+def test_a_timeout_ends_the_job_with_its_reason(service):
+    job = submit(
+        service,
+        "import time\nprint('start', flush=True)\ntime.sleep(120)\n",
+        workers=1,
+        timeout="3s",
+    )
+    record = service.wait(job.id, timeout=90)
+    assert record.state == JobState.FAILED
+    assert record.error == record.reason == "timed out after 3s"
+    lines = rank_lines(service, job.id)
+    assert lines[0] == "start"
+    # What Slurm itself said on the rank's stderr is in its log too.
+    assert all("CANCELLED" in line for line in lines[1:])
+
+
+def test_a_job_waits_behind_another_with_slurms_reason_then_runs(service, tmp_path):
+    release = tmp_path / "release"
+    first = submit(
+        service,
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n",
+        workers=2,  # the node's 2 CPUs
+    )
+    wait_for(lambda: service.get(first.id).state == JobState.RUNNING, 60, message="first runs")
+    second = submit(service, "print('second ran')", workers=2)
+    waiting = wait_for(
+        lambda: (r := service.get(second.id)).reason and "Resources" in r.reason and r,
+        60,
+        message="Slurm's pending reason",
+    )
+    assert waiting.state == JobState.QUEUED
+    assert waiting.reason.startswith("waiting in Slurm: Resources")
+    assert "position 1 in Slurm's queue" in waiting.reason
+    listing = run_cli("jobs")
+    assert "Resources" in listing.stdout
+    release.write_text("go")
+    assert service.wait(first.id, timeout=60).state == JobState.SUCCEEDED
+    record = service.wait(second.id, timeout=60)
+    assert record.state == JobState.SUCCEEDED and record.reason is None
+    assert rank_lines(service, second.id) == ["second ran", "second ran"]
+
+
+def test_the_reaper_cancels_the_allocation_of_a_killed_supervisor(service, slurm):
+    job = submit(service, "import time\nprint('up', flush=True)\ntime.sleep(300)\n", workers=1)
+    wait_for(lambda: rank_lines(service, job.id) == ["up"], 60, message="the rank runs")
+    assert len(slurm.jobs()) == 1
+    pid = service.get(job.id).supervisor["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: service.reap(force=True) == [job.id] or service.get(job.id).final,
+        30,
+        message="the reaper settles the job",
+    )
+    record = service.get(job.id)
+    assert record.state == JobState.FAILED and "supervisor" in record.error
+    slurm.wait_empty(30)  # the reaper cancelled it; nothing else would have
+    # Its cleanup is done once Slurm has nothing of the job left: no longer pending.
+    wait_for(
+        lambda: (
+            not service.reap(force=True)
+            and "pending_cleanup" not in service.get(job.id).backend_state
+        ),
+        30,
+        message="the cleanup to be done",
+    )
+
+
+def test_a_sweep_of_three_trials_two_at_a_time(slurm_store, slurm, tmp_path):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    script = tmp_path / "trial.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print('lr', sys.argv[1], 'slurm job', os.environ['SLURM_JOB_ID'], time.time())\n"
+        "time.sleep(1)\n"
+    )
+    result = run_cli(
+        "run",
+        "--backend",
+        "slurm",
+        "--framework",
+        "none",
+        "--sweep",
+        "lr=1,2,3",
+        "--parallel",
+        "2",
+        str(script),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 succeeded" in result.stdout
+    service = JobService()
+    jobs, _ = service.store.list_jobs(newest_first=False)
+    assert len(jobs) == 3 and {j.backend for j in jobs} == {"slurm"}
+    lines = [rank_lines(service, j.id) for j in jobs]
+    assert sorted(line.split()[1] for (line,) in lines) == ["--lr=1", "--lr=2", "--lr=3"]
+    assert len({line.split()[4] for (line,) in lines}) == 3  # one Slurm job per trial
+    spans = [(j.started, j.finished) for j in jobs]
+    # Never three at once: the third started only after one of the first two finished.
+    third = max(spans)
+    assert sum(1 for s in spans if s[0] < third[0] and s[1] > third[0]) <= 1
+
+
+def test_a_scheduled_run_goes_to_slurm(service, tmp_path):
+    from jupyterlab_mlcluster.jobs.scheduler import Scheduler, create_schedule
+
+    path = tmp_path / "nightly.py"
+    path.write_text("print('nightly ran')\n")
+    create_schedule(
+        service,
+        spec=JobSpec.from_options({"backend": "slurm", "workers": 2}),
+        payload=Payload(kind="script", filename=str(path)),
+        options={"name": "nightly", "cron": "0 * * * *"},
+        owner="alice",
+        origin={"kind": "test"},
+        now=1_000_000_000.0,
+    )
+    (fired,) = Scheduler(service).fire_due(now=1_000_000_000.0 - 400 + 3600 + 5)
+    assert fired["outcome"] == "submitted"
+    record = service.wait(fired["job_id"], timeout=60)
+    assert record.state == JobState.SUCCEEDED and record.backend == "slurm"
+    assert rank_lines(service, record.id) == ["nightly ran", "nightly ran"]
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"queue": "nope"}, "invalid partition specified: nope"),
+        ({"gpus_per_worker": 1}, "Invalid generic resource (gres) specification"),
+        ({"workers": 3}, "Requested node configuration is not available"),
+    ],
+)
+def test_what_slurm_refuses_is_refused_in_its_words_before_anything_is_stored(
+    service, options, words
+):
+    with pytest.raises(SpecError) as refused:
+        submit(service, "print(1)", **options)
+    assert words in str(refused.value) and str(refused.value).startswith("Slurm refuses the job")
+    assert service.store.list_jobs()[1] == 0
+
+
+def test_without_sbatch_the_error_says_so_and_nothing_is_stored(slurm_store, tmp_path):
+    (tmp_path / "jupyter-config" / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": {"slurm_bin_dir": str(tmp_path)}})
+    )
+    script = tmp_path / "x.py"
+    script.write_text("print(1)\n")
+    proc = run_cli("run", "--backend", "slurm", str(script))
+    assert proc.returncode != 0
+    assert f"sbatch not found in {tmp_path}" in proc.stderr
+    listing = run_cli("jobs", "--json")
+    assert json.loads(listing.stdout) == []
+
+
+def test_cluster_capacity_comes_from_sinfo(service, slurm, tmp_path):
+    view = service.cluster()
+    assert view["backend"] == "slurm"
+    assert view["capacity"]["cpus"] == {"total": 2, "free": 2}
+    assert view["capacity"]["gpus"] == {"total": 0, "free": 0}
+    assert view["partitions"] == [
+        {
+            "name": "debug",
+            "default": True,
+            "nodes": 1,
+            "cpus": {"total": 2, "free": 2},
+            "gpus": {"total": 0, "free": 0},
+        }
+    ]
+    release = tmp_path / "release"
+    job = submit(
+        service,
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n",
+        workers=1,
+    )
+    wait_for(lambda: service.get(job.id).state == JobState.RUNNING, 60, message="it runs")
+    assert service.cluster()["capacity"]["cpus"] == {"total": 2, "free": 1}
+    release.write_text("go")
+    assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
+
+
+MAGIC_CELL = """%%distributed --backend slurm --workers 2 --push x --pull y
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print("sum", t.item(), "in", os.environ["SLURM_JOB_ID"])
+y = t.item() * x
+"""
+
+
+def test_the_magic_runs_the_cell_on_slurm_with_push_and_pull(slurm_store, slurm):
+    from jupyter_client.manager import start_new_kernel
+    from kernel_session import KernelSession, outputs, rank_texts
+
+    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    try:
+        kernel = KernelSession(km, kc)
+        kernel.execute("x = 3")
+        msgs, reply = kernel.execute(MAGIC_CELL)
+        assert reply["status"] == "ok", reply
+        texts = rank_texts(msgs)
+        assert sorted(texts) == [0, 1]
+        assert all(re.fullmatch(rf"\[rank {r}\] sum 3\.0 in \d+", texts[r]) for r in texts)
+        msgs, _ = kernel.execute("y")
+        assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "9.0"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+async def test_rest_submits_to_slurm_and_reads_logs_result_and_capacity(slurm_store, api):
+    code = "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\nanswer = 42\n"
+    status, job, _ = await api(
+        "POST", "jobs", body={"code": code, "workers": 2, "backend": "slurm", "pull": ["answer"]}
+    )
+    assert status == 201, job
+    assert job["backend"] == "slurm"
+    deadline = time.monotonic() + 90
+    while job["state"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, job
+        await asyncio.sleep(0.2)
+        _, job, _ = await api("GET", "jobs", job["id"])
+    assert job["state"] == "succeeded", job["error"]
+    _, page, _ = await api("GET", "jobs", job["id"], "logs")
+    assert sorted((l["rank"], l["line"]) for l in page["lines"]) == [
+        (0, "rank 0 of 2"),
+        (1, "rank 1 of 2"),
+    ]
+    status, result, _ = await api("GET", "jobs", job["id"], "result")
+    assert status == 200 and result == {"kind": "pull", "value": {"answer": 42}}
+    status, cluster, _ = await api("GET", "cluster")
+    assert status == 200 and cluster["backend"] == "slurm"
+    assert cluster["partitions"][0]["name"] == "debug"
+    assert cluster["capacity"]["cpus"]["total"] == 2
+    status, error, _ = await api(
+        "POST", "jobs", body={"code": "pass", "backend": "slurm", "queue": "nope"}
+    )
+    assert status == 409 and "invalid partition specified: nope" in error["message"]

@@ -153,6 +153,8 @@ class SlurmBackend(Backend):
             if active:
                 commands.cancel(active)
                 log.warning("job %s: cancelled its Slurm job(s) %s", job.id, ", ".join(active))
+                rows = script.ours(commands.jobs(job_ids=active), job.id)
+                active = [r["id"] for r in rows if r["state"] in script.ACTIVE_STATES]
             gone = not active
         except SlurmError as exc:
             log.warning("job %s: cannot cancel its Slurm allocation yet: %s", job.id, exc)
@@ -429,7 +431,7 @@ class _Attempt:
             if failed:
                 # The first rank that failed (its error report's time), as torchrun says.
                 rank = min(failed, key=self._failure_time)
-                self.stop(exclude=set(self.exits))
+                self.stop()
                 return Outcome(
                     "failed",
                     lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
@@ -489,26 +491,36 @@ class _Attempt:
 
     # -- stop --------------------------------------------------------------------------
 
-    def stop(self, exclude: set[int] = frozenset()) -> None:
+    def stop(self) -> None:
         """SIGTERM to every task, SIGKILL after kill_grace_period, then the allocation
-        cancelled; the ranks still running are marked cancelled."""
+        cancelled (a pending one at once); the ranks that had not ended before are marked
+        cancelled, as the local backend marks the ranks it stops."""
         if self.slurm_id is None:
             return
+        ended_before = set(self.exits)
         self.flush(force=True)
-        grace = self.ctx.config.kill_grace_period
-        try:
-            self.commands.signal(self.slurm_id, "TERM")
-        except SlurmError as exc:
-            log.warning("scancel --signal=TERM %s: %s", self.slurm_id, exc)
-        if not self.wait_gone(grace, tasks_only=True):
+        if self.running:
             try:
-                self.commands.signal(self.slurm_id, "KILL", full=True)
+                self.commands.signal(self.slurm_id, "TERM")
             except SlurmError as exc:
-                log.warning("scancel --signal=KILL %s: %s", self.slurm_id, exc)
+                log.warning("scancel --signal=TERM %s: %s", self.slurm_id, exc)
+            if not self.wait_gone(self.ctx.config.kill_grace_period, tasks_only=True):
+                try:
+                    self.commands.signal(self.slurm_id, "KILL", full=True)
+                except SlurmError as exc:
+                    log.warning("scancel --signal=KILL %s: %s", self.slurm_id, exc)
         self.cancel_allocation()
-        self._mark_unfinished(RankState.CANCELLED)
+        now = time.time()
+        for rank in range(self.spec.workers):
+            if rank not in ended_before:
+                self.rank_updates.update(
+                    rank, state=RankState.CANCELLED, exit_code=self.exits.get(rank), finished=now
+                )
+        self.flush(force=True)
 
     def cancel_allocation(self) -> None:
+        if self.slurm_state not in script.ACTIVE_STATES:
+            return
         try:
             self.commands.cancel([self.slurm_id])
         except SlurmError as exc:
