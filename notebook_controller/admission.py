@@ -3,9 +3,13 @@
 Pod Security Admission checks pods in the user namespaces; this policy refuses the same
 escalations one step earlier and in places Pod Security does not look: a Notebook's
 `spec.template` (in any namespace: the controller turns it into a StatefulSet) and the pod
-templates of Jobs, PyTorchJobs and TFJobs in user namespaces. Refused: privileged
-containers, hostPath volumes, hostNetwork/hostPID/hostIPC, added capabilities beyond
-Pod Security baseline's list, and service accounts other than the notebook one (or default).
+templates of Jobs, CronJobs, PyTorchJobs, TFJobs, TrainJobs (runtime patches, and older
+Trainers' pod overrides) and StatefulSets in user namespaces. Refused: privileged containers,
+added capabilities beyond Pod Security baseline's list, hostNetwork/hostPID/hostIPC, volumes
+other than `ALLOWED_VOLUME_TYPES` (so no hostPath, nfs, iscsi, csi...), `nodeName`,
+`runAsUser: 0` on the pod or any container, service accounts other than the notebook one (or
+default); and for job kinds, any Secret (volume, projected source, env or envFrom) other than
+the job's own (`JOB_SECRET_NAMES`: the names its builders give the Secrets they create).
 
 The expressions are CEL, evaluated by the API server (admissionregistration.k8s.io/v1,
 Kubernetes >= 1.30); the tests evaluate the same expressions with a CEL interpreter.
@@ -36,12 +40,41 @@ BASELINE_CAPABILITIES = [
     "SETUID",
     "SYS_CHROOT",
 ]
+# Every kind whose pod templates a notebook's service account (or the shared server, or a
+# schedule's CronJob) puts into a user namespace. Pods themselves are Pod Security's: the mesh's
+# sidecar injection adds a root init container with NET_ADMIN to every pod, which no
+# template-level rule here should have to know about.
+JOB_KINDS = ["Job", "CronJob", "PyTorchJob", "TFJob", "TrainJob"]
 JOB_RESOURCES = [
-    {"apiGroups": ["batch"], "apiVersions": ["*"], "resources": ["jobs"]},
+    {"apiGroups": ["batch"], "apiVersions": ["*"], "resources": ["jobs", "cronjobs"]},
     {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "resources": ["pytorchjobs", "tfjobs"]},
+    {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "resources": ["trainjobs"]},
+    {"apiGroups": ["apps"], "apiVersions": ["*"], "resources": ["statefulsets"]},
 ]
 NOTEBOOK_RESOURCES = [{"apiGroups": [GROUP], "apiVersions": ["*"], "resources": [PLURAL]}]
 _OPERATIONS = ["CREATE", "UPDATE"]
+# The volume types a pod of a job or notebook may use: its own data and the cluster's
+# objects in its namespace. Not nfs/iscsi/csi/hostPath/...: storage outside the namespace's
+# control, mounted with whatever uid the pod claims.
+ALLOWED_VOLUME_TYPES = [
+    "configMap",
+    "secret",
+    "emptyDir",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "ephemeral",
+]
+# The Secrets a job's pods may read: those its own builders create, recognisable by name.
+# Payload Secrets: `<object>-<20 hex of HMAC(job key)>-payload-<NNN>`
+# (backends/kubernetes/objects.payload_secret_prefix, payload_secrets); a schedule's:
+# `mlcluster-<schedule>-<16 hex>` (backends/kubernetes/schedules.new_secret_name). Both names
+# are unguessable and created create-only by the job's supervisor or the schedule, so no
+# Secret the platform put in the namespace (credentials, tokens, pull secrets) has one.
+JOB_SECRET_NAMES = [
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{20}-payload-[0-9]{3}$",
+    r"^mlcluster-[a-z0-9]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{16}$",
+]
 
 
 def _rules(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,13 +85,102 @@ def _quoted(values: Sequence[str]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
+# CEL over one pod spec `s`: its containers of every sort.
+_CONTAINERS = (
+    "((has(s.containers) ? s.containers : []) + "
+    "(has(s.initContainers) ? s.initContainers : []) + "
+    "(has(s.ephemeralContainers) ? s.ephemeralContainers : []))"
+)
+
+
+def _secret_name_ok(name: str) -> str:
+    return "(" + " || ".join(f"{name}.matches('{p}')" for p in JOB_SECRET_NAMES) + ")"
+
+
+def _env_secrets_ok(env_list: str) -> str:
+    return (
+        f"(!has({env_list}) || {env_list}.all(e, !has(e.valueFrom) || "
+        "!has(e.valueFrom.secretKeyRef) || "
+        "(has(e.valueFrom.secretKeyRef.name) && "
+        f"{_secret_name_ok('e.valueFrom.secretKeyRef.name')})))"
+    )
+
+
+# Per pod spec `s`: (CEL that must hold, message).
+_POD_SPEC_CHECKS: list[tuple[str, str]] = [
+    (
+        f"{_CONTAINERS}.all(c, !has(c.securityContext) || "
+        "!has(c.securityContext.privileged) || c.securityContext.privileged == false)",
+        "privileged containers are not allowed",
+    ),
+    (
+        f"{_CONTAINERS}.all(c, !has(c.securityContext) || "
+        "!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || "
+        f"c.securityContext.capabilities.add.all(a, a in {_quoted(BASELINE_CAPABILITIES)}))",
+        "adding capabilities beyond Pod Security baseline is not allowed",
+    ),
+    ("!has(s.volumes) || s.volumes.all(v, !has(v.hostPath))", "hostPath volumes are not allowed"),
+    (
+        "!has(s.volumes) || s.volumes.all(v, "
+        + " || ".join(f"has(v.{t})" for t in ALLOWED_VOLUME_TYPES)
+        + ")",
+        f"volumes may only be of the types {', '.join(ALLOWED_VOLUME_TYPES)}",
+    ),
+    (
+        "(!has(s.hostNetwork) || s.hostNetwork == false) && "
+        "(!has(s.hostPID) || s.hostPID == false) && (!has(s.hostIPC) || s.hostIPC == false)",
+        "hostNetwork, hostPID and hostIPC are not allowed",
+    ),
+    (
+        "!has(s.nodeName) || s.nodeName == ''",
+        "nodeName is not allowed (the scheduler places pods)",
+    ),
+    (
+        "(!has(s.securityContext) || !has(s.securityContext.runAsUser) || "
+        "s.securityContext.runAsUser != 0) && "
+        f"{_CONTAINERS}.all(c, !has(c.securityContext) || !has(c.securityContext.runAsUser) || "
+        "c.securityContext.runAsUser != 0)",
+        "runAsUser 0 (root) is not allowed",
+    ),
+]
+
+
+def _service_account_check(service_accounts: Sequence[str]) -> tuple[str, str]:
+    return (
+        f"(!has(s.serviceAccountName) || s.serviceAccountName in {_quoted(service_accounts)}) && "
+        f"(!has(s.serviceAccount) || s.serviceAccount in {_quoted(service_accounts)})",
+        f"pods may run only as the service accounts {', '.join(service_accounts)}",
+    )
+
+
+# Job kinds only: every Secret a pod spec names is one of the job's own.
+_JOB_SECRETS_CHECK = (
+    "!(object.kind in " + _quoted(JOB_KINDS) + ") || ("
+    "(!has(s.volumes) || s.volumes.all(v, "
+    "(!has(v.secret) || (has(v.secret.secretName) && "
+    + _secret_name_ok("v.secret.secretName")
+    + ")) && "
+    "(!has(v.projected) || !has(v.projected.sources) || v.projected.sources.all(p, "
+    "!has(p.secret) || (has(p.secret.name) && "
+    + _secret_name_ok("p.secret.name")
+    + "))))) && "
+    f"{_CONTAINERS}.all(c, {_env_secrets_ok('c.env')} && "
+    "(!has(c.envFrom) || c.envFrom.all(f, !has(f.secretRef) || "
+    "(has(f.secretRef.name) && " + _secret_name_ok("f.secretRef.name") + ")))))",
+    "a job's pods may use only the Secrets the job itself created (its payload Secrets, "
+    "or its schedule's)",
+)
+
+
 def validations(
     service_accounts: Sequence[str],
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """(variables, validations) of the policy: every pod spec the object carries, then checks."""
+    """(variables, validations) of the policy: every pod spec the object carries, then checks
+    that each of them must pass."""
     variables = [
         {
-            # Every pod spec in the object, whatever its kind.
+            # Every pod spec in the object, whatever its kind (TrainJob: its runtime patches
+            # come in a list of lists, `patchedPodSpecs`; older Trainers' overrides here).
             "name": "podSpecs",
             "expression": (
                 "object.kind == 'PyTorchJob' ? "
@@ -67,57 +189,55 @@ def validations(
                 "object.kind == 'TFJob' ? "
                 "(has(object.spec.tfReplicaSpecs) ? object.spec.tfReplicaSpecs.map("
                 "r, object.spec.tfReplicaSpecs[r].template.spec) : []) : "
+                "object.kind == 'CronJob' ? "
+                "(has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && "
+                "has(object.spec.jobTemplate.spec.template) && "
+                "has(object.spec.jobTemplate.spec.template.spec) ? "
+                "[object.spec.jobTemplate.spec.template.spec] : []) : "
+                "object.kind == 'TrainJob' ? "
+                "((has(object.spec.podSpecOverrides) ? object.spec.podSpecOverrides : []) + "
+                "(has(object.spec.podTemplateOverrides) ? object.spec.podTemplateOverrides"
+                ".filter(o, has(o.spec)).map(o, o.spec) : [])) : "
                 "(has(object.spec.template) && has(object.spec.template.spec) ? "
                 "[object.spec.template.spec] : [])"
             ),
         },
         {
-            "name": "containers",
+            # TrainJob (Trainer v2.3): runtimePatches[].trainingRuntimeSpec.template.spec
+            # .replicatedJobs[].template.spec.template.spec, one list per patch.
+            "name": "patchedPodSpecs",
             "expression": (
-                "variables.podSpecs.map(s, (has(s.containers) ? s.containers : []) + "
-                "(has(s.initContainers) ? s.initContainers : []))"
+                "object.kind == 'TrainJob' && has(object.spec.runtimePatches) ? "
+                "object.spec.runtimePatches.map(p, has(p.trainingRuntimeSpec) && "
+                "has(p.trainingRuntimeSpec.template) && has(p.trainingRuntimeSpec.template.spec) "
+                "&& has(p.trainingRuntimeSpec.template.spec.replicatedJobs) ? "
+                "p.trainingRuntimeSpec.template.spec.replicatedJobs.filter(r, has(r.template) && "
+                "has(r.template.spec) && has(r.template.spec.template) && "
+                "has(r.template.spec.template.spec)).map(r, r.template.spec.template.spec) : []) "
+                ": []"
             ),
         },
     ]
-    checks = [
+    checks = [*_POD_SPEC_CHECKS, _service_account_check(service_accounts), _JOB_SECRETS_CHECK]
+    rendered = [
         (
-            (
-                "variables.containers.all(cs, cs.all(c, !has(c.securityContext) || "
-                "!has(c.securityContext.privileged) || c.securityContext.privileged == false))"
-            ),
-            "privileged containers are not allowed",
-        ),
-        (
-            (
-                "variables.containers.all(cs, cs.all(c, !has(c.securityContext) || "
-                "!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || "
-                f"c.securityContext.capabilities.add.all(a, a in {_quoted(BASELINE_CAPABILITIES)})))"
-            ),
-            "adding capabilities beyond Pod Security baseline is not allowed",
-        ),
-        (
-            "variables.podSpecs.all(s, !has(s.volumes) || s.volumes.all(v, !has(v.hostPath)))",
-            "hostPath volumes are not allowed",
-        ),
-        (
-            (
-                "variables.podSpecs.all(s, (!has(s.hostNetwork) || s.hostNetwork == false) && "
-                "(!has(s.hostPID) || s.hostPID == false) && (!has(s.hostIPC) || s.hostIPC == false))"
-            ),
-            "hostNetwork, hostPID and hostIPC are not allowed",
-        ),
-        (
-            (
-                "variables.podSpecs.all(s, "
-                f"(!has(s.serviceAccountName) || s.serviceAccountName in {_quoted(service_accounts)}) && "
-                f"(!has(s.serviceAccount) || s.serviceAccount in {_quoted(service_accounts)}))"
-            ),
-            f"pods may run only as the service accounts {', '.join(service_accounts)}",
-        ),
+            f"variables.podSpecs.all(s, {check}) && "
+            f"variables.patchedPodSpecs.all(g, g.all(s, {check}))",
+            message,
+        )
+        for check, message in checks
     ]
+    # A TrainJob's trainer container env (merged into the runtime's node container).
+    rendered.append(
+        (
+            "object.kind != 'TrainJob' || !has(object.spec.trainer) || "
+            + _env_secrets_ok("object.spec.trainer.env"),
+            _JOB_SECRETS_CHECK[1],
+        )
+    )
     return variables, [
         {"expression": expression, "message": message, "reason": "Forbidden"}
-        for expression, message in checks
+        for expression, message in rendered
     ]
 
 

@@ -252,20 +252,78 @@ def _notebook() -> dict[str, Any]:
     return objects.notebook_resource("nb1", "mallory", "mallory@example.com", cpu="1")
 
 
+JOB_KINDS = ["Job", "PyTorchJob", "TFJob"]
+# Kinds added for issue 22: every kind whose pod templates reach a user namespace.
+MORE_KINDS = [
+    "CronJob",
+    "StatefulSet",
+    "TrainJob/runtimePatches",
+    "TrainJob/podSpecOverrides",
+    "TrainJob/podTemplateOverrides",
+]
+
+
 def _job(kind: str) -> dict[str, Any]:
     pod = {"spec": {"containers": [{"name": "rank", "image": "python:3.11"}]}}
+    meta = {"name": "j", "namespace": "mallory"}
     if kind == "Job":
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": "j", "namespace": "mallory"},
+            "metadata": meta,
             "spec": {"template": copy.deepcopy(pod)},
+        }
+    if kind == "CronJob":
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": meta,
+            "spec": {
+                "schedule": "0 2 * * *",
+                "jobTemplate": {"spec": {"template": copy.deepcopy(pod)}},
+            },
+        }
+    if kind == "StatefulSet":
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": meta,
+            "spec": {
+                "selector": {"matchLabels": {"a": "b"}},
+                "serviceName": "j",
+                "template": {"metadata": {"labels": {"a": "b"}}, **copy.deepcopy(pod)},
+            },
+        }
+    if kind.startswith("TrainJob/"):
+        spec: dict[str, Any] = {"runtimeRef": {"name": "torch-distributed"}}
+        where = kind.partition("/")[2]
+        if where == "runtimePatches":
+            replicated = [{"name": "node", "template": {"spec": {"template": copy.deepcopy(pod)}}}]
+            spec["runtimePatches"] = [
+                {
+                    "manager": "mallory",
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": replicated}}},
+                }
+            ]
+        elif where == "podSpecOverrides":  # Trainer v2.0
+            spec["podSpecOverrides"] = [
+                {"targetJobs": [{"name": "node"}], **copy.deepcopy(pod["spec"])}
+            ]
+        else:  # Trainer v2.1
+            spec["podTemplateOverrides"] = [
+                {"targetJobs": [{"name": "node"}], "spec": copy.deepcopy(pod["spec"])}
+            ]
+        return {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": meta,
+            "spec": spec,
         }
     field = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "tfReplicaSpecs"
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": kind,
-        "metadata": {"name": "j", "namespace": "mallory"},
+        "metadata": meta,
         "spec": {
             field: {
                 "Master": {"replicas": 1, "template": copy.deepcopy(pod)},
@@ -278,6 +336,16 @@ def _job(kind: str) -> dict[str, Any]:
 def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] in ("PyTorchJob", "TFJob"):
         return [r["template"]["spec"] for r in next(iter(obj["spec"].values())).values()]
+    if obj["kind"] == "CronJob":
+        return [obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+    if obj["kind"] == "TrainJob":
+        spec = obj["spec"]
+        if "runtimePatches" in spec:
+            jobs = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+            return [r["template"]["spec"]["template"]["spec"] for r in jobs["replicatedJobs"]]
+        if "podSpecOverrides" in spec:
+            return list(spec["podSpecOverrides"])
+        return [o["spec"] for o in spec["podTemplateOverrides"]]
     return [obj["spec"]["template"]["spec"]]
 
 
@@ -304,7 +372,7 @@ ESCALATIONS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["Notebook", "Job", "PyTorchJob", "TFJob"])
+@pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
 @pytest.mark.parametrize("escalation", sorted(ESCALATIONS))
 def test_attack_escalating_pod_templates_are_denied_by_the_admission_policy(
     kind: str, escalation: str
@@ -317,7 +385,7 @@ def test_attack_escalating_pod_templates_are_denied_by_the_admission_policy(
     assert denials(POLICY, obj), f"{kind} with {escalation} was admitted"
 
 
-@pytest.mark.parametrize("kind", ["Notebook", "Job", "PyTorchJob", "TFJob"])
+@pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
 def test_benign_templates_are_admitted(kind: str) -> None:
     obj = _notebook() if kind == "Notebook" else _job(kind)
     spec = _pod_specs(obj)[0]
@@ -333,9 +401,161 @@ def test_benign_templates_are_admitted(kind: str) -> None:
     assert denials(POLICY, _notebook() if kind == "Notebook" else _job(kind)) == []
 
 
+# Issue 22: a job pod mounting storage outside the namespace's control as any uid, pinned to
+# a node, as root, or reading a Secret the job did not create.
+POD_ESCAPES = {
+    "nfs volume (a shared home)": lambda s: s.update(
+        volumes=[{"name": "home", "nfs": {"server": "nfs.example.com", "path": "/home/alice"}}]
+    ),
+    "iscsi volume": lambda s: s.update(
+        volumes=[
+            {
+                "name": "disk",
+                "iscsi": {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.x:y", "lun": 0},
+            }
+        ]
+    ),
+    "csi volume": lambda s: s.update(
+        volumes=[{"name": "bucket", "csi": {"driver": "s3.csi.aws.com"}}]
+    ),
+    "nodeName": lambda s: s.update(nodeName="gpu-node-7"),
+    "runAsUser 0 on the pod": lambda s: s.update(securityContext={"runAsUser": 0}),
+    "runAsUser 0 on a container": lambda s: s["containers"][0].update(
+        securityContext={"runAsUser": 0}
+    ),
+    "runAsUser 0 on an init container": lambda s: s.update(
+        initContainers=[{"name": "i", "image": "x", "securityContext": {"runAsUser": 0}}]
+    ),
+}
+FOREIGN_SECRETS = {
+    "secret volume": lambda s: s.update(
+        volumes=[{"name": "creds", "secret": {"secretName": "minio-credentials"}}]
+    ),
+    "projected secret": lambda s: s.update(
+        volumes=[
+            {"name": "creds", "projected": {"sources": [{"secret": {"name": "default-token"}}]}}
+        ]
+    ),
+    "env secretKeyRef": lambda s: s["containers"][0].update(
+        env=[
+            {
+                "name": "AWS_SECRET_ACCESS_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "minio-credentials", "key": "secret"}},
+            }
+        ]
+    ),
+    "envFrom secretRef": lambda s: s["containers"][0].update(
+        envFrom=[{"secretRef": {"name": "minio-credentials"}}]
+    ),
+    # The name a payload Secret had before its names carried the job key's token.
+    "look-alike payload name": lambda s: s.update(
+        volumes=[{"name": "p", "secret": {"secretName": "j-payload-000"}}]
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
+@pytest.mark.parametrize("escape", sorted(POD_ESCAPES))
+def test_attack_job_pods_mount_foreign_storage_pin_a_node_or_run_as_root(
+    kind: str, escape: str
+) -> None:
+    """Mallory's job (any kind a notebook's service account may create, a TrainJob's patches
+    and overrides included) or notebook template mounts nfs/iscsi/csi storage (another user's
+    home, as any uid), names a node, or runs as root: the shipped policy denies it."""
+    obj = _notebook() if kind == "Notebook" else _job(kind)
+    POD_ESCAPES[escape](_pod_specs(obj)[-1])
+    _validate_shape(obj)
+    assert denials(POLICY, obj), f"{kind} with {escape} was admitted"
+
+
+@pytest.mark.parametrize("kind", [*JOB_KINDS, "CronJob", *MORE_KINDS[2:]])
+@pytest.mark.parametrize("secret", sorted(FOREIGN_SECRETS))
+def test_attack_job_pods_read_a_secret_the_job_did_not_create(kind: str, secret: str) -> None:
+    """Mallory's job reads a Secret of her namespace that the job did not create (the
+    platform's storage credentials, a service account token): by volume, projected source,
+    env or envFrom, the policy admits only the names its builders give the Secrets they create
+    (payload: `<object>-<20 hex>-payload-<NNN>`; schedule: `mlcluster-<schedule>-<16 hex>`)."""
+    obj = _job(kind)
+    FOREIGN_SECRETS[secret](_pod_specs(obj)[-1])
+    _validate_shape(obj)
+    assert denials(POLICY, obj), f"{kind} with a {secret} was admitted"
+
+
+def test_attack_trainjob_trainer_env_reads_a_foreign_secret() -> None:
+    obj = _job("TrainJob/runtimePatches")
+    obj["spec"]["trainer"] = {
+        "image": "python:3.11",
+        "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "minio", "key": "k"}}}],
+    }
+    assert denials(POLICY, obj)
+    obj["spec"]["trainer"]["env"] = [{"name": "T", "value": "plain"}]
+    assert denials(POLICY, obj) == []
+
+
+@pytest.mark.parametrize("engine", ["indexed-job", "pytorchjob", "tfjob", "trainjob"])
+def test_the_builders_own_jobs_and_schedules_pass_the_admission_policy(engine: str) -> None:
+    """What the backend really submits (its payload Secrets, volumes, service account) and a
+    schedule's CronJob are admitted: the rules refuse only what the builders never make."""
+    from jupyterlab_mlcluster.backends.kubernetes.objects import build_job_objects
+    from jupyterlab_mlcluster.backends.kubernetes.schedules import (
+        new_secret_name,
+        schedule_cronjob,
+        schedule_secret,
+    )
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+
+    framework = {"tfjob": "tensorflow", "trainjob": "pytorch"}.get(engine, "none")
+    spec = JobSpec.from_options(
+        {"workers": 2, "framework": framework, "env": {"A": "1"}}, default_backend="kubernetes"
+    )
+    built = build_job_objects(
+        "j3fa9c21b0",
+        spec,
+        namespace="alice",
+        image="python:3.11",
+        user="alice@example.com",
+        payload_chunks=[b"x", b"y"],
+        engine=engine,
+        service_account=NOTEBOOK_SERVICE_ACCOUNT,
+        report_key=b"k" * 32,
+        runtime="torch-distributed" if engine == "trainjob" else None,
+    )
+    assert denials(POLICY, built.job) == []
+    row = {
+        "name": "nightly",
+        "owner": "alice@example.com",
+        "cron": "0 2 * * *",
+        "timezone": "UTC",
+        "concurrency": "Forbid",
+        "starting_deadline": None,
+        "successful_history": 3,
+        "failed_history": 1,
+        "suspended": False,
+        "spec": {"workers": 2, "framework": "none", "backend": "kubernetes"},
+    }
+    secret = schedule_secret(row, b"p", namespace="alice", name=new_secret_name("nightly"))
+    cronjob = schedule_cronjob(
+        row, namespace="alice", image="i:1", secret=secret, service_account="mlcluster-notebook"
+    )
+    assert denials(POLICY, cronjob) == []
+    # The StatefulSet the controller makes of a notebook (matched in user namespaces too).
+    from notebook_controller.config import ControllerConfig
+
+    notebook = objects.notebook_resource(
+        "nb1", "alice", "alice@example.com", cpu="1", workspace_size="5Gi"
+    )
+    notebook["metadata"]["uid"] = "u1"
+    config = ControllerConfig(service_account=NOTEBOOK_SERVICE_ACCOUNT)
+    assert denials(POLICY, objects.statefulset(notebook, config)) == []
+
+
 def _validate_shape(obj: dict[str, Any]) -> None:
-    if obj["kind"] == "Job":
+    """The attacker's object is one the API server would store (then admission judges it)."""
+    if obj["kind"] in ("Job", "CronJob", "StatefulSet"):
         assert validate_builtin_uncached(obj) == []
+    # TrainJob: Trainer v2.3's schema allows only some pod fields in runtimePatches (others are
+    # pruned, or refused with strict validation): the policy is the line that does not depend
+    # on which Trainer version is installed.
 
 
 def test_admission_policy_is_shipped_valid_and_bound() -> None:
