@@ -489,17 +489,17 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
 
-    from .jobs.sweep import Sweep, experiments
+    from .jobs.sweep import experiments, sweep_handle
 
     service = _service()
     store = experiments(service)
     if args.sweep:
         store.get_sweep(args.sweep)  # UnknownSweep (a KeyError) -> usage error
-        handle = Sweep(service, args.sweep)
+        handle = sweep_handle(service, args.sweep)
         print(json.dumps(handle.to_json(), indent=2) if args.json else repr(handle))
         return 0
     stored = store.list_sweeps()
-    sweeps = [Sweep(service, row["id"]).to_json() for row in stored]
+    sweeps = [sweep_handle(service, row["id"]).to_json() for row in stored]
     if args.json:
         print(json.dumps(sweeps, indent=2))
         return 0

@@ -96,6 +96,20 @@ class MLClusterConfig(Configurable):
         help="Largest number of ranks one job may ask for, on any backend.",
     ).tag(config=True)
 
+    max_result_mib = Int(
+        1024,
+        help="Most MiB (pickled) a job's rank 0 may return as its result (the cell's value, "
+        "the function's return, --pull); a bigger one fails the job saying so (save it to a "
+        "file instead). It is written to the job store, whose disk all jobs share. 0: no cap.",
+    ).tag(config=True)
+
+    max_log_mib = Int(
+        1024,
+        help="Most MiB of output (stdout and stderr, all ranks) the job store keeps per job; "
+        "past it one line says 'log truncated after N MiB' and further output is dropped "
+        "while the job goes on. Protects the store's disk, which all jobs share. 0: no cap.",
+    ).tag(config=True)
+
     kill_grace_period = Float(
         3.0,
         help="Seconds ranks get between SIGTERM and SIGKILL when a job is stopped "

@@ -226,3 +226,21 @@ def test_attack_zygote_socket_served_by_another_user(service, tmp_path, monkeypa
         server.kill()
         server.wait()
         shutil.rmtree(lair, ignore_errors=True)
+
+
+# -- bounded by job ------------------------------------------------------------------------
+
+
+def test_attack_a_result_over_the_cap_fails_the_job_clearly(service, store_dir):
+    """A job returning more than MLClusterConfig.max_result_mib (the store's disk is every
+    job's) fails saying so, and leaves no result behind."""
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    capped = JobService(config=MLClusterConfig(max_result_mib=1))
+    record = capped.submit(JobSpec.from_options({}), Payload(source="b'x' * (3 * 2**20)\n"))
+    final = capped.wait(record.id, timeout=120)
+    assert final.state == "failed", final
+    assert "max_result_mib" in final.error and "3.0 MiB" in final.error, final.error
+    assert not capped.store.result_path(record.id).exists()
+    assert not capped.store.result_json_path(record.id).exists()

@@ -73,6 +73,7 @@ def forget_attempt_outputs(ctx: JobContext) -> None:
     """A new attempt must not report the previous one's result or tracebacks."""
     store, job_id = ctx.store, ctx.job.id
     store.result_path(job_id).unlink(missing_ok=True)
+    store.result_json_path(job_id).unlink(missing_ok=True)
     for rank in range(ctx.job.spec.workers):
         store.error_path(job_id, rank).unlink(missing_ok=True)
 

@@ -73,6 +73,10 @@ class DistributedJobFailed(RuntimeError):
         return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
 
 
+class NoJSONForm(ValueError):
+    """A job's result has no JSON form a server may serve (it is read in Python only)."""
+
+
 class JobStillRunning(RuntimeError):
     """A purge refused: something of the job may still run (the message says what)."""
 
@@ -282,7 +286,9 @@ class JobService:
         )
 
     def result(self, job_id: str) -> tuple[str, Any]:
-        """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job."""
+        """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job, unpickled:
+        for the job owner's own kernel or process only (unpickling runs whatever the job's
+        code put in it). Servers read result_data()."""
         import cloudpickle
 
         path = self.store.result_path(job_id)
@@ -302,6 +308,31 @@ class JobService:
         except Exception as exc:  # noqa: BLE001 - delivered all the same; purge removes it
             log.warning("the result of job %s stays in the store: %s", job_id, exc)
         return delivered
+
+    def result_data(self, job_id: str) -> tuple[str, Any]:
+        """The same as result() from the result's JSON form, never unpickling: what a server
+        may read of a job it did not write. NoJSONForm where the value has none."""
+        if not self.store.result_path(job_id).exists():
+            return "none", None
+        path = self.store.result_json_path(job_id)
+        limit = self.config.max_result_mib * 1024 * 1024
+        try:
+            with open(path, "rb") as f:
+                text = f.read(limit + 1 if limit else -1)
+        except FileNotFoundError:
+            raise NoJSONForm(
+                "the job recorded no JSON form of its result (it ran an older runtime)"
+            ) from None
+        if limit and len(text) > limit:
+            raise NoJSONForm(f"its JSON form is more than {limit // (1024 * 1024)} MiB")
+        try:
+            data = json.loads(text)
+            kind = data["kind"]
+        except (ValueError, TypeError, KeyError):
+            raise NoJSONForm("its JSON form is not readable") from None
+        if not isinstance(kind, str) or "value" not in data:
+            raise NoJSONForm(f"{str(data.get('types') or 'its value')[:500]} has no JSON form")
+        return kind, data["value"]
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""

@@ -280,6 +280,7 @@ class JobStore:
         return self.job_dir(job_id) / "payload.pkl"
 
     def result_path(self, job_id: str) -> Path:
+        """Rank 0's result pickled: only the owner's kernel or process may load it."""
         return self.job_dir(job_id) / "result.pkl"
 
     def drop_result(self, job_id: str) -> None:
@@ -288,6 +289,11 @@ class JobStore:
         for path in self.job_dir(job_id).glob("result.*"):
             path.unlink(missing_ok=True)
         self.update_job(job_id, has_result=False)
+
+    def result_json_path(self, job_id: str) -> Path:
+        """Rank 0's result as data: its JSON form, or the types that have none (what servers
+        read: they never unpickle)."""
+        return self.job_dir(job_id) / "result.json"
 
     def error_path(self, job_id: str, rank: int) -> Path:
         return self.job_dir(job_id) / f"error-{int(rank)}.json"

@@ -14,6 +14,7 @@ import functools
 import html
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .experiment_store import ExperimentStore
@@ -87,7 +88,7 @@ def submit_sweep(
             )
             submitted.append(record.id)
             store.add_trial(sweep_id, index, record.id, params)
-        return Sweep(service, sweep_id)  # in the try: an interrupt up to here cancels it all
+        return sweep_handle(service, sweep_id)  # in the try: an interrupt up to here cancels it all
     except BaseException:
         # Interrupted or failed half-way: no trial of a sweep that was not wholly submitted
         # may run on (the store knows every job of the sweep, even one whose submit was cut
@@ -95,6 +96,11 @@ def submit_sweep(
         for job_id in sorted(set(submitted) | set(store.jobs_of_sweep(sweep_id))):
             service.cancel(job_id, wait=False)
         raise
+
+
+def sweep_handle(service, sweep_id: str) -> Sweep:
+    """The sweep as its owner's kernel or CLI sees it: trial values are the real objects."""
+    return Sweep(service, sweep_id, service.result)
 
 
 def wait_for_slot(ctx) -> bool:
@@ -140,11 +146,16 @@ class Trial:
 
 
 class Sweep:
-    """A sweep's handle: `.trials`, `.best`, `.wait()`, `.cancel()`; its repr is the table."""
+    """A sweep's handle: `.trials`, `.best`, `.wait()`, `.cancel()`; its repr is the table.
 
-    def __init__(self, service, sweep_id: str):
+    `read_value(job_id) -> (kind, value)` reads a trial's result: the owner's kernel or CLI
+    passes `service.result` (the real objects, unpickled: see sweep_handle()); a server
+    passes `service.result_data` (the JSON form only; it never unpickles what a job wrote)."""
+
+    def __init__(self, service, sweep_id: str, read_value: Callable[[str], tuple[str, Any]]):
         self._service = service
         self.id = sweep_id
+        self._read_value = read_value
         self._values: dict[str, Any] = {}
 
     @property
@@ -175,7 +186,7 @@ class Sweep:
     def _value(self, job_id: str) -> Any:
         if job_id not in self._values:
             try:
-                self._values[job_id] = self._service.result(job_id)[1]
+                self._values[job_id] = self._read_value(job_id)[1]
             except Exception as exc:  # noqa: BLE001 - an unreadable result is shown, not raised
                 self._values[job_id] = f"<result not readable: {exc}>"
         return self._values[job_id]

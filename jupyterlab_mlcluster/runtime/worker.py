@@ -31,6 +31,9 @@ from . import errors, reporting
 from .payload import Payload, read_payload_bytes
 
 RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines modest
+MIB = 1024 * 1024
+# Results pickled bigger than this get no JSON form (REST's GET /jobs/{id}/result says so).
+JSON_FORM_MAX = 16 * MIB
 
 _PR_SET_PDEATHSIG = 1
 
@@ -201,6 +204,9 @@ def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
 
 
 def write_result(kind: str, value: Any) -> None:
+    """Rank 0's result, twice: the pickle only the owner's kernel or process reads, and its
+    JSON form (or the types that have none) that servers serve: a server never unpickles,
+    since whoever wrote the job chose what the unpickling would run."""
     import cloudpickle
 
     try:
@@ -209,10 +215,26 @@ def write_result(kind: str, value: Any) -> None:
         raise ResultError(
             f"cannot send the result back to the kernel: {type(exc).__name__}: {exc}"
         ) from None
+    limit = max_result_bytes()
+    if limit and len(data) > limit:
+        raise ResultError(
+            f"the result is {len(data) / MIB:.1f} MiB, more than this job may return "
+            f"({limit / MIB:g} MiB, MLClusterConfig.max_result_mib): save it to a file instead"
+        )
+    json_form = result_json(kind, value, len(data))
     path = os.environ.get("MLCLUSTER_RESULT_PATH")
     if path:
+        json_path = os.environ.get("MLCLUSTER_RESULT_JSON_PATH")
         try:
-            _write_whole(path, data)
+            if json_path:
+                _write_whole(json_path, json_form)
+            try:
+                _write_whole(path, data)
+            except BaseException:
+                if json_path:  # no half of a result
+                    with contextlib.suppress(OSError):
+                        os.unlink(json_path)
+                raise
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -221,10 +243,50 @@ def write_result(kind: str, value: Any) -> None:
                 f" ({len(data)} bytes) cannot be written ({exc.strerror})"
             ) from None
         return
+    # The JSON form first: the pickle's last chunk completes the result.
+    _send_chunks(json_form, "json")
+    _send_chunks(data, None)
+
+
+def _send_chunks(data: bytes, form: str | None) -> None:
     encoded = base64.b64encode(data).decode()
     chunks = [encoded[i : i + RESULT_CHUNK] for i in range(0, len(encoded), RESULT_CHUNK)] or [""]
     for index, chunk in enumerate(chunks):
-        reporting.send({"type": "result", "index": index, "count": len(chunks), "data": chunk})
+        record = {"type": "result", "index": index, "count": len(chunks), "data": chunk}
+        if form:
+            record["form"] = form
+        reporting.send(record)
+
+
+def max_result_bytes() -> int:
+    """The job's cap on its pickled result (MLCLUSTER_MAX_RESULT_BYTES, set by the backend;
+    0 or unset: none)."""
+    try:
+        return max(0, int(os.environ.get("MLCLUSTER_MAX_RESULT_BYTES", "0")))
+    except ValueError:
+        return 0
+
+
+def result_json(kind: str, value: Any, pickled_size: int) -> bytes:
+    """{"kind", "value"} where the value has a JSON form, else {"kind", "types"} saying
+    which types have none (what a server's 409 says). A value whose pickle is bigger than
+    JSON_FORM_MAX is not encoded twice (that would slow every big result for a REST read
+    few make)."""
+    if pickled_size <= JSON_FORM_MAX:
+        try:
+            return json.dumps({"kind": kind, "value": value}, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError):
+            pass
+        return json.dumps({"kind": kind, "types": _type_names(value)}).encode()
+    return json.dumps(
+        {"kind": kind, "types": f"{_type_names(value)}, {pickled_size / MIB:.1f} MiB pickled"}
+    ).encode()
+
+
+def _type_names(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {type(v).__name__}" for k, v in value.items())
+    return type(value).__name__
 
 
 def _write_whole(path: str, data: bytes) -> None:

@@ -93,7 +93,7 @@ class SweepsHandler(_ListingHandler):
         return store.list_sweeps(owner=owner)
 
     def item(self, service: Any, row: dict[str, Any]) -> dict[str, Any]:
-        return Sweep(service, row["id"]).to_json()
+        return Sweep(service, row["id"], service.result_data).to_json()
 
 
 class SweepHandler(ExperimentHandler):
@@ -104,7 +104,8 @@ class SweepHandler(ExperimentHandler):
     async def get(self, sweep_id: str) -> None:
         def one() -> dict[str, Any]:
             self._sweep_row(sweep_id)
-            return Sweep(self.app.service, sweep_id).to_json()
+            service = self.app.service
+            return Sweep(service, sweep_id, service.result_data).to_json()
 
         await self.send_encoded(one)
 

@@ -22,7 +22,7 @@ from tornado.iostream import StreamClosedError
 
 from .. import patterns
 from ..jobs.model import JobSpec, JobState, SpecError
-from ..jobs.service import JobStillRunning
+from ..jobs.service import JobStillRunning, NoJSONForm
 from ..jobs.store import UnknownJob
 from ..kubeconn import ClusterUnavailable, KubeError, configuration_problem
 from ..runtime.payload import Payload, PayloadError
@@ -397,21 +397,17 @@ class ResultHandler(MLClusterHandler):
             )
 
         def result() -> str:
+            # Data only: the JSON form the rank wrote. Unpickling here would run whatever
+            # the job's author put in the pickle, as this server (shared by many users).
             try:
-                kind, value = self.app.service.result(record.id)
-            except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
+                kind, value = self.app.service.result_data(record.id)
+            except NoJSONForm as exc:
                 raise web.HTTPError(
                     409,
-                    f"the result of job {record.id} cannot be loaded here ({type(exc).__name__}: {exc})",
+                    f"the result of job {record.id} has no JSON form ({exc}); get it in "
+                    f"Python: jupyterlab_mlcluster.get_job({record.id!r}).result",
                 ) from None
-            try:
-                return json.dumps({"kind": kind, "value": value}, allow_nan=False)
-            except (TypeError, ValueError):
-                raise web.HTTPError(
-                    409,
-                    f"the result of job {record.id} ({_type_names(value)}) has no JSON form; "
-                    f"get it in Python: jupyterlab_mlcluster.get_job({record.id!r}).result",
-                ) from None
+            return json.dumps({"kind": kind, "value": value}, allow_nan=False)
 
         self.finish(await self.run(result))
 
@@ -424,12 +420,6 @@ def ndjson(lines: list[dict[str, Any]]) -> bytes:
         % (line["rank"], line["ts"], line["stream"], encode_basestring_ascii(line["line"]))
         for line in lines
     ).encode()
-
-
-def _type_names(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {type(v).__name__}" for k, v in value.items())
-    return type(value).__name__
 
 
 # -- cluster, document ----------------------------------------------------------------------

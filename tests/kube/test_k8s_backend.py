@@ -56,6 +56,8 @@ def test_indexed_job_runs_the_cell_and_brings_the_result_back(k8s, player, kube,
     final = service.wait(record.id, timeout=60)
     assert final.state == "succeeded", (final.error, runs[0].text, runs[1].text)
     assert service.result(record.id) == ("value", {"rank": 0, "world": 2, "x": 41})
+    # Its JSON form travelled too (what a server serves: it never unpickles).
+    assert service.result_data(record.id) == ("value", {"rank": 0, "world": 2, "x": 41})
     assert [r.state for r in final.ranks] == ["succeeded", "succeeded"]
     assert [r.exit_code for r in final.ranks] == [0, 0]
     # The pods are gone (foreground deletion), their output is not.
@@ -97,6 +99,19 @@ def test_a_large_payload_travels_in_several_secrets(k8s, player, kube, kube_name
     final = service.wait(record.id, timeout=60)
     assert final.state == "succeeded", final.error
     assert service.result(record.id) == ("value", hashlib.sha256(blob).hexdigest())
+    assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def test_a_result_over_the_cap_fails_the_job_and_is_not_kept(k8s, player, kube, kube_namespace):
+    """A pod's result past MLClusterConfig.max_result_mib is dropped as its chunks come (the
+    supervisor's memory and the store's disk stay bounded) and the job fails saying why."""
+    service = k8s(max_result_mib=1)
+    record = service.submit(spec_of(workers=1), code("import os\nos.urandom(3 * 2**20)"))
+    player.resumed(record.id)
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "failed" and "MLClusterConfig.max_result_mib" in final.error, final
+    assert not service.store.result_path(record.id).exists()
     assert objects_of(kube, kube_namespace, record.id) == {}
 
 

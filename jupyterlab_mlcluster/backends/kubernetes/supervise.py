@@ -169,7 +169,8 @@ class _Attempt:
         # what the ranks told us
         self.started_ranks: set[int] = set()
         self.installing: set[int] = set()  # ranks whose pods install the notebook's packages
-        self.result_chunks: dict[int, str] = {}
+        self.result_chunks: dict[str, dict[int, str]] = {}  # form -> index -> base64
+        self.result_refused: str | None = None  # why rank 0's result was dropped
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.rank_updates = lifecycle.RankUpdates(run.ctx)
         self.written: dict[int, dict[str, Any]] = {}
@@ -216,6 +217,8 @@ class _Attempt:
         try:
             outcome = self._follow()
             self._drain_logs(outcome)
+            if outcome.kind == "succeeded" and self.result_refused:
+                outcome = Outcome("failed", self.result_refused, 0, restartable=False)
             self._blame_packed_rank(outcome)
         finally:
             self._delete_and_wait()
@@ -740,15 +743,35 @@ class _Attempt:
                 self.installing.discard(rank)
 
     def _result_chunk(self, record: dict[str, Any]) -> None:
+        """Rank 0's result in chunks: the pickle (its owner's kernel reads it) and its JSON
+        form (what servers serve); neither is ever loaded here. More than the job's result cap
+        is dropped as it comes (a pod cannot fill this process's memory) and fails the job."""
+        if self.result_refused:
+            return
+        form = "json" if record.get("form") == "json" else "pickle"
+        chunks = self.result_chunks.setdefault(form, {})
         try:
             index, count = int(record["index"]), int(record["count"])
-            self.result_chunks[index] = str(record["data"])
+            chunks[index] = str(record["data"])
         except (KeyError, TypeError, ValueError):
             return
-        if all(i in self.result_chunks for i in range(count)):
-            data = base64.b64decode("".join(self.result_chunks[i] for i in range(count)))
-            _write_atomically(self.ctx.store.result_path(self.ctx.job.id), data)
+        limit = self.ctx.config.max_result_mib * 1024 * 1024
+        received = sum(len(c) for cs in self.result_chunks.values() for c in cs.values())
+        # base64 is 4/3 of the bytes; the JSON form may be as big as the pickle.
+        if limit and received > 2 * (limit * 4 // 3 + 4):
             self.result_chunks = {}
+            self.result_refused = (
+                f"rank 0's result is more than this job may return ({limit // (1024 * 1024)} "
+                "MiB, MLClusterConfig.max_result_mib): save it to a file instead"
+            )
+            self.ctx.logs.system(f"[mlcluster] {self.result_refused}", rank=0)
+            return
+        if 0 <= index < count and all(i in chunks for i in range(count)):
+            data = base64.b64decode("".join(chunks[i] for i in range(count)))
+            store = self.ctx.store
+            path = store.result_json_path if form == "json" else store.result_path
+            _write_atomically(path(self.ctx.job.id), data)
+            del self.result_chunks[form]
 
     def _drain_logs(self, outcome: Outcome) -> None:
         """The outcome is known; wait (a little) for the log lines that tell its story: all
