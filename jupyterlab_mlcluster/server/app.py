@@ -24,6 +24,7 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
 from ..kubeconn import KubeConnection
+from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
 from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
 from .handlers import REST_HANDLERS
@@ -160,7 +161,11 @@ class MLClusterApp(ExtensionApp):
         "from `identity_header` instead of the Jupyter Server identity provider. Only for a "
         "server that sits behind an authenticating proxy which sets that header on every "
         "request (and drops any the client sent): anyone who reaches the server some other way "
-        "could claim any identity. A request without the header is refused (403).",
+        "could claim any identity. A request without the header is refused (403). Such a "
+        "server is shared by many users and runs as one Unix user, so it then serves only "
+        "JupyterLab's page (and the reads it makes) and the mlcluster API: kernels, "
+        "terminals, contents, sessions and every write of Jupyter's own answer 403 "
+        "(server/confinement.py lists what is served).",
     ).tag(config=True)
 
     allow_local_jobs_when_shared = Bool(
@@ -296,6 +301,11 @@ class MLClusterApp(ExtensionApp):
         )
 
     def initialize_handlers(self) -> None:
+        if self.trust_identity_header:
+            # Many users, one Unix user: Jupyter's kernels, terminals and files are closed
+            # (a kernel here is code execution as the server); the lab page and our API stay.
+            confine(self.serverapp.web_app, self.serverapp.base_url)
+            self.serverapp.authorizer = self.serverapp.web_app.settings["authorizer"]
         self.handlers.extend((route_pattern(path), handler) for path, handler in routes())
         self.handlers.extend(proxy_routes())
 
