@@ -292,8 +292,8 @@ class JobStore:
 
     def result_json_path(self, job_id: str) -> Path:
         """Rank 0's result as data: its JSON form, or the types that have none (what servers
-        read: they never unpickle)."""
-        return self.job_dir(job_id) / "result.json"
+        read: they never unpickle). Ranks write it beside result_path()."""
+        return self.result_path(job_id).with_name("result.json")
 
     def error_path(self, job_id: str, rank: int) -> Path:
         return self.job_dir(job_id) / f"error-{int(rank)}.json"

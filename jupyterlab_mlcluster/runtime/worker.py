@@ -34,6 +34,7 @@ RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines m
 MIB = 1024 * 1024
 # Results pickled bigger than this get no JSON form (REST's GET /jobs/{id}/result says so).
 JSON_FORM_MAX = 16 * MIB
+RESULT_JSON_NAME = "result.json"  # beside MLCLUSTER_RESULT_PATH
 
 _PR_SET_PDEATHSIG = 1
 
@@ -224,16 +225,15 @@ def write_result(kind: str, value: Any) -> None:
     json_form = result_json(kind, value, len(data))
     path = os.environ.get("MLCLUSTER_RESULT_PATH")
     if path:
-        json_path = os.environ.get("MLCLUSTER_RESULT_JSON_PATH")
+        # Beside the pickle, whichever backend named it (JobStore.result_json_path).
+        json_path = os.path.join(os.path.dirname(path), RESULT_JSON_NAME)
         try:
-            if json_path:
-                _write_whole(json_path, json_form)
+            _write_whole(json_path, json_form)
             try:
                 _write_whole(path, data)
             except BaseException:
-                if json_path:  # no half of a result
-                    with contextlib.suppress(OSError):
-                        os.unlink(json_path)
+                with contextlib.suppress(OSError):  # no half of a result
+                    os.unlink(json_path)
                 raise
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -188,7 +188,6 @@ class _Gang:
             env.update(self.tree.rank_env())
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
-                env["MLCLUSTER_RESULT_JSON_PATH"] = str(store.result_json_path(job_id))
                 env["MLCLUSTER_MAX_RESULT_BYTES"] = str(ctx.config.max_result_mib * 1024 * 1024)
             if warm:
                 proc = launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
