@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Int, TraitError, Unicode, validate
+from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
@@ -34,7 +34,7 @@ from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
-from .tensorboard import TensorBoards, proxy_routes
+from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
 from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, check_template
 
 T = TypeVar("T")
@@ -197,6 +197,28 @@ class MLClusterApp(ExtensionApp):
         "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
+    tensorboard_user_dir = Unicode(
+        "",
+        help="On a server shared through trust_identity_header: the directory under which a "
+        "caller's jobs may name TensorBoard directories (`tensorboard` in POST /jobs, or "
+        "MLCLUSTER_TENSORBOARD_DIR in their env), `{user}` being the caller's identity, e.g. "
+        "'/mnt/tensorboard/{user}' on a volume the ranks share. Checked by realpath (no symlink "
+        "or '..' leads out), at submit (400, nothing stored) and again when TensorBoard is "
+        "opened (403). '': only the job's own directory in the store, the operator's "
+        "MLClusterConfig.tensorboard_dir and tensorboard_allowed_uris. A server not shared "
+        "reads whatever its user names.",
+    ).tag(config=True)
+
+    tensorboard_allowed_uris = List(
+        Unicode(),
+        default_value=[],
+        help="On a server shared through trust_identity_header: URI prefixes a caller's job "
+        "may name as its TensorBoard directory (TensorBoard reads them with this server's "
+        "credentials, for everyone), `{user}` being the caller's identity, e.g. "
+        "['s3://team-runs/{user}/']. Empty (the default): no URI but the operator's "
+        "MLClusterConfig.tensorboard_dir.",
+    ).tag(config=True)
+
     tensorboard_idle_timeout = Float(
         1800.0,
         help="Seconds a TensorBoard started for jobs (POST /jobs/{id}/tensorboard) may go "
@@ -290,6 +312,12 @@ class MLClusterApp(ExtensionApp):
             progress=self.notebook_feed.progress,
             namespace_of=namespace_of,
         )
+        # Where callers' jobs may have TensorBoard read; None: anywhere (one user's server).
+        self.tensorboard_places: TensorBoardPlaces | None = None
+        if self.trust_identity_header:
+            self.tensorboard_places = TensorBoardPlaces(
+                self.tensorboard_user_dir, tuple(self.tensorboard_allowed_uris)
+            )
         # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
         self._stopped = False

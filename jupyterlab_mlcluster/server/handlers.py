@@ -21,7 +21,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from .. import patterns
-from ..jobs.model import JobSpec, JobState, SpecError
+from ..jobs.model import JobSpec, JobState, SpecError, tensorboard_dir_for
 from ..jobs.service import JobStillRunning, NoJSONForm
 from ..jobs.store import UnknownJob
 from ..kubeconn import ClusterUnavailable, KubeError, configuration_problem
@@ -38,6 +38,7 @@ from .openapi import API_PREFIX, RequestError
 from .tensorboard import ENV_NAME as TENSORBOARD_ENV
 from .tensorboard import (
     NoTensorBoardData,
+    PlaceRefused,
     TensorBoardFailed,
     has_event_files,
     tensorboard_installed,
@@ -179,6 +180,7 @@ class JobsHandler(MLClusterHandler):
             problem = await self.run(configuration_problem)
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
+        await self.run(self.check_tensorboard_places, spec, owner)
         namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
         origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
@@ -198,6 +200,22 @@ class JobsHandler(MLClusterHandler):
             raise web.HTTPError(409, str(exc)) from None
         self.set_header("Location", self.api_url("jobs", record.id))
         self.send(record.to_json(), status=201)
+
+    def check_tensorboard_places(self, spec: JobSpec, owner: str) -> None:
+        """On a shared server, the TensorBoard directory a job names (option or env) must be
+        one the caller may have read (TensorBoardPlaces): else 400 before anything is stored."""
+        places = self.app.tensorboard_places
+        if places is None:
+            return
+        probe = "j" + "0" * 10  # {job}: an id's shape, in the job's own directory
+        own_dir = str(self.app.service.store.tensorboard_dir(probe))
+        for named in (spec.tensorboard, spec.env.get(TENSORBOARD_ENV)):
+            if not named:
+                continue
+            try:
+                places.check(named.replace("{job}", probe), owner, own_dir=own_dir)
+            except PlaceRefused as exc:
+                raise web.HTTPError(400, str(exc)) from None
 
     async def job_namespace(self, spec: JobSpec, owner: str) -> str | None:
         """Where a Kubernetes job's objects go: the caller's own namespace when the server
@@ -356,10 +374,20 @@ class TensorBoardHandler(MLClusterHandler):
                 records.append(record)
         store = self.app.service.store
 
+        places = self.app.tensorboard_places
+        default = self.app.mlconfig.tensorboard_dir
+
         def locations() -> dict[str, str]:
             runs = {}
             for record in records:
                 location = tensorboard_location(store, record)
+                if places is not None:  # checked again: the job may come from elsewhere
+                    location = places.check(
+                        location,
+                        record.owner or "",
+                        own_dir=str(store.tensorboard_dir(record.id)),
+                        default=tensorboard_dir_for(default, record.id) if default else "",
+                    )
                 if not has_event_files(location):
                     raise NoTensorBoardData(
                         f"job {record.id} ({record.name}) has written no TensorBoard data yet "
@@ -372,6 +400,8 @@ class TensorBoardHandler(MLClusterHandler):
             runs = await self.run(locations)
         except NoTensorBoardData as exc:
             raise web.HTTPError(409, str(exc)) from None
+        except PlaceRefused as exc:
+            raise web.HTTPError(403, str(exc)) from None
         if not await self.run(tensorboard_installed):
             raise web.HTTPError(
                 503,

@@ -73,6 +73,72 @@ def tensorboard_location(store: JobStore, record: JobRecord) -> str:
     return str(store.tensorboard_dir(record.id))
 
 
+class PlaceRefused(Exception):
+    """A TensorBoard directory a shared server's caller may not name (the message says why
+    and which settings decide)."""
+
+
+@dataclasses.dataclass
+class TensorBoardPlaces:
+    """Where a caller of a shared server may have TensorBoard read: this server reads any
+    path its Unix user can, and any URI its credentials open, for everyone, so a caller's
+    job may name only the caller's own area (`user_dir`, realpath checked: no symlink or
+    `..` leads out), the job's own directory in the store, the operator's default, or a URI
+    under an allowed prefix. `{user}` in either setting is the caller's identity."""
+
+    user_dir: str = ""
+    allowed_uris: tuple[str, ...] = ()
+
+    def check(self, location: str, owner: str, *, own_dir: str, default: str = "") -> str:
+        """The location TensorBoard may read for `owner` (a path: its realpath), else
+        PlaceRefused."""
+        if "," in location:
+            raise PlaceRefused(f"a TensorBoard directory may not contain ',': {location!r}")
+        if default and location == default:
+            return location  # the operator's MLClusterConfig.tensorboard_dir
+        if "://" in location:
+            return self._check_uri(location, owner)
+        real = os.path.realpath(location)
+        roots = [own_dir]
+        area = self.area(owner)
+        if area:
+            roots.append(area)
+        for root in roots:
+            top = os.path.realpath(root)
+            if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+                return real
+        where = f"under {area}" if area else "in the job's own directory"
+        raise PlaceRefused(
+            f"this server is shared (MLClusterApp.trust_identity_header): a job's TensorBoard "
+            f"directory must lie {where} (MLClusterApp.tensorboard_user_dir), and {location!r} "
+            f"is {real!r}"
+        )
+
+    def area(self, owner: str) -> str:
+        """The caller's own directory ('' where there is none: no setting, or an identity
+        that is no single path component)."""
+        if not self.user_dir or not owner or "/" in owner or owner in (".", "..") or "\0" in owner:
+            return ""
+        return self.user_dir.replace("{user}", owner)
+
+    def _check_uri(self, location: str, owner: str) -> str:
+        rest = location.partition("://")[2]
+        parts = rest.split("/")
+        if any(p in (".", "..") for p in parts) or any(c in location for c in "?#\\"):
+            raise PlaceRefused(
+                f"a TensorBoard URI may not hold '.', '..', '?', '#' or '\\': {location!r}"
+            )
+        for prefix in self.allowed_uris:
+            allowed = prefix.replace("{user}", owner).rstrip("/")
+            if location == allowed or location.startswith(allowed + "/"):
+                return location
+        raise PlaceRefused(
+            f"this server is shared (MLClusterApp.trust_identity_header): it reads TensorBoard "
+            f"URIs only under MLClusterApp.tensorboard_allowed_uris "
+            f"({', '.join(self.allowed_uris) or 'none allowed'}), not {location!r}"
+        )
+
+
 def inner_prefix(key: str) -> str:
     return f"/tb-{key}"
 

@@ -110,11 +110,15 @@ class Package:
                 base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
                 parts = [*base, *(node.module.split(".") if node.module else [])]
                 stem = "/".join(parts)
-                target_module = f"{stem}.py" if (PACKAGE / f"{stem}.py").exists() else (
-                    f"{stem}/__init__.py" if stem else "__init__.py"
+                target_module = (
+                    f"{stem}.py"
+                    if (PACKAGE / f"{stem}.py").exists()
+                    else (f"{stem}/__init__.py" if stem else "__init__.py")
                 )
                 for alias in node.names:
-                    self.aliases[module][alias.asname or alias.name] = f"{target_module}:{alias.name}"
+                    self.aliases[module][alias.asname or alias.name] = (
+                        f"{target_module}:{alias.name}"
+                    )
 
         def visit(node: ast.AST, prefix: str, owner: Definition, cls: str | None) -> None:
             for child in ast.iter_child_nodes(node):
@@ -139,7 +143,9 @@ class Package:
                     _note(child, owner, pickle_aliases)
                     visit(child, prefix, owner, cls if not isinstance(child, ast.Lambda) else cls)
 
-        root = self.defs[f"{module}:<module>"] = Definition(f"{module}:<module>", module, tree, None)
+        root = self.defs[f"{module}:<module>"] = Definition(
+            f"{module}:<module>", module, tree, None
+        )
         visit(tree, "", root, None)
 
     def resolve_name(self, module: str, name: str) -> str:

@@ -52,7 +52,11 @@ REFUSED = [
     ("GET", "api/kernels", None),
     ("POST", "api/kernels", {"name": "python3"}),
     ("GET", "api/sessions", None),
-    ("POST", "api/sessions", {"path": "x.ipynb", "type": "notebook", "kernel": {"name": "python3"}}),
+    (
+        "POST",
+        "api/sessions",
+        {"path": "x.ipynb", "type": "notebook", "kernel": {"name": "python3"}},
+    ),
     ("GET", "api/terminals", None),
     ("POST", "api/terminals", {}),
     ("GET", "api/contents", None),
@@ -88,9 +92,7 @@ async def test_attack_header_user_gets_no_kernel_terminal_or_file(jp_fetch, mlc,
     assert json.loads(text)["message"] == REFUSAL
 
 
-async def test_attack_header_user_opens_no_kernel_terminal_or_event_websocket(
-    jp_ws_fetch, mlc
-):
+async def test_attack_header_user_opens_no_kernel_terminal_or_event_websocket(jp_ws_fetch, mlc):
     for path in (
         "api/kernels/00000000-0000-0000-0000-000000000000/channels",
         "terminals/websocket/1",
