@@ -38,43 +38,46 @@ LEASE_RULES: list[dict[str, Any]] = [
 ]
 
 # Least privilege: what the controller's requests need, nothing more (a test derives the
-# requests a real run makes against the emulator and checks each is allowed by these rules).
-RULES: list[dict[str, Any]] = [
-    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
-    {
-        "apiGroups": ["apps"],
-        "resources": ["statefulsets"],
-        "verbs": ["get", "list", "watch", "create", "patch"],
-    },
-    {
-        "apiGroups": [""],
-        "resources": ["services", "persistentvolumeclaims"],
-        "verbs": ["get", "list", "watch", "create", "patch"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create", "patch"]},
-    {
-        "apiGroups": ["networking.istio.io"],
-        "resources": ["virtualservices"],
-        "verbs": ["get", "list", "watch", "create", "patch"],
-    },
-    {
-        "apiGroups": ["security.istio.io"],
-        "resources": ["authorizationpolicies"],
-        "verbs": ["get", "list", "watch", "create", "patch"],
-    },
+# requests a real run makes against the emulator and checks each is allowed by these rules,
+# in the namespace it was made in).
+#
+# Cluster-wide (ClusterRoleBinding): reads only, for kopf's watches across namespaces.
+_WATCHED = ["list", "watch"]
+_MADE = ["get", "create", "patch"]
+
+
+def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": resources, "verbs": list(verbs)}
+
+
+CLUSTER_RULES: list[dict[str, Any]] = [
+    _rule(GROUP, [PLURAL], _WATCHED),
+    _rule("apps", ["statefulsets"], _WATCHED),
+    _rule("", ["services", "persistentvolumeclaims", "pods", "events"], _WATCHED),
+    _rule("networking.istio.io", ["virtualservices"], _WATCHED),
+    _rule("security.istio.io", ["authorizationpolicies"], _WATCHED),
     # kopf discovers served resources and follows CRDs being added or removed, and namespaces
     # when it serves a given list of them.
-    {
-        "apiGroups": ["apiextensions.k8s.io"],
-        "resources": ["customresourcedefinitions"],
-        "verbs": ["list", "watch"],
-    },
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    _rule("apiextensions.k8s.io", ["customresourcedefinitions"], _WATCHED),
+    _rule("", ["namespaces"], ["get", "list", "watch"]),
     # Whose namespace a Notebook is in (handlers.NotebookController.owner_of_namespace).
-    {"apiGroups": ["kubeflow.org"], "resources": ["profiles"], "verbs": ["get"]},
+    _rule("kubeflow.org", ["profiles"], ["get"]),
 ]
+# In each user namespace (a ClusterRole bound there by a RoleBinding, like the shared
+# server's): the notebooks' children, their status, the events re-issued on them. Nothing in
+# any other namespace (istio-system, kube-system, the platform's).
+USER_NAMESPACE_RULES: list[dict[str, Any]] = [
+    _rule(GROUP, [PLURAL], ["get", "patch"]),
+    _rule(GROUP, [f"{PLURAL}/status"], ["get", "patch"]),
+    _rule("apps", ["statefulsets"], _MADE),
+    _rule("", ["services", "persistentvolumeclaims"], _MADE),
+    _rule("", ["events"], ["create", "patch"]),
+    _rule("networking.istio.io", ["virtualservices"], _MADE),
+    _rule("security.istio.io", ["authorizationpolicies"], _MADE),
+]
+# Everything the controller may do somewhere (the checks that hold for every rule).
+RULES: list[dict[str, Any]] = [*CLUSTER_RULES, *USER_NAMESPACE_RULES]
+USER_NAMESPACE_ROLE = f"mlcluster-{CONTROLLER_NAME}-user-namespace"
 
 
 def _labels() -> dict[str, str]:
@@ -146,6 +149,24 @@ def controller_deployment(namespace: str, image: str, args: list[str]) -> dict[s
     }
 
 
+def controller_user_namespace_binding(
+    namespace: str, subjects: list[dict[str, str]]
+) -> dict[str, Any]:
+    """The controller's writes in one user namespace. For user namespaces not given to
+    `mlcluster manifests` (Kubeflow Profiles), the platform makes the same RoleBinding there."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": USER_NAMESPACE_ROLE, "namespace": namespace, "labels": _labels()},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": USER_NAMESPACE_ROLE,
+        },
+        "subjects": [dict(subject) for subject in subjects],
+    }
+
+
 def all_manifests(
     *,
     namespace: str = "mlcluster-system",
@@ -204,7 +225,7 @@ def all_manifests(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": {"name": role, "labels": _labels()},
-            "rules": RULES,
+            "rules": CLUSTER_RULES,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -216,6 +237,12 @@ def all_manifests(
                 "name": role,
             },
             "subjects": binding_subjects,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": USER_NAMESPACE_ROLE, "labels": _labels()},
+            "rules": USER_NAMESPACE_RULES,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -241,6 +268,7 @@ def all_manifests(
         manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
     for user_namespace in user_namespaces:
         manifests += user_namespace_objects(user_namespace, notebook_service_account)
+        manifests.append(controller_user_namespace_binding(user_namespace, binding_subjects))
     if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
         manifests += trainer_runtime_reader(
             [(n, notebook_service_account) for n in user_namespaces]

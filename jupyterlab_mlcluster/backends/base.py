@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 class Backend(abc.ABC):
     name: str = ""
+    # Whether the job's ranks run with the submitter's environment (launch.json keeps a copy
+    # for its supervisor). False where ranks run elsewhere with their own (a cluster's pods):
+    # then no copy is kept, since a shared server's environment holds its own credentials.
+    ranks_inherit_environment: bool = True
 
     def __init__(self, config: "MLClusterConfig"):
         self.config = config

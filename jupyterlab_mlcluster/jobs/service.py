@@ -195,7 +195,12 @@ class JobService:
             KEY_FILE: secrets.token_bytes(KEY_BYTES),
             "launch.json": json.dumps(
                 {
-                    "env": dict(os.environ if environ is None else environ),
+                    # Only for backends whose ranks inherit it (local, Slurm): a cluster's
+                    # pods get what the spec names, and the submitter's environment (a shared
+                    # server's credentials, say) is not worth a copy on disk.
+                    "env": dict(os.environ if environ is None else environ)
+                    if backend.ranks_inherit_environment
+                    else {},
                     "cwd": cwd or os.getcwd(),
                     # The submitter's settings govern its job (e.g. a server's
                     # c.MLClusterConfig from jupyter_server_config reaches the supervisor).

@@ -833,3 +833,48 @@ def test_attack_activity_probe_is_redirected_or_flooded_by_the_notebook_pod() ->
 
     ended = asyncio.Event()
     asyncio.run(main())
+
+
+# --- least privilege: a compromised controller -------------------------------------------------
+
+
+def test_attack_compromised_controller_writes_outside_the_user_namespaces() -> None:
+    """Whoever takes over the controller's service account tries to rewrite the ingress
+    (istio-system's Gateway policies), start a StatefulSet in kube-system, read Secrets, or
+    delete what it reconciles: the printed RBAC (evaluated as the API server's RBAC authorizer
+    does) grants writes only in the user namespaces, cluster-wide only reads, never Secrets."""
+    from tests.kube.rbac_authz import can
+
+    printed = all_manifests(ingress_auth=AUTH, user_namespaces=["alice", "mallory"])
+    controller = ("mlcluster-system", "notebook-controller")
+    for namespace in ("istio-system", "kube-system", "mlcluster-system", "default", None):
+        for verb, group, resource in [
+            ("create", "security.istio.io", "authorizationpolicies"),
+            ("patch", "security.istio.io", "authorizationpolicies"),
+            ("patch", "networking.istio.io", "virtualservices"),
+            ("create", "apps", "statefulsets"),
+            ("patch", "", "services"),
+            ("create", "", "events"),
+            ("patch", "mlcluster.io", "notebooks"),
+        ]:
+            assert not can(printed, controller, verb, group, resource, namespace), (
+                verb,
+                resource,
+                namespace,
+            )
+    for namespace in ("alice", "istio-system", None):
+        assert not can(printed, controller, "get", "", "secrets", namespace)
+        assert not can(printed, controller, "list", "", "secrets", namespace)
+        assert not can(printed, controller, "delete", "apps", "statefulsets", namespace)
+        assert not can(printed, controller, "delete", "mlcluster.io", "notebooks", namespace)
+    # What it is for: its children in the user namespaces, its Lease at home, reads anywhere.
+    for namespace in ("alice", "mallory"):
+        assert can(printed, controller, "create", "apps", "statefulsets", namespace)
+        assert can(
+            printed, controller, "patch", "security.istio.io", "authorizationpolicies", namespace
+        )
+        assert can(printed, controller, "patch", "mlcluster.io", "notebooks/status", namespace)
+    assert can(printed, controller, "watch", "mlcluster.io", "notebooks", None)
+    lease = ("coordination.k8s.io", "leases")
+    assert can(printed, controller, "get", *lease, "mlcluster-system", "notebook-controller")
+    assert not can(printed, controller, "get", *lease, "kube-system", "notebook-controller")

@@ -141,3 +141,30 @@ def test_attack_swapping_the_payload_secret(k8s, kube, kube_namespace, tmp_path)
 
     error = f"Secret {name} is no longer the one this job created"
     _assert_b_lost(service, kube, kube_namespace, record.id, error, swapped, mark)
+
+
+def test_attack_kubernetes_job_keeps_no_copy_of_the_servers_environment(
+    k8s, kube, kube_namespace, monkeypatch
+):
+    """A shared server's environment holds its credentials (cloud keys, tokens). Its
+    Kubernetes jobs' launch.json in the store (readable by whoever reads the job directory,
+    copied into backups) keeps none of it: the pods get only what the spec names."""
+    import json
+
+    monkeypatch.setenv("MLCLUSTER_TEST_SERVER_SECRET", "s3cr3t-of-the-server")
+    service = k8s()
+    record = service.submit(spec_of(workers=1, env={"WANTED": "1"}), code("6 * 7"))
+    launch_file = service.store.job_dir(record.id) / "launch.json"
+    launch = json.loads(launch_file.read_text())
+    assert launch["env"] == {}
+    assert "s3cr3t-of-the-server" not in launch_file.read_text()
+    assert launch["config"]  # what the supervisor needs is still there
+    job = wait_for(
+        lambda: (items := kube.list("batch/v1", "Job", kube_namespace)) and items[0],
+        timeout=30,
+        message="the job object",
+    )
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "WANTED", "value": "1"} in env
+    assert not any(e["name"] == "MLCLUSTER_TEST_SERVER_SECRET" for e in env)
+    service.cancel(record.id)

@@ -25,7 +25,7 @@ from helpers import scenario_seed, stop_process
 from notebook_controller import objects
 from notebook_controller.cli import print_manifests, run_controller
 from notebook_controller.crd import notebook_crd
-from notebook_controller.manifests import RULES, all_manifests
+from notebook_controller.manifests import all_manifests
 from tests.kube.controller_process import ControllerZygote
 from tests.kube.controller_support import (
     NB,
@@ -562,11 +562,15 @@ def test_sigkilled_during_a_burst_of_creates_converges(
 # --- least privilege, CLI, shipped manifests -----------------------------------------------------
 
 
-def _allowed(verb: str, group: str, resource: str) -> bool:
-    return any(
-        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-        for rule in RULES
-    )
+def _allowed(
+    namespace: str, verb: str, group: str, resource: str, where: str | None, name: str
+) -> bool:
+    """Granted to the controller by the printed RBAC, with `namespace` a user namespace."""
+    from tests.kube.rbac_authz import can
+
+    printed = all_manifests(user_namespaces=[namespace])
+    account = ("mlcluster-system", "notebook-controller")
+    return can(printed, account, verb, group, resource, where, name)
 
 
 def test_rbac_allows_exactly_what_the_controller_does(
@@ -617,7 +621,9 @@ def test_rbac_allows_exactly_what_the_controller_does(
         }[method.upper()]
         resource = api.plural + (f"/{api.subresource}" if api.subresource else "")
         used.add((verb, api.group, resource))
-        assert _allowed(verb, api.group, resource), f"{verb} {api.group}/{resource} is not granted"
+        assert _allowed(kube_namespace, verb, api.group, resource, api.namespace, api.name or ""), (
+            f"{verb} {api.group}/{resource} in {api.namespace} is not granted"
+        )
     assert ("create", "apps", "statefulsets") in used and (
         "patch",
         "mlcluster.io",

@@ -758,6 +758,7 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "ClusterRole",  # its writes, bound in each user namespace (none here)
         "Role",
         "RoleBinding",
         "Deployment",
@@ -840,7 +841,14 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
     assert [(m["kind"], m["metadata"].get("namespace", m["metadata"]["name"])) for m in extra] == [
         (kind, namespace)
         for namespace in ("team-a", "team-b")
-        for kind in ("Namespace", "PeerAuthentication", "ServiceAccount", "Role", "RoleBinding")
+        for kind in (
+            "Namespace",
+            "PeerAuthentication",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",  # the controller's writes there
+        )
     ]
     for manifest in extra:
         if "istio.io" in manifest["apiVersion"]:

@@ -40,6 +40,7 @@ DISCOVERED_GROUPS = (
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    ranks_inherit_environment = False  # pods get the spec's env and the image's
 
     def __init__(self, config):
         super().__init__(config)
