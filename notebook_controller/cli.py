@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from traitlets import Bool, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import Application
 
 from jupyterlab_mlcluster.kubeconn import RepeatFilter
@@ -25,7 +25,7 @@ from jupyterlab_mlcluster.kubeconn import RepeatFilter
 from .config import ControllerConfig
 from .ingress import IngressAuth
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, SERVER_SERVICE_ACCOUNT, all_manifests
-from .objects import namespace_error
+from .objects import namespace_error, owner_error
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _CONFIG_ALIASES = {
@@ -190,6 +190,7 @@ class ManifestsApp(Application):
         "host": "ManifestsApp.host",
         "owner-header": "ManifestsApp.owner_header",
         "user-namespace": "ManifestsApp.user_namespaces",
+        "namespace-owner": "ManifestsApp.namespace_owners",
         "notebook-service-account": "ManifestsApp.notebook_service_account",
         "server-namespace": "ManifestsApp.server_namespace",
         "server-service-account": "ManifestsApp.server_service_account",
@@ -265,6 +266,15 @@ class ManifestsApp(Application):
         "the service account notebook pods run as, allowed to run `%%distributed --backend "
         "kubernetes` jobs in that namespace and nothing more.",
     )
+    namespace_owners = Dict(
+        value_trait=Unicode(),
+        key_trait=Unicode(),
+        config=True,
+        help="The user owning each --user-namespace (repeat: --namespace-owner team-a=alice@"
+        "example.com), as the identity header names them: the namespace is annotated "
+        "mlcluster.io/owner and the controller refuses notebooks there for anyone else. A "
+        "namespace without an owner (or a Kubeflow Profile) is one users share.",
+    )
     notebook_service_account = Unicode(
         NOTEBOOK_SERVICE_ACCOUNT,
         config=True,
@@ -302,7 +312,18 @@ class ManifestsApp(Application):
                 raise TraitError(f"--user-namespace: {problem}")
         return proposal["value"]
 
+    @validate("namespace_owners")
+    def _valid_namespace_owners(self, proposal: Any) -> dict[str, str]:
+        for namespace, owner in proposal["value"].items():
+            problem = owner_error(owner)
+            if problem:
+                raise TraitError(f"--namespace-owner {namespace}: {problem}")
+        return proposal["value"]
+
     def start(self) -> None:
+        unknown = sorted(set(self.namespace_owners) - set(self.user_namespaces))
+        if unknown:  # checked here: traitlets sets the two options in no set order
+            raise TraitError(f"--namespace-owner: {', '.join(unknown)} not a --user-namespace")
         options = {
             "namespace": self.namespace,
             "gateway": self.gateway,
@@ -310,6 +331,7 @@ class ManifestsApp(Application):
             "owner_header": self.owner_header,
             "include_gateway": self.include_gateway,
             "user_namespaces": self.user_namespaces,
+            "namespace_owners": dict(self.namespace_owners),
             "notebook_service_account": self.notebook_service_account,
             "tls_secret": self.tls_secret,
             "server_namespace": self.server_namespace,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import trainer_runtime_reader
@@ -182,11 +182,14 @@ def all_manifests(
     notebook_service_account: str = NOTEBOOK_SERVICE_ACCOUNT,
     server_namespace: str = "",
     server_service_account: str = SERVER_SERVICE_ACCOUNT,
+    namespace_owners: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
     leader), the admission policy for pod templates; the Gateway with JWT verification when
     an issuer is given (`ingress_auth`: never an unauthenticated Gateway); with
-    `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS) and
+    `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS;
+    marked with its owner from `namespace_owners`, whom alone the controller lets own
+    notebooks there) and
     the service account its notebook pods run as there, allowed to run `%%distributed
     --backend kubernetes` jobs in that namespace and nothing more; last, the shared Jupyter
     server's own least-privilege RBAC (its service account in `server_namespace`, default the
@@ -267,7 +270,9 @@ def all_manifests(
     if include_gateway and ingress_auth is not None:
         manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
     for user_namespace in user_namespaces:
-        manifests += user_namespace_objects(user_namespace, notebook_service_account)
+        manifests += user_namespace_objects(
+            user_namespace, notebook_service_account, (namespace_owners or {}).get(user_namespace, "")
+        )
         manifests.append(controller_user_namespace_binding(user_namespace, binding_subjects))
     if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
         manifests += trainer_runtime_reader(

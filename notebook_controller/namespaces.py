@@ -48,9 +48,12 @@ def strict_mtls(namespace: str) -> dict[str, Any]:
     }
 
 
-def user_namespace_objects(name: str, service_account: str) -> list[dict[str, Any]]:
-    """Namespace, STRICT PeerAuthentication, service account + Role + RoleBinding (apply order)."""
-    return [user_namespace(name), strict_mtls(name), *notebook_rbac(name, service_account)]
+def user_namespace_objects(
+    name: str, service_account: str, owner: str = ""
+) -> list[dict[str, Any]]:
+    """Namespace (marked with its `owner` when given), STRICT PeerAuthentication, service
+    account + Role + RoleBinding (apply order)."""
+    return [user_namespace(name, owner), strict_mtls(name), *notebook_rbac(name, service_account)]
 
 
 def namespace_owner(

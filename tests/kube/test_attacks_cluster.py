@@ -878,3 +878,27 @@ def test_attack_compromised_controller_writes_outside_the_user_namespaces() -> N
     lease = ("coordination.k8s.io", "leases")
     assert can(printed, controller, "get", *lease, "mlcluster-system", "notebook-controller")
     assert not can(printed, controller, "get", *lease, "kube-system", "notebook-controller")
+
+
+def test_manifests_mark_each_user_namespace_with_its_owner(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--namespace-owner` marks a printed user namespace with its owner, the mark the
+    controller reads; an owner that is not one identity, or a namespace that is not a user
+    namespace, is refused with nothing printed."""
+    import yaml
+
+    from notebook_controller.namespaces import namespace_owner
+
+    argv = ["--no-gateway", "--user-namespace=team-a", "--user-namespace=team-b"]
+    assert print_manifests([*argv, "--namespace-owner", "team-a=alice@example.com"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    namespaces = {m["metadata"]["name"]: m for m in printed if m["kind"] == "Namespace"}
+    for namespace in namespaces.values():
+        _validate(namespace)
+    assert namespace_owner(namespaces["team-a"], None) == "alice@example.com"
+    assert namespace_owner(namespaces["team-b"], None) is None  # shared: nobody said
+    for bad in ("team-a=*", "team-a=alice bob", "team-z=alice"):
+        assert print_manifests([*argv, "--namespace-owner", bad]) != 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and "--namespace-owner" in captured.err
