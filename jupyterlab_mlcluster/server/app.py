@@ -35,7 +35,7 @@ from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
 from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
-from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, check_template
+from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, NamespaceTaken, check_template
 
 T = TypeVar("T")
 
@@ -51,6 +51,14 @@ def routes() -> list[tuple[str, type]]:
     return [(h.api_path, h) for h in REST_HANDLERS + EXPERIMENT_HANDLERS] + [
         ("/events", EventsHandler)
     ]
+
+
+def _belongs(namespace_of: UserNamespaces, owner: str, namespace: str) -> bool:
+    """Is `namespace` the one `owner`'s notebooks live in (none where it is taken)?"""
+    try:
+        return namespace_of(owner) == namespace
+    except NamespaceTaken:
+        return False
 
 
 class MLClusterApp(ExtensionApp):
@@ -298,7 +306,7 @@ class MLClusterApp(ExtensionApp):
         self.namespace_of: UserNamespaces | None = namespace_of
         self.notebook_feed = NotebookFeed(
             self.broadcaster.publish_to_user,
-            belongs=(lambda owner, ns: namespace_of(owner) == ns) if namespace_of else None,
+            belongs=functools.partial(_belongs, namespace_of) if namespace_of else None,
         )
         self.notebook_watch = NotebookWatch(
             KubeConnection(namespace),

@@ -35,6 +35,7 @@ from .notebooks import (
     notebook_name_error,
 )
 from .openapi import API_PREFIX, RequestError
+from .user_namespace import NamespaceTaken
 from .tensorboard import ENV_NAME as TENSORBOARD_ENV
 from .tensorboard import (
     NoTensorBoardData,
@@ -226,6 +227,8 @@ class JobsHandler(MLClusterHandler):
             return None
         try:
             return await self.run(namespace_of, owner)
+        except NamespaceTaken as exc:
+            raise web.HTTPError(403, str(exc)) from None
         except ClusterUnavailable as exc:
             raise web.HTTPError(503, str(exc)) from None
         except KubeError as exc:  # e.g. Profiles served but not readable: never guess
@@ -493,7 +496,7 @@ class NotebookHandlerBase(MLClusterHandler):
             raise web.HTTPError(404, str(exc)) from None
         except NotebookExists as exc:
             raise web.HTTPError(409, str(exc)) from None
-        except QuotaExceeded as exc:
+        except (QuotaExceeded, NamespaceTaken) as exc:
             raise web.HTTPError(403, str(exc)) from None
         except ClusterUnavailable as exc:
             raise web.HTTPError(503, str(exc)) from None

@@ -29,6 +29,11 @@ class BadTemplate(ValueError):
     pass
 
 
+class NamespaceTaken(Exception):
+    """The template's namespace for a user is another user's Profile (a 403 for the caller:
+    their notebooks and jobs would land where someone else rules)."""
+
+
 def check_template(template: str) -> str:
     """The template, if it names `{user}` and nothing else (else BadTemplate, saying why)."""
     try:
@@ -75,6 +80,20 @@ def user_namespace(
     profiles: Iterable[Mapping[str, Any]] | None,
     template: str = DEFAULT_TEMPLATE,
 ) -> str:
-    """`profiles`: the cluster's Profiles, or None where the Profile CRD is not served."""
-    owned = profile_namespace(user, profiles) if profiles is not None else None
-    return owned or template_namespace(user, template)
+    """`profiles`: the cluster's Profiles, or None where the Profile CRD is not served.
+
+    A user maps to a Profile only by owning it; the template's namespace, where that is the
+    name of a Profile someone else owns (Bob registered `mlcluster-alice` before Alice had
+    one), is refused: NamespaceTaken."""
+    listed = list(profiles) if profiles is not None else None
+    owned = profile_namespace(user, listed) if listed is not None else None
+    if owned:
+        return owned
+    namespace = template_namespace(user, template)
+    if listed is not None and any(p["metadata"]["name"] == namespace for p in listed):
+        raise NamespaceTaken(
+            f"your namespace {namespace!r} (MLClusterApp.user_namespace_template) is a Profile "
+            f"that {user!r} does not own, so nothing of yours is put there: ask your "
+            "administrator for a Profile of your own (spec.owner: your identity)"
+        )
+    return namespace

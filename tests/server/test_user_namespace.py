@@ -8,6 +8,7 @@ import pytest
 
 from jupyterlab_mlcluster.server.user_namespace import (
     BadTemplate,
+    NamespaceTaken,
     check_template,
     dns_label,
     profile_namespace,
@@ -119,3 +120,16 @@ def test_a_profile_the_user_owns_is_the_namespace() -> None:
     assert user_namespace("bob@example.com", None) == template_namespace("bob@example.com")
     # Owner names are compared exactly: no case folding into someone else's Profile.
     assert user_namespace("Bob@example.com", profiles) != "bobs"
+
+
+def test_attack_profile_squatting_the_template_namespace_is_refused() -> None:
+    """Bob registers Profile `mlcluster-alice`; Alice, who owns no Profile, would get that
+    name from the template: refused (NamespaceTaken), never mapped into Bob's namespace."""
+    squatted = [profile("mlcluster-alice", "bob")]
+    with pytest.raises(NamespaceTaken) as taken:
+        user_namespace("alice", squatted)
+    assert "mlcluster-alice" in str(taken.value) and "does not own" in str(taken.value)
+    # Bob's own name maps to his own Profile if he has one; others are not affected.
+    assert user_namespace("carol", squatted) == "mlcluster-carol"
+    # A Profile of her own wins over the squatted template name.
+    assert user_namespace("alice", [*squatted, profile("alices", "alice")]) == "alices"

@@ -280,6 +280,44 @@ def test_a_profile_the_user_owns_is_where_the_notebooks_go(
         kube.delete("kubeflow.org/v1", "Profile", team)
 
 
+def test_attack_squatting_a_users_template_namespace_with_a_profile(
+    kube: Kube, kube_namespace: str, tenants: Tenants, profiles, run
+) -> None:
+    """Bob registers a Profile named after the namespace alice's template gives her (she owns
+    no Profile): her notebooks and jobs would land where Bob rules. Refused (403, saying
+    why), nothing made there; Bob's own calls are untouched."""
+    profiles()
+    squatted = template_namespace(ALICE, tenants.template)
+    try:
+        kube.create(
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "Profile",
+                "metadata": {"name": squatted},
+                "spec": {"owner": {"kind": "User", "name": BOB}},
+            }
+        )
+        tenants.namespace(squatted)
+        alice, bob = tenants.user(ALICE), tenants.user(BOB)
+
+        async def scenario() -> None:
+            for method, path, body in [
+                ("POST", ("notebooks",), {"name": "nb1"}),
+                ("GET", ("notebooks",), None),
+                ("POST", ("jobs",), {"code": "1", "backend": "kubernetes"}),
+            ]:
+                status, error, _ = await alice.call(method, *path, body=body)
+                assert status == 403 and "does not own" in error["message"], (path, error)
+            assert await blocking(stored, kube, squatted) == {}
+            assert await blocking(kube.list, "batch/v1", "Job", squatted) == []
+            # Bob's own Profile is his namespace: he works there as before.
+            assert (await create(bob, "nb1"))["namespace"] == squatted
+
+        run(scenario())
+    finally:
+        kube.delete("kubeflow.org/v1", "Profile", squatted)
+
+
 def test_profiles_forbidden_to_the_server_only_matter_where_they_exist(
     kube: Kube, tenants: Tenants, profiles, mlc, run
 ) -> None:
