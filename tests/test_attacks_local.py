@@ -244,3 +244,24 @@ def test_attack_a_result_over_the_cap_fails_the_job_clearly(service, store_dir):
     assert "max_result_mib" in final.error and "3.0 MiB" in final.error, final.error
     assert not capped.store.result_path(record.id).exists()
     assert not capped.store.result_json_path(record.id).exists()
+
+
+def test_attack_a_job_flooding_its_log_is_truncated_and_goes_on(service, store_dir):
+    """A job printing past MLClusterConfig.max_log_mib keeps its first MiB, one line per rank
+    says the log was truncated, the rest is dropped, and the job runs on to its result."""
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    capped = JobService(config=MLClusterConfig(max_log_mib=1))
+    flood = "import sys\nfor i in range(40000):\n    print('x' * 100)\nprint('the end')\n'done'\n"
+    record = capped.submit(JobSpec.from_options({"workers": 2}), Payload(source=flood))
+    final = capped.wait(record.id, timeout=180)
+    assert final.state == "succeeded", final.error
+    assert capped.result(record.id) == ("value", "done")
+    kept = sum(capped.store.log_path(record.id, r).stat().st_size for r in (0, 1))
+    assert abs(kept - (1 << 20)) < 4096, kept  # 8 MiB were printed; 1 MiB and the notes kept
+    for rank in (0, 1):
+        lines = capped.store.log_path(record.id, rank).read_text().splitlines()
+        notes = [line for line in lines if "log truncated after 1 MiB" in line]
+        assert len(notes) == 1 and "max_log_mib" in notes[0], lines[-3:]
+        assert not any(line.endswith("the end") for line in lines)

@@ -45,9 +45,14 @@ FULL_DISK_RETRY = Backoff(first=0.1, cap=2.0, floor=0.5)
 
 
 class LogWriter:
-    """Appends timestamped lines to each rank's log file; tells readers there is news."""
+    """Appends timestamped lines to each rank's log file; tells readers there is news.
 
-    def __init__(self, store: JobStore, job_id: str, workers: int):
+    A job's ranks' output (stdout and stderr) is kept up to `max_bytes` in all (0: no cap;
+    MLClusterConfig.max_log_mib): the store's disk is every job's. Past it, one system line
+    in each rank's file says the log was truncated, and further output is dropped while the
+    job goes on; our own system lines (restarts, kills, the outcome) are still written."""
+
+    def __init__(self, store: JobStore, job_id: str, workers: int, max_bytes: int = 0):
         self._store = store
         self._job_id = job_id
         self._files = {
@@ -57,14 +62,36 @@ class LogWriter:
         }
         self._dirty = False
         self._last_notify = 0.0
+        self._max_bytes = max_bytes
+        # What an earlier supervisor of this job (adopted, restarted) wrote counts too.
+        self._written = sum(os.fstat(f.fileno()).st_size for f in self._files.values())
+        self._truncated = False
 
     def line(self, rank: int, stream: str, text: str) -> None:
+        data = format_log_line(time.time(), stream, text)
+        if self._max_bytes and stream != "s":
+            if self._truncated:
+                return
+            if self._written + len(data) > self._max_bytes:
+                self._truncated = True
+                note = (
+                    f"[mlcluster] log truncated after {self._max_bytes / (1 << 20):g} MiB: "
+                    "further output of this job is not kept (MLClusterConfig.max_log_mib); "
+                    "the job goes on"
+                )
+                for r in self._files:
+                    self._write(r, format_log_line(time.time(), "s", note))
+                return
+        self._write(rank, data)
+
+    def _write(self, rank: int, data: bytes) -> None:
         try:
-            self._files[rank].write(format_log_line(time.time(), stream, text))
+            self._files[rank].write(data)
         except OSError as exc:
             if exc.filename is None:  # say which file could not be written (a full disk)
                 raise OSError(exc.errno, exc.strerror, self._files[rank].name) from exc
             raise
+        self._written += len(data)
         self._dirty = True
 
     def system(self, text: str, rank: int | None = None) -> None:
@@ -97,7 +124,9 @@ class JobContext:
         self.store = store
         self.job = job
         self.config = config
-        self.logs = LogWriter(store, job.id, job.spec.workers)
+        self.logs = LogWriter(
+            store, job.id, job.spec.workers, max(0, config.max_log_mib) * (1 << 20)
+        )
         self._signalled: str | None = None
         self._cancel: str | None = None
         self._last_cancel_poll = 0.0

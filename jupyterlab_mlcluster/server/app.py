@@ -365,7 +365,12 @@ class MLClusterApp(ExtensionApp):
             start_timeout=self.tensorboard_start_timeout,
             reload_interval=self.tensorboard_reload_interval,
         )
-        self.metrics = ServerMetrics(self._metrics_source, self.run, self.metrics_interval)
+        self.metrics = ServerMetrics(
+            self._metrics_source,
+            self.run,
+            self.metrics_interval,
+            shared=self.trust_identity_header,  # many users read it: nobody's job labels
+        )
         self.metrics.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool and not self.refuses_local_jobs:
             from ..jobs import warmpool

@@ -111,9 +111,14 @@ def _histogram(
 
 
 def build_metrics(
-    jobs: Iterable[JobRecord], cluster: dict[str, Any] | None, now: float
+    jobs: Iterable[JobRecord], cluster: dict[str, Any] | None, now: float, *, shared: bool = False
 ) -> list[Metric]:
-    """Every family of SERIES from the store's jobs and the cluster summary (pure)."""
+    """Every family of SERIES from the store's jobs and the cluster summary (pure).
+
+    `shared`: a server shared by many users (trust_identity_header), whose /metrics any of
+    them may read: no series is labelled with a user's job ids, job names or identity (the
+    per-job and per-owner families are there, without samples); counts by state and backend
+    and capacity stay."""
     jobs = list(jobs)
     backends = sorted({j.backend for j in jobs} | ({cluster["backend"]} if cluster else set()))
     by_state = {(s.value, b): 0 for s in JobState for b in backends}
@@ -136,12 +141,13 @@ def build_metrics(
         if job.final and job.started is not None and job.finished is not None:
             key = (job.backend, job.state.value)
             durations.setdefault(key, []).append(max(0.0, job.finished - job.started))
-        if job.state is JobState.RUNNING:
+        if job.state is JobState.RUNNING and job.gpu_idle_since is not None:
+            idle_jobs[job.backend] += 1
+        if job.state is JobState.RUNNING and not shared:
             owner = job.owner or ""
             held = job.spec.workers * job.spec.gpus_per_worker
             user_gpus[owner] = user_gpus.get(owner, 0) + held
             if job.gpu_idle_since is not None:
-                idle_jobs[job.backend] += 1
                 idle_gpus[owner] = idle_gpus.get(owner, 0) + held
                 labels = [job.id, job.name, owner, job.backend]
                 idle_for.append((labels, max(0.0, now - job.gpu_idle_since)))
@@ -258,8 +264,11 @@ class ServerMetrics:
         run: Callable[..., Any],
         interval: float,
         registry=REGISTRY,
+        *,
+        shared: bool = False,
     ) -> None:
         self._read = read
+        self.shared = shared
         self._run = run
         self.interval = interval
         self.registry = registry
@@ -270,7 +279,9 @@ class ServerMetrics:
         """Read the store and cluster once (blocking: call it in the executor)."""
         jobs, cluster = self._read()
         now = time.time()
-        self.collector.snapshot = MetricsSnapshot(build_metrics(jobs, cluster, now), now)
+        self.collector.snapshot = MetricsSnapshot(
+            build_metrics(jobs, cluster, now, shared=self.shared), now
+        )
 
     def start(self) -> None:
         if self.interval <= 0:
