@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return print_manifests(argv[1:])
     args = build_parser().parse_args(argv)
+    from .jobs.store import UnsafeStore
+
     try:
         return {
             "run": cmd_run,
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "schedule": cmd_schedule,
             "scheduler": cmd_scheduler,
         }[args.command](args)
-    except (SpecError, ValueError) as exc:
+    except (SpecError, ValueError, UnsafeStore) as exc:
         print(f"mlcluster: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyError as exc:  # UnknownJob

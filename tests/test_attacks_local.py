@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -265,3 +266,46 @@ def test_attack_a_job_flooding_its_log_is_truncated_and_goes_on(service, store_d
         notes = [line for line in lines if "log truncated after 1 MiB" in line]
         assert len(notes) == 1 and "max_log_mib" in notes[0], lines[-3:]
         assert not any(line.endswith("the end") for line in lines)
+
+
+# -- the store root --------------------------------------------------------------------------
+
+
+def test_attack_store_root_precreated_by_another_user_is_refused(tmp_path):
+    """Another user makes the store's directory first (a shared machine, a guessable path):
+    opening it is refused, saying why, and nothing of ours is written there."""
+    from jupyterlab_mlcluster.jobs.store import JobStore, UnsafeStore
+
+    root = tmp_path / "store"
+    root.mkdir(mode=0o700)
+    os.chown(root, attacker_uid(), -1)
+    with pytest.raises(UnsafeStore) as refused:
+        JobStore(root)
+    assert f"belongs to uid {attacker_uid()}" in str(refused.value)
+    assert "MLCLUSTER_STORE_DIR" in str(refused.value)
+    assert os.listdir(root) == []
+
+
+def test_attack_store_root_others_may_write_is_refused(tmp_path):
+    from jupyterlab_mlcluster.jobs.store import JobStore, UnsafeStore
+
+    root = tmp_path / "store"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    with pytest.raises(UnsafeStore) as refused:
+        JobStore(root)
+    assert "mode 777" in str(refused.value) and "chmod 700" in str(refused.value)
+    assert os.listdir(root) == []
+    # The CLI says so too, and changes nothing.
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterlab_mlcluster.cli", "jobs"],
+        env={**os.environ, "MLCLUSTER_STORE_DIR": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "mlcluster: error: the job store" in result.stderr, result
+    assert "Traceback" not in result.stderr
+    assert os.listdir(root) == []
+    os.chmod(root, 0o700)  # fixed as told: it opens
+    JobStore(root)

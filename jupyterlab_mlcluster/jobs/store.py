@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -154,6 +155,32 @@ STAGING_STALE = 600.0
 _said_journal: set[str] = set()  # stores whose journal mode this process has logged
 
 
+class UnsafeStore(PermissionError):
+    """A store root someone else owns or may write: opening it would trust their files (the
+    jobs' payloads, results and keys). The message says what to do."""
+
+
+def check_store_root(root: Path) -> None:
+    """Refuse a store root this user does not own, or one others may write (a directory an
+    attacker made first, where this user's jobs would land; a world-writable one). Its own
+    primary group may write it (shared-group homes such as Jupyter's docker stacks)."""
+    info = os.stat(root)
+    me = os.geteuid()
+    if info.st_uid != me:
+        raise UnsafeStore(
+            f"the job store {root} belongs to uid {info.st_uid}, not to you (uid {me}): its "
+            "owner could read and change your jobs. Use a directory of your own "
+            "(MLCLUSTER_STORE_DIR or MLClusterConfig.store_dir)"
+        )
+    loose = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != os.getegid())
+    if loose:
+        raise UnsafeStore(
+            f"the job store {root} may be written by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): they could change your jobs. `chmod 700 {root}`, "
+            "or use a directory of your own (MLCLUSTER_STORE_DIR or MLClusterConfig.store_dir)"
+        )
+
+
 class JobStore:
     def __init__(
         self,
@@ -169,6 +196,7 @@ class JobStore:
             raise ValueError(f"journal_mode must be one of {JOURNAL_MODES}, got {journal_mode!r}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_store_root(self.root)
         (self.root / "jobs").mkdir(exist_ok=True, mode=0o700)
         self.db_path = self.root / "jobs.db"
         self.database = Database(self.db_path)
