@@ -81,7 +81,7 @@ class SlurmCluster:
         self.conf.write_text(self.config(socket_path, _free_port(), _free_port()))
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)])
         self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
-        self._wait(self._idle, timeout, f"sinfo to show node {self.node} idle")
+        self._wait(self.idle, timeout, f"sinfo to show node {self.node} idle")
 
     def config(self, munge_socket: Path, ctld_port: int, slurmd_port: int) -> str:
         r = self.root
@@ -120,7 +120,11 @@ class SlurmCluster:
                 "PriorityType=priority/basic",
                 "DefMemPerCPU=100",
                 f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory=1000 State=UNKNOWN",
-                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+                # A job in `urgent` preempts (cancels) what runs in `debug`.
+                "PreemptType=preempt/partition_prio",
+                "PreemptMode=CANCEL",
+                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+                "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10",
                 "",
             ]
         )
@@ -148,7 +152,7 @@ class SlurmCluster:
                 raise RuntimeError(f"timed out waiting for {what}: {self.logs()}")
             time.sleep(0.2)
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         done = self.run("sinfo", "--noheader", "--Node", "--format=%N %t", check=False)
         return done.returncode == 0 and f"{self.node} idle" in done.stdout
 

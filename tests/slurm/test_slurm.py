@@ -306,7 +306,14 @@ def test_cluster_capacity_comes_from_sinfo(service, slurm, tmp_path):
             "nodes": 1,
             "cpus": {"total": 2, "free": 2},
             "gpus": {"total": 0, "free": 0},
-        }
+        },
+        {
+            "name": "urgent",
+            "default": False,
+            "nodes": 1,
+            "cpus": {"total": 2, "free": 2},
+            "gpus": {"total": 0, "free": 0},
+        },
     ]
     release = tmp_path / "release"
     job = submit(
@@ -378,3 +385,29 @@ async def test_rest_submits_to_slurm_and_reads_logs_result_and_capacity(slurm_st
         "POST", "jobs", body={"code": "pass", "backend": "slurm", "queue": "nope"}
     )
     assert status == 409 and "invalid partition specified: nope" in error["message"]
+
+
+def test_a_node_failure_ends_the_job_saying_so(service, slurm):
+    job = submit(service, "import time\nprint('up', flush=True)\ntime.sleep(300)\n", workers=1)
+    wait_for(lambda: rank_lines(service, job.id) == ["up"], 60, message="the rank runs")
+    node = f"nodename={slurm.node}"
+    try:
+        slurm.run("scontrol", "update", node, "state=down", "reason=mlcluster-test")
+        record = service.wait(job.id, timeout=60)
+    finally:
+        # (ReturnToService may have brought it back already: then resume is refused.)
+        slurm.run("scontrol", "update", node, "state=resume", check=False)
+        wait_for(slurm.idle, 30, message="the node back")
+    assert record.state == JobState.FAILED
+    assert record.error == "a node of the allocation failed (Slurm: NODE_FAIL)"
+    assert record.ranks[0].state == "cancelled"
+
+
+def test_preemption_ends_the_job_saying_so(service, slurm):
+    job = submit(service, "import time\nprint('up', flush=True)\ntime.sleep(300)\n", workers=2)
+    wait_for(lambda: rank_lines(service, job.id) == ["up", "up"], 60, message="the ranks run")
+    urgent = submit(service, "print('urgent ran')", workers=2, queue="urgent")
+    record = service.wait(job.id, timeout=60)
+    assert record.state == JobState.FAILED
+    assert record.error == "Slurm preempted the job (PREEMPTED)"
+    assert service.wait(urgent.id, timeout=60).state == JobState.SUCCEEDED

@@ -173,7 +173,19 @@ class SlurmBackend(Backend):
 
     def run(self, ctx: JobContext) -> None:
         launch = _read_launch(ctx.store, ctx.job.id)
-        lifecycle.run_attempts(ctx, lambda n: _Attempt(self, ctx, launch, n).run())
+        attempts: list[_Attempt] = []
+
+        def attempt(number: int) -> Outcome:
+            attempts.append(_Attempt(self, ctx, launch, number))
+            return attempts[-1].run()
+
+        try:
+            lifecycle.run_attempts(ctx, attempt)
+        finally:
+            # The job is final once its ranks are: the allocation's own end (Slurm's step
+            # cleanup, epilog) is waited for after, off the job's critical path.
+            if attempts:
+                attempts[-1].release()
 
 
 def current_slurm_user() -> str:
@@ -439,7 +451,6 @@ class _Attempt:
                     exit_code=self.exits[rank],
                 )
             if len(self.exits) == spec.workers:
-                self.wait_gone(GONE_WAIT)
                 return Outcome("succeeded")
             reason = ctx.cancelled()
             if reason:
@@ -569,9 +580,17 @@ class _Attempt:
         self.pump()
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)
+        return outcome
+
+    def release(self) -> None:
+        """Wait until Slurm has let the allocation go (cancelling it if it still runs), then
+        clear the job's pending cleanup; one left pending is the reaper's."""
+        if self.slurm_id is None:
+            return
+        if not self.wait_gone(GONE_WAIT) and self.slurm_state != "COMPLETING":
+            self.cancel_allocation()
         if self.slurm_state not in script.ACTIVE_STATES:
             _set_backend_state(self.ctx, **{PENDING_CLEANUP: None})
-        return outcome
 
 
 def _read_exit(path: str) -> int | None:
