@@ -178,6 +178,10 @@ class SlurmCluster:
                 raise AssertionError(f"left in squeue: {self.jobs()}")
             time.sleep(0.2)
 
+    def pid(self, name: str) -> int:
+        """The pid of one of the daemons this cluster started."""
+        return next(proc.pid for n, proc in self.processes if n == name)
+
     def logs(self) -> str:
         parts = []
         for path in sorted((self.root / "log").glob("*")):

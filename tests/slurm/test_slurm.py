@@ -13,6 +13,7 @@ import re
 import signal
 import textwrap
 import time
+import time
 
 import pytest
 from helpers import run_cli, wait_for
@@ -411,3 +412,61 @@ def test_preemption_ends_the_job_saying_so(service, slurm):
     assert record.state == JobState.FAILED
     assert record.error == "Slurm preempted the job (PREEMPTED)"
     assert service.wait(urgent.id, timeout=60).state == JobState.SUCCEEDED
+
+
+def test_a_controller_that_does_not_answer_is_retried_a_few_times_then_refused(slurm):
+    from jupyterlab_mlcluster.backends.slurm.commands import MAX_TRIES, SlurmCommands, SlurmError
+
+    commands = SlurmCommands(timeout=1.0)
+    os.kill(slurm.pid("slurmctld"), signal.SIGSTOP)  # alive, listening, answering nothing
+    try:
+        started = time.monotonic()
+        with pytest.raises(SlurmError, match="squeue did not answer within 1 s"):
+            commands.jobs(user="root")
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(slurm.pid("slurmctld"), signal.SIGCONT)
+    # MAX_TRIES calls of 1 s, with jittered waits between them (equal jitter: at least half
+    # of 0.5 s, 1 s, 2 s), then the error, not forever.
+    assert MAX_TRIES + 0.25 + 0.5 + 1.0 <= elapsed < MAX_TRIES + 0.5 + 1 + 2 + 5
+    assert commands.jobs(user="root") == []  # answers again
+
+
+def test_a_job_carries_on_while_the_controller_stalls(service, slurm, tmp_path):
+    """squeue hangs on a stopped slurmctld; the ranks' output and exits still arrive (their
+    files), so the job ends when its ranks do, and its allocation goes once Slurm answers."""
+    release = tmp_path / "release"
+    job = submit(
+        service,
+        "import os, time\nprint('waiting', flush=True)\n"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\nprint('done')\n",
+        workers=2,
+    )
+    wait_for(lambda: rank_lines(service, job.id) == ["waiting"] * 2, 60, message="ranks run")
+    os.kill(slurm.pid("slurmctld"), signal.SIGSTOP)
+    try:
+        release.write_text("go")
+        record = service.wait(job.id, timeout=60)
+        assert record.state == JobState.SUCCEEDED, record.error
+        assert rank_lines(service, job.id) == ["waiting", "waiting", "done", "done"]
+    finally:
+        os.kill(slurm.pid("slurmctld"), signal.SIGCONT)
+    slurm.wait_empty(60)
+
+
+def test_a_restart_is_a_new_allocation(service):
+    code = textwrap.dedent(
+        """
+        import os
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        print("attempt", attempt, "slurm job", os.environ["SLURM_JOB_ID"], flush=True)
+        if attempt == "0" and os.environ["RANK"] == "1":
+            raise RuntimeError("first attempt fails")
+        """
+    )
+    job = submit(service, code, workers=2, max_restarts=1)
+    record = service.wait(job.id, timeout=90)
+    assert record.state == JobState.SUCCEEDED and record.restarts == 1, record.error
+    lines = [line.split() for line in rank_lines(service, job.id, 0) if line.startswith("attempt")]
+    assert [words[1] for words in lines] == ["0", "1"]
+    assert lines[0][4] != lines[1][4]  # another Slurm job

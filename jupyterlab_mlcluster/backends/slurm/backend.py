@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,6 +177,8 @@ class SlurmBackend(Backend):
         attempts: list[_Attempt] = []
 
         def attempt(number: int) -> Outcome:
+            if attempts:  # a restart: the previous allocation is gone first
+                attempts[-1].release()
             attempts.append(_Attempt(self, ctx, launch, number))
             return attempts[-1].run()
 
@@ -230,6 +233,72 @@ class _RankFile:
         return data
 
 
+class _LostSlurm(Exception):
+    """squeue failed MAX_LOOK_FAILURES times in a row (each call already retried)."""
+
+
+class _JobView(threading.Thread):
+    """squeue in a thread of its own: a controller slow to answer (each call may take up to
+    slurm_command_timeout, then be retried) never stalls the supervisor's loop, which keeps
+    streaming logs and seeing the ranks' exits from their files meanwhile."""
+
+    def __init__(self, commands: SlurmCommands, slurm_id: str, partition: str, interval: float):
+        super().__init__(daemon=True, name=f"squeue-{slurm_id}")
+        self.commands = commands
+        self.slurm_id = slurm_id
+        self.partition = partition
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._row: dict[str, str] | None = None  # None: no answer yet; {}: Slurm forgot it
+        self._position: int | None = None
+        self._failures = 0
+        self._error: Exception | None = None
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            try:
+                rows = self.commands.jobs(job_ids=[self.slurm_id])
+                position = None
+                if rows and rows[0]["state"] == "PENDING":
+                    position = self._place()
+                with self._lock:
+                    self._row, self._position = (rows[0] if rows else {}), position
+                    self._failures, self._error = 0, None
+                wait = self.interval
+            except SlurmError as exc:
+                with self._lock:
+                    self._failures += 1
+                    self._error = exc
+                    failures = self._failures
+                log.warning("squeue failed (%d in a row): %s", failures, exc)
+                wait = LOOK_BACKOFF.delay(failures - 1)
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _place(self) -> int | None:
+        """The job's place among its partition's pending jobs, in Slurm's priority order."""
+        try:
+            order = self.commands.pending_order(self.partition)
+        except SlurmError:
+            return None
+        return order.index(self.slurm_id) + 1 if self.slurm_id in order else None
+
+    def latest(self) -> tuple[dict[str, str] | None, int | None]:
+        with self._lock:
+            if self._failures >= MAX_LOOK_FAILURES:
+                raise _LostSlurm(str(self._error))
+            return self._row, self._position
+
+    def refresh(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._wake.set()
+
+
 class _Attempt:
     """One sbatch allocation: submit, follow, stream, stop."""
 
@@ -256,8 +325,8 @@ class _Attempt:
                 self.parsers[(rank, stream)] = OutputParser(key if stream == "c" else None, rank)
         self.exits: dict[int, int] = {}
         self.started_ranks: set[int] = set()
-        self.look_failures = 0
-        self.next_look = 0.0
+        self.view: _JobView | None = None
+        self.released = False
         self.reported_errors: dict[int, dict[str, Any]] = {}
 
     # -- submit ------------------------------------------------------------------------
@@ -314,6 +383,13 @@ class _Attempt:
         _set_backend_state(ctx, **{PENDING_CLEANUP: {"since": time.time()}})
         self.slurm_id = self.commands.submit(args, str(job_script), self.environment())
         _set_backend_state(ctx, slurm_job_id=self.slurm_id)
+        self.view = _JobView(
+            self.commands,
+            self.slurm_id,
+            self.spec.queue or ctx.config.slurm_partition,
+            ctx.config.slurm_poll_interval,
+        )
+        self.view.start()
         log.info("attempt %d is Slurm job %s", self.number, self.slurm_id)
         ctx.set_reason(f"submitted to Slurm as job {self.slurm_id}")
         ctx.set_ranks(
@@ -333,43 +409,25 @@ class _Attempt:
     # -- follow ------------------------------------------------------------------------
 
     def look(self) -> None:
-        """squeue: the Slurm job's state; pending reason and position; nodes once running."""
-        now = time.monotonic()
-        if now < self.next_look:
+        """The Slurm job's state as squeue last said it (the view's thread asks); pending
+        reason and position; nodes once running."""
+        if self.view is None:
             return
-        try:
-            rows = self.commands.jobs(job_ids=[self.slurm_id])
-        except SlurmError as exc:
-            self.look_failures += 1
-            self.next_look = now + LOOK_BACKOFF.delay(self.look_failures - 1)
-            log.warning("squeue failed (%d in a row): %s", self.look_failures, exc)
-            if self.look_failures >= MAX_LOOK_FAILURES:
-                raise
+        row, position = self.view.latest()
+        if row is None:  # no answer yet
             return
-        self.look_failures = 0
-        self.next_look = now + self.ctx.config.slurm_poll_interval
-        if not rows:  # Slurm forgot it (MinJobAge passed): it ended
-            self.slurm_state = (
-                "GONE" if self.slurm_state in script.ACTIVE_STATES else self.slurm_state
-            )
+        if not row:  # Slurm forgot it (MinJobAge passed): it ended
+            if self.slurm_state in script.ACTIVE_STATES:
+                self.slurm_state = "GONE"
             return
-        row = rows[0]
         self.slurm_state = row["state"]
         if row["state"] == "PENDING":
             reason = script.pending_reason(row["reason"])
-            position = self._position()
             if position is not None:
                 reason += f"; position {position} in Slurm's queue"
             self.ctx.set_reason(reason)
         elif row["state"] in ("RUNNING", "COMPLETING") and not self.running:
             self._running(row["nodes"])
-
-    def _position(self) -> int | None:
-        try:
-            order = self.commands.pending_order(self.spec.queue or self.ctx.config.slurm_partition)
-        except SlurmError:
-            return None
-        return order.index(self.slurm_id) + 1 if self.slurm_id in order else None
 
     def _running(self, nodes: str) -> None:
         ctx = self.ctx
@@ -546,10 +604,11 @@ class _Attempt:
             self.pump()
             if tasks_only and self._tasks_done():
                 return True
-            self.next_look = 0.0
+            if self.view is not None:
+                self.view.refresh()
             try:
                 self.look()
-            except SlurmError:
+            except _LostSlurm:
                 pass
             if (
                 self.slurm_state not in script.ACTIVE_STATES
@@ -574,6 +633,9 @@ class _Attempt:
             return Outcome("failed", f"sbatch: {exc}", restartable=False)
         try:
             outcome = self.watch()
+        except _LostSlurm as exc:
+            self.stop()
+            return Outcome("failed", f"lost contact with Slurm: {exc}", restartable=False)
         except BaseException:
             self.stop()
             raise
@@ -585,10 +647,13 @@ class _Attempt:
     def release(self) -> None:
         """Wait until Slurm has let the allocation go (cancelling it if it still runs), then
         clear the job's pending cleanup; one left pending is the reaper's."""
-        if self.slurm_id is None:
+        if self.slurm_id is None or self.released:
             return
+        self.released = True
         if not self.wait_gone(GONE_WAIT) and self.slurm_state != "COMPLETING":
             self.cancel_allocation()
+        if self.view is not None:
+            self.view.stop()
         if self.slurm_state not in script.ACTIVE_STATES:
             _set_backend_state(self.ctx, **{PENDING_CLEANUP: None})
 
