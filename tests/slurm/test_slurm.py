@@ -13,7 +13,6 @@ import re
 import signal
 import textwrap
 import time
-import time
 
 import pytest
 from helpers import run_cli, wait_for
