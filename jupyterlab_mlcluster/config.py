@@ -116,6 +116,19 @@ class MLClusterConfig(Configurable):
         "(cancel, a failing rank, a timeout).",
     ).tag(config=True)
 
+    session_idle_timeout = Float(
+        1800.0,
+        help="Seconds a `--session` may stay without running a cell before it ends on its "
+        "own, releasing its ranks' CPU slots and GPUs (0: never).",
+    ).tag(config=True)
+
+    session_interrupt_grace = Float(
+        10.0,
+        help="Seconds every rank of a `--session` gets to return from an interrupted cell "
+        "(KeyboardInterrupt, or another rank's failure) before the session is restarted and "
+        "its state lost (a rank stuck in a collective never returns).",
+    ).tag(config=True)
+
     rank_cgroup = Bool(
         help="Contain each local job's ranks in a cgroup v2 of their own, where this "
         "process's cgroup is writable, so that everything they start is killed with the job "

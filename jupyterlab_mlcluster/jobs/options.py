@@ -56,6 +56,15 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         },
     ),
     (
+        ("--session",),
+        {
+            "default": None,
+            "metavar": "NAME",
+            "help": "run in the named session: live ranks that keep their state across cells "
+            "(started with this cell's options when it does not exist)",
+        },
+    ),
+    (
         ("--no-wait",),
         {"action": "store_true", "default": False, "help": "return at once with a job handle"},
     ),

@@ -45,6 +45,7 @@ from .processes import (
     this_host,
 )
 from .record import JobRecord
+from .sessions import is_session_cell, poke_session
 from .store import JobStore, UnknownJob
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
@@ -167,9 +168,7 @@ class JobService:
             ) from None
         job_id = new_job_id()
         spec = _with_tensorboard_dir(spec, self.config.tensorboard_dir, job_id)
-        if payload.kind == "code":
-            payload.filename = str(self.store.job_dir(job_id) / "cell.py")
-        data = payload.dumps()
+        data, files = self.job_files(job_id, payload, environ, cwd)
         backend_state = backend.prepare(spec)
         origin = dict(origin or {})
         origin.setdefault("kind", "python")
@@ -190,6 +189,32 @@ class JobService:
             capacity=backend.capacity(),
             backend_state=backend_state,
         )
+        # Row and files together or not at all (a full disk leaves nothing behind).
+        self.store.insert_job(record, data, files)
+        try:
+            self._start_supervisor(job_id, preload or [])
+        except Exception as exc:
+            # If even this cannot be written (a full disk), the reaper fails the unclaimed
+            # job after CLAIM_GRACE.
+            with contextlib.suppress(Exception):
+                self.store.transition(
+                    job_id, JobState.FAILED, error=f"could not start the job: {exc}"
+                )
+            raise
+        return self.store.get_job(job_id)
+
+    def job_files(
+        self,
+        job_id: str,
+        payload: Payload,
+        environ: dict[str, str] | None,
+        cwd: str | None,
+    ) -> tuple[bytes, dict[str, bytes]]:
+        """(the payload's bytes, the other files of the job's directory): its key, what its
+        ranks inherit (launch.json), the cell's source (tracebacks show its lines)."""
+        if payload.kind == "code":
+            payload.filename = str(self.store.job_dir(job_id) / "cell.py")
+        data = payload.dumps()
         files = {
             # The job's secret for its ranks' reports, beside the payload (runtime/protocol.py).
             KEY_FILE: secrets.token_bytes(KEY_BYTES),
@@ -213,19 +238,7 @@ class JobService:
         }
         if payload.kind == "code":
             files["cell.py"] = payload.source.encode("utf-8")
-        # Row and files together or not at all (a full disk leaves nothing behind).
-        self.store.insert_job(record, data, files)
-        try:
-            self._start_supervisor(job_id, preload or [])
-        except Exception as exc:
-            # If even this cannot be written (a full disk), the reaper fails the unclaimed
-            # job after CLAIM_GRACE.
-            with contextlib.suppress(Exception):
-                self.store.transition(
-                    job_id, JobState.FAILED, error=f"could not start the job: {exc}"
-                )
-            raise
-        return self.store.get_job(job_id)
+        return data, files
 
     def _start_supervisor(self, job_id: str, preload: list[str] = ()) -> None:
         if self.config.warm_pool:
@@ -437,6 +450,8 @@ class JobService:
         rank, the very processes; on another host, a supervisor whose heartbeat is fresh
         while the job is not final (a supervisor makes its job final only once its ranks
         are stopped). Purging such a job would forget processes that still run."""
+        if record.final and is_session_cell(record):
+            return None  # the session's supervisor and ranks serve other cells: not this one
         sup = record.supervisor or {}
         if sup.get("host", this_host()) == this_host():
             if process_is(sup.get("pid"), sup.get("create_time")):
@@ -453,6 +468,11 @@ class JobService:
         return None
 
     def _signal_supervisor(self, record: JobRecord, signum: int) -> None:
+        if is_session_cell(record):
+            # Its supervisor is the session's: a signal would end the session. Woken instead,
+            # it reads the cell's cancel request and interrupts the cell on every rank.
+            poke_session(self.store, record.origin["session_job"], "cancel")
+            return
         info = record.supervisor or {}
         if info.get("host") == this_host() and process_is(info.get("pid"), info.get("create_time")):
             try:

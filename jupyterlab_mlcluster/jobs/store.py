@@ -86,6 +86,17 @@ CREATE TABLE IF NOT EXISTS metrics (
     gpu_memory_bytes INTEGER
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job_id, rank, ts);
+CREATE TABLE IF NOT EXISTS sessions (
+    job_id TEXT PRIMARY KEY,
+    owner TEXT,
+    name TEXT NOT NULL,
+    created REAL NOT NULL,
+    cells INTEGER NOT NULL DEFAULT 0,
+    idle_since REAL,
+    end_reported INTEGER NOT NULL DEFAULT 0,
+    restart_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS sessions_by_name ON sessions(owner, name, created);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,
@@ -694,8 +705,84 @@ class JobStore:
                 raise UnknownJob(job_id)
             db.execute("DELETE FROM ranks WHERE job_id = ?", (job_id,))
             db.execute("DELETE FROM metrics WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM sessions WHERE job_id = ?", (job_id,))
             self._event(db, job_id, "deleted")
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    # -- sessions (jobs/sessions.py) -----------------------------------------------------
+    # A session is a long-running job (its "holder": the gang's allocation, supervisor and
+    # ranks) plus this row; each cell run in it is a job of its own whose origin names the
+    # holder (`session_job`).
+
+    def add_session(self, job_id: str, owner: str | None, name: str) -> str:
+        """Record `job_id` as the session `name` of `owner`, unless a live one (its holder
+        job not final) already has that name: then that one's holder id is returned and
+        nothing is written. Decided in one transaction, so two kernels starting the same
+        session at once get one session."""
+        finals = [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)]
+        with self._tx() as db:
+            live = db.execute(
+                "SELECT s.job_id FROM sessions s JOIN jobs j ON j.id = s.job_id"
+                " WHERE s.owner IS ? AND s.name = ? AND j.state NOT IN (?, ?, ?)"
+                " ORDER BY s.created DESC LIMIT 1",
+                (owner, name, *finals),
+            ).fetchone()
+            if live is not None:
+                return live["job_id"]
+            db.execute(
+                "INSERT INTO sessions (job_id, owner, name, created, idle_since)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (job_id, owner, name, time.time(), time.time()),
+            )
+            self._event(db, job_id, "session")
+            return job_id
+
+    def session_rows(
+        self, owner: str | None = None, name: str | None = None, *, live_only: bool = False
+    ) -> list[dict[str, Any]]:
+        """Sessions (newest first) with their holder job's state and reason."""
+        where, args = ["1 = 1"], []
+        if owner is not None:
+            where.append("s.owner IS ?")
+            args.append(owner)
+        if name is not None:
+            where.append("s.name = ?")
+            args.append(name)
+        if live_only:
+            finals = [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)]
+            where.append("j.state NOT IN (?, ?, ?)")
+            args.extend(finals)
+        rows = self._db.execute(
+            "SELECT s.*, j.state AS state, j.reason AS reason, j.error AS error,"
+            " j.finished AS finished FROM sessions s JOIN jobs j ON j.id = s.job_id"
+            f" WHERE {' AND '.join(where)} ORDER BY s.created DESC",
+            args,
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def update_session(self, job_id: str, **fields: Any) -> None:
+        allowed = {"cells", "idle_since", "end_reported", "restart_requested"}
+        if not fields or set(fields) - allowed:
+            raise ValueError(f"session fields are {sorted(allowed)}")
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ?",
+                [*fields.values(), job_id],
+            )
+            self._event(db, job_id, "session")
+
+    def session_row(self, job_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM sessions WHERE job_id = ?", (job_id,)).fetchone()
+        return dict(row) if row is not None else None
+
+    def session_cells(self, holder_id: str, states: list[str]) -> list[str]:
+        """Ids of the cells of the session `holder_id` in `states`, oldest first."""
+        rows = self._db.execute(
+            "SELECT id FROM jobs WHERE json_extract(origin, '$.session_job') = ?"
+            f" AND state IN ({','.join('?' * len(states))}) ORDER BY created, id",
+            [holder_id, *states],
+        ).fetchall()
+        return [r["id"] for r in rows]
 
     # -- gang admission ------------------------------------------------------------------
 

@@ -838,6 +838,10 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
 
     reporting.configure()  # this rank's channel, rank and job key
     worker.tie_to_supervisor()
+    if env.get("MLCLUSTER_SESSION"):  # a session's rank: cells come on its stdin
+        from ..runtime import session_worker
+
+        return session_worker.serve()
     payload = Payload.loads(read_payload_bytes(payload_path))
     return worker.execute(payload)
 

@@ -207,6 +207,8 @@ class CellRun:
         )
         try:
             sweep = sweep_from_args(args)
+            if args.session is not None:
+                return self.submit_to_session(args, payload, sweep)
             if args.schedule is not None:
                 if sweep is not None:
                     raise SpecError("--schedule runs one job per tick; it cannot take --sweep")
@@ -218,9 +220,39 @@ class CellRun:
             )
         except (SpecError, PayloadError) as exc:
             raise UsageError(f"%%distributed: {exc}") from None
-        self.job_id = record.id
+        return self.follow(record)
+
+    def submit_to_session(self, args, payload, sweep):
+        """--session NAME: the cell runs on the session's live ranks (jobs/sessions.py)."""
+        from ..jobs.model import SpecError
+        from ..jobs.options import spec_options
+        from ..jobs.sessions import submit_cell
+
+        if sweep is not None or args.schedule is not None:
+            raise SpecError(
+                "--session runs the cell on live ranks; it cannot take --sweep or --schedule"
+            )
+        service = self.magics.service
+        record, note = submit_cell(
+            service,
+            args.session,
+            spec_options(args),
+            payload,
+            origin=_kernel_origin(),
+            preload=_kernel_preload(service.config),
+        )
+        if note:
+            print(note, file=sys.stderr)
+        return self.follow(record)
+
+    def follow(self, record):
+        """Show the job's monitor; the handle the cell follows (or returns, --no-wait)."""
+        from ..jobs.handle import Job
         from .monitor import JobMonitor
 
+        service = self.magics.service
+        args = self.args
+        self.job_id = record.id
         self.monitor = JobMonitor(
             service,
             record.id,

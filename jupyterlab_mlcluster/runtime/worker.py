@@ -432,6 +432,10 @@ def main() -> None:
         from .metrics import start_reporting
 
         start_reporting()
+    if os.environ.get("MLCLUSTER_SESSION"):  # a session's rank: cells come on its stdin
+        from . import session_worker
+
+        sys.exit(session_worker.serve())
     payload_path = os.environ.get("MLCLUSTER_PAYLOAD")
     if not payload_path:
         sys.exit("jupyterlab_mlcluster.runtime.worker: MLCLUSTER_PAYLOAD is not set")

@@ -14,6 +14,7 @@ from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.processes import supervisor_alive
 from ...jobs.proctree import Containment, kill_orphaned_tree
+from ...jobs.sessions import is_session_holder
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ..base import Backend
@@ -72,6 +73,11 @@ class LocalBackend(Backend):
         sampler = RankSampler()
         tree = Containment(ctx.store.job_dir(ctx.job.id), ctx.job.id, ctx.config.rank_cgroup)
         try:
+            if is_session_holder(ctx.job):
+                from .session import serve_session
+
+                serve_session(ctx, spec, allocation, launch, sampler, tree)
+                return
             lifecycle.run_attempts(
                 ctx, lambda n: _Gang(ctx, spec, allocation, launch, n, sampler, tree).run()
             )
@@ -189,10 +195,7 @@ class _Gang:
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
                 env["MLCLUSTER_MAX_RESULT_BYTES"] = str(ctx.config.max_result_mib * 1024 * 1024)
-            if warm:
-                proc = launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
-            else:
-                proc = launcher.spawn_cold(rank, env, self.launch.get("cwd"))
+            proc = self.spawn(rank, env, payload_path, warm)
             self.tree.adopt(proc.pid)
             self.ranks.append(proc)
             self._watch_exit(proc)
@@ -224,6 +227,12 @@ class _Gang:
         log.debug("ranks started")
         ctx.job.started = ctx.job.started or now
 
+    def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
+        """Start one rank (a session's gang also hands each rank its command pipe)."""
+        if warm:
+            return launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
+        return launcher.spawn_cold(rank, env, self.launch.get("cwd"))
+
     def _watch_exit(self, proc: launcher.RankProcess) -> None:
         """Wake the loop the moment the rank exits (a pidfd turns readable then): its pipes'
         end-of-file can come just before it is reapable, and the loop would otherwise notice
@@ -247,6 +256,9 @@ class _Gang:
                 self.selector.unregister(key.fd)
                 os.close(key.fd)
                 continue
+            if (rank, stream) not in self.parsers:
+                self.on_readable(key.fd, stream)
+                continue
             try:
                 data = os.read(key.fd, 65536)
             except BlockingIOError:
@@ -265,7 +277,7 @@ class _Gang:
             if kind == "line":
                 if stream == "c":
                     continue
-                self.ctx.logs.line(rank, stream, value)
+                self.log_line(rank, stream, value)
             elif kind == "progress":
                 self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
             elif kind == "control":
@@ -276,6 +288,20 @@ class _Gang:
                     self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
                 elif rtype == "error":
                     self.reported_errors[rank] = value
+                else:
+                    self.on_record(rank, value)
+
+    def record_samples(self, samples: dict[int, dict[str, Any]]) -> None:
+        self.ctx.record_metrics(samples)
+
+    def on_readable(self, fd: int, stream: str) -> None:
+        """A file a subclass registered in the selector (a session's FIFO) has news."""
+
+    def log_line(self, rank: int, stream: str, text: str) -> None:
+        self.ctx.logs.line(rank, stream, text)
+
+    def on_record(self, rank: int, record: dict[str, Any]) -> None:
+        """A signed report this class does not know (a session rank's cell reports)."""
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -289,7 +315,7 @@ class _Gang:
                     if sample is not None:
                         samples[p.rank] = sample
             if samples:
-                self.ctx.record_metrics(samples)
+                self.record_samples(samples)
         if now - self.last_reap >= REAP_INTERVAL:
             self.last_reap = now
             self.tree.reap(p.pid for p in self.ranks)

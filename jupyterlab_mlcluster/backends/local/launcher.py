@@ -178,7 +178,10 @@ class RankProcess:
                 raise
 
 
-def spawn_cold(rank: int, env: dict[str, str], cwd: str | None) -> RankProcess:
+def spawn_cold(
+    rank: int, env: dict[str, str], cwd: str | None, stdin: int | None = None
+) -> RankProcess:
+    """`stdin`: a pipe for the rank's fd 0 (a session rank's commands), else /dev/null."""
     control_r, control_w = os.pipe()
     env = dict(env)
     env["MLCLUSTER_REPORT"] = f"fd:{control_w}"
@@ -188,7 +191,7 @@ def spawn_cold(rank: int, env: dict[str, str], cwd: str | None) -> RankProcess:
             [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"],
             env=env,
             cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(control_w,),
@@ -201,8 +204,11 @@ def spawn_cold(rank: int, env: dict[str, str], cwd: str | None) -> RankProcess:
     )
 
 
-def spawn_forked(rank: int, env: dict[str, str], cwd: str | None, payload_path: str) -> RankProcess:
-    """Fork this (warm, CUDA-clean, single-threaded) process into a rank."""
+def spawn_forked(
+    rank: int, env: dict[str, str], cwd: str | None, payload_path: str, stdin: int | None = None
+) -> RankProcess:
+    """Fork this (warm, CUDA-clean, single-threaded) process into a rank (`stdin`: as for
+    spawn_cold)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     control_r, control_w = os.pipe()
@@ -214,8 +220,7 @@ def spawn_forked(rank: int, env: dict[str, str], cwd: str | None, payload_path: 
             os.setsid()
             for fd in (out_r, err_r, control_r):
                 os.close(fd)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
+            os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.close(out_w)

@@ -1,0 +1,498 @@
+"""A session's ranks on this machine, inside the session's supervisor (jobs/sessions.py).
+
+The session's holder job was admitted like any job (its allocation holds the gang's slots
+and GPUs). Its supervisor starts the ranks once, as a job's (cold or forked warm, same
+environment, containment and report pipes: `_Gang`), each running
+runtime/session_worker.py with a private command pipe on its stdin, and then serves cells:
+
+- a cell (a job stored `starting`, naming this session) arrives by the session's FIFO or
+  the store scan; the supervisor checks it is this session's and its owner's, claims it,
+  sends every rank a signed command (the session key, a rising sequence number), and writes
+  the ranks' output into the cell's logs while it runs;
+- each rank reports `cell_done` (ok, error, interrupted); when all have, the cell's output is
+  drained and the cell finished like a job (succeeded with rank 0's result, failed with the
+  failing rank's report, cancelled);
+- a cancel request or the cell's timeout interrupts every rank (SIGINT: KeyboardInterrupt
+  in the cell's code); a rank's failure interrupts the others. Ranks that do not return
+  within `session_interrupt_grace` (stuck in a collective) are killed and the session
+  restarts with fresh ranks: the cell says its state was lost;
+- a rank process that dies ends the session (failed, with how it died); the holder's
+  cancel (`stop`), `session_idle_timeout` without a cell, or a restart request end or
+  renew the ranks: `stop` first, so they run their atexit handlers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from ...jobs import lifecycle
+from ...jobs.lifecycle import Outcome
+from ...jobs.model import JobState, RankState
+from ...jobs.sessions import FIFO_NAME
+from ...jobs.store import UnknownJob
+from ...jobs.watch import ENDED
+from ...runtime.protocol import encode_record, job_key, key_path
+from . import launcher
+from .backend import LOOP_TICK, _Gang, _read_launch
+
+if TYPE_CHECKING:
+    from ...jobs.supervisor import JobContext
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+
+SCAN_INTERVAL = 1.0  # the store scan behind the FIFO's wake-ups
+FIFO_STREAM = "fifo"
+
+
+def serve_session(ctx: JobContext, spec, allocation, launch, sampler, tree) -> None:
+    _Server(ctx, spec, allocation, launch, sampler, tree).run()
+
+
+class _Server:
+    """The session across its incarnations (a restart starts fresh ranks, same allocation)."""
+
+    def __init__(self, ctx: JobContext, spec, allocation, launch, sampler, tree):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.holder = ctx.job
+        self.gang_args = (spec, allocation, launch, sampler, tree)
+        self.pending: collections.deque[str] = collections.deque()
+        self.restart_requested = False
+        self.last_activity = time.monotonic()
+        self.last_scan = 0.0
+        row = self.store.session_row(self.holder.id) or {}
+        self.cells = int(row.get("cells") or 0)
+        path = self.store.job_dir(self.holder.id) / FIFO_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a previous supervisor's (this one respawned)
+        os.mkfifo(path, 0o600)
+        # Read-write: the FIFO never reads as closed between writers.
+        self.fifo = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.fifo_path = path
+        self.fifo_buffer = b""
+
+    def run(self) -> None:
+        attempt = self.holder.restarts
+        try:
+            while True:
+                gang = SessionGang(self, attempt)
+                if gang.run_session() != "restart":
+                    return
+                attempt += 1
+                self.store.update_job(self.holder.id, restarts=attempt)
+                self.ctx.job.restarts = attempt
+                self.ctx.logs.system("[mlcluster] session restarted: fresh ranks, state lost")
+        finally:
+            os.close(self.fifo)
+            with contextlib.suppress(OSError):
+                self.fifo_path.unlink()
+            self.end_waiting_cells()
+
+    # -- news --------------------------------------------------------------------------
+
+    def read_fifo(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fifo, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.fifo_buffer += data
+        *lines, self.fifo_buffer = self.fifo_buffer.split(b"\n")
+        self.fifo_buffer = self.fifo_buffer[-4096:]
+        for line in lines:
+            what, _, arg = line.decode("utf-8", "replace").partition(" ")
+            if what == "cell":
+                self.add_pending(arg.strip())
+            elif what == "restart":
+                self.scan(force=True)
+            # "cancel": the loop polls the running cell's cancel flag below
+
+    def add_pending(self, cell_id: str, current: str | None = None) -> None:
+        if cell_id and cell_id not in self.pending and cell_id != current:
+            self.pending.append(cell_id)
+
+    def scan(self, current: str | None = None, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_scan < SCAN_INTERVAL:
+            return
+        self.last_scan = now
+        for cell_id in self.store.session_cells(self.holder.id, [str(JobState.STARTING)]):
+            self.add_pending(cell_id, current)
+        row = self.store.session_row(self.holder.id) or {}
+        if row.get("restart_requested"):
+            self.restart_requested = True
+
+    def end_waiting_cells(self, why: str | None = None) -> None:
+        """No cell of an ended session stays waiting or running."""
+        why = why or f"the session ended: {self.ctx.job.reason or self.ctx.job.error or 'stopped'}"
+        for cell_id in self.store.session_cells(
+            self.holder.id, [str(JobState.STARTING), str(JobState.RUNNING)]
+        ):
+            with contextlib.suppress(UnknownJob):
+                self.store.transition(cell_id, JobState.FAILED, error=why, reason=why)
+                _mark_ended(self.store, cell_id)
+        self.pending.clear()
+
+
+class _Cell:
+    def __init__(self, ctx: JobContext):
+        self.ctx = ctx
+        self.id = ctx.job.id
+        self.started = time.monotonic()
+        self.done: dict[int, str] = {}  # rank -> ok | error | interrupted
+        self.failed_rank: int | None = None
+        self.interrupted_at: float | None = None
+        self.stop: tuple[str, str] | None = None  # ("cancelled" | "timeout", why)
+
+
+class SessionGang(_Gang):
+    """One incarnation of the session's ranks."""
+
+    def __init__(self, server: _Server, attempt: int):
+        super().__init__(server.ctx, *server.gang_args[:3], attempt, *server.gang_args[3:])
+        self.server = server
+        self.store = server.store
+        self.commands: dict[int, int] = {}  # rank -> the write end of its command pipe
+        self.rank_vars: dict[int, dict[str, str]] = {}
+        self.key = job_key(key_path(self.store.payload_path(self.ctx.job.id)))
+        self.seq = 0
+        self.cell: _Cell | None = None
+
+    # -- ranks ---------------------------------------------------------------------------
+
+    def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
+        env = dict(env, MLCLUSTER_SESSION=str(self.ctx.job.origin.get("session")))
+        base = launcher.base_environment(self.launch.get("env", {}))
+        # What this rank's environment adds to its submitter's: kept under every cell's own.
+        self.rank_vars[rank] = {k: v for k, v in env.items() if base.get(k) != v}
+        read_end, write_end = os.pipe()
+        try:
+            cwd = self.launch.get("cwd")
+            if warm:
+                proc = launcher.spawn_forked(rank, env, cwd, payload_path, stdin=read_end)
+            else:
+                proc = launcher.spawn_cold(rank, env, cwd, stdin=read_end)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self.commands[rank] = write_end
+        return proc
+
+    def send(self, rank: int, command: dict[str, Any]) -> bool:
+        self.seq += 1
+        data = encode_record({**command, "seq": self.seq}, self.key, rank)
+        fd = self.commands.get(rank)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except (OSError, TypeError):
+            return False  # the rank is gone: the loop sees its exit
+        return True
+
+    def close_commands(self) -> None:
+        for fd in self.commands.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.commands.clear()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run_session(self) -> str:
+        """Serve cells until the session ends ("end") or must restart ("restart")."""
+        try:
+            self.start()
+            self.selector.register(self.server.fifo, selectors.EVENT_READ, (-1, FIFO_STREAM))
+            result = self.serve()
+        except BaseException:
+            self.close_commands()
+            launcher.stop_ranks(self.ranks, 0.0)
+            self.end_tree()
+            raise
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.server.fifo)
+        self.close_commands()
+        self.end_tree()
+        self.drain()
+        return result
+
+    def on_readable(self, fd: int, stream: str) -> None:
+        if stream == FIFO_STREAM:
+            self.server.read_fifo()
+
+    def serve(self) -> str:
+        ctx, server = self.ctx, self.server
+        server.scan(force=True)
+        while True:
+            self.pump(LOOP_TICK)
+            for p in self.ranks:
+                if p.rank in self.done or p.poll() is None:
+                    continue
+                self.done.add(p.rank)
+                self.drain_rank(p.rank)
+                return self.rank_died(p)
+            reason = ctx.cancelled()
+            if reason:
+                if reason == "cancelled by user":
+                    reason = "stopped by user"
+                self.end_cell_now(f"the session was stopped ({reason})")
+                self.shut_down()
+                ctx.set_state(JobState.CANCELLED, reason=reason)
+                return "end"
+            server.scan(self.cell.id if self.cell else None)
+            if server.restart_requested:
+                server.restart_requested = False
+                self.store.update_session(ctx.job.id, restart_requested=0)
+                self.end_cell_now("the session was restarted: its state is lost")
+                self.shut_down()
+                return "restart"
+            if self.cell is not None:
+                if self.advance_cell() == "restart":
+                    return "restart"
+            elif server.pending:
+                self.begin_cell(server.pending.popleft())
+            elif self.idle_expired():
+                idle = lifecycle.format_duration(ctx.config.session_idle_timeout)
+                why = f"ended after {idle} without a cell (MLClusterConfig.session_idle_timeout)"
+                self.shut_down()
+                ctx.set_state(JobState.SUCCEEDED, reason=why)
+                return "end"
+            self.flush()
+
+    def idle_expired(self) -> bool:
+        limit = self.ctx.config.session_idle_timeout
+        return bool(limit) and time.monotonic() - self.server.last_activity > limit
+
+    def shut_down(self) -> None:
+        """Ask every rank to end as an interpreter does (atexit), then stop what is left."""
+        for rank in list(self.commands):
+            self.send(rank, {"type": "stop"})
+        self.close_commands()
+        deadline = time.monotonic() + self.ctx.config.kill_grace_period
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.ranks):
+            self.pump(0.02)
+        launcher.stop_ranks(self.ranks, 0.5, pump=self.pump)
+        now = time.time()
+        for p in self.ranks:
+            self.done.add(p.rank)
+            self.rank_updates.update(
+                p.rank, state=RankState.SUCCEEDED, exit_code=p.returncode, finished=now
+            )
+
+    def rank_died(self, proc: launcher.RankProcess) -> str:
+        outcome = Outcome("failed", failed_rank=proc.rank, exit_code=proc.returncode)
+        text = lifecycle.failure_text(self.store, self.ctx.job.id, outcome)
+        if proc.returncode == 0:
+            text = f"rank {proc.rank} exited (status 0)"
+        self.rank_updates.update(
+            proc.rank, state=RankState.FAILED, exit_code=proc.returncode, finished=time.time()
+        )
+        if self.cell is not None:
+            for p in self.ranks:
+                self.drain_rank(p.rank)
+            self.finish_cell(
+                failed=(proc.rank, f"{text}; the session ended (its state is lost)")
+            )
+        self.close_commands()
+        self.stop(exclude={proc.rank})
+        why = f"session ended: {text}"
+        self.ctx.set_state(JobState.FAILED, error=why, reason=text, failed_rank=proc.rank)
+        self.server.end_waiting_cells(f"the session ended before the cell ran: {text}")
+        return "end"
+
+    # -- cells ---------------------------------------------------------------------------
+
+    def begin_cell(self, cell_id: str) -> None:
+        from ...jobs.supervisor import JobContext, claim
+
+        store, holder = self.store, self.ctx.job
+        try:
+            record = store.get_job(cell_id)
+        except UnknownJob:
+            return
+        if (
+            record.state != JobState.STARTING
+            or record.origin.get("session_job") != holder.id
+            or record.owner != holder.owner
+            or record.spec.workers != holder.spec.workers
+        ):
+            return  # not a waiting cell of this session: nothing to run
+        if not claim(store, cell_id):
+            return
+        cctx = JobContext(store, record, self.ctx.config)
+        self.server.last_activity = time.monotonic()
+        reason = cctx.cancelled()
+        if reason:
+            cctx.set_state(JobState.CANCELLED, reason=reason)
+            cctx.set_all_ranks(state=RankState.CANCELLED, finished=time.time())
+            cctx.logs.close()
+            _mark_ended(store, cell_id)
+            return
+        launch = _read_launch(store, cell_id)
+        base = launcher.base_environment(launch.get("env", {}))
+        self.cell = _Cell(cctx)
+        for p in self.ranks:
+            self.send(
+                p.rank,
+                {
+                    "type": "cell",
+                    "job": cell_id,
+                    "payload": str(store.payload_path(cell_id)),
+                    "error": str(store.error_path(cell_id, p.rank)),
+                    "result": str(store.result_path(cell_id)) if p.rank == 0 else None,
+                    "env": {**base, **self.rank_vars[p.rank]},
+                },
+            )
+        now = time.time()
+        cctx.set_state(JobState.RUNNING, started=now, reason=None)
+        cctx.set_ranks(
+            {
+                p.rank: {"state": RankState.RUNNING, "host": "localhost", "started": now}
+                for p in self.ranks
+            }
+        )
+
+    def on_record(self, rank: int, record: dict[str, Any]) -> None:
+        cell = self.cell
+        if record.get("type") != "cell_done" or cell is None or record.get("job") != cell.id:
+            return
+        status = str(record.get("status"))
+        cell.done[rank] = status
+        state = {"ok": RankState.SUCCEEDED, "error": RankState.FAILED}.get(
+            status, RankState.CANCELLED
+        )
+        cell.ctx.set_ranks({rank: {"state": state, "finished": time.time()}})
+        asked = cell.interrupted_at is not None
+        if status == "error" or (status == "interrupted" and not asked):
+            if cell.failed_rank is None:
+                cell.failed_rank = rank
+            if not asked:
+                self.interrupt(f"rank {rank} failed")
+
+    def interrupt(self, why: str) -> None:
+        cell = self.cell
+        cell.interrupted_at = time.monotonic()
+        cell.ctx.logs.system(f"[mlcluster] {why}: interrupting the cell on every rank")
+        for p in self.ranks:
+            if p.rank not in cell.done and p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGINT)
+
+    def advance_cell(self) -> str | None:
+        cell = self.cell
+        cctx = cell.ctx
+        cctx.tick()
+        if cell.interrupted_at is None:
+            reason = cctx.cancelled()
+            timeout = cctx.job.spec.timeout
+            if reason:
+                cell.stop = ("cancelled", reason)
+                self.interrupt(reason)
+            elif timeout and time.monotonic() - cell.started > timeout:
+                cell.stop = ("timeout", f"timed out after {lifecycle.format_duration(timeout)}")
+                self.interrupt(cell.stop[1])
+        if len(cell.done) == len(self.ranks):
+            for p in self.ranks:
+                self.drain_rank(p.rank)  # their last output came before their report
+            self.finish_cell()
+            return None
+        grace = self.ctx.config.session_interrupt_grace
+        if cell.interrupted_at is not None and time.monotonic() - cell.interrupted_at > grace:
+            stuck = [str(p.rank) for p in self.ranks if p.rank not in cell.done]
+            lost = (
+                f"rank {', '.join(stuck)} did not return within {grace:g} s of the interrupt:"
+                " the session was restarted and its state was lost"
+            )
+            self.close_commands()
+            launcher.stop_ranks(self.ranks, 0.0, pump=self.pump)
+            for p in self.ranks:
+                self.done.add(p.rank)
+                self.drain_rank(p.rank)
+            self.finish_cell(lost=lost)
+            return "restart"
+        return None
+
+    def end_cell_now(self, why: str) -> None:
+        """The session stops or restarts under a running cell: it is cancelled, saying so."""
+        if self.cell is not None:
+            self.cell.stop = self.cell.stop or ("cancelled", why)
+            self.finish_cell(lost=why)
+
+    def finish_cell(self, *, lost: str | None = None, failed: tuple[int, str] | None = None):
+        cell, self.cell = self.cell, None
+        cctx, store = cell.ctx, self.store
+        now = time.time()
+        cctx.set_ranks(
+            {
+                p.rank: {"state": RankState.CANCELLED, "finished": now}
+                for p in self.ranks
+                if p.rank not in cell.done
+            }
+        )
+        suffix = f"; {lost}" if lost else ""
+        if lost:
+            cctx.logs.system(f"[mlcluster] {lost}")
+        if failed is not None:
+            cctx.set_state(JobState.FAILED, error=failed[1], failed_rank=failed[0], reason=None)
+        elif cell.failed_rank is not None:
+            outcome = Outcome(
+                "failed",
+                None if cell.done.get(cell.failed_rank) == "error" else
+                f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",
+                failed_rank=cell.failed_rank,
+            )
+            error = lifecycle.failure_text(store, cell.id, outcome) + suffix
+            cctx.set_state(
+                JobState.FAILED, error=error, failed_rank=cell.failed_rank, reason=lost
+            )
+        elif cell.stop is not None:
+            kind, why = cell.stop
+            state = JobState.CANCELLED if kind == "cancelled" else JobState.FAILED
+            fields = {"reason": why + suffix}
+            if state == JobState.FAILED:
+                fields["error"] = why + suffix
+            cctx.set_state(state, **fields)
+        else:
+            has_result = store.result_path(cell.id).exists()
+            cctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
+        with contextlib.suppress(OSError):
+            cctx.logs.close()
+        _mark_ended(store, cell.id)
+        self.server.cells += 1
+        self.server.last_activity = time.monotonic()
+        store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
+
+    # -- output and figures ----------------------------------------------------------------
+
+    def log_line(self, rank: int, stream: str, text: str) -> None:
+        if self.cell is not None:
+            self.cell.ctx.logs.line(rank, stream, text)
+        else:
+            self.ctx.logs.line(rank, stream, text)
+
+    def record_samples(self, samples: dict[int, dict[str, Any]]) -> None:
+        super().record_samples(samples)
+        if self.cell is not None:
+            self.store.record_metrics(self.cell.id, samples, ts=time.time())
+
+    def flush(self, force: bool = False) -> None:
+        super().flush(force)
+        if self.cell is not None:
+            self.cell.ctx.logs.maybe_notify()
+
+
+def _mark_ended(store, job_id: str) -> None:
+    """Wake the cell's followers (the kernel's monitor) at once, as a job's supervisor does."""
+    with contextlib.suppress(OSError):
+        (store.job_dir(job_id) / ENDED).touch()
+

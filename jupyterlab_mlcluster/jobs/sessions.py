@@ -1,0 +1,344 @@
+"""Sessions: a user's named gang of live ranks that keep their state from cell to cell.
+
+A session is a long-running job, its *holder*: gang-admitted like any job (its allocation
+holds the gang's CPU slots and GPUs while it lives; jobs and other sessions queue behind
+it), with one supervisor and one set of rank processes, whose local backend serves cells
+instead of running one payload (backends/local/session.py, runtime/session_worker.py). The
+store's `sessions` table names it: (owner, name) -> holder job, cells run, idle since.
+
+Each cell run in a session is a job record of its own (logs, state, result, error report,
+monitor, sidebar, history): stored `starting` with its origin naming the session
+(`session`, `session_job`), never with a supervisor of its own: the holder's supervisor
+claims it, runs it on the ranks and finishes it. A submitter wakes that supervisor through
+the FIFO in the holder's 0700 job directory (`poke_session`); the supervisor trusts nothing
+of the message but a job id, which it checks against the store (the cell's owner and
+session must be its own), and it also scans the store, so a lost wake-up only costs time.
+
+Sessions belong to their owner: every lookup here is by (owner, name), so another user can
+neither see, run in, interrupt nor stop one (an unknown name, exactly as a missing one).
+A session outlives the kernel that started it; it ends when stopped, after
+`MLClusterConfig.session_idle_timeout` without a cell, or when a rank process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import re
+import stat
+import time
+from typing import TYPE_CHECKING, Any
+
+from .model import JobSpec, JobState, SpecError
+from .owner import current_user
+
+if TYPE_CHECKING:
+    from ..runtime.payload import Payload
+    from .record import JobRecord
+    from .service import JobService
+    from .store import JobStore
+
+FIFO_NAME = "session.fifo"
+_SESSION_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+# Options that shape a session's gang: fixed when it starts. A later cell may repeat them
+# (same value) or leave them out; a different value is an error, never silently ignored.
+GANG_OPTIONS = (
+    "workers",
+    "gpus_per_worker",
+    "cpus",
+    "memory",
+    "framework",
+    "backend",
+    "image",
+    "env",
+    "max_restarts",
+    "queue",
+    "priority",
+    "tensorboard",
+    "sync_packages",
+)
+RESTART_WAIT = 60.0
+
+
+class SessionError(SpecError):
+    """A session cannot do what was asked (unknown, ended, options that would change it)."""
+
+
+class UnknownSession(SessionError):
+    def __init__(self, name: str):
+        super().__init__(f"no session {name!r} (see %distributed_session list)")
+
+
+class SessionEnded(SessionError):
+    """The session a cell asked for ended by failure since its last cell: said once."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31mDistributedSessionEnded\x1b[0m: {self}"]
+
+
+def check_session_name(name: str) -> str:
+    if not isinstance(name, str) or not _SESSION_NAME_RE.fullmatch(name):
+        raise SessionError(
+            f"--session {name!r}: a session name is 1-40 lowercase letters, digits and '-'"
+            " (starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def is_session_holder(record: JobRecord) -> bool:
+    return bool(record.origin.get("session")) and not record.origin.get("session_job")
+
+
+def is_session_cell(record: JobRecord) -> bool:
+    return bool(record.origin.get("session_job"))
+
+
+# -- waking the session's supervisor ------------------------------------------------------
+
+
+def poke_session(store: JobStore, holder_id: str, message: str) -> bool:
+    """Write one line to the session's FIFO (its supervisor reads it at once). False when
+    nobody reads it now (the supervisor is starting, or gone): its store scan finds the
+    news later. Never blocks; never follows a link; only a FIFO is written."""
+    path = store.job_dir(holder_id) / FIFO_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.ENOENT, errno.ELOOP, errno.EACCES):
+            return False
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        os.write(fd, message.encode() + b"\n")  # one line < PIPE_BUF: written whole
+        return True
+    except BlockingIOError:
+        return False  # a full FIFO: the supervisor is behind, and will scan
+    finally:
+        os.close(fd)
+
+
+# -- the view of a session (REST, CLI, %distributed_session list) -------------------------
+
+
+@dataclasses.dataclass
+class SessionInfo:
+    name: str
+    owner: str | None
+    holder: JobRecord
+    created: float
+    cells: int
+    idle_since: float | None
+
+    @property
+    def live(self) -> bool:
+        return not self.holder.final
+
+    def to_json(self) -> dict[str, Any]:
+        from .record import iso
+
+        job = self.holder
+        ranks = [r.to_json() for r in job.ranks]
+        memory = [r["metrics"]["memory_bytes"] for r in ranks]
+        return {
+            "name": self.name,
+            "owner": self.owner,
+            "id": job.id,
+            "state": str(job.state),
+            "reason": job.reason or job.error,
+            "backend": job.spec.backend,
+            "workers": job.spec.workers,
+            "gpus_per_worker": job.spec.gpus_per_worker,
+            "gpus": job.spec.workers * job.spec.gpus_per_worker,
+            "memory_bytes": sum(m for m in memory if m) if any(memory) else None,
+            "cells": self.cells,
+            "restarts": job.restarts,
+            "created": iso(self.created),
+            "finished": iso(job.finished),
+            "idle_since": iso(self.idle_since) if self.live else None,
+            "gpu_idle_since": iso(job.gpu_idle_since) if self.live else None,
+            "ranks": ranks,
+        }
+
+
+def _info(store: JobStore, row: dict[str, Any]) -> SessionInfo:
+    return SessionInfo(
+        name=row["name"],
+        owner=row["owner"],
+        holder=store.get_job(row["job_id"]),
+        created=row["created"],
+        cells=row["cells"],
+        idle_since=row["idle_since"],
+    )
+
+
+def list_sessions(
+    service: JobService, owner: str | None, *, include_ended: bool = False
+) -> list[SessionInfo]:
+    """`owner`'s sessions (None: everyone's, for the store's own user), live ones unless
+    `include_ended`."""
+    service.reap()
+    rows = service.store.session_rows(owner, live_only=not include_ended)
+    return [_info(service.store, row) for row in rows]
+
+
+def get_session(service: JobService, owner: str | None, name: str) -> SessionInfo:
+    """The live session `name` of `owner`; UnknownSession otherwise (another user's too)."""
+    service.reap()
+    rows = service.store.session_rows(owner, name, live_only=True)
+    if not rows:
+        raise UnknownSession(name)
+    return _info(service.store, rows[0])
+
+
+def stop_session(service: JobService, owner: str | None, name: str) -> SessionInfo:
+    """End the session: its ranks run their atexit handlers and exit, its slots are freed."""
+    info = get_session(service, owner, name)
+    service.cancel(info.holder.id, wait=True)
+    return _info(service.store, service.store.session_rows(owner, name)[0])
+
+
+def restart_session(
+    service: JobService, owner: str | None, name: str, timeout: float = RESTART_WAIT
+) -> SessionInfo:
+    """Fresh ranks for the session (its state is lost), same gang and allocation; returns
+    once the supervisor has started them."""
+    info = get_session(service, owner, name)
+    before = info.holder.restarts
+    holder_id = info.holder.id
+    service.store.update_session(holder_id, restart_requested=1)
+    poke_session(service.store, holder_id, "restart")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = service.store.get_job(holder_id)
+        if record.restarts > before or record.final:
+            break
+        time.sleep(0.02)
+    else:
+        raise SessionError(f"session {name!r} did not restart within {timeout:g} s")
+    return _info(service.store, service.store.session_rows(owner, name)[0])
+
+
+# -- running a cell -----------------------------------------------------------------------
+
+
+def check_unchanged(name: str, options: dict[str, Any], spec: JobSpec, default_backend: str):
+    """SessionError if `options` would change the live session's gang."""
+    asked = JobSpec.from_options(
+        {k: v for k, v in options.items() if k in GANG_OPTIONS}, default_backend=spec.backend
+    )
+    for option in GANG_OPTIONS:
+        if option in options and getattr(asked, option) != getattr(spec, option):
+            flag = "--" + option.replace("_", "-")
+            raise SessionError(
+                f"{flag}: session {name!r} is running with {flag.lstrip('-')}="
+                f"{getattr(spec, option)!r}; options that shape its ranks ("
+                + ", ".join("--" + o.replace("_", "-") for o in GANG_OPTIONS[:7])
+                + f", ...) cannot change while it lives: leave them out, or"
+                f" %distributed_session stop {name} first"
+            )
+
+
+def start_session(
+    service: JobService,
+    name: str,
+    spec: JobSpec,
+    *,
+    origin: dict[str, Any],
+    environ: dict[str, str] | None = None,
+    cwd: str | None = None,
+    preload: list[str] | None = None,
+) -> JobRecord:
+    """Submit the session's holder job (gang-admitted like a job) and record the session;
+    if another process started a live session of that name meanwhile, that one wins."""
+    from ..runtime.payload import Payload
+
+    if spec.backend != "local":
+        raise SessionError(
+            f"--session: sessions run on the local backend for now, not {spec.backend!r}"
+        )
+    holder_spec = dataclasses.replace(spec, name=name, timeout=None, max_restarts=0)
+    holder_origin = {k: v for k, v in origin.items() if k not in ("session", "session_job")}
+    holder_origin["session"] = name
+    owner = holder_origin.get("user") or current_user()
+    holder_origin["user"] = owner
+    record = service.submit(
+        holder_spec,
+        Payload(kind="code", source="pass\n"),
+        origin=holder_origin,
+        environ=environ,
+        cwd=cwd,
+        preload=preload,
+    )
+    winner = service.store.add_session(record.id, owner, name)
+    if winner != record.id:
+        with contextlib.suppress(Exception):
+            service.cancel(record.id, purge=True)
+        return service.store.get_job(winner)
+    return record
+
+
+def submit_cell(
+    service: JobService,
+    name: str,
+    options: dict[str, Any],
+    payload: Payload,
+    *,
+    origin: dict[str, Any],
+    environ: dict[str, str] | None = None,
+    cwd: str | None = None,
+    preload: list[str] | None = None,
+) -> tuple[JobRecord, str | None]:
+    """Run a cell in the session `name` of the origin's user, starting the session (with
+    `options`) when it has none by that name. Returns (the cell's job record, a note to show
+    the user or None). SessionEnded: the session failed since its last cell (said once; the
+    next cell starts a fresh one)."""
+    from .record import JobRecord
+    from .service import new_job_id
+
+    check_session_name(name)
+    store = service.store
+    owner = origin.get("user") or current_user()
+    origin = {**origin, "user": owner}
+    default_backend = service.config.default_backend
+    cell_spec = JobSpec.from_options(options, default_backend=default_backend)
+    note = None
+    live = store.session_rows(owner, name, live_only=True)
+    if live:
+        holder = store.get_job(live[0]["job_id"])
+        check_unchanged(name, options, holder.spec, default_backend)
+    else:
+        ended = store.session_rows(owner, name)
+        if ended and not ended[0]["end_reported"]:
+            store.update_session(ended[0]["job_id"], end_reported=1)
+            why = ended[0]["reason"] or ended[0]["error"] or str(ended[0]["state"])
+            if ended[0]["state"] == str(JobState.FAILED):
+                raise SessionEnded(
+                    f"session {name!r} ended: {why}; its state is lost. Run the cell again"
+                    " to start a fresh session."
+                )
+            note = f"session {name!r} had ended ({why}); starting a new one"
+        holder = start_session(
+            service, name, cell_spec, origin=origin, environ=environ, cwd=cwd, preload=preload
+        )
+    spec = dataclasses.replace(
+        holder.spec, name=cell_spec.name or name, timeout=cell_spec.timeout
+    )
+    cell_id = new_job_id()
+    data, files = service.job_files(cell_id, payload, environ, cwd)
+    record = JobRecord(
+        id=cell_id,
+        name=spec.name or name,
+        spec=spec,
+        state=JobState.STARTING,
+        created=time.time(),
+        owner=owner,
+        origin={**origin, "session": name, "session_job": holder.id},
+        reason=f"waiting for session {name}",
+    )
+    store.insert_job(record, data, files)
+    poke_session(store, holder.id, f"cell {cell_id}")
+    return store.get_job(cell_id), note

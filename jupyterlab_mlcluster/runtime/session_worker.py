@@ -1,0 +1,227 @@
+"""A session's rank: a long-lived worker that runs cell after cell in the same globals.
+
+Started like any rank (cold, or forked warm from the pool; runtime/worker.py and
+jobs/warmpool.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
+stdin, a pipe only its supervisor holds (backends/local/session.py). Each command is one
+line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256 with the
+session's key over this rank's number and the JSON, with a sequence number that only goes
+up), so nothing else can make it run code, nor replay an old cell:
+
+    {"type": "cell", "seq": n, "job": <cell job id>, "payload": <path>, "error": <path>,
+     "result": <path, rank 0 only>, "env": {...}}
+    {"type": "stop", "seq": n}
+
+A cell runs as `__main__` in this rank's persistent module (so `model` defined by one cell is
+there in the next), with what a fresh interpreter would have at the time of the cell: the
+cell's environment, working directory and sys.path, and notebook-local modules changed on
+disk since they were imported are imported afresh. SIGINT raises KeyboardInterrupt in the
+cell's code (the supervisor's interrupt); between cells it is ignored. After each cell the
+rank sends a signed `cell_done` report (status ok, error or interrupted); a failure's
+report and traceback go to the cell's error file as a job's do. `stop` (the session's end)
+shuts down as an interpreter would: atexit handlers run.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import signal
+import sys
+import types
+from typing import Any
+
+from . import reporting, worker
+from .payload import Payload, read_payload_bytes
+from .protocol import decode_record, key_path, read_key_file
+
+# Variables a cell's environment never overrides: how this rank talks to its supervisor.
+_RANK_OWN_PREFIXES = ("MLCLUSTER_REPORT", "MLCLUSTER_SUPERVISOR_PID", "MLCLUSTER_CGROUP")
+
+
+class _CellState:
+    running = False  # SIGINT raises KeyboardInterrupt only while a cell's code runs
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    if _CellState.running:
+        raise KeyboardInterrupt
+
+
+class SessionRank:
+    def __init__(self, commands: int):
+        self.rank = int(os.environ.get("RANK", "0"))
+        payload = os.environ.get("MLCLUSTER_PAYLOAD", "")
+        self.key = read_key_file(key_path(payload)) if payload else None
+        self.commands = os.fdopen(commands, "rb")
+        self.seq = 0
+        self.main = types.ModuleType("__main__")
+        self.main.__dict__["__builtins__"] = builtins
+        self.initial_path = list(sys.path)
+        self.applied_env: dict[str, str] = {}
+        self.local_modules: dict[str, tuple[str, int]] = {}  # name -> (file, mtime_ns)
+        self.local_dirs: list[str] = []
+
+    # -- commands ------------------------------------------------------------------------
+
+    def read_command(self) -> dict[str, Any] | None:
+        """The next authentic command; None once the supervisor is gone (end of file)."""
+        while True:
+            try:
+                raw = self.commands.readline()
+            except KeyboardInterrupt:  # a late interrupt between cells: nothing to stop
+                continue
+            if not raw:
+                return None
+            record = decode_record(raw.rstrip(b"\n"), self.key, self.rank)
+            seq = record.get("seq") if record else None
+            if not isinstance(seq, int) or seq <= self.seq:
+                print(
+                    f"mlcluster session: rank {self.rank} ignored a command that was not"
+                    " signed with the session's key (or was replayed)",
+                    file=sys.stderr,
+                )
+                continue
+            self.seq = seq
+            return record
+
+    def serve(self) -> int:
+        sys.modules["__main__"] = self.main  # pickling classes defined in a cell needs this
+        signal.signal(signal.SIGINT, _on_sigint)
+        reporting.send({"type": "started", "pid": os.getpid()})
+        while True:
+            command = self.read_command()
+            if command is None or command.get("type") == "stop":
+                break
+            if command.get("type") == "cell":
+                status = self.run_cell(command)
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                # After the output: the supervisor drains the pipes when this arrives.
+                reporting.send({"type": "cell_done", "job": command.get("job"), "status": status})
+        worker.shut_down_like_an_interpreter()  # atexit handlers, as at interpreter exit
+        return 0
+
+    # -- one cell ------------------------------------------------------------------------
+
+    def apply_environment(self, env: dict[str, str]) -> None:
+        """The cell's environment: what its submitter had (and the rank's own variables),
+        with what the previous cell's had and this one's has not removed. What the user's
+        code set itself stays."""
+        env = {k: v for k, v in env.items() if not k.startswith(_RANK_OWN_PREFIXES)}
+        for key in set(self.applied_env) - set(env):
+            os.environ.pop(key, None)
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        self.applied_env = env
+
+    def forget_changed_local_modules(self) -> None:
+        """A notebook-local module edited since a cell imported it is imported afresh by the
+        next `import` (a fresh interpreter would read the file as it is now)."""
+        for name, (path, mtime) in list(self.local_modules.items()):
+            try:
+                changed = os.stat(path).st_mtime_ns != mtime
+            except OSError:
+                changed = True
+            if changed:
+                sys.modules.pop(name, None)
+                del self.local_modules[name]
+
+    def remember_local_modules(self) -> None:
+        if not self.local_dirs:
+            return
+        for name, module in list(sys.modules.items()):
+            path = getattr(module, "__file__", None)
+            if not path or name in self.local_modules or name == "__main__":
+                continue
+            path = os.path.abspath(path)
+            if any(path.startswith(d + os.sep) for d in self.local_dirs):
+                with contextlib.suppress(OSError):
+                    self.local_modules[name] = (path, os.stat(path).st_mtime_ns)
+
+    def run_cell(self, command: dict[str, Any]) -> str:
+        self.apply_environment(dict(command.get("env") or {}))
+        os.environ["MLCLUSTER_JOB_CELL"] = str(command.get("job"))
+        os.environ["MLCLUSTER_ERROR_FILE"] = str(command.get("error"))
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(command.get("error"))
+        if command.get("result"):
+            os.environ["MLCLUSTER_RESULT_PATH"] = str(command["result"])
+        try:
+            try:
+                payload = Payload.loads(read_payload_bytes(command["payload"]))
+                _CellState.running = True
+                kind, value = self.run_payload(payload)
+            finally:
+                _CellState.running = False
+                self.remember_local_modules()
+            if self.rank == 0:
+                worker.write_result(kind, value)
+            return "ok"
+        except KeyboardInterrupt:
+            print(f"KeyboardInterrupt (rank {self.rank})", file=sys.stderr)
+            return "interrupted"
+        except SystemExit as exc:
+            if exc.code is None or exc.code == 0:
+                return "ok"
+            worker.write_error(worker.exit_report(self.rank, exc.code))
+            return "error"
+        except BaseException as exc:  # noqa: BLE001 - every failure must be reported
+            report = worker.error_report(self.rank, exc)
+            sys.stderr.write(report["traceback"])
+            worker.write_error(report)
+            return "error"
+
+    def run_payload(self, payload: Payload) -> tuple[str, Any]:
+        """worker.run_payload, in this rank's persistent `__main__`."""
+        if payload.cwd:
+            with contextlib.suppress(OSError):
+                os.chdir(payload.cwd)
+        sys.path[:] = self.initial_path
+        sys.path[:] = worker.fresh_sys_path(payload)
+        self.local_dirs = _local_dirs(payload)
+        self.forget_changed_local_modules()
+        sys.argv = ["-c", *payload.argv] if payload.kind == "code" else [payload.filename]
+        namespace = self.main.__dict__
+        namespace.update(payload.push)
+        sys.modules["__main__"] = self.main
+        if payload.kind == "callable":
+            value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
+        elif payload.kind == "code":
+            value = worker._exec_cell(payload.source, payload.filename, namespace)
+        else:
+            raise worker.ResultError(f"a session runs cells, not a {payload.kind}")
+        if payload.pull:
+            missing = [name for name in payload.pull if name not in namespace]
+            if missing:
+                raise worker.ResultError(
+                    f"--pull {', '.join(missing)}: not defined on rank {self.rank} after the"
+                    " cell ran"
+                )
+            return "pull", {name: namespace[name] for name in payload.pull}
+        return ("value", value) if value is not None else ("none", None)
+
+
+def _local_dirs(payload: Payload) -> list[str]:
+    """The directories whose modules are the notebook's own (not installed packages)."""
+    installed = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    dirs = []
+    for entry in [payload.cwd or "", *payload.sys_path]:
+        path = os.path.abspath(entry or payload.cwd or os.getcwd())
+        if any(path == p or path.startswith(p + os.sep) for p in installed):
+            continue
+        if "site-packages" in path or "dist-packages" in path:
+            continue
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+def serve() -> int:
+    """Entry point, once the rank is set up (environment, supervisor tie, report channel)."""
+    commands = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the user's code reads an empty stdin, as a job's does
+    os.close(devnull)
+    return SessionRank(commands).serve()
