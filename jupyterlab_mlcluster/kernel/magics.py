@@ -577,6 +577,11 @@ def _shell():
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DistributedMagics)
+    # ipykernel reads `_last_traceback` after a failed cell, but sets it only in run_cell,
+    # which an awaited %%distributed cell (transform_cell) never passes through: without
+    # this, a kernel whose first failing cell is one of ours never replies.
+    if not hasattr(ipython, "_last_traceback"):
+        ipython._last_traceback = None
     # The kernel's environment as its pod started (if no one recorded it yet): Kubernetes
     # jobs' pods install what is pip-installed into it later (environment.py).
     threading.Thread(target=_record_environment, name="mlcluster-baseline", daemon=True).start()

@@ -297,16 +297,16 @@ class SessionGang(_Gang):
         self.rank_updates.update(
             proc.rank, state=RankState.FAILED, exit_code=proc.returncode, finished=time.time()
         )
+        self.close_commands()
+        self.stop(exclude={proc.rank})  # the others' output still goes to the cell's logs
+        # The session is final before its cell is: whoever reads the cell's failure and
+        # runs the next cell finds the session ended, never a dying one.
+        why = f"session ended: {text}"
+        self.ctx.set_state(JobState.FAILED, error=why, reason=text, failed_rank=proc.rank)
         if self.cell is not None:
-            for p in self.ranks:
-                self.drain_rank(p.rank)
             self.finish_cell(
                 failed=(proc.rank, f"{text}; the session ended (its state is lost)")
             )
-        self.close_commands()
-        self.stop(exclude={proc.rank})
-        why = f"session ended: {text}"
-        self.ctx.set_state(JobState.FAILED, error=why, reason=text, failed_rank=proc.rank)
         self.server.end_waiting_cells(f"the session ended before the cell ran: {text}")
         return "end"
 

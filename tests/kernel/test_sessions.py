@@ -1,0 +1,376 @@
+"""`%%distributed --session NAME` in real kernels: live ranks (real processes, gloo) that keep
+their state across cells, and every semantic of issue 25 (interrupt, failure, stuck and dead
+ranks, idle end, options, fresh-interpreter promises, a session outliving its kernel, and
+another user refused)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from helpers import assert_no_job_processes, wait_for
+from kernel_session import KernelSession, outputs, rank_texts
+
+from jupyterlab_mlcluster.jobs import sessions
+from jupyterlab_mlcluster.runtime.payload import Payload
+
+
+def _config(tmp_path, **settings) -> None:
+    config_dir = tmp_path / "jupyter-config"
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": settings})
+    )
+
+
+def _value(msgs) -> str:
+    return outputs(msgs, "execute_result")[0]["data"]["text/plain"]
+
+
+def _error(reply) -> str:
+    return f"{reply.get('ename')}: {reply.get('evalue')}"
+
+
+def _cells(service, name="s"):
+    holder = service.store.session_rows(name=name)[0]["job_id"]
+    return [
+        j for j in service.store.list_jobs(newest_first=False)[0] if j.origin.get("session_job") == holder
+    ]
+
+
+@pytest.fixture
+def quick(tmp_path):
+    _config(tmp_path, session_interrupt_grace=3.0, kill_grace_period=1.0)
+
+
+def test_ranks_keep_their_state_and_process_group_across_cells(kernel, service, quick, pool_mode):
+    msgs, reply = kernel.execute(
+        "%%distributed --session s --workers 2\n"
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "calls = 0\n"
+        "pid = os.getpid()\n"
+        "print('up', dist.get_rank())\n"
+    )
+    assert reply["status"] == "ok", _error(reply)
+    assert rank_texts(msgs) == {0: "[rank 0] up 0", 1: "[rank 1] up 1"}
+    kernel.execute("k = 5")
+    for n in (1, 2):
+        msgs, reply = kernel.execute(
+            "%%distributed --session s --push k\n"
+            "calls += 1\n"
+            "t = torch.tensor([float(dist.get_rank() + k)])\n"
+            "dist.all_reduce(t)\n"
+            "print('sum', t.item(), 'calls', calls)\n"
+            "(calls, t.item(), os.getpid() == pid)\n"
+        )
+        assert reply["status"] == "ok", _error(reply)
+        assert _value(msgs) == f"({n}, 11.0, True)"
+        assert rank_texts(msgs) == {r: f"[rank {r}] sum 11.0 calls {n}" for r in (0, 1)}
+    msgs, reply = kernel.execute("%%distributed --session s --pull calls\ncalls *= 10")
+    assert reply["status"] == "ok", _error(reply)
+    assert _value(kernel.execute("calls")[0]) == "20"
+    # Each cell is a job record of its own that names its session; the session one gang.
+    cells = _cells(service)
+    assert [c.state for c in cells] == ["succeeded"] * 4
+    assert {c.origin["session"] for c in cells} == {"s"}
+    (info,) = sessions.list_sessions(service, None)
+    assert info.to_json()["cells"] == 4 and info.to_json()["workers"] == 2
+    assert info.holder.state == "running" and info.holder.allocation is not None
+
+
+def test_options_that_change_the_gang_are_refused_and_change_nothing(kernel, service, quick):
+    kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    for option in ("--workers 3", "--gpus-per-worker 1", "--cpus 2", "--image foo:1"):
+        msgs, reply = kernel.execute(f"%%distributed --session s {option}\nx = 2")
+        assert reply["status"] == "error"
+        assert "cannot change while it lives" in reply["evalue"], reply["evalue"]
+    # the same value again is fine; the state is untouched by the refused cells
+    msgs, reply = kernel.execute("%%distributed --session s --workers 2\nx")
+    assert reply["status"] == "ok" and _value(msgs) == "1"
+    assert len(_cells(service)) == 2
+
+
+def test_a_failing_rank_fails_the_cell_with_its_traceback_and_the_session_stays(
+    kernel, service, quick
+):
+    kernel.execute("%%distributed --session s --workers 2\nimport os, time\nx = 7")
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise ValueError('bad batch')\n"
+        "time.sleep(120)\n"
+    )
+    assert reply["status"] == "error"
+    assert "rank 1 failed: ValueError: bad batch" in reply["evalue"]
+    assert "raise ValueError('bad batch')" in reply["evalue"]  # rank 1's own traceback
+    failed = _cells(service)[-1]
+    assert failed.state == "failed" and failed.failed_rank == 1
+    # rank 0 was interrupted out of its sleep and came back: the state is intact
+    msgs, reply = kernel.execute("%%distributed --session s\nx")
+    assert reply["status"] == "ok" and _value(msgs) == "7"
+    assert service.store.get_job(_cells(service)[0].origin["session_job"]).restarts == 0
+
+
+def test_interrupt_raises_keyboardinterrupt_on_every_rank_and_keeps_the_state(
+    kernel, service, quick
+):
+    kernel.execute("%%distributed --session s --workers 2\nimport time\nx = 3\ncaught = 0")
+    msg_id = kernel.kc.execute(
+        "%%distributed --session s\n"
+        "try:\n"
+        "    print('sleeping', flush=True)\n"
+        "    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n"
+        "    caught += 1\n"
+        "    raise\n"
+    )
+    wait_for(
+        lambda: (cells := _cells(service)) and len(cells) == 2 and cells[-1].state == "running",
+        timeout=60,
+    )
+    wait_for(lambda: len(service.logs(_cells(service)[-1].id)[0]) >= 2, timeout=30)
+    kernel.km.interrupt_kernel()
+    msgs, reply = kernel.collect(msg_id, timeout=60)
+    assert reply["status"] == "error"
+    cell = _cells(service)[-1]
+    assert cell.state == "cancelled", (cell.state, cell.reason)
+    msgs, reply = kernel.execute("%%distributed --session s\n(x, caught)")
+    assert reply["status"] == "ok" and _value(msgs) == "(3, 1)"
+    # every rank caught it: rank 1's `caught` went up too
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\nimport os\nprint('caught', caught)"
+    )
+    assert rank_texts(msgs) == {0: "[rank 0] caught 1", 1: "[rank 1] caught 1"}
+    lines = [entry["line"] for entry in service.logs(cell.id)[0]]
+    assert sum("KeyboardInterrupt" in line for line in lines) >= 2
+
+
+def test_a_rank_stuck_in_a_collective_restarts_the_session_and_says_state_was_lost(
+    kernel, service, quick
+):
+    kernel.execute(
+        "%%distributed --session s --workers 2\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "x = 1\n"
+    )
+    # Rank 1 fails; rank 0 waits in an all_reduce rank 1 never joins (C++: no interrupt).
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise RuntimeError('diverged')\n"
+        "dist.all_reduce(torch.ones(1))\n",
+        timeout=120,
+    )
+    assert reply["status"] == "error"
+    assert "rank 1 failed: RuntimeError: diverged" in reply["evalue"]
+    assert "the session was restarted and its state was lost" in reply["evalue"]
+    holder = service.store.get_job(_cells(service)[0].origin["session_job"])
+    wait_for(lambda: service.store.get_job(holder.id).restarts == 1, timeout=30)
+    # fresh ranks: the old globals are gone, the session (and its allocation) is the same
+    msgs, reply = kernel.execute("%%distributed --session s\n'x' in globals()")
+    assert reply["status"] == "ok" and _value(msgs) == "False"
+    assert service.store.get_job(holder.id).state == "running"
+
+
+def test_a_dead_rank_ends_the_session_and_the_next_cell_says_so(kernel, service, quick):
+    kernel.execute("%%distributed --session s --workers 2\nimport os, signal\nx = 1")
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "import time; time.sleep(60)\n"
+    )
+    assert reply["status"] == "error"
+    assert "rank 1 was killed by SIGKILL" in reply["evalue"]
+    assert "the session ended" in reply["evalue"]
+    holder = service.store.get_job(_cells(service)[0].origin["session_job"])
+    assert holder.state == "failed" and "rank 1 was killed by SIGKILL" in holder.error
+    msgs, reply = kernel.execute("%%distributed --session s\nx")
+    assert reply["status"] == "error"
+    assert "session 's' ended: rank 1 was killed by SIGKILL" in reply["evalue"]
+    assert "state is lost" in reply["evalue"]
+    # asked again: a fresh session (the resource options of this cell start it)
+    msgs, reply = kernel.execute("%%distributed --session s --workers 2\n'x' in globals()")
+    assert reply["status"] == "ok" and _value(msgs) == "False"
+    assert_no_job_processes_of(service, holder.id)
+
+
+def assert_no_job_processes_of(service, job_id):
+    from helpers import job_processes
+
+    wait_for(lambda: not job_processes(service, job_id), timeout=20)
+
+
+def test_idle_timeout_ends_the_session_and_frees_its_slots(kernel, service, tmp_path):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    _config(tmp_path, session_idle_timeout=2.0, kill_grace_period=1.0, cpu_slots=2)
+    service = JobService()  # with the settings above
+    kernel.execute(
+        "import atexit, os\n"
+        f"marker = {str(tmp_path / 'atexit-')!r}\n"
+    )
+    msgs, reply = kernel.execute(
+        "%%distributed --session s --workers 2 --push marker\n"
+        "import atexit, os\n"
+        "atexit.register(lambda: open(marker + os.environ['RANK'], 'w').write('bye'))\n"
+    )
+    assert reply["status"] == "ok", _error(reply)
+    holder_id = service.store.session_rows(name="s")[0]["job_id"]
+    assert service.cluster()["capacity"]["cpus"]["free"] == 0  # the session holds them
+    record = wait_for(
+        lambda: (r := service.store.get_job(holder_id)).final and r, timeout=30
+    )
+    assert record.state == "succeeded"
+    assert "without a cell" in record.reason
+    # its ranks ended as interpreters do: atexit handlers ran on every rank
+    assert {p.name for p in tmp_path.glob("atexit-*")} == {"atexit-0", "atexit-1"}
+    assert service.cluster()["capacity"]["cpus"]["free"] == 2
+    assert_no_job_processes_of(service, holder_id)
+    msgs, reply = kernel.execute("%%distributed --session s\n1")
+    assert reply["status"] == "ok", _error(reply)
+    assert "had ended" in "".join(o.get("text", "") for o in outputs(msgs, "stream"))
+
+
+def test_a_session_holds_its_slots_and_jobs_queue_behind_it(kernel, service, tmp_path):
+    _config(tmp_path, cpu_slots=2, kill_grace_period=1.0)
+    kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    msg_id = kernel.kc.execute("%%distributed --workers 1\n'job ran'")
+    job = wait_for(
+        lambda: [j for j in service.store.list_jobs()[0] if not j.origin.get("session")],
+        timeout=30,
+    )[0]
+    time.sleep(1.0)  # what we check is that nothing happens: the job stays queued
+    assert service.store.get_job(job.id).state == "queued"
+    assert sessions.stop_session(service, None, "s").holder.state == "cancelled"
+    msgs, reply = kernel.collect(msg_id, timeout=60)
+    assert reply["status"] == "ok" and _value(msgs) == "'job ran'"
+
+
+def test_fresh_interpreter_promises_hold_for_each_cell(kernel, service, quick, tmp_path):
+    local = tmp_path / "nb"
+    local.mkdir()
+    (local / "helper.py").write_text("VERSION = 1\n")
+    kernel.execute(f"import os, sys\nos.chdir({str(local)!r})\nsys.path.insert(0, '')")
+    kernel.execute("os.environ['MY_SETTING'] = 'one'")
+    msgs, reply = kernel.execute(
+        "%%distributed --session s --workers 2\n"
+        "import os, sys, helper\n"
+        "(os.environ['MY_SETTING'], helper.VERSION, os.getcwd())\n"
+    )
+    assert reply["status"] == "ok", _error(reply)
+    assert _value(msgs) == f"('one', 1, {str(local)!r})"
+    # between cells: the notebook's environment and its local module change
+    kernel.execute("os.environ['MY_SETTING'] = 'two'\nos.environ['ADDED'] = 'yes'")
+    time.sleep(0.01)
+    (local / "helper.py").write_text("VERSION = 2\n")
+    os.utime(local / "helper.py", (time.time() + 5, time.time() + 5))
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\n"
+        "import helper\n"
+        "(os.environ['MY_SETTING'], os.environ.get('ADDED'), helper.VERSION, os.environ['RANK'],"
+        " sys.path[0])\n"
+    )
+    assert reply["status"] == "ok", _error(reply)
+    assert _value(msgs) == "('two', 'yes', 2, '0', '')"
+    kernel.execute("del os.environ['ADDED']")
+    msgs, reply = kernel.execute("%%distributed --session s\nos.environ.get('ADDED')")
+    assert reply["status"] == "ok" and outputs(msgs, "execute_result") == []
+
+
+def test_a_session_outlives_its_kernel_and_another_kernel_uses_it(service, quick):
+    def start():
+        km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+        return km, kc, KernelSession(km, kc)
+
+    km, kc, first = start()
+    try:
+        msgs, reply = first.execute("%%distributed --session shared --workers 2\nmodel = 'weights'")
+        assert reply["status"] == "ok", _error(reply)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    km, kc, second = start()
+    try:
+        msgs, reply = second.execute("%%distributed --session shared\nmodel")
+        assert reply["status"] == "ok", _error(reply)
+        assert _value(msgs) == "'weights'"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_another_user_cannot_see_run_in_or_stop_a_session(kernel, service, quick, monkeypatch):
+    kernel.execute("%%distributed --session s --workers 2\nsecret = 'alice'")
+    (alice,) = sessions.list_sessions(service, None)
+    owner = alice.owner
+    assert sessions.list_sessions(service, "mallory") == []
+    with pytest.raises(sessions.UnknownSession):
+        sessions.stop_session(service, "mallory", "s")
+    with pytest.raises(sessions.UnknownSession):
+        sessions.restart_session(service, "mallory", "s")
+    # Mallory's cell by the same name runs in a session of her own, not in Alice's.
+    record, _ = sessions.submit_cell(
+        service,
+        "s",
+        {"workers": 2},
+        Payload(kind="code", source="'secret' in globals()"),
+        origin={"kind": "python", "user": "mallory"},
+    )
+    done = service.wait(record.id, timeout=60)
+    assert done.state == "succeeded" and service.result(record.id) == ("value", False)
+    assert record.origin["session_job"] != alice.holder.id
+    # A cell forged into Alice's session (her holder named, Mallory's record) is never run.
+    forged, _ = _forged_cell(service, alice.holder.id, owner="mallory")
+    time.sleep(2.5)  # two store scans: what we check is that nothing happens
+    assert service.store.get_job(forged).state == "starting"
+    assert not service.store.result_path(forged).exists()
+    msgs, reply = kernel.execute("%%distributed --session s\nsecret")
+    assert reply["status"] == "ok" and _value(msgs) == "'alice'"
+    assert owner != "mallory"
+    for info in sessions.list_sessions(service, None):
+        service.cancel(info.holder.id)
+    service.cancel(forged)
+
+
+def _forged_cell(service, holder_id, owner):
+    from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+    from jupyterlab_mlcluster.jobs.record import JobRecord
+    from jupyterlab_mlcluster.jobs.service import new_job_id
+
+    cell_id = new_job_id()
+    payload = Payload(kind="code", source="'pwned'")
+    data, files = service.job_files(cell_id, payload, None, None)
+    service.store.insert_job(
+        JobRecord(
+            id=cell_id,
+            name="s",
+            spec=JobSpec(workers=2),
+            state=JobState.STARTING,
+            created=time.time(),
+            owner=owner,
+            origin={"kind": "python", "session": "s", "session_job": holder_id},
+        ),
+        data,
+        files,
+    )
+    assert sessions.poke_session(service.store, holder_id, f"cell {cell_id}")
+    return cell_id, payload
+
+
+def test_stop_and_restart(kernel, service, quick):
+    kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    info = sessions.restart_session(service, None, "s")
+    assert info.holder.restarts == 1
+    msgs, reply = kernel.execute("%%distributed --session s\n'x' in globals()")
+    assert reply["status"] == "ok" and _value(msgs) == "False"
+    stopped = sessions.stop_session(service, None, "s")
+    assert stopped.holder.state == "cancelled" and not stopped.live
+    assert sessions.list_sessions(service, None) == []
+    assert_no_job_processes(service)
