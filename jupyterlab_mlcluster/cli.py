@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
 
+    session = sub.add_parser("session", help="your sessions: live ranks that %%%%distributed "
+                             "--session cells run on")
+    session.add_argument("action", choices=["list", "stop", "restart"])
+    session.add_argument("name", nargs="?", help="the session (stop, restart)")
+    session.add_argument("--json", action="store_true", help="list: print JSON")
+
     pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
     pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
 
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "pool": cmd_pool,
+            "session": cmd_session,
             "sweeps": cmd_sweeps,
             "schedule": cmd_schedule,
             "scheduler": cmd_scheduler,
@@ -433,6 +440,61 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     else:
         print(f"{record.id} {record.state}")
     return 0
+
+
+def cmd_session(args: argparse.Namespace) -> int:
+    """`mlcluster session list|stop NAME|restart NAME`: this user's sessions only."""
+    print(session_command(_service(), args.action, args.name, as_json=args.json))
+    return 0
+
+
+def session_command(service, action: str, name: str | None, *, as_json: bool = False) -> str:
+    """What `mlcluster session` and `%distributed_session` print (SpecError: bad use)."""
+    from .jobs import sessions
+    from .jobs.owner import current_user
+
+    owner = current_user()
+    if action == "list":
+        if name:
+            raise SpecError("session list takes no name")
+        infos = sessions.list_sessions(service, owner)
+        if as_json:
+            return json.dumps([info.to_json() for info in infos], indent=2)
+        return format_sessions_table(infos) if infos else "no live sessions"
+    if not name:
+        raise SpecError(f"session {action} needs the session's name")
+    if action == "stop":
+        info = sessions.stop_session(service, owner, name)
+        return f"session {name} stopped ({info.holder.state})"
+    if action == "restart":
+        info = sessions.restart_session(service, owner, name)
+        return f"session {name} restarted (fresh ranks, restart {info.holder.restarts})"
+    raise SpecError(f"unknown session action {action!r}: list, stop or restart")
+
+
+def format_sessions_table(infos) -> str:
+    rows = [("NAME", "STATE", "RANKS", "GPUS", "MEMORY", "CELLS", "IDLE", "AGE", "INFO")]
+    now = time.time()
+    for info in infos:
+        view = info.to_json()
+        memory = view["memory_bytes"]
+        rows.append(
+            (
+                info.name,
+                view["state"],
+                rank_counts(info.holder),
+                str(view["gpus"]),
+                f"{memory / 2**20:.0f}Mi" if memory else "-",
+                str(info.cells),
+                format_age(now - info.idle_since) if info.idle_since and info.live else "-",
+                format_age(now - info.created),
+                (view["reason"] or "")[:60],
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
+    )
 
 
 def cmd_pool(args: argparse.Namespace) -> int:

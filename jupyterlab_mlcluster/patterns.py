@@ -44,6 +44,8 @@ WORKSPACE_SIZE = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 SWEEP_ID = r"^s[0-9a-f]{10}$"
 # A schedule's name: its runs are named <schedule>-YYYYMMDDHHMM, a job name of at most 53.
 SCHEDULE_NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+# A session's name (`%%distributed --session NAME`): its gang's job has that name.
+SESSION_NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 
 # A TensorBoard directory template (jobs/model.py parse_tensorboard_dir): an absolute path,
 # or a URI with no white space, with `{job}` as the only placeholder ({{ and }} for braces).
@@ -83,6 +85,7 @@ BY_NAME: dict[str, str] = {
     "workspace_size": WORKSPACE_SIZE,
     "sweep_id": SWEEP_ID,
     "schedule_name": SCHEDULE_NAME,
+    "session_name": SESSION_NAME,
     "tensorboard_dir": TENSORBOARD_DIR,
     "duration": DURATION,
 }

@@ -56,21 +56,27 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         },
     ),
     (
-        ("--session",),
-        {
-            "default": None,
-            "metavar": "NAME",
-            "help": "run in the named session: live ranks that keep their state across cells "
-            "(started with this cell's options when it does not exist)",
-        },
-    ),
-    (
         ("--no-wait",),
         {"action": "store_true", "default": False, "help": "return at once with a job handle"},
     ),
     (
         ("--quiet", "-q"),
         {"action": "store_true", "default": False, "help": "no live monitor or output"},
+    ),
+]
+
+
+# A cell's session (jobs/sessions.py): `%%distributed` only, for now (a CLI script is one
+# run, not cells).
+SESSION_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (
+        ("--session",),
+        {
+            "default": None,
+            "metavar": "NAME",
+            "help": "run the cell in your session NAME: live ranks that keep their globals "
+            "from cell to cell (started with this cell's options when there is none)",
+        },
     ),
 ]
 

@@ -119,6 +119,17 @@ class JobRecord:
             "has_result": self.has_result,
             # A sweep's trial: {"id": sweep id, "trial": index, "parallel": K}; else null.
             "sweep": self.origin.get("sweep"),
+            # A session's gang (its ranks) or one of its cells: {"name", "id" (the gang's job),
+            # "cell"}; null for other jobs (jobs/sessions.py).
+            "session": (
+                {
+                    "name": self.origin["session"],
+                    "id": self.origin.get("session_job") or self.id,
+                    "cell": bool(self.origin.get("session_job")),
+                }
+                if self.origin.get("session")
+                else None
+            ),
             "gpu_idle_since": iso(self.gpu_idle_since) if self.state is JobState.RUNNING else None,
             "ranks": [r.to_json() for r in self.ranks],
         }

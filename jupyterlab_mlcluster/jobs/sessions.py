@@ -26,11 +26,11 @@ import contextlib
 import dataclasses
 import errno
 import os
-import re
 import stat
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import patterns
 from .model import JobSpec, JobState, SpecError
 from .owner import current_user
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from .store import JobStore
 
 FIFO_NAME = "session.fifo"
-_SESSION_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 # Options that shape a session's gang: fixed when it starts. A later cell may repeat them
 # (same value) or leave them out; a different value is an error, never silently ignored.
 GANG_OPTIONS = (
@@ -79,7 +78,7 @@ class SessionEnded(SessionError):
 
 
 def check_session_name(name: str) -> str:
-    if not isinstance(name, str) or not _SESSION_NAME_RE.fullmatch(name):
+    if not isinstance(name, str) or not patterns.matches(patterns.SESSION_NAME, name):
         raise SessionError(
             f"--session {name!r}: a session name is 1-40 lowercase letters, digits and '-'"
             " (starting and ending with a letter or digit)"

@@ -27,6 +27,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from ..jobs.options import (
     JOB_ARGUMENTS,
     SCHEDULE_ARGUMENTS,
+    SESSION_ARGUMENTS,
     SWEEP_ARGUMENTS,
     spec_from_args,
     sweep_from_args,
@@ -64,7 +65,8 @@ def _job_arguments(func):
             },
         ),
     ]
-    for flags, kwargs in reversed(JOB_ARGUMENTS + own + SWEEP_ARGUMENTS + SCHEDULE_ARGUMENTS):
+    arguments = JOB_ARGUMENTS + SESSION_ARGUMENTS + own + SWEEP_ARGUMENTS + SCHEDULE_ARGUMENTS
+    for flags, kwargs in reversed(arguments):
         func = magic_arguments.argument(*flags, **kwargs)(func)
     return magic_arguments.magic_arguments()(func)
 
@@ -443,6 +445,22 @@ class DistributedMagics(Magics):
         args = magic_arguments.parse_argstring(self.distributed_jobs, line)
         records, total = self.service.list(states=args.state, limit=args.limit)
         display(jobs_bundle(records, total), raw=True)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("action", choices=["list", "stop", "restart"])
+    @magic_arguments.argument("name", nargs="?", help="the session (stop, restart)")
+    @line_magic
+    def distributed_session(self, line: str) -> None:
+        """Your sessions (%%distributed --session NAME): list them, stop one (its ranks end,
+        their slots and GPUs are freed), or restart one (fresh ranks: its state is lost)."""
+        from ..cli import session_command
+        from ..jobs.model import SpecError
+
+        args = magic_arguments.parse_argstring(self.distributed_session, line)
+        try:
+            print(session_command(self.service, args.action, args.name))
+        except SpecError as exc:
+            raise UsageError(f"%distributed_session: {exc}") from None
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("job", help="job id or name")

@@ -28,6 +28,7 @@ from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
 from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
 from .handlers import REST_HANDLERS
+from .sessions import SESSION_HANDLERS
 from .identity import calling_user
 from .metrics import ServerMetrics
 from .notebook_feed import NotebookFeed
@@ -48,7 +49,7 @@ def route_pattern(api_path: str) -> str:
 
 def routes() -> list[tuple[str, type]]:
     """(OpenAPI path, handler) of every route the extension serves."""
-    return [(h.api_path, h) for h in REST_HANDLERS + EXPERIMENT_HANDLERS] + [
+    return [(h.api_path, h) for h in REST_HANDLERS + EXPERIMENT_HANDLERS + SESSION_HANDLERS] + [
         ("/events", EventsHandler)
     ]
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from helpers import assert_no_job_processes, wait_for
+from helpers import assert_no_job_processes, run_cli, wait_for
 from kernel_session import KernelSession, outputs, rank_texts
 
 from jupyterlab_mlcluster.jobs import sessions
@@ -364,13 +364,28 @@ def _forged_cell(service, holder_id, owner):
     return cell_id, payload
 
 
-def test_stop_and_restart(kernel, service, quick):
+def test_list_restart_and_stop_from_the_magic_and_the_cli(kernel, service, quick):
     kernel.execute("%%distributed --session s --workers 2\nx = 1")
-    info = sessions.restart_session(service, None, "s")
-    assert info.holder.restarts == 1
+    msgs, reply = kernel.execute("%distributed_session list")
+    text = "".join(o["text"] for o in outputs(msgs, "stream"))
+    assert reply["status"] == "ok" and text.splitlines()[0].split()[:3] == ["NAME", "STATE", "RANKS"]
+    assert text.splitlines()[1].split()[:3] == ["s", "running", "2/2"]
+    msgs, reply = kernel.execute("%distributed_session restart s")
+    assert reply["status"] == "ok"
+    assert "session s restarted" in "".join(o["text"] for o in outputs(msgs, "stream"))
     msgs, reply = kernel.execute("%%distributed --session s\n'x' in globals()")
     assert reply["status"] == "ok" and _value(msgs) == "False"
-    stopped = sessions.stop_session(service, None, "s")
-    assert stopped.holder.state == "cancelled" and not stopped.live
+    listed = run_cli("session", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (view,) = json.loads(listed.stdout)
+    assert view["name"] == "s" and view["restarts"] == 1 and view["cells"] == 2
+    refused = run_cli("session", "stop")
+    assert refused.returncode == 2 and "needs the session's name" in refused.stderr
+    missing = run_cli("session", "stop", "nope")
+    assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
+    stopped = run_cli("session", "stop", "s")
+    assert stopped.returncode == 0 and "session s stopped (cancelled)" in stopped.stdout
     assert sessions.list_sessions(service, None) == []
+    msgs, reply = kernel.execute("%distributed_session stop s")
+    assert reply["status"] == "error" and "no session 's'" in reply["evalue"]
     assert_no_job_processes(service)

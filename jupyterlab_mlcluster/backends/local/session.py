@@ -353,6 +353,7 @@ class SessionGang(_Gang):
                     "env": {**base, **self.rank_vars[p.rank]},
                 },
             )
+        self.rank_updates.flush(force=True)  # the gang's ranks as they stand, with the cell
         now = time.time()
         cctx.set_state(JobState.RUNNING, started=now, reason=None)
         cctx.set_ranks(
@@ -431,6 +432,9 @@ class SessionGang(_Gang):
     def finish_cell(self, *, lost: str | None = None, failed: tuple[int, str] | None = None):
         cell, self.cell = self.cell, None
         cctx, store = cell.ctx, self.store
+        # The gang's ranks' news (their "started" came before their reports) is in the store
+        # before the cell's end is: whoever reads the end sees the session as it stands.
+        self.rank_updates.flush(force=True)
         now = time.time()
         cctx.set_ranks(
             {
