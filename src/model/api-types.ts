@@ -102,6 +102,40 @@ export interface components {
             job_name?: string;
           });
     };
+    /** @description A user's named gang of live ranks that %%distributed --session cells run on (jobs/sessions.py); its ranks keep their globals from cell to cell. */
+    Session: {
+      name: string;
+      owner: string | null;
+      /** @description The session's gang as a job (GET /jobs/{id}); its cells are jobs whose `session.id` is this */
+      id: string;
+      state: components['schemas']['JobState'];
+      /** @description Why it is where it is (e.g. how it ended) */
+      reason: string | null;
+      backend: components['schemas']['Backend'];
+      workers: number;
+      gpus_per_worker: number;
+      gpus: number;
+      /** @description The ranks' resident memory, summed (latest samples) */
+      memory_bytes: number | null;
+      /** @description Cells run in it */
+      cells: number;
+      restarts: number;
+      /** Format: date-time */
+      created: string;
+      /** Format: date-time */
+      finished: string | null;
+      /**
+       * Format: date-time
+       * @description Since when no cell ran (it ends after MLClusterConfig.session_idle_timeout)
+       */
+      idle_since: string | null;
+      /** Format: date-time */
+      gpu_idle_since: string | null;
+      ranks: components['schemas']['Rank'][];
+    };
+    SessionList: {
+      sessions: components['schemas']['Session'][];
+    };
     ScheduleList: {
       schedules: components['schemas']['Schedule'][];
     };
@@ -219,6 +253,13 @@ export interface components {
         id: string;
         trial: number;
         parallel?: number | null;
+      };
+      /** @description A session's gang (`cell` false) or one of the cells run on it (`cell` true); null for other jobs */
+      session: null | {
+        name: string;
+        /** @description The session's gang job */
+        id: string;
+        cell: boolean;
       };
       /**
        * Format: date-time
