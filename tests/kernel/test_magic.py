@@ -292,6 +292,10 @@ def test_quickstart_notebook_runs_headless(store_dir):
     assert last < first / 5, "the model did not train"
     for rank in range(4):
         assert f"[rank {rank}] epoch   0" in out
+    # its session cells: the second training cell goes on from the first one's state
+    first, second = map(float, re.findall(r"\[rank 0\] step (?:20|40): loss ([\d.]+)", out))
+    assert "[rank 3] step 40: loss" in out and second < first
+    assert "session quickstart stopped (cancelled)" in out
 
 
 def test_terminal_ipython_degrades_to_plain_lines(store_dir, tmp_path):
