@@ -12,6 +12,7 @@ import {
   LogLine,
   LogsPage,
   NotebookServer,
+  Session,
   TensorBoardAnswer
 } from './types';
 
@@ -217,6 +218,20 @@ export class MlclusterApi {
 
   deleteNotebook(name: string): Promise<unknown> {
     return this.send('DELETE', `notebooks/${encodeURIComponent(name)}`);
+  }
+
+  async listSessions(): Promise<Session[]> {
+    return listFrom<Session>(await this.json('sessions'), 'sessions');
+  }
+
+  /** End a session: its ranks run their atexit handlers and exit, its slots are freed. */
+  stopSession(name: string): Promise<Session> {
+    return this.send('DELETE', `sessions/${encodeURIComponent(name)}`);
+  }
+
+  /** Fresh ranks for a session (its state is lost). */
+  restartSession(name: string): Promise<Session> {
+    return this.send('POST', `sessions/${encodeURIComponent(name)}/restart`);
   }
 
   eventsUrl(): string {

@@ -18,6 +18,8 @@ export type Cluster = Schemas['Cluster'];
 export type Capacity = Schemas['Capacity'];
 /** A per-user notebook server (the Notebook custom resource as the REST API shows it). */
 export type NotebookServer = Schemas['Notebook'];
+/** A user's session: live ranks that `%%distributed --session NAME` cells run on. */
+export type Session = Schemas['Session'];
 export type LogLine = Schemas['LogLine'];
 export type LogsPage = Schemas['LogPage'];
 /** One sample of `GET /jobs/{id}/metrics`. */

@@ -7,6 +7,7 @@ import { ClusterSection } from './ClusterSection';
 import { JobDetail } from './JobDetail';
 import { JobList } from './JobList';
 import { NotebooksSection } from './NotebooksSection';
+import { SessionsSection } from './SessionsSection';
 import {
   PanelContext,
   PanelContextValue,
@@ -172,6 +173,9 @@ function Panel() {
                   {store.problem ? 'Jobs are unavailable.' : 'Loading…'}
                 </div>
               )}
+            </Section>
+            <Section id="sessions" title="Sessions">
+              <SessionsSection jobs={state.jobs} now={now} />
             </Section>
             <Section id="cluster" title="Cluster">
               <ClusterSection state={state} />
