@@ -168,7 +168,9 @@ class JobService:
             ) from None
         job_id = new_job_id()
         spec = _with_tensorboard_dir(spec, self.config.tensorboard_dir, job_id)
-        data, files = self.job_files(job_id, payload, environ, cwd)
+        data, files = self.job_files(
+            job_id, payload, environ, cwd, inherit_environment=backend.ranks_inherit_environment
+        )
         backend_state = backend.prepare(spec)
         origin = dict(origin or {})
         origin.setdefault("kind", "python")
@@ -209,9 +211,12 @@ class JobService:
         payload: Payload,
         environ: dict[str, str] | None,
         cwd: str | None,
+        *,
+        inherit_environment: bool = True,
     ) -> tuple[bytes, dict[str, bytes]]:
         """(the payload's bytes, the other files of the job's directory): its key, what its
-        ranks inherit (launch.json), the cell's source (tracebacks show its lines)."""
+        ranks inherit (launch.json; the environment only where `inherit_environment`: the
+        backend's ranks inherit it), the cell's source (tracebacks show its lines)."""
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
         data = payload.dumps()
@@ -224,7 +229,7 @@ class JobService:
                     # pods get what the spec names, and the submitter's environment (a shared
                     # server's credentials, say) is not worth a copy on disk.
                     "env": dict(os.environ if environ is None else environ)
-                    if backend.ranks_inherit_environment
+                    if inherit_environment
                     else {},
                     "cwd": cwd or os.getcwd(),
                     # The submitter's settings govern its job (e.g. a server's

@@ -327,7 +327,10 @@ def submit_cell(
         holder.spec, name=cell_spec.name or name, timeout=cell_spec.timeout
     )
     cell_id = new_job_id()
-    data, files = service.job_files(cell_id, payload, environ, cwd)
+    inherit = service.backend(holder.spec.backend).ranks_inherit_environment
+    data, files = service.job_files(
+        cell_id, payload, environ, cwd, inherit_environment=inherit
+    )
     record = JobRecord(
         id=cell_id,
         name=spec.name or name,

@@ -185,6 +185,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     origin: {},
     has_result: false,
     sweep: null,
+    session: null,
     gpu_idle_since: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,

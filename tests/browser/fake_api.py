@@ -85,6 +85,7 @@ class FakeApi:
         }
     )
     notebooks: list[dict[str, Any]] | None = None  # None: 503 "no cluster configured"
+    sessions: list[dict[str, Any]] = field(default_factory=list)
     logs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
@@ -167,6 +168,8 @@ class FakeApi:
                     json.dumps(self.metrics.get(job_id, {"id": job_id, "ranks": []})),
                     as_json,
                 )
+        if parts == ["sessions"] and method == "GET":
+            return 200, json.dumps({"sessions": self.sessions}), as_json
         if parts[0] == "notebooks":
             if self.notebooks is None:
                 message = "No Kubernetes cluster is configured: notebook servers need the kubernetes backend."

@@ -394,6 +394,37 @@ def test_delete_from_the_panel_forgets_the_job(server, page, jobs):
         jobs.store.get_job(job_id)
 
 
+def test_sessions_section_lists_restarts_and_stops_a_session(server, page, jobs, artifacts):
+    from jupyterlab_mlcluster.jobs import sessions
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    record, _ = sessions.submit_cell(
+        jobs,
+        "e2e-session",
+        {"workers": 2},
+        Payload(kind="code", source="model = 'loaded'"),
+        origin={"kind": "test"},
+    )
+    assert jobs.wait(record.id, timeout=60).state == "succeeded"
+    panel = show_list(page, server)
+    item = panel.locator('.jp-mlc-session[aria-label^="Session e2e-session:"]')
+    item.locator(".jp-mlc-session-facts", has_text="1 cell").wait_for(timeout=15_000)
+    assert "2/2 running" in item.inner_text() and "idle" in item.inner_text()
+    item.screenshot(path=artifacts / "e2e-session.png")
+    item.get_by_role("button", name="Restart session e2e-session").click()
+    wait_for(
+        lambda: sessions.get_session(jobs, None, "e2e-session").holder.restarts == 1,
+        60,
+        message="the session's restart",
+    )
+    item.get_by_role("button", name="Stop session e2e-session").click()
+    item.wait_for(state="detached", timeout=30_000)
+    assert sessions.list_sessions(jobs, None) == []
+    holder = jobs.store.get_job(record.origin["session_job"])
+    assert holder.state.value == "cancelled"
+    assert_no_job_processes(jobs)
+
+
 def test_notebook_servers_say_no_cluster_on_the_local_backend(server, page, artifacts):
     status, body = api(server, "notebooks")
     assert status == 503, (status, body)
