@@ -115,6 +115,22 @@ def test_a_result_over_the_cap_fails_the_job_and_is_not_kept(k8s, player, kube, 
     assert objects_of(kube, kube_namespace, record.id) == {}
 
 
+def test_a_pod_flooding_its_log_is_truncated_and_goes_on(k8s, player, kube, kube_namespace):
+    """Output past MLClusterConfig.max_log_mib from a pod's log is dropped after one line
+    saying so; the job runs on to its result."""
+    service = k8s(max_log_mib=1)
+    flood = "for i in range(30000):\n    print('y' * 100)\n'done'"
+    record = service.submit(spec_of(workers=1), code(flood))
+    player.resumed(record.id)
+    player.play(record.id)
+    final = service.wait(record.id, timeout=60)
+    assert final.state == "succeeded", final.error
+    assert service.result(record.id) == ("value", "done")
+    lines = service.store.log_path(record.id, 0).read_text().splitlines()
+    assert sum(1 for line in lines if "log truncated after 1 MiB" in line) == 1
+    assert service.store.log_path(record.id, 0).stat().st_size < (1 << 20) + 4096
+
+
 # -- the Training Operator path -------------------------------------------------------------------
 
 FAILING_CELL = """

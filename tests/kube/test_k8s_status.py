@@ -269,6 +269,23 @@ def test_a_pod_log_splits_into_lines_and_reports():
     ]
 
 
+def test_attack_a_pod_printing_without_newlines_is_cut_not_buffered():
+    """A pod's endless line is cut every MAX_POD_LINE bytes as it comes (the supervisor's
+    memory stays bounded), at the same places however the stream is chunked."""
+    from jupyterlab_mlcluster.backends.kubernetes.logs import MAX_POD_LINE
+
+    line = b"x" * (2 * MAX_POD_LINE + 5)
+    output = PodOutput([0], key=KEY)
+    sizes = []
+    for start in range(0, len(line), 300_000):
+        sizes += [len(v) for _, _, v in output.feed(line[start : start + 300_000])]
+        assert len(output._buffer) <= MAX_POD_LINE
+    sizes += [len(v) for _, _, v in output.feed(b"\nend\n")]
+    assert sizes == [MAX_POD_LINE, MAX_POD_LINE, 5, 3]
+    at_once = [len(v) for _, _, v in feed(PodOutput([0], key=KEY), line + b"\nend\n")]
+    assert at_once == sizes
+
+
 def test_a_packed_pod_log_goes_to_each_rank():
     log = b"[1]:one\n[0]:zero\nINFO torchrun says hi\n[1]:" + encode_record(
         {"type": "error", "rank": 1}, KEY, 1

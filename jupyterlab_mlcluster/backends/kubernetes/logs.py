@@ -139,6 +139,9 @@ class _RankLines:
             yield from self._line("")
 
 
+MAX_POD_LINE = 1 << 20  # bytes; a result chunk's record is ~64 KiB
+
+
 class PodOutput:
     """The bytes of one pod's log -> (rank, kind, value) with kind 'line', 'control' or
     'progress'. A packed pod (several ranks, torchrun inside) prefixes each line with its
@@ -156,7 +159,14 @@ class PodOutput:
     def feed(self, data: bytes) -> Iterator[tuple[int, str, Any]]:
         self._buffer += data
         *complete, self._buffer = self._buffer.split(b"\n")
+        # A pod printing without newlines must not fill this process's memory: a runaway
+        # line is cut every MAX_POD_LINE bytes from its start, however it arrives (a resumed
+        # stream must count the same lines), as the local backend's parser does.
         for raw in complete:
+            for start in range(0, max(len(raw), 1), MAX_POD_LINE):
+                yield from self._line(raw[start : start + MAX_POD_LINE].decode("utf-8", "replace"))
+        while len(self._buffer) > MAX_POD_LINE:
+            raw, self._buffer = self._buffer[:MAX_POD_LINE], self._buffer[MAX_POD_LINE:]
             yield from self._line(raw.decode("utf-8", "replace"))
 
     def finish(self) -> Iterator[tuple[int, str, Any]]:
