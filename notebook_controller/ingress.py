@@ -45,6 +45,10 @@ class IngressAuth:
     audiences: Sequence[str] = field(default_factory=tuple)
     user_claim: str = "email"
     owner_header: str = "kubeflow-userid"
+    # Pass the verified token on to the routes (Authorization), for the shared server that
+    # verifies it again itself (server/jwt_identity.py). Notebooks then see their owner's
+    # own token too; their Jupyter has no token of its own, so it changes nothing there.
+    forward_token: bool = False
 
 
 def _split(gateway: str) -> tuple[str, str]:
@@ -84,7 +88,7 @@ def request_authentication(gateway_name: str, auth: IngressAuth) -> dict[str, An
     rule: dict[str, Any] = {
         "issuer": auth.issuer,
         "outputClaimToHeaders": [{"header": auth.owner_header, "claim": auth.user_claim}],
-        "forwardOriginalToken": False,
+        "forwardOriginalToken": auth.forward_token,
     }
     if auth.jwks_uri:
         rule["jwksUri"] = auth.jwks_uri

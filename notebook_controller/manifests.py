@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -267,12 +268,14 @@ def all_manifests(
         controller_deployment(namespace, image, args),
         *admission_objects([notebook_service_account, "default"]),
     ]
+    if ingress_auth is not None:
+        # The shared server verifies the token again: the gateway passes it on.
+        ingress_auth = dataclasses.replace(ingress_auth, forward_token=True)
     if include_gateway and ingress_auth is not None:
         manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
     for user_namespace in user_namespaces:
-        manifests += user_namespace_objects(
-            user_namespace, notebook_service_account, (namespace_owners or {}).get(user_namespace, "")
-        )
+        owner = (namespace_owners or {}).get(user_namespace, "")
+        manifests += user_namespace_objects(user_namespace, notebook_service_account, owner)
         manifests.append(controller_user_namespace_binding(user_namespace, binding_subjects))
     if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
         manifests += trainer_runtime_reader(
@@ -288,5 +291,6 @@ def all_manifests(
         gateway=gateway,
         host=host,
         owner_header=owner_header,
+        auth=ingress_auth,
     )
     return manifests

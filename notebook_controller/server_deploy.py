@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ingress import GATEWAY_PRINCIPAL, SERVER_PREFIX
+from .ingress import GATEWAY_PRINCIPAL, SERVER_PREFIX, IngressAuth
 
 SERVER_NAME = "mlcluster-jupyter-server"
 SERVER_PORT = 8888
@@ -45,12 +45,22 @@ def _meta(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": _labels()}
 
 
-def server_command(owner_header: str) -> list[str]:
-    """`jupyter lab` under the server prefix, taking identities from the gateway's header.
+def server_command(owner_header: str, auth: IngressAuth | None = None) -> list[str]:
+    """`jupyter lab` under the server prefix, taking identities from the gateway's header, and
+    with `auth` (the gateway's issuer) verifying the forwarded JWT itself, so that the header
+    alone never names a caller.
 
     Jupyter's own token is off: the gateway's JWT is the login, this pod admits nothing but the
     gateway, and with the trusted header the server's Authorizer keeps callers to the mlcluster
     API and the lab page."""
+    verify = []
+    if auth is not None:
+        verify = [
+            f"--MLClusterApp.jwt_issuer={auth.issuer}",
+            f"--MLClusterApp.jwt_user_claim={auth.user_claim}",
+            *([f"--MLClusterApp.jwt_jwks_uri={auth.jwks_uri}"] if auth.jwks_uri else []),
+            *(f"--MLClusterApp.jwt_audiences={audience}" for audience in auth.audiences),
+        ]
     return [
         "jupyter",
         "lab",
@@ -61,6 +71,7 @@ def server_command(owner_header: str) -> list[str]:
         "--IdentityProvider.token=",
         "--MLClusterApp.trust_identity_header=True",
         f"--MLClusterApp.identity_header={owner_header}",
+        *verify,
     ]
 
 
@@ -75,7 +86,11 @@ def server_store_claim(namespace: str, size: str = "10Gi") -> dict[str, Any]:
 
 
 def server_deployment(
-    namespace: str, image: str, service_account: str, owner_header: str
+    namespace: str,
+    image: str,
+    service_account: str,
+    owner_header: str,
+    auth: IngressAuth | None = None,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -101,10 +116,12 @@ def server_deployment(
                         {
                             "name": "jupyter",
                             "image": image,
-                            "command": server_command(owner_header),
+                            "command": server_command(owner_header, auth),
                             "ports": [{"name": "http-jupyter", "containerPort": SERVER_PORT}],
+                            # A TCP probe: a shared server answers little of Jupyter's own
+                            # API (server/confinement.py), and nothing without an identity.
                             "readinessProbe": {
-                                "httpGet": {"path": f"{SERVER_PREFIX}/api", "port": SERVER_PORT},
+                                "tcpSocket": {"port": SERVER_PORT},
                                 "periodSeconds": 10,
                             },
                             "resources": {
@@ -212,14 +229,16 @@ def server_objects(
     host: str,
     owner_header: str,
     gateway_principal: str = GATEWAY_PRINCIPAL,
+    auth: IngressAuth | None = None,
 ) -> list[dict[str, Any]]:
     """Store volume, Deployment, Service, route, and the two policies (apply order; the
-    service account and RBAC are server/rbac.py's)."""
+    service account and RBAC are server/rbac.py's); with `auth`, the server verifies the
+    gateway's forwarded JWT itself."""
     return [
         server_store_claim(namespace),
         server_peer_authentication(namespace),
         server_authorization_policy(namespace, gateway_principal),
-        server_deployment(namespace, image, service_account, owner_header),
+        server_deployment(namespace, image, service_account, owner_header, auth),
         server_service(namespace),
         server_virtual_service(namespace, gateway, host),
     ]

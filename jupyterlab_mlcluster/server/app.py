@@ -206,6 +206,24 @@ class MLClusterApp(ExtensionApp):
         "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
+    jwt_issuer = Unicode(
+        "",
+        help="With trust_identity_header: the OIDC issuer whose JWT (Authorization: Bearer, "
+        "which the gateway forwards) must name the caller; the identity header alone is then "
+        "never enough (server/jwt_identity.py). Empty: the header is believed as it is.",
+    ).tag(config=True)
+    jwt_jwks_uri = Unicode(
+        "",
+        help="URL of jwt_issuer's signing keys; empty: found from the issuer's "
+        "/.well-known/openid-configuration.",
+    ).tag(config=True)
+    jwt_audiences = List(
+        Unicode(), help="Accepted 'aud' values of the JWTs (empty: not checked)."
+    ).tag(config=True)
+    jwt_user_claim = Unicode(
+        "email", help="The JWT claim naming the user (the gateway copies the same one)."
+    ).tag(config=True)
+
     tensorboard_user_dir = Unicode(
         "",
         help="On a server shared through trust_identity_header: the directory under which a "
@@ -276,6 +294,19 @@ class MLClusterApp(ExtensionApp):
     def initialize_settings(self) -> None:
         if self.switch_interval > 0:
             sys.setswitchinterval(self.switch_interval)
+        self.jwt_verifier: Any = None
+        if self.jwt_issuer:
+            if not self.trust_identity_header:
+                raise TraitError("MLClusterApp.jwt_issuer needs trust_identity_header")
+            from .jwt_identity import JwtVerifier
+
+            self.jwt_verifier = JwtVerifier(
+                self.jwt_issuer,
+                jwks_uri=self.jwt_jwks_uri,
+                audiences=self.jwt_audiences,
+                user_claim=self.jwt_user_claim,
+            )
+            self.jwt_verifier.start()  # reads the keys in its own thread
         self.mlconfig = MLClusterConfig(parent=self)
         if self.refuses_local_jobs:
             # A job naming no backend must not be refused for a default the user did not
@@ -398,6 +429,7 @@ class MLClusterApp(ExtensionApp):
             trust_header=self.trust_identity_header,
             header=self.identity_header,
             prefix=self.identity_header_prefix,
+            verifier=self.jwt_verifier,
         )
 
     # -- shutdown ---------------------------------------------------------------------------
@@ -417,6 +449,8 @@ class MLClusterApp(ExtensionApp):
             except Exception:
                 self.log.exception("mlcluster: cancelling jobs on shutdown failed")
         await asyncio.to_thread(self.notebook_watch.stop)
+        if getattr(self, "jwt_verifier", None) is not None:
+            await asyncio.to_thread(self.jwt_verifier.stop)
         if getattr(self, "scheduler", None) is not None:
             await self.scheduler.stop()
         if getattr(self, "metrics", None) is not None:

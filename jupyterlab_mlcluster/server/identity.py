@@ -23,12 +23,17 @@ def calling_user(
     trust_header: bool,
     header: str,
     prefix: str = "",
+    verifier: Any = None,
 ) -> str:
     """The caller's identity as a Notebook's `spec.owner` holds it (the proxy's prefix removed:
-    the controller's AuthorizationPolicy puts it back to compare with the header)."""
+    the controller's AuthorizationPolicy puts it back to compare with the header). With a
+    `verifier` (jwt_identity.JwtVerifier), the identity is its verified token's, never the
+    header's alone."""
     if not trust_header:
         name = getattr(current_user, "username", None) or getattr(current_user, "name", None)
         return str(name or current_user)
+    if verifier is not None:
+        return str(verifier.identity(headers, header, prefix))
     value = (headers.get(header) or "").strip()
     if prefix:
         if value and not value.startswith(prefix):

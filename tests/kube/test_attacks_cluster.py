@@ -179,6 +179,13 @@ def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
     command = pod["containers"][0]["command"]
     assert "--MLClusterApp.trust_identity_header=True" in command
     assert "--ServerApp.base_url=/jupyter/" in command
+    # ...and the server checks the gateway's token itself (test_jwt_identity.py plays that),
+    # which the gateway passes on.
+    assert f"--MLClusterApp.jwt_issuer={AUTH.issuer}" in command
+    assert f"--MLClusterApp.jwt_jwks_uri={AUTH.jwks_uri}" in command
+    assert "--MLClusterApp.jwt_audiences=mlcluster" in command
+    [authn] = [m for m in manifests if m["kind"] == "RequestAuthentication"]
+    assert authn["spec"]["jwtRules"][0]["forwardOriginalToken"] is True
     path = "/jupyter/mlcluster/api/jobs"
     forged = {"kubeflow-userid": "alice@example.com"}
     mallory_pod = Request(

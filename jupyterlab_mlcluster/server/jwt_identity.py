@@ -1,0 +1,170 @@
+"""The caller's identity from a verified JWT, not from a header alone (a shared server).
+
+Behind the printed layout (notebook_controller/server_deploy.py) only the ingress gateway
+reaches the server, and it writes the identity header from a token it verified. This is the
+second lock, for when something else reaches the server after all (a mesh without the policy,
+a port-forward, a misrouted Service): with `MLClusterApp.jwt_issuer` set, a request names its
+caller only with a token of that issuer (`Authorization: Bearer`, which the gateway forwards),
+checked here: signature against the issuer's published keys (JWKS), `iss`, `aud` (when
+audiences are configured), `exp`/`nbf`; asymmetric algorithms only (never `none` or an HMAC
+whose "secret" would be the public key). The user is the token's `user_claim`; an identity
+header that names someone else is refused.
+
+Keys are fetched off the event loop: a daemon thread reads the JWKS at start and every
+`refresh_interval` seconds, and sooner (at most every `MIN_REFRESH` seconds) when a token names
+a key it does not know (the issuer rotated its keys). Verifying is CPU only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jwt
+
+from .identity import IdentityError
+
+log = logging.getLogger("jupyterlab_mlcluster.jwt")
+
+# Asymmetric only: with an HMAC algorithm allowed, a public key could be used as its secret.
+ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"]
+MAX_DOCUMENT = 1024 * 1024  # a JWKS or OpenID configuration is a few KiB
+MIN_REFRESH = 30.0
+FETCH_TIMEOUT = 10.0
+
+
+def fetch_json(url: str) -> Any:
+    """GET a JSON document (blocking; at most MAX_DOCUMENT bytes)."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:  # noqa: S310
+        body = response.read(MAX_DOCUMENT + 1)
+    if len(body) > MAX_DOCUMENT:
+        raise ValueError(f"{url} answered more than {MAX_DOCUMENT} bytes")
+    return json.loads(body)
+
+
+class JwtVerifier:
+    def __init__(
+        self,
+        issuer: str,
+        *,
+        jwks_uri: str = "",
+        audiences: Sequence[str] = (),
+        user_claim: str = "email",
+        leeway: float = 30.0,
+        refresh_interval: float = 300.0,
+        fetch: Callable[[str], Any] = fetch_json,
+    ):
+        if not issuer:
+            raise ValueError("a JWT verifier needs the issuer")
+        self.issuer = issuer
+        self.jwks_uri = jwks_uri
+        self.audiences = list(audiences)
+        self.user_claim = user_claim
+        self.leeway = leeway
+        self.refresh_interval = refresh_interval
+        self._fetch = fetch
+        self._keys: dict[str, Any] = {}  # kid -> PyJWK
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_refresh = -float("inf")
+        self.loaded = threading.Event()  # set once keys were read (tests, readiness)
+
+    # -- keys (blocking; the refresh thread) ------------------------------------------------
+    def _keys_url(self) -> str:
+        if self.jwks_uri:
+            return self.jwks_uri
+        config = self._fetch(self.issuer.rstrip("/") + "/.well-known/openid-configuration")
+        return str(config["jwks_uri"])
+
+    def refresh(self) -> None:
+        """Read the issuer's keys now (blocking). Keeps the old ones if that fails."""
+        self._last_refresh = time.monotonic()
+        try:
+            document = self._fetch(self._keys_url())
+            found = jwt.PyJWKSet.from_dict(document)
+        except Exception as exc:  # an unreachable issuer must not take the server down
+            log.warning("mlcluster: could not read the JWT issuer's keys: %r", exc)
+            return
+        keys = {
+            key.key_id: key
+            for key in found.keys
+            if key.key_id and (key.algorithm_name in ALGORITHMS or not key.algorithm_name)
+        }
+        with self._lock:
+            self._keys = keys
+        self.loaded.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="mlcluster-jwks", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.refresh()
+            self._wake.wait(self.refresh_interval)
+            self._wake.clear()
+            # Asked early (an unknown key): not more often than MIN_REFRESH.
+            wait = MIN_REFRESH - (time.monotonic() - self._last_refresh)
+            if wait > 0 and not self._stopping.is_set():
+                self._stopping.wait(wait)
+
+    # -- verifying (CPU only: safe on the event loop) ---------------------------------------
+    def claims(self, token: str) -> dict[str, Any]:
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.PyJWTError as exc:
+            raise IdentityError(f"the bearer token is not a JWT: {exc}") from None
+        with self._lock:
+            key = self._keys.get(kid) if kid else None
+            if key is None and kid is None and len(self._keys) == 1:
+                key = next(iter(self._keys.values()))
+        if key is None:
+            self._wake.set()  # perhaps rotated: read the keys again, in the background
+            raise IdentityError("the bearer token is signed with a key its issuer does not publish")
+        try:
+            return jwt.decode(
+                token,
+                key.key,
+                algorithms=[key.algorithm_name] if key.algorithm_name else ALGORITHMS,
+                issuer=self.issuer,
+                audience=self.audiences or None,
+                leeway=self.leeway,
+                options={"require": ["exp", "iss"], "verify_aud": bool(self.audiences)},
+            )
+        except jwt.PyJWTError as exc:
+            raise IdentityError(f"the bearer token was refused: {exc}") from None
+
+    def identity(self, headers: Mapping[str, str], header: str, prefix: str = "") -> str:
+        """The caller named by the request's verified token; IdentityError otherwise."""
+        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise IdentityError(
+                "this server takes the caller's identity from a JWT of its issuer "
+                "(MLClusterApp.jwt_issuer) and the request has no bearer token"
+            )
+        user = self.claims(token.strip()).get(self.user_claim)
+        if not isinstance(user, str) or not user:
+            raise IdentityError(f"the bearer token has no {self.user_claim!r} claim")
+        claimed = (headers.get(header) or "").strip()
+        if claimed and claimed != prefix + user:
+            raise IdentityError(
+                f"the {header!r} header names someone other than the bearer token's user"
+            )
+        return user
