@@ -139,10 +139,10 @@ def test_job_outcome_of_final_states():
 
 def test_sinfo_per_partition():
     text = (
-        "g1|gpu*|4/60/0/64|gpu:a100:4(S:0-1)|gpu:a100:1(IDX:0)|512000|mixed|\n"
-        "g2|gpu*|0/64/0/64|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|512000|idle|\n"
-        "g3|gpu*|0/0/64/64|gpu:a100:4|gpu:a100:0|512000|drained|\n"
-        "c1|cpu|2/0/0/2|(null)|(null)|1000|allocated|\n"
+        "g1|gpu*|4/60/0/64|gpu:a100:4(S:0-1)|gpu:a100:1(IDX:0)|512000|mixed|16000|\n"
+        "g2|gpu*|0/64/0/64|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|512000|idle|0|\n"
+        "g3|gpu*|0/0/64/64|gpu:a100:4|gpu:a100:0|512000|drained|0|\n"
+        "c1|cpu|2/0/0/2|(null)|(null)|1000|allocated|1000|\n"
     )
     parts = script.parse_sinfo(text)
     assert parts["gpu"] == {
@@ -153,6 +153,7 @@ def test_sinfo_per_partition():
         "gpus_total": 12,
         "gpus_idle": 7,
         "memory_mb": 1536000,
+        "memory_free_mb": 1008000,  # a drained node's memory is not free
     }
     assert parts["cpu"]["cpus_idle"] == 0 and parts["cpu"]["gpus_total"] == 0
 

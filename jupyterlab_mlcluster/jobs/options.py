@@ -13,7 +13,10 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--gpus-per-worker",), {"default": None, "help": "GPUs each rank owns (default 0)"}),
     (
         ("--cpus",),
-        {"default": None, "help": "CPU slots (local) or cores (Kubernetes) per rank (default 1)"},
+        {
+            "default": None,
+            "help": "CPU slots (local), cores (Kubernetes) or CPUs (Slurm) per rank (default 1)",
+        },
     ),
     (("--memory",), {"default": None, "help": "memory per rank, e.g. 4Gi, 512M"}),
     (("--framework",), {"default": None, "help": "pytorch (default), tensorflow, jax or none"}),
@@ -34,7 +37,13 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         ("--max-restarts",),
         {"default": None, "help": "restart all ranks up to R times after a failure"},
     ),
-    (("--queue",), {"default": None, "help": "scheduler queue (Volcano/Kueue on kubernetes)"}),
+    (
+        ("--queue",),
+        {
+            "default": None,
+            "help": "scheduler queue (Volcano/Kueue on kubernetes), partition (slurm)",
+        },
+    ),
     (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
     (
         ("--tensorboard",),

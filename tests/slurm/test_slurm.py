@@ -323,7 +323,14 @@ def test_cluster_capacity_comes_from_sinfo(service, slurm, tmp_path):
         workers=1,
     )
     wait_for(lambda: service.get(job.id).state == JobState.RUNNING, 60, message="it runs")
-    assert service.cluster()["capacity"]["cpus"] == {"total": 2, "free": 1}
+    # sinfo's answer is kept a second: the view follows within that.
+    busy = wait_for(
+        lambda: (c := service.cluster()["capacity"])["cpus"]["free"] == 1 and c,
+        30,
+        message="sinfo to count the job's CPU",
+    )
+    assert busy["cpus"] == {"total": 2, "free": 1}
+    assert busy["memory"] == {"total": 1000 << 20, "free": 900 << 20}  # DefMemPerCPU=100
     release.write_text("go")
     assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
 

@@ -53,7 +53,10 @@ class LocalBackend(Backend):
                 "--image only applies to the kubernetes backend; local ranks use this environment"
             )
         if spec.queue:
-            raise SpecError("--queue only applies to the kubernetes backend (Volcano/Kueue queues)")
+            raise SpecError(
+                "--queue only applies to the kubernetes (Volcano/Kueue queues) and slurm"
+                " (partitions) backends"
+            )
         pool.check_fits(spec, self.capacity())
 
     def cleanup_orphans(self, store: JobStore, job) -> None:

@@ -44,7 +44,8 @@ LOOK_BACKOFF = Backoff(first=1.0, cap=15.0, floor=0.5)
 # After scancel, how long the supervisor waits for Slurm to let the job go before it says so
 # and leaves the rest to the reaper (a pending cleanup stays recorded).
 GONE_WAIT = 60.0
-READ_CAP = 1 << 20  # bytes read from one rank file per turn
+READ_CAP = 1 << 20
+SINFO_TTL = 1.0  # bytes read from one rank file per turn
 PENDING_CLEANUP = "pending_cleanup"
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
 # sbatch must not inherit them, or its tasks would think they were the notebook's.
@@ -81,7 +82,15 @@ class SlurmBackend(Backend):
         )
 
     def partitions(self) -> dict[str, dict[str, Any]]:
-        return script.parse_sinfo(self.commands().sinfo())
+        """sinfo per partition; one answer serves for SINFO_TTL (GET /cluster asks for the
+        capacity and the partitions together, the event feed on every job state change)."""
+        now = time.monotonic()
+        cached = getattr(self, "_sinfo", None)
+        if cached is not None and now - cached[0] < SINFO_TTL:
+            return cached[1]
+        partitions = script.parse_sinfo(self.commands().sinfo())
+        self._sinfo = (now, partitions)
+        return partitions
 
     def _partition(self, partitions: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         name = self.config.slurm_partition
@@ -113,6 +122,7 @@ class SlurmBackend(Backend):
             log.warning("sinfo: %s", exc)
             return None
         part = self._partition(partitions) or {
+            "memory_free_mb": 0,
             "cpus_total": 0,
             "cpus_idle": 0,
             "gpus_total": 0,
@@ -123,7 +133,7 @@ class SlurmBackend(Backend):
             "capacity": {
                 "gpus": {"total": part["gpus_total"], "free": part["gpus_idle"]},
                 "cpus": {"total": part["cpus_total"], "free": part["cpus_idle"]},
-                "memory": {"total": part["memory_mb"] << 20, "free": None},
+                "memory": {"total": part["memory_mb"] << 20, "free": part["memory_free_mb"] << 20},
             },
             "partitions": [
                 {

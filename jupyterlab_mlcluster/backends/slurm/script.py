@@ -301,7 +301,9 @@ def job_outcome(state: str) -> tuple[str, str] | None:
     return _ENDED_REASONS.get(state)
 
 
-SINFO_FORMAT = "NodeHost:0|,Partition:0|,CPUsState:0|,Gres:0|,GresUsed:0|,Memory:0|,StateLong:0|"
+SINFO_FORMAT = (
+    "NodeHost:0|,Partition:0|,CPUsState:0|,Gres:0|,GresUsed:0|,Memory:0|,StateLong:0|,AllocMem:0|"
+)
 _UNUSABLE = ("down", "drain", "fail", "maint", "unknown", "not_responding", "future", "power")
 
 
@@ -316,7 +318,7 @@ def _gpu_count(gres: str) -> int:
 
 
 def parse_sinfo(text: str) -> dict[str, dict[str, Any]]:
-    """Per partition: CPUs and GPUs total and idle, memory (MB) total, nodes; from
+    """Per partition: CPUs and GPUs total and idle, memory (MB) total and free, nodes; from
     `sinfo --noheader --Node --Format=SINFO_FORMAT` (a node in several partitions counts
     in each). A default partition is marked `default`."""
     partitions: dict[str, dict[str, Any]] = {}
@@ -325,6 +327,7 @@ def parse_sinfo(text: str) -> dict[str, dict[str, Any]]:
         if len(parts) < 7:
             continue
         _host, name, cpus, gres, gres_used, memory, state = (p.strip() for p in parts[:7])
+        allocated_memory = parts[7].strip() if len(parts) > 7 else ""
         default = name.endswith("*")
         name = name.rstrip("*")
         entry = partitions.setdefault(
@@ -337,6 +340,7 @@ def parse_sinfo(text: str) -> dict[str, dict[str, Any]]:
                 "gpus_total": 0,
                 "gpus_idle": 0,
                 "memory_mb": 0,
+                "memory_free_mb": 0,
             },
         )
         try:
@@ -348,10 +352,13 @@ def parse_sinfo(text: str) -> dict[str, dict[str, Any]]:
         entry["nodes"] += 1
         entry["cpus_total"] += total
         entry["gpus_total"] += gpus
-        entry["memory_mb"] += int(memory) if memory.isdigit() else 0
+        node_memory = int(memory) if memory.isdigit() else 0
+        entry["memory_mb"] += node_memory
         if usable:
             entry["cpus_idle"] += idle
             entry["gpus_idle"] += max(0, gpus - _gpu_count(gres_used))
+            used = int(allocated_memory) if allocated_memory.isdigit() else 0
+            entry["memory_free_mb"] += max(0, node_memory - used)
     return partitions
 
 
