@@ -2,7 +2,7 @@ import * as React from 'react';
 
 import { formatBytes } from '../model/format';
 import { PanelState, queuedJobs } from '../model/reducer';
-import { Capacity } from '../model/types';
+import { Capacity, Cluster } from '../model/types';
 import { onActivate, usePanel } from './context';
 
 function CapacityBar({
@@ -53,6 +53,40 @@ function CapacityBar({
   );
 }
 
+type Partition = NonNullable<Cluster['partitions']>[number];
+
+function idleOf(capacity: Partition['cpus'], unit: string): string {
+  const { total, free } = capacity;
+  if (total === null || free === null) {
+    return `? ${unit}`;
+  }
+  return `${free} of ${total} ${unit} idle`;
+}
+
+/** Every Slurm partition's idle CPUs and GPUs, as sinfo tells them (the bars above are the
+ * default partition's). */
+function Partitions({ partitions }: { partitions: Partition[] }) {
+  return (
+    <div className="jp-mlc-partitions">
+      <div className="jp-mlc-subtitle">Partitions</div>
+      <ul aria-label="Partitions">
+        {partitions.map(p => (
+          <li key={p.name} data-partition={p.name}>
+            <span className="jp-mlc-job-name">
+              {p.name}
+              {p.default ? ' (default)' : ''}
+            </span>
+            <span className="jp-mlc-hint jp-mlc-partition-idle">
+              {idleOf(p.cpus, 'CPUs')}
+              {p.gpus.total ? `, ${idleOf(p.gpus, 'GPUs')}` : ''}
+            </span>
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
 export function ClusterSection({ state }: { state: PanelState }) {
   const { store } = usePanel();
   const cluster = state.cluster;
@@ -83,6 +117,9 @@ export function ClusterSection({ state }: { state: PanelState }) {
         capacity={cluster.capacity?.memory}
         format={formatBytes}
       />
+      {cluster.partitions && cluster.partitions.length > 0 && (
+        <Partitions partitions={cluster.partitions} />
+      )}
       <div className="jp-mlc-queue">
         <div className="jp-mlc-subtitle">Queue ({queue.length})</div>
         {queue.length === 0 ? (

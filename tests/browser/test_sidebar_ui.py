@@ -370,3 +370,55 @@ def test_dark_theme_is_legible(lab_page, api, artifacts, request):
     print("dark theme contrast ratios:", contrast)
     assert contrast and all(r >= 3 for r in contrast.values()), contrast
     page.screenshot(path=artifacts / "sidebar-job-detail-dark.png")
+
+
+def test_slurm_partitions_show_their_idle_cpus_and_gpus(lab_page, api):
+    """GET /cluster from sinfo (the slurm backend): the bars are the default partition's, and
+    every partition is listed with what is idle in it."""
+    page = lab_page
+    open_sidebar(page)
+    page.wait_for_selector(f"{SIDEBAR} .jp-mlc-connection-live")
+    assert page.locator(f"{SIDEBAR} .jp-mlc-partitions").count() == 0  # local: none
+    cpus = {"total": 192, "free": 124}
+    api.push(
+        {
+            "type": "cluster",
+            "cluster": {
+                "backend": "slurm",
+                "capacity": {
+                    "gpus": {"total": 12, "free": 7},
+                    "cpus": cpus,
+                    "memory": {"total": 1536000 << 20, "free": 1008000 << 20},
+                },
+                "queue": [],
+                "partitions": [
+                    {
+                        "name": "gpu",
+                        "default": True,
+                        "nodes": 3,
+                        "cpus": cpus,
+                        "gpus": {"total": 12, "free": 7},
+                    },
+                    {
+                        "name": "cpu",
+                        "default": False,
+                        "nodes": 1,
+                        "cpus": {"total": 2, "free": 0},
+                        "gpus": {"total": 0, "free": 0},
+                    },
+                ],
+            },
+        }
+    )
+    page.wait_for_selector(f'{SIDEBAR} [data-partition="cpu"]')
+    cluster = page.locator(f"{SIDEBAR} .jp-mlc-cluster")
+    assert "Backend: slurm" in cluster.inner_text()
+    assert "68 of 192 allocated" in cluster.inner_text()  # the default partition's CPUs
+    assert page.locator(f'{SIDEBAR} [data-partition="gpu"]').inner_text().split("\n") == [
+        "gpu (default)",
+        "124 of 192 CPUs idle, 7 of 12 GPUs idle",
+    ]
+    assert page.locator(f'{SIDEBAR} [data-partition="cpu"]').inner_text().split("\n") == [
+        "cpu",
+        "0 of 2 CPUs idle",
+    ]
