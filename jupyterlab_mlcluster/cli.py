@@ -29,6 +29,7 @@ from .jobs.options import (
     SWEEP_ARGUMENTS,
     add_arguments,
     add_job_arguments,
+    grace_from_args,
     spec_from_args,
     sweep_from_args,
 )
@@ -185,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- run -------------------------------------------------------------------------------
 
+_GRACE_NOT_SCHEDULED = (
+    "--grace is not kept with a schedule: its runs use MLClusterConfig.kill_grace_period"
+)
+
 
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -211,6 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         handle_interrupts()
     service = _service()
     spec = spec_from_args(args, default_backend=service.config.default_backend)
+    grace = grace_from_args(args)
     sweep = sweep_from_args(args)
     payload = script_payload(args, spec)
     origin = {"kind": "cli", "command": " ".join(sys.argv[:1] + sys.argv[1:])[:500]}
@@ -227,12 +233,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             origin=origin,
             attach_to_pid=attach,
             preload=preload,
+            grace=grace,
         )
         if args.no_wait:
             print(handle.id)
             return 0
         return follow_sweep(handle, quiet=args.quiet)
-    record = service.submit(spec, payload, origin=origin, attach_to_pid=attach, preload=preload)
+    record = service.submit(
+        spec, payload, origin=origin, attach_to_pid=attach, preload=preload, grace=grace
+    )
     if args.no_wait:
         print(record.id)
         return 0
@@ -299,6 +308,29 @@ def follow_sweep(handle, *, quiet: bool = False) -> int:
     return 0 if all(t.state == "succeeded" for t in handle.trials) else EXIT_FAILED
 
 
+def _cancel_and_follow(service, job_id: str, cursor, *, by: str, quiet: bool) -> int:
+    """Cancel the job, printing what its ranks print while they stop (a SIGTERM handler
+    saving a checkpoint says so), until it is final; then why it ended."""
+    service.cancel(job_id, wait=False, by=by)
+    deadline = time.monotonic() + service.job_grace(job_id) + 10.0
+    while True:
+        record = service.store.get_job(job_id)
+        lines, cursor = service.logs(job_id, cursor=cursor)
+        if not quiet:
+            _print_lines(lines)
+        if record.final and not lines:
+            break
+        if time.monotonic() > deadline:  # a wedged supervisor: the waiting cancel kills it
+            service.cancel(job_id, by=by)
+            deadline = float("inf")
+            continue
+        if not lines:
+            time.sleep(0.05)
+            service.reap()
+    print(f"mlcluster: job {job_id} {record.reason or record.state}", file=sys.stderr)
+    return EXIT_CANCELLED
+
+
 def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     """Stream rank-prefixed output until the job ends; Ctrl-C cancels it."""
     cursor = None
@@ -319,8 +351,12 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
             signal.signal(signum, signal.SIG_IGN)
         why = f" ({interrupt})" if isinstance(interrupt, _Terminated) else ""
         print(f"\nmlcluster: cancelling job {job_id}{why} ...", file=sys.stderr)
-        service.cancel(job_id)
-        return EXIT_CANCELLED
+        by = (
+            f"{interrupt} to mlcluster run (pid {os.getpid()})"
+            if isinstance(interrupt, _Terminated)
+            else "user (Ctrl-C of mlcluster run)"
+        )
+        return _cancel_and_follow(service, job_id, cursor, by=by, quiet=quiet)
     record = service.store.get_job(job_id)
     if record.state == JobState.SUCCEEDED:
         return 0
@@ -431,7 +467,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     service = _service()
     job = service.get(args.job)
     try:
-        record = service.cancel(job.id, purge=args.purge)
+        record = service.cancel(job.id, purge=args.purge, by="user (mlcluster cancel)")
     except JobStillRunning as exc:
         print(f"mlcluster: error: {exc}", file=sys.stderr)
         return 1
@@ -614,6 +650,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         from .kernel.magics import schedule_options_from_args
 
         spec = spec_from_args(args, default_backend=service.config.default_backend)
+        if args.grace is not None:
+            raise SpecError(_GRACE_NOT_SCHEDULED)
         payload = script_payload(args, spec)
         options = schedule_options_from_args(args, spec)
         origin = {"kind": "cli", "cwd": os.getcwd()}

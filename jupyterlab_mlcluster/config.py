@@ -111,9 +111,10 @@ class MLClusterConfig(Configurable):
     ).tag(config=True)
 
     kill_grace_period = Float(
-        3.0,
+        30.0,
         help="Seconds ranks get between SIGTERM and SIGKILL when a job is stopped "
-        "(cancel, a failing rank, a timeout).",
+        "(cancel, a failing rank, a timeout): torchrun's 30 s by default, so a rank's SIGTERM "
+        "handler can save a checkpoint (preemption). A job's --grace overrides it.",
     ).tag(config=True)
 
     session_idle_timeout = Float(

@@ -4,6 +4,7 @@ commands are in test_engine)."""
 from __future__ import annotations
 
 import signal
+import time
 import subprocess
 import sys
 
@@ -90,6 +91,59 @@ def test_run_stops_the_job_on_a_signal_even_with_sigint_ignored(service, tmp_pat
     record = service.store.list_jobs()[0][0]
     assert record.state == "cancelled"
     assert_no_job_processes(service)
+
+
+STUBBORN = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\ntime.sleep(300)\n"
+)
+
+
+def test_grace_is_an_option_and_the_reason_says_who_was_killed(service, tmp_path):
+    """--grace DURATION: the job's own time between SIGTERM and SIGKILL (default 30 s, the
+    setting); a rank that ignores SIGTERM is killed after it, and the job's reason says so."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab_mlcluster.cli", "run", "--grace", "1s", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip().endswith("ready"), proc.stderr.read()
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 1
+        assert 1.0 <= time.monotonic() - started < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    (record,) = service.store.list_jobs()[0]
+    assert record.reason == (
+        "cancelled by user (Ctrl-C of mlcluster run); rank 0 had not exited 1 s after SIGTERM"
+        " and was killed"
+    )
+    assert f"job {record.id} {record.reason}" in err
+    assert "[rank 0] [mlcluster] rank 0 had not exited 1 s after SIGTERM: killed" in out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--grace", "soon"], "grace must be a duration like '90s'"),
+        (["--grace", "0"], "greater than 0 and at most"),
+        (["--grace", "5s", "--backend", "kubernetes"], "--grace applies to local ranks"),
+    ],
+)
+def test_a_grace_that_cannot_be_honoured_is_refused(service, tmp_path, args, message):
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    proc = run_cli("run", *args, str(script))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert service.store.list_jobs()[1] == 0  # nothing stored
 
 
 def test_a_failing_script_shows_only_its_own_frames(service, tmp_path):

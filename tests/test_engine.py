@@ -323,7 +323,9 @@ def test_cancel_from_another_process_and_purge(service, store_dir):
     proc = run_cli("cancel", job_id)
     assert proc.returncode == 0 and "cancelled" in proc.stdout
     record = service.get(job_id)
-    assert record.state == JobState.CANCELLED and record.reason == "cancelled by user"
+    # the reason names what stopped the job
+    assert record.state == JobState.CANCELLED
+    assert record.reason == "cancelled by user (mlcluster cancel)"
     assert {r.state for r in record.ranks} == {RankState.CANCELLED}
     assert_no_job_processes(service, timeout=5)
     assert run_cli("logs", job_id).stdout.startswith("[rank")  # logs survive the cancel
@@ -376,7 +378,8 @@ def test_the_submitters_settings_govern_its_job(store_dir):
     started = time.monotonic()
     record = svc.cancel(job_id)
     assert record.state == JobState.CANCELLED
-    assert time.monotonic() - started < 2.5, "the default 3 s grace period was used"
+    assert time.monotonic() - started < 2.5, "the default 30 s grace period was used"
+    assert record.reason == "cancelled by user; rank 0 had not exited 0.3 s after SIGTERM and was killed"
     assert_no_job_processes(svc, timeout=5)
 
 

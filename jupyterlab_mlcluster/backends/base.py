@@ -27,6 +27,9 @@ class Backend(abc.ABC):
     # for its supervisor). False where ranks run elsewhere with their own (a cluster's pods):
     # then no copy is kept, since a shared server's environment holds its own credentials.
     ranks_inherit_environment: bool = True
+    # Whether a job's own SIGTERM-to-SIGKILL grace (--grace) is honoured; where it is not,
+    # the option is refused rather than ignored.
+    honours_grace: bool = False
 
     def __init__(self, config: "MLClusterConfig"):
         self.config = config

@@ -155,19 +155,19 @@ def _one_of(option: str, value: Any, choices: tuple[str, ...] | list[str]) -> st
     return chosen
 
 
-def parse_duration(value: str | float | None) -> float | None:
+def parse_duration(value: str | float | None, option: str = "timeout") -> float | None:
     """'90s', '30m', '1h30m', '2d', '45' (seconds) -> seconds."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
-        raise SpecError(f"timeout must be a duration like '30m' or '1h30m', got {value!r}")
+        raise SpecError(f"{option} must be a duration like '30m' or '1h30m', got {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
         text = str(value)
         if not patterns.matches(patterns.DURATION, text):
             raise SpecError(
-                f"timeout must be a duration like '90s', '30m' or '1h30m', "
+                f"{option} must be a duration like '90s', '30m' or '1h30m', "
                 f"{bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
             )
         parts = _DURATION_PART.findall(text)
@@ -176,7 +176,7 @@ def parse_duration(value: str | float | None) -> float | None:
         )
     if not math.isfinite(seconds) or not bounds.TIMEOUT.contains(seconds):
         raise SpecError(
-            f"timeout must be a duration {bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
+            f"{option} must be a duration {bounds.TIMEOUT.describe()} seconds, got {_shown(value)}"
         )
     return seconds
 

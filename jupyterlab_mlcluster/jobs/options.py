@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .model import JobSpec
+from .model import JobSpec, parse_duration
 
 # (flags, argparse keyword arguments): the one definition of the job options.
 JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
@@ -42,6 +42,15 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         {
             "default": None,
             "help": "scheduler queue (Volcano/Kueue on kubernetes), partition (slurm)",
+        },
+    ),
+    (
+        ("--grace",),
+        {
+            "default": None,
+            "metavar": "DURATION",
+            "help": "local ranks' time between SIGTERM and SIGKILL when the job is stopped, "
+            "e.g. 30s, 2m (default MLClusterConfig.kill_grace_period: 30 s, as torchrun)",
         },
     ),
     (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
@@ -119,6 +128,11 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def spec_from_args(args: argparse.Namespace, default_backend: str = "local") -> JobSpec:
     return JobSpec.from_options(spec_options(args), default_backend=default_backend)
+
+
+def grace_from_args(args: argparse.Namespace) -> float | None:
+    """--grace in seconds (None: the setting's); SpecError for anything but a duration."""
+    return parse_duration(getattr(args, "grace", None), option="grace")
 
 
 # The sweep options (`%%distributed` and `mlcluster run`); see jobs/sweeps.py.

@@ -145,6 +145,7 @@ class JobService:
         cwd: str | None = None,
         preload: list[str] | None = None,
         namespace: str | None = None,
+        grace: float | None = None,
     ) -> JobRecord:
         """Store the job and start its supervisor. SpecError/PayloadError: nothing stored.
 
@@ -153,12 +154,19 @@ class JobService:
         `preload`: modules the warm pool should learn (jobs/preload.py chose them).
         `namespace`: where the job's objects go, for a backend with namespaces (a server that
         maps each user to their own namespace passes the caller's; never a user's option).
-        None: the backend's configured one."""
+        None: the backend's configured one.
+        `grace`: seconds between SIGTERM and SIGKILL when the job is stopped (--grace);
+        None: MLClusterConfig.kill_grace_period."""
         # A JobSpec built in Python skipped from_options: check it before anything is written.
         spec.validate()
         backend = self.backend(spec.backend)
         if namespace is not None:
             backend = backend.in_namespace(namespace)
+        if grace is not None and not backend.honours_grace:
+            raise SpecError(
+                f"--grace applies to local ranks; the {backend.name} backend's ranks get "
+                "their platform's own termination grace period"
+            )
         backend.validate(spec)
         try:
             payload.source.encode("utf-8")
@@ -169,7 +177,12 @@ class JobService:
         job_id = new_job_id()
         spec = _with_tensorboard_dir(spec, self.config.tensorboard_dir, job_id)
         data, files = self.job_files(
-            job_id, payload, environ, cwd, inherit_environment=backend.ranks_inherit_environment
+            job_id,
+            payload,
+            environ,
+            cwd,
+            inherit_environment=backend.ranks_inherit_environment,
+            grace=grace,
         )
         backend_state = backend.prepare(spec)
         origin = dict(origin or {})
@@ -213,10 +226,12 @@ class JobService:
         cwd: str | None,
         *,
         inherit_environment: bool = True,
+        grace: float | None = None,
     ) -> tuple[bytes, dict[str, bytes]]:
         """(the payload's bytes, the other files of the job's directory): its key, what its
         ranks inherit (launch.json; the environment only where `inherit_environment`: the
-        backend's ranks inherit it), the cell's source (tracebacks show its lines)."""
+        backend's ranks inherit it), the cell's source (tracebacks show its lines).
+        `grace`: the job's own kill grace (--grace), kept as its setting."""
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
         data = payload.dumps()
@@ -234,7 +249,10 @@ class JobService:
                     "cwd": cwd or os.getcwd(),
                     # The submitter's settings govern its job (e.g. a server's
                     # c.MLClusterConfig from jupyter_server_config reaches the supervisor).
-                    "config": config_snapshot(self.config),
+                    "config": {
+                        **config_snapshot(self.config),
+                        **({} if grace is None else {"kill_grace_period": grace}),
+                    },
                     # The journal mode this process chose ("auto" resolved): the job's
                     # supervisor opens the store the same way, whatever it would judge.
                     "store_journal_mode": self.store.journal_mode,
@@ -418,15 +436,19 @@ class JobService:
 
     # -- cancel / forget -------------------------------------------------------------------
 
-    def cancel(self, job_id: str, *, purge: bool = False, wait: bool = True) -> JobRecord | None:
-        """Stop a job (all ranks); with `purge`, also forget it (rows, logs, files)."""
+    def cancel(
+        self, job_id: str, *, purge: bool = False, wait: bool = True, by: str | None = None
+    ) -> JobRecord | None:
+        """Stop a job (all ranks); with `purge`, also forget it (rows, logs, files).
+        `by`: who or what asked ("Ctrl-C of mlcluster run"); the job's reason names it."""
         record = self.store.get_job(job_id)
         if not record.final:
-            self.store.request_cancel(job_id)
+            self.store.request_cancel(job_id, f"cancelled by {by or 'user'}")
             self._signal_supervisor(record, signal.SIGTERM)
             self.reap(force=True)
             if wait or purge:
-                grace = self.config.kill_grace_period + 10.0
+                # The job's own grace (its --grace, or its submitter's setting), then some.
+                grace = self.job_grace(job_id) + 10.0
                 record = self.wait(job_id, timeout=grace)
                 if not record.final:
                     # A wedged supervisor: kill it; its ranks die with it; then reap.
@@ -449,6 +471,15 @@ class JobService:
             self.store.delete_job(job_id)
             return None
         return self.store.get_job(job_id)
+
+    def job_grace(self, job_id: str) -> float:
+        """The seconds the job's ranks get between SIGTERM and SIGKILL: what its submitter
+        settled (--grace or its setting), else this process's setting."""
+        try:
+            launch = json.loads((self.store.job_dir(job_id) / "launch.json").read_bytes())
+            return float(launch["config"]["kill_grace_period"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.config.kill_grace_period
 
     def still_running(self, record: JobRecord) -> str | None:
         """What of the job may still run (None: nothing): on this host its supervisor or a
@@ -553,7 +584,9 @@ class JobService:
             return False
         backend.cleanup_orphans(self.store, record)
         if row["cancel_requested"]:
-            moved = self.store.transition(record.id, JobState.CANCELLED, reason="cancelled by user")
+            asked = record.reason or ""  # who asked (request_cancel), else the user
+            why = asked if asked.startswith("cancelled") else "cancelled by user"
+            moved = self.store.transition(record.id, JobState.CANCELLED, reason=why)
         elif not row["supervisor"] and submitter_gone(record.origin):
             # Its submitter (a CLI stopped by Ctrl-C mid-submit) ended before the job's
             # supervisor started: the job would have been cancelled with it.

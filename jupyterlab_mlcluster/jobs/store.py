@@ -685,12 +685,23 @@ class JobStore:
             )
         return series
 
-    def request_cancel(self, job_id: str) -> JobRecord:
+    def request_cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
+        """Ask the job's supervisor to stop it; `reason` ('cancelled by ...', who or what
+        asked) becomes the job's reason, so the end names what stopped it."""
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE jobs SET cancel_requested = 1, updated = ? WHERE id = ?",
-                (time.time(), job_id),
-            )
+            if reason is None:
+                cur = db.execute(
+                    "UPDATE jobs SET cancel_requested = 1, updated = ? WHERE id = ?",
+                    (time.time(), job_id),
+                )
+            else:
+                cur = db.execute(
+                    "UPDATE jobs SET cancel_requested = 1, reason = ?, updated = ?"
+                    " WHERE id = ? AND NOT cancel_requested",
+                    (reason, time.time(), job_id),
+                )
+                if cur.rowcount == 0 and self.cancel_requested(job_id) is not None:
+                    return self.get_job(job_id)  # asked before: the first asker's reason stays
             if cur.rowcount == 0:
                 raise UnknownJob(job_id)
             self._event(db, job_id, "job")

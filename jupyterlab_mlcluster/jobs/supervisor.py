@@ -147,8 +147,12 @@ class JobContext:
         if self._signalled or now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
             self._last_cancel_poll = now
             requested = self.store.cancel_requested(self.job.id)
-            if requested is None or requested:
-                self._cancel = "cancelled by user" if requested else "job was deleted"
+            if requested:
+                # Who asked, where the asker said (store.request_cancel's reason).
+                said = self.store.get_job(self.job.id).reason or ""
+                self._cancel = said if said.startswith("cancelled") else "cancelled by user"
+            elif requested is None:
+                self._cancel = "job was deleted"
             elif self._attached is not None and not _still_running(self._attached):
                 self._cancel = (
                     f"cancelled: the submitting process (pid {self._attached.pid}) exited"

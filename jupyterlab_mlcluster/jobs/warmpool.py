@@ -81,6 +81,110 @@ def in_zygote_child() -> bool:
     return _IN_ZYGOTE_CHILD
 
 
+# -- what a warm rank cannot see differently ------------------------------------------------
+#
+# A warm rank inherits everything the zygote's imports did with the environment the zygote
+# had. A fresh interpreter would have done it with the rank's own. So the zygote records what
+# its preloaded modules read (`os.environ[...]`, `.get`, `os.getenv`, `in`; name -> value, None
+# for unset) and the environment it started with; a job whose ranks' environment differs in
+# any of those, or in a variable the interpreter or a native library reads at start (below),
+# cannot be served warm: it starts cold, and its log says once which variable and why.
+
+# Read by the interpreter itself at start-up (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONUTF8...),
+# or by native code when its library loads (C getenv: never seen by os.environ): a warm rank
+# cannot honour a different value.
+STARTUP_PREFIXES = ("PYTHON", "OPENBLAS_", "MKL_", "KMP_", "GOMP_", "GLOG_", "LD_")
+STARTUP_NAMES = frozenset({"TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "MALLOC_ARENA_MAX"})
+# What a warm rank does apply again itself (become_rank): stdio is made unbuffered,
+# bytecode writing follows the variable, torch's thread count and c10d debug level are
+# set from the rank's environment. PYTHONPATH is part of the pool's fingerprint, and each
+# payload sets sys.path as a fresh interpreter would.
+REAPPLIED = frozenset(
+    {
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPATH",
+        "OMP_NUM_THREADS",
+        "TORCH_DISTRIBUTED_DEBUG",
+    }
+)
+# The zygote's record: what its preloaded imports read, and the environment it started with.
+_IMPORT_READS: dict[str, str | None] = {}
+_START_ENV: dict[str, str] = {}
+
+
+def _read_at_startup(name: str) -> bool:
+    return (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and name not in REAPPLIED
+
+
+def stale_variables(env: dict[str, str]) -> list[str]:
+    """The variables whose value in `env` (a rank's) differs from what this warm process
+    imported with: each as 'NAME=value (the pool's: other)'. Empty: a warm rank sees
+    what a fresh interpreter with `env` would."""
+    differ: dict[str, str | None] = {}
+    for name, seen in _IMPORT_READS.items():
+        if name not in REAPPLIED and env.get(name) != seen:
+            differ[name] = seen
+    for name in set(env) | set(_START_ENV):
+        if _read_at_startup(name) and env.get(name) != _START_ENV.get(name):
+            differ[name] = _START_ENV.get(name)
+    return [
+        f"{name}={_shown(env.get(name))} (the warm pool's: {_shown(seen)})"
+        for name, seen in sorted(differ.items())
+    ]
+
+
+def _shown(value: str | None) -> str:
+    if value is None:
+        return "unset"
+    return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
+
+
+class _RecordEnvironReads:
+    """While active, every read of one variable through os.environ (`[]`, `.get`, `in`,
+    os.getenv) lands in `reads` with the value it found. Copies and sweeps of the whole
+    environment (iteration, .items(), .copy(): what subprocess does) are not reads of a
+    variable and are left out: else every job would differ in PWD or SHLVL."""
+
+    _LIBRARY = frozenset(
+        {os.__file__, "<frozen os>", "<frozen _collections_abc>"}
+        | {getattr(sys.modules.get("_collections_abc"), "__file__", None) or ""}
+    )
+
+    def __init__(self, reads: dict[str, str | None]):
+        self.reads = reads
+        self._original = None
+
+    def __enter__(self) -> _RecordEnvironReads:
+        environ_type = type(os.environ)
+        original = self._original = environ_type.__getitem__
+        reads, library = self.reads, self._LIBRARY
+
+        def recording_getitem(environ, key):
+            caller = sys._getframe(1)
+            code = caller.f_code
+            one = code.co_filename not in library or code.co_name in ("get", "__contains__")
+            if one and code.co_name in ("get", "__contains__") and caller.f_back is not None:
+                outer = caller.f_back.f_code
+                # Mapping.get called by a sweep of the mapping (rare) is a sweep too.
+                one = outer.co_filename not in library or outer.co_name == "getenv"
+            try:
+                value = original(environ, key)
+            except KeyError:
+                if one and isinstance(key, str):
+                    reads.setdefault(key, None)
+                raise
+            if one and isinstance(key, str):
+                reads.setdefault(key, value)
+            return value
+
+        environ_type.__getitem__ = recording_getitem
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        type(os.environ).__getitem__ = self._original
+
+
 # -- identity -----------------------------------------------------------------------------
 
 
@@ -610,6 +714,7 @@ class Zygote:
         our log) and the zygote starts over without it: what it did cannot be undone here."""
         for name in _OWN_MODULES:  # what every supervisor and rank needs anyway
             importlib.import_module(name)
+        _START_ENV.update(os.environ)
         refused = set(refused_modules(self.path.parent)) | set(
             filter(None, os.environ.get("MLCLUSTER_ZYGOTE_REFUSED", "").split(","))
         )
@@ -621,7 +726,8 @@ class Zygote:
                 continue
             for name in names:
                 try:
-                    importlib.import_module(name)
+                    with _RecordEnvironReads(_IMPORT_READS):
+                        importlib.import_module(name)
                 except (Exception, SystemExit):  # noqa: BLE001, S112 - not installed, or broken
                     continue
             problem = self.fork_problem()
@@ -833,6 +939,7 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
         os.chdir(cwd)
     _fresh_stdio()
     _reseed_and_rethread()
+    _reapply_environment()
     _skip_inherited_teardown()
     import jupyterlab_mlcluster.runtime.reporting as reporting
 
@@ -903,6 +1010,17 @@ def _reseed_and_rethread() -> None:
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads and threads.isdigit():
             torch.set_num_threads(int(threads))
+
+
+def _reapply_environment() -> None:
+    """What a fresh interpreter takes from variables that a warm one can still apply (the
+    REAPPLIED list): bytecode writing, and torch.distributed's debug level (c10d reads
+    TORCH_DISTRIBUTED_DEBUG in C++ when it loads; the zygote loaded it with its own)."""
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available():
+        with contextlib.suppress(Exception):  # an unknown level: torch raises on first use
+            dist.set_debug_level_from_env()
 
 
 def _max_fd() -> int:

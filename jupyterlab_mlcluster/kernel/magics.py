@@ -29,6 +29,7 @@ from ..jobs.options import (
     SCHEDULE_ARGUMENTS,
     SESSION_ARGUMENTS,
     SWEEP_ARGUMENTS,
+    grace_from_args,
     spec_from_args,
     sweep_from_args,
 )
@@ -209,16 +210,31 @@ class CellRun:
         )
         try:
             sweep = sweep_from_args(args)
+            grace = grace_from_args(args)
             if args.session is not None:
+                if grace is not None:
+                    raise SpecError(
+                        "--grace is for one job; a session's ranks are stopped with "
+                        "MLClusterConfig.kill_grace_period"
+                    )
                 return self.submit_to_session(args, payload, sweep)
             if args.schedule is not None:
                 if sweep is not None:
                     raise SpecError("--schedule runs one job per tick; it cannot take --sweep")
+                if grace is not None:
+                    raise SpecError(
+                        "--grace is not kept with a schedule: its runs use "
+                        "MLClusterConfig.kill_grace_period"
+                    )
                 return self.register_schedule(spec, payload)
             if sweep is not None:
-                return self.submit_sweep(spec, payload, sweep)
+                return self.submit_sweep(spec, payload, sweep, grace)
             record = service.submit(
-                spec, payload, origin=_kernel_origin(), preload=_kernel_preload(service.config)
+                spec,
+                payload,
+                origin=_kernel_origin(),
+                preload=_kernel_preload(service.config),
+                grace=grace,
             )
         except (SpecError, PayloadError) as exc:
             raise UsageError(f"%%distributed: {exc}") from None
@@ -268,7 +284,7 @@ class CellRun:
         self.monitor.show()
         return Job(service, record.id)
 
-    def submit_sweep(self, spec, payload, sweep):
+    def submit_sweep(self, spec, payload, sweep, grace=None):
         from ..jobs.sweep import submit_sweep
         from .sweep_monitor import SweepMonitor
 
@@ -279,6 +295,7 @@ class CellRun:
             sweep,
             origin=_kernel_origin(),
             preload=_kernel_preload(self.magics.service.config),
+            grace=grace,
         )
         self.sweep_monitor = SweepMonitor(
             self.sweep, terminal=not _in_kernel(self.shell), quiet=self.args.quiet
@@ -338,9 +355,10 @@ class CellRun:
             self.sweep_monitor.finish()
             return
         if self.job_id is not None:
-            self.magics.service.cancel(self.job_id, wait=True)
+            self.magics.service.cancel(self.job_id, wait=True, by="user (kernel interrupt)")
             if self.monitor is not None:
-                self.monitor.finish()
+                # What the ranks printed while stopping (a SIGTERM handler's last words).
+                self.monitor.finish(drain=True)
 
     def _detached(self) -> bool:
         """--no-wait: the monitor keeps updating from a thread; the cell returns the handle."""
@@ -494,7 +512,9 @@ class DistributedMagics(Magics):
         from ..jobs.service import JobStillRunning
 
         try:
-            after = self.service.cancel(record.id, purge=args.purge)
+            after = self.service.cancel(
+                record.id, purge=args.purge, by="user (%distributed_cancel)"
+            )
         except JobStillRunning as exc:  # e.g. its supervisor on another host still beats
             raise UsageError(str(exc)) from None
         print(f"{record.id} purged" if after is None else f"{record.id} {after.state}")

@@ -437,7 +437,7 @@ class JobMonitor:
         if self.view is not None:
             self.view.cancel.disabled = True
             self.view.cancel.description = "Cancelling…"
-        self.service.store.request_cancel(self.job_id)
+        self.service.store.request_cancel(self.job_id, "cancelled by user (the Cancel button)")
         self.service._signal_supervisor(self.service.store.get_job(self.job_id), 15)
 
     # -- one step ---------------------------------------------------------------------
@@ -501,8 +501,18 @@ class JobMonitor:
 
             update_display(self._bundle(), raw=True, display_id=self.status_id)
 
-    def finish(self) -> None:
+    def finish(self, drain: bool = False) -> None:
+        """The final view; `drain`: first show the rest of the job's output (following
+        stopped early: the cell was interrupted, and the job has been stopped since)."""
         self.record = self.service.store.get_job(self.job_id)
+        while drain:
+            lines, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
+            if not lines:
+                break
+            if self.terminal and not self.quiet:
+                for line in lines:
+                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
+            self.outputs.add(lines)
         self._redraw(force=True)
         if self.view is not None:
             self.view.close()

@@ -110,6 +110,35 @@ def test_interrupt_cancels_the_job_and_leaves_nothing(kernel, service):
     assert outputs(msgs, "execute_result")[0]["data"]["text/plain"] == "2"
 
 
+def test_what_ranks_print_while_stopping_reaches_the_interrupted_cell(kernel, service):
+    """Interrupting the kernel sends SIGTERM to every rank (torchrun's way of stopping them);
+    a handler that saves a checkpoint gets its time, and its last words reach the cell."""
+    msg_id = kernel.kc.execute(
+        "%%distributed --workers 2\n"
+        "import os, signal, sys, time\n"
+        "def save(signum, frame):\n"
+        "    print('saving a checkpoint', flush=True)\n"
+        "    time.sleep(1)\n"
+        "    print('checkpoint saved', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+        "print('training', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    job = wait_for(
+        lambda: [j for j in service.store.list_jobs()[0] if len(service.logs(j.id)[0]) == 2],
+        timeout=60,
+    )[0]
+    kernel.km.interrupt_kernel()
+    msgs, reply = kernel.collect(msg_id, timeout=60)
+    assert reply["ename"] == "KeyboardInterrupt", reply
+    texts = rank_texts(msgs)
+    for rank in (0, 1):
+        assert "checkpoint saved" in texts[rank], texts
+    record = service.store.get_job(job.id)
+    assert record.state == "cancelled" and record.reason == "cancelled by user (kernel interrupt)"
+
+
 @pytest.mark.parametrize(
     "cell,message",
     [

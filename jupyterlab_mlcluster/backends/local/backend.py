@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ EXIT_STREAM = "x"  # a rank's pidfd in the selector, beside its "o", "e" and "c"
 
 class LocalBackend(Backend):
     name = "local"
+    honours_grace = True
 
     def capacity(self) -> dict[str, Any]:
         c = self.config
@@ -155,6 +157,7 @@ class _Gang:
         self.last_metrics = 0.0
         self.open_fds = 0
         self.done: set[int] = set()  # ranks whose exit we have seen
+        self.failed_seen: dict[int, float] = {}  # failed ranks -> when their exit was seen
         # A rank's error report sent over its report channel: only when its error file
         # could not be written (a full disk); the file, where there is one, wins.
         self.reported_errors: dict[int, dict[str, Any]] = {}
@@ -171,6 +174,7 @@ class _Gang:
         tensorboard_dir = store.tensorboard_dir(job_id)
         tensorboard_dir.mkdir(mode=0o700, exist_ok=True)
         warm = _running_warm()
+        cold_because: list[str] = []
         # A machine without GPUs leaves CUDA_VISIBLE_DEVICES as the user had it (torchrun).
         pool_has_gpus = bool((ctx.job.capacity or {}).get("gpus", True))
         for rank in range(spec.workers):
@@ -198,6 +202,17 @@ class _Gang:
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
                 env["MLCLUSTER_MAX_RESULT_BYTES"] = str(ctx.config.max_result_mib * 1024 * 1024)
+            if warm and rank == 0:
+                # (the variables that matter are the same on every rank: the job's)
+                cold_because = _stale_for_warm(env)
+                warm = not cold_because
+                if cold_because and self.attempt == 0:
+                    ctx.logs.system(
+                        "[mlcluster] started cold, not from the warm pool: its interpreter"
+                        " imported with another environment than this job's: "
+                        + ", ".join(cold_because),
+                        rank=0,
+                    )
             proc = self.spawn(rank, env, payload_path, warm)
             self.tree.adopt(proc.pid)
             self.ranks.append(proc)
@@ -362,53 +377,115 @@ class _Gang:
                     break
                 self._handle(rank, key.data[1], parser.feed(data))
 
+    def _reap_exits(self) -> None:
+        """Note every rank that has exited since the last look (its output drained, its
+        state set); a failed one is remembered with the time it was seen."""
+        for p in self.ranks:
+            if p.rank in self.done or p.poll() is None:
+                continue
+            self.done.add(p.rank)
+            self.drain_rank(p.rank)
+            ok = p.returncode == 0
+            self.rank_updates.update(
+                p.rank,
+                state=RankState.SUCCEEDED if ok else RankState.FAILED,
+                exit_code=p.returncode,
+                finished=time.time(),
+            )
+            if not ok:
+                self.failed_seen.setdefault(p.rank, time.time())
+
+    def _failed_at(self, rank: int) -> float:
+        """When the rank failed: its own report's timestamp (taken where the exception was
+        caught, as torchrun's error files are), else when its exit was seen."""
+        report = lifecycle.read_error_report(self.ctx.store, self.ctx.job.id, rank)
+        report = report or self.reported_errors.get(rank)
+        try:
+            return float(report["timestamp"])  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            return self.failed_seen[rank]
+
+    def _fail_fast(self) -> Outcome:
+        """A rank failed: stop the others, then name the rank that failed first by time.
+        The rank seen first is not always it: a rank waiting in a collective fails too
+        once the culprit's connections close ("Connection closed by peer"), and may exit
+        (and be looked at) first. Such a follow-on failure is no cause: like every rank
+        stopped on the culprit's account, it is marked cancelled and its log says why."""
+        stopping = time.time()
+        succeeded = {p.rank for p in self.ranks if p.rank in self.done and p.returncode == 0}
+        self.stop("a rank failed")
+        self._reap_exits()
+        # Candidates: failures reported before the others were stopped (a rank that fails
+        # from our SIGTERM is no candidate); among them, the earliest.
+        when = {rank: self._failed_at(rank) for rank in self.failed_seen}
+        candidates = {r: t for r, t in when.items() if t <= stopping} or when
+        culprit = min(candidates, key=lambda r: (candidates[r], r))
+        outcome = Outcome(
+            "failed",
+            lifecycle.reported_failure(culprit, self.reported_errors.get(culprit)),
+            failed_rank=culprit,
+            exit_code=self.ranks[culprit].returncode,
+        )
+        because = lifecycle.failure_text(self.ctx.store, self.ctx.job.id, outcome)
+        now = time.time()
+        for p in self.ranks:
+            if p.rank == culprit or p.rank in succeeded:
+                continue
+            self.rank_updates.update(
+                p.rank, state=RankState.CANCELLED, exit_code=p.returncode, finished=now
+            )
+            with contextlib.suppress(OSError):  # (a full disk: the job's error still says it)
+                self.ctx.logs.system(
+                    f"[mlcluster] rank {p.rank} was stopped because rank {culprit} failed first:"
+                    f" {because}",
+                    rank=p.rank,
+                )
+        return outcome
+
     def watch(self) -> Outcome:
         ctx, spec = self.ctx, self.spec
         deadline = ctx.job.started + spec.timeout if spec.timeout else None
         finished = self.done
         while True:
             self.pump(LOOP_TICK)
-            for p in self.ranks:
-                if p.rank in finished or p.poll() is None:
-                    continue
-                finished.add(p.rank)
-                self.drain_rank(p.rank)
-                ok = p.returncode == 0
-                self.rank_updates.update(
-                    p.rank,
-                    state=RankState.SUCCEEDED if ok else RankState.FAILED,
-                    exit_code=p.returncode,
-                    finished=time.time(),
-                )
-                if not ok:
-                    self.stop(exclude={p.rank})
-                    return Outcome(
-                        "failed",
-                        lifecycle.reported_failure(p.rank, self.reported_errors.get(p.rank)),
-                        failed_rank=p.rank,
-                        exit_code=p.returncode,
-                    )
+            self._reap_exits()
+            if self.failed_seen:
+                return self._fail_fast()
             if len(finished) == len(self.ranks):
                 log.debug("all ranks exited")
                 return Outcome("succeeded")
             reason = ctx.cancelled()
             if reason:
-                self.stop()
-                return Outcome("cancelled", reason)
+                return Outcome("cancelled", reason + self.stop(reason))
             if deadline is not None and time.time() > deadline:
-                self.stop()
-                return Outcome(
-                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
-                )
+                why = f"timed out after {lifecycle.format_duration(spec.timeout)}"
+                return Outcome("timeout", why + self.stop(why))
             self.flush()
 
-    def stop(self, exclude: set[int] = frozenset()) -> None:
-        """Stop every rank (fail-fast, cancel, timeout); they are marked cancelled."""
+    def stop(self, why: str) -> str:
+        """Stop every rank (fail-fast, cancel, timeout) as torchrun does: SIGTERM to each,
+        SIGKILL after the grace; those still running are marked cancelled. Each rank's log
+        says when and why (what it prints meanwhile follows there); returns what the job's
+        reason adds: '' or which ranks had to be killed."""
         self.flush(force=True)
-        launcher.stop_ranks(self.ranks, self.ctx.config.kill_grace_period, pump=self.pump)
+        grace = self.ctx.config.kill_grace_period
+        live = [p.rank for p in self.ranks if p.poll() is None]
+        for rank in live:
+            with contextlib.suppress(OSError):  # (a full disk: the job's reason still says it)
+                self.ctx.logs.system(
+                    f"[mlcluster] stopping ({why}): SIGTERM, then SIGKILL after {grace:g} s",
+                    rank=rank,
+                )
+        killed = launcher.stop_ranks(self.ranks, grace, pump=self.pump)
+        for rank in killed:
+            with contextlib.suppress(OSError):
+                self.ctx.logs.system(
+                    f"[mlcluster] rank {rank} had not exited {grace:g} s after SIGTERM: killed",
+                    rank=rank,
+                )
         now = time.time()
         for p in self.ranks:
-            if p.rank in exclude:
+            if p.rank in self.done:
                 continue
             state = self.rank_updates.get(p.rank, "state")
             if state in (RankState.SUCCEEDED, RankState.FAILED):
@@ -416,6 +493,10 @@ class _Gang:
             self.rank_updates.update(
                 p.rank, state=RankState.CANCELLED, exit_code=p.returncode, finished=now
             )
+        if not killed:
+            return ""
+        which = ", ".join(str(rank) for rank in killed)
+        return f"; rank {which} had not exited {grace:g} s after SIGTERM and was killed"
 
     def drain(self) -> None:
         """Read what the ranks wrote before exiting (pipes may still hold output)."""
@@ -434,3 +515,10 @@ def _running_warm() -> bool:
     from ...jobs import warmpool
 
     return warmpool.in_zygote_child()
+
+
+def _stale_for_warm(env: dict[str, str]) -> list[str]:
+    """The variables a warm rank would see stale (jobs/warmpool.py): the job starts cold."""
+    from ...jobs import warmpool
+
+    return warmpool.stale_variables(env)

@@ -242,8 +242,9 @@ def spawn_forked(
     return RankProcess(rank, pid, out_r, err_r, control_r)
 
 
-def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> None:
-    """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds.
+def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> list[int]:
+    """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds;
+    returns the ranks that had not exited by then (killed).
 
     `pump()` is called while waiting so that output keeps being drained (a rank blocked
     on a full pipe could not exit)."""
@@ -257,6 +258,7 @@ def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> None:
         else:
             time.sleep(0.02)
         live = [r for r in live if r.poll() is None]
+    killed = [r.rank for r in live if r.poll() is None]
     for r in ranks:
         # Also the ones that exited: their children may still be in the group (then the
         # group id is still theirs; an empty group's id may be anyone's by now).
@@ -265,3 +267,4 @@ def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> None:
     for r in ranks:
         while r.poll() is None:
             time.sleep(0.01)
+    return killed

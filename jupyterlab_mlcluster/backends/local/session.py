@@ -243,8 +243,8 @@ class SessionGang(_Gang):
                 return self.rank_died(p)
             reason = ctx.cancelled()
             if reason:
-                if reason == "cancelled by user":
-                    reason = "stopped by user"
+                if reason.startswith("cancelled by user"):  # (who asked follows, if said)
+                    reason = "stopped by user" + reason[len("cancelled by user") :]
                 self.end_cell_now(f"the session was stopped ({reason})")
                 self.shut_down()
                 ctx.set_state(JobState.CANCELLED, reason=reason)
@@ -298,7 +298,7 @@ class SessionGang(_Gang):
             proc.rank, state=RankState.FAILED, exit_code=proc.returncode, finished=time.time()
         )
         self.close_commands()
-        self.stop(exclude={proc.rank})  # the others' output still goes to the cell's logs
+        self.stop(f"rank {proc.rank} died")  # the others' output still goes to the cell's logs
         # The session is final before its cell is: whoever reads the cell's failure and
         # runs the next cell finds the session ended, never a dying one.
         why = f"session ended: {text}"
