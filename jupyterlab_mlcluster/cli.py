@@ -182,6 +182,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:  # before there was a job to cancel (a submitted one follows us)
         return EXIT_CANCELLED
+    except Exception as exc:
+        # A full disk under the store is the user's to fix, not a traceback to read.
+        from .config import get_config
+        from .jobs.fsinfo import is_storage_full, no_space_text
+
+        store = get_config().store_dir
+        if not is_storage_full(exc, store):
+            raise
+        print(f"mlcluster: error: {no_space_text(store)} ({exc})", file=sys.stderr)
+        return EXIT_FAILED
 
 
 # -- run -------------------------------------------------------------------------------

@@ -443,7 +443,15 @@ class JobService:
         `by`: who or what asked ("Ctrl-C of mlcluster run"); the job's reason names it."""
         record = self.store.get_job(job_id)
         if not record.final:
-            self.store.request_cancel(job_id, f"cancelled by {by or 'user'}")
+            try:
+                self.store.request_cancel(job_id, f"cancelled by {by or 'user'}")
+            except Exception as exc:
+                # A full disk: the request cannot be written, but the supervisor's SIGTERM
+                # below is the same request (it stops the ranks, and writes the end with
+                # the store's reserve).
+                if not is_storage_full(exc, self.store.root):
+                    raise
+                log.warning("cannot record the cancel of job %s (%s): signalling it", job_id, exc)
             self._signal_supervisor(record, signal.SIGTERM)
             self.reap(force=True)
             if wait or purge:

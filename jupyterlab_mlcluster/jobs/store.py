@@ -165,6 +165,13 @@ STAGING_STALE = 600.0
 
 _said_journal: set[str] = set()  # stores whose journal mode this process has logged
 
+# Space kept for the store's last words: a file of this size in the store's root that a
+# supervisor deletes when its disk is full, so that its job's failure (and its ranks' end)
+# can still be written and every reader sees the job end, instead of a job listed running
+# until someone frees space. Made again by the next store opened with room for it.
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 256 * 1024
+
 
 class UnsafeStore(PermissionError):
     """A store root someone else owns or may write: opening it would trust their files (the
@@ -213,6 +220,36 @@ class JobStore:
         self.database = Database(self.db_path)
         self.journal_mode = self._choose_journal_mode(journal_mode, mountinfo)
         self._ensure_schema()
+        self.keep_reserve()
+
+    # -- the reserve -------------------------------------------------------------------
+
+    def keep_reserve(self) -> None:
+        """Make the reserve (RESERVE_NAME) if it is missing and there is room; a full disk
+        leaves it missing until a later call."""
+        path = self.root / RESERVE_NAME
+        if self.database.read_only or path.exists():
+            return
+        tmp = path.with_name(f"{RESERVE_NAME}.tmp{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                # Real blocks (not a sparse file): deleting it must give the space back.
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def release_reserve(self) -> bool:
+        """Give the reserve's space back (a full disk); True if there was one to give."""
+        try:
+            (self.root / RESERVE_NAME).unlink()
+        except OSError:
+            return False
+        return True
 
     # -- connections -------------------------------------------------------------------
 

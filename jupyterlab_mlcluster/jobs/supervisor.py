@@ -267,7 +267,7 @@ def _failure_text(store: JobStore, exc: BaseException) -> tuple[str, bool]:
     """(what the job's error says, whether it was a full disk)."""
     if is_storage_full(exc, store.root):
         path = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
-        return no_space_text(path or store.db_path), True
+        return f"{no_space_text(path or store.db_path)}; the job's ranks were stopped", True
     return f"internal error in the job supervisor: {exc!r}", False
 
 
@@ -282,7 +282,8 @@ def _drop_partial_outputs(store: JobStore, job_id: str) -> None:
 
 def _until_written(store: JobStore, write, what: str):
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
-    job's last word is written as soon as there is space for it. Other errors propagate."""
+    job's last word is written as soon as there is space for it. The store's reserve is
+    given up first, which makes room at once. Other errors propagate."""
     failures = 0
     while True:
         try:
@@ -290,6 +291,9 @@ def _until_written(store: JobStore, write, what: str):
         except Exception as exc:
             if not is_storage_full(exc, store.root):
                 raise
+            if store.release_reserve():
+                log.warning("the disk is full: the store's reserve was released to write %s", what)
+                continue
             if not store.db_path.exists():
                 # The store itself was removed (its directory deleted, its disk unmounted):
                 # nobody can ever read this word, so waiting for space would wait forever.

@@ -8,12 +8,20 @@ with a ballast file, real supervisors and ranks (cold interpreters), the real CL
 - A running job whose supervisor cannot write ends `failed`, its reason "no space left on
   <device> ... (writing <path>)", as soon as space allows; nothing of it keeps running.
 - Once space is back, new jobs run again.
+- The attached `mlcluster run` returns within 10 s of the disk filling ("no space left on
+  <device> mounted at <dir> ...; the job's ranks were stopped"), the listing says failed
+  while the disk is still full (the store's reserve is spent on it), and a Ctrl-C on a full
+  disk cancels without a raw traceback.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +29,7 @@ from helpers import assert_no_job_processes, scenario_seed, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.jobs.store import JobStore
+from jupyterlab_mlcluster.jobs.store import RESERVE_BYTES, RESERVE_NAME, JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 from tests.faults.fulldisk import (
     CHATTY_RANK,
@@ -371,3 +379,80 @@ def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
     with pytest.raises(OSError):
         supervisor._until_written(store, write, "the job's end")
     assert len(tries) == 2
+
+
+def attached_run(script: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab_mlcluster.cli", "run", "--workers", "2", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_an_attached_run_returns_when_the_disk_fills(disk, service, tmp_path):
+    """`mlcluster run` following a chatty job returns within 10 s of the disk filling, saying
+    what is full and that the ranks were stopped; the listing says failed, with the same
+    reason, while the disk is still full (the store's reserve made room for it)."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_RANK)
+    assert (disk.path / "store" / RESERVE_NAME).stat().st_size == RESERVE_BYTES
+    proc = attached_run(script)
+    try:
+        wait_for(lambda: service.store.list_jobs()[0], message="the job stored")
+        (job,) = service.store.list_jobs()[0]
+        wait_for(lambda: service.store.read_logs(job.id, tail=1)[0], message="ranks writing")
+        disk.fill()
+        filled = time.monotonic()
+        _out, err = proc.communicate(timeout=10)
+        returned = time.monotonic() - filled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    print(f"\nmlcluster run returned {returned:.2f} s after the disk filled")
+    assert proc.returncode == 1 and returned < 10
+    assert disk.ballast.exists()  # the disk was not freed meanwhile (only the reserve was)
+    record = service.get(job.id)
+    assert record.state == JobState.FAILED
+    assert record.reason.startswith("no space left on tmpfs (tmpfs) mounted at ")
+    assert str(disk.path) in record.reason
+    assert record.reason.endswith("; the job's ranks were stopped")
+    assert f"job {job.id} failed: {record.reason}" in err
+    assert "Traceback" not in err
+    assert not (disk.path / "store" / RESERVE_NAME).exists()  # spent on the job's end
+    assert_no_job_processes(service)
+    # With space back, the next store opened keeps a reserve again.
+    disk.free()
+    JobStore(disk.path / "store").close()
+    assert (disk.path / "store" / RESERVE_NAME).exists()
+
+
+def test_ctrl_c_on_a_full_disk_cancels_without_a_traceback(disk, service, tmp_path):
+    """The disk fills while the job's ranks are quiet; Ctrl-C of the attached run then
+    cannot write the cancel request: the supervisor is asked by signal, the run returns
+    saying the job was cancelled, and no raw sqlite3 traceback is printed."""
+    script = tmp_path / "quiet.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    proc = attached_run(script)
+    try:
+        ready = 0
+        while ready < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            ready += line.strip().endswith("ready")
+        disk.fill()
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        returned = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and returned < 10, err
+    assert "Traceback" not in err and "OperationalError" not in err, err
+    (record,) = service.store.list_jobs()[0]
+    assert record.state in (JobState.CANCELLED, JobState.FAILED), record
+    assert f"job {record.id} " in err
+    assert_no_job_processes(service)
