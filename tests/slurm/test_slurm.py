@@ -479,3 +479,57 @@ def test_a_restart_is_a_new_allocation(service):
     lines = [line.split() for line in rank_lines(service, job.id, 1) if line.startswith("attempt")]
     assert [words[1] for words in lines] == ["0", "1"]
     assert lines[0][4] != lines[1][4]  # another Slurm job
+
+
+def test_attack_forged_result_records_in_slurm_task_output(service, tmp_path):
+    """The ranks' output files on the shared filesystem carry text only: the forgeries of
+    tests/attacks.py (a marker mid-line, a made-up MAC, another job's key, the job's key
+    mid-line, rank 1 posing as rank 0) load nothing and show no progress."""
+    from attacks import FORGING_CELL, assert_forgeries_refused, evil_result
+
+    mark = tmp_path / "unpickled"
+    job = submit(service, FORGING_CELL, workers=2, push={"evil": evil_result(mark)})
+    final = service.wait(job.id, timeout=90)
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert_forgeries_refused(service, final, mark)
+
+
+def test_a_cancel_past_the_grace_is_a_sigkill(service):
+    code = textwrap.dedent(
+        """
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM ignored", flush=True))
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+        """
+    )
+    job = submit(service, code, workers=1)
+    wait_for(lambda: rank_lines(service, job.id) == ["ready"], 60, message="the rank runs")
+    started = time.monotonic()
+    record = service.cancel(job.id)
+    took = time.monotonic() - started
+    assert record.state == JobState.CANCELLED
+    assert "SIGTERM ignored" in rank_lines(service, job.id)
+    assert 3.0 <= took < 3.0 + 20  # kill_grace_period (3 s here), then SIGKILL
+    assert record.ranks[0].state == "cancelled" and record.ranks[0].exit_code is None
+
+
+def test_each_ranks_output_arrives_whole_and_in_order(service):
+    code = textwrap.dedent(
+        """
+        import os, sys
+        for i in range(2000):
+            print(f"out {i}")
+            if i % 100 == 0:
+                print(f"err {i}", file=sys.stderr)
+        """
+    )
+    job = submit(service, code, workers=2)
+    assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
+    for rank in (0, 1):
+        lines, _ = service.logs(job.id, rank=rank)
+        out = [line["line"] for line in lines if line["stream"] == "stdout"]
+        err = [line["line"] for line in lines if line["stream"] == "stderr"]
+        assert out == [f"out {i}" for i in range(2000)]
+        assert err == [f"err {i}" for i in range(0, 2000, 100)]
