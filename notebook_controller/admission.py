@@ -227,7 +227,8 @@ def validations(
         )
         for check, message in checks
     ]
-    # A TrainJob's trainer container env (merged into the runtime's node container).
+    # A TrainJob's trainer container env (merged into the runtime's node container), and its
+    # initializers' env and secretRef (the Trainer mounts that Secret into their pods).
     rendered.append(
         (
             "object.kind != 'TrainJob' || !has(object.spec.trainer) || "
@@ -235,6 +236,17 @@ def validations(
             _JOB_SECRETS_CHECK[1],
         )
     )
+    for part in ("dataset", "model"):
+        where = f"object.spec.initializer.{part}"
+        rendered.append(
+            (
+                "object.kind != 'TrainJob' || !has(object.spec.initializer) || "
+                f"!has({where}) || ((!has({where}.secretRef) || "
+                f"(has({where}.secretRef.name) && {_secret_name_ok(where + '.secretRef.name')}))"
+                f" && {_env_secrets_ok(where + '.env')})",
+                _JOB_SECRETS_CHECK[1],
+            )
+        )
     return variables, [
         {"expression": expression, "message": message, "reason": "Forbidden"}
         for expression, message in rendered

@@ -292,5 +292,6 @@ def all_manifests(
         host=host,
         owner_header=owner_header,
         auth=ingress_auth,
+        watched_namespaces=tuple(user_namespaces),
     )
     return manifests

@@ -18,6 +18,7 @@ it:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .ingress import GATEWAY_PRINCIPAL, SERVER_PREFIX, IngressAuth
@@ -45,14 +46,17 @@ def _meta(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": _labels()}
 
 
-def server_command(owner_header: str, auth: IngressAuth | None = None) -> list[str]:
+def server_command(
+    owner_header: str, auth: IngressAuth | None = None, watched_namespaces: Sequence[str] = ()
+) -> list[str]:
     """`jupyter lab` under the server prefix, taking identities from the gateway's header, and
     with `auth` (the gateway's issuer) verifying the forwarded JWT itself, so that the header
     alone never names a caller.
 
     Jupyter's own token is off: the gateway's JWT is the login, this pod admits nothing but the
     gateway, and with the trusted header the server's Authorizer keeps callers to the mlcluster
-    API and the lab page."""
+    API and the lab page. `watched_namespaces`: the user namespaces whose Notebooks it
+    follows, each on its own (its RBAC grants those reads there only, server/rbac.py)."""
     verify = []
     if auth is not None:
         verify = [
@@ -72,6 +76,7 @@ def server_command(owner_header: str, auth: IngressAuth | None = None) -> list[s
         "--MLClusterApp.trust_identity_header=True",
         f"--MLClusterApp.identity_header={owner_header}",
         *verify,
+        *(f"--MLClusterApp.watched_namespaces={namespace}" for namespace in watched_namespaces),
     ]
 
 
@@ -91,6 +96,7 @@ def server_deployment(
     service_account: str,
     owner_header: str,
     auth: IngressAuth | None = None,
+    watched_namespaces: Sequence[str] = (),
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -116,7 +122,7 @@ def server_deployment(
                         {
                             "name": "jupyter",
                             "image": image,
-                            "command": server_command(owner_header, auth),
+                            "command": server_command(owner_header, auth, watched_namespaces),
                             "ports": [{"name": "http-jupyter", "containerPort": SERVER_PORT}],
                             # A TCP probe: a shared server answers little of Jupyter's own
                             # API (server/confinement.py), and nothing without an identity.
@@ -230,6 +236,7 @@ def server_objects(
     owner_header: str,
     gateway_principal: str = GATEWAY_PRINCIPAL,
     auth: IngressAuth | None = None,
+    watched_namespaces: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Store volume, Deployment, Service, route, and the two policies (apply order; the
     service account and RBAC are server/rbac.py's); with `auth`, the server verifies the
@@ -238,7 +245,9 @@ def server_objects(
         server_store_claim(namespace),
         server_peer_authentication(namespace),
         server_authorization_policy(namespace, gateway_principal),
-        server_deployment(namespace, image, service_account, owner_header, auth),
+        server_deployment(
+            namespace, image, service_account, owner_header, auth, watched_namespaces
+        ),
         server_service(namespace),
         server_virtual_service(namespace, gateway, host),
     ]

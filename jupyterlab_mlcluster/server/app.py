@@ -206,6 +206,15 @@ class MLClusterApp(ExtensionApp):
         "notebook-controller's ControllerConfig.owner_header_prefix adds it back.",
     ).tag(config=True)
 
+    watched_namespaces = List(
+        Unicode(),
+        help="With per-user namespaces: the user namespaces whose Notebooks and events this "
+        "server follows (for /events), each on its own, so that its RBAC grants those reads "
+        "there only (`mlcluster manifests --user-namespace` sets it and prints that RBAC). "
+        "Empty: one watch of every namespace, which needs cluster-wide reads (user namespaces "
+        "not known in advance, e.g. Kubeflow Profiles).",
+    ).tag(config=True)
+
     jwt_issuer = Unicode(
         "",
         help="With trust_identity_header: the OIDC issuer whose JWT (Authorization: Bearer, "
@@ -344,6 +353,7 @@ class MLClusterApp(ExtensionApp):
             KubeConnection(namespace),
             self.notebook_feed,
             all_namespaces=self.per_user_namespaces,
+            namespaces=self.watched_namespaces if self.per_user_namespaces else (),
         )
         self.notebooks = NotebookService(
             KubeConnection(namespace),

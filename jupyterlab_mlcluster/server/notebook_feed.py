@@ -62,17 +62,23 @@ class NotebookFeed:
 
     # -- Notebooks -----------------------------------------------------------------------
 
-    def replace_notebooks(self, items: Iterable[Mapping[str, Any]]) -> None:
-        """A fresh list: what is no longer there was deleted while nobody watched."""
+    def replace_notebooks(
+        self, items: Iterable[Mapping[str, Any]], namespace: str | None = None
+    ) -> None:
+        """A fresh list (of every namespace, or of `namespace` only, when each namespace is
+        watched on its own): what is no longer there was deleted while nobody watched."""
         items = list(items)
         with self._lock:
             present = {_key(obj) for obj in items}
-            for key in [k for k in self._notebooks if k not in present]:
+            listed = [k for k in self._notebooks if namespace is None or k[0] == namespace]
+            for key in [k for k in listed if k not in present]:
                 self._remove(key)
             for obj in items:
                 self._update(obj)
-            uids = {_uid(obj) for obj in items}
-            for uid in [u for u in self._progress if u not in uids]:
+            kept = {_uid(obj) for obj in items}
+            if namespace is not None:  # other namespaces' notebooks keep their progress
+                kept |= {_uid(obj) for key, obj in self._notebooks.items() if key[0] != namespace}
+            for uid in [u for u in self._progress if u not in kept]:
                 del self._progress[uid]
 
     def notebook_changed(self, change: str, obj: Mapping[str, Any]) -> None:
@@ -119,12 +125,19 @@ class NotebookFeed:
 
     # -- events re-issued on Notebooks -----------------------------------------------------
 
-    def replace_events(self, items: Iterable[Mapping[str, Any]]) -> None:
+    def replace_events(
+        self, items: Iterable[Mapping[str, Any]], namespace: str | None = None
+    ) -> None:
+        """A fresh list of events (of every namespace, or of `namespace` only)."""
         with self._lock:
-            self._progress.clear()
+            keys = [k for k in self._notebooks if namespace is None or k[0] == namespace]
+            if namespace is None:
+                self._progress.clear()
+            for key in keys:
+                self._progress.pop(_uid(self._notebooks[key]) or "", None)
             for event in sorted(items, key=event_time):
                 self._take(event)
-            for key in list(self._notebooks):
+            for key in keys:
                 self._show(key)
 
     def event_changed(self, change: str, event: Mapping[str, Any]) -> None:

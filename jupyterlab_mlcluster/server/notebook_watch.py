@@ -79,6 +79,7 @@ class ListWatch(kubeconn.ListWatch):
         stopping: threading.Event,
         watch_timeout: int = 300,
         all_namespaces: bool = False,
+        namespace: str | None = None,
     ):
         super().__init__(
             what, on_list, on_change, stopping, watch_timeout=watch_timeout, failures=FAILURES
@@ -86,6 +87,7 @@ class ListWatch(kubeconn.ListWatch):
         self.request = request
         self.connection = connection
         self.all_namespaces = all_namespaces
+        self.namespace = namespace  # this one (watched alone), else as all_namespaces says
         self._api: Any = None
 
     def host(self) -> str:
@@ -104,6 +106,8 @@ class ListWatch(kubeconn.ListWatch):
         return self._api
 
     def _namespace(self) -> str | None:
+        if self.namespace is not None:
+            return self.namespace
         return None if self.all_namespaces else self.connection.namespace()
 
     def list_items(self) -> tuple[list[dict[str, Any]], str]:
@@ -137,9 +141,11 @@ class ListWatch(kubeconn.ListWatch):
 
 
 class NotebookWatch:
-    """Keeps a NotebookFeed current from the cluster, in two daemon threads: the connection's
-    namespace, or every namespace (`all_namespaces`: each user's notebooks in their own; the
-    feed tells each owner only of notebooks in the owner's namespace)."""
+    """Keeps a NotebookFeed current from the cluster, in daemon threads: the connection's
+    namespace, every namespace (`all_namespaces`: each user's notebooks in their own; the
+    feed tells each owner only of notebooks in the owner's namespace), or each of the user
+    namespaces given (`namespaces`: one list-watch of Notebooks and one of their events per
+    namespace, so the server needs those reads only there, not cluster-wide)."""
 
     def __init__(
         self,
@@ -147,56 +153,85 @@ class NotebookWatch:
         feed: NotebookFeed,
         watch_timeout: int = 300,
         all_namespaces: bool = False,
+        namespaces: Iterable[str] = (),
     ):
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.events = ListWatch(
-            "events on Notebooks",
-            request_notebook_events,
-            connection,
-            feed.replace_events,
-            feed.event_changed,
-            self._stopping,
-            watch_timeout,
-            all_namespaces,
-        )
-        self.notebooks = ListWatch(
-            "Notebooks",
-            request_notebooks,
-            connection,
-            self._notebooks_listed(feed),
-            feed.notebook_changed,
-            self._stopping,
-            watch_timeout,
-            all_namespaces,
-        )
+        self._lock = threading.Lock()
+        # (notebooks, events) per namespace watched on its own; one pair otherwise.
+        self.pairs: list[tuple[ListWatch, ListWatch]] = []
+        for namespace in list(namespaces) or [None]:
+            events = ListWatch(
+                "events on Notebooks" + (f" in {namespace}" if namespace else ""),
+                request_notebook_events,
+                connection,
+                self._in(feed.replace_events, namespace),
+                feed.event_changed,
+                self._stopping,
+                watch_timeout,
+                all_namespaces,
+                namespace,
+            )
+            notebooks = ListWatch(
+                "Notebooks" + (f" in {namespace}" if namespace else ""),
+                request_notebooks,
+                connection,
+                self._notebooks_listed(feed, namespace, events),
+                feed.notebook_changed,
+                self._stopping,
+                watch_timeout,
+                all_namespaces,
+                namespace,
+            )
+            self.pairs.append((notebooks, events))
+        # The whole-cluster (or connection's namespace) pair, as before.
+        self.notebooks, self.events = self.pairs[0]
+
+    @staticmethod
+    def _in(
+        replace: Callable[..., None], namespace: str | None
+    ) -> Callable[[Iterable[Mapping[str, Any]]], None]:
+        return lambda items: replace(items, namespace) if namespace else replace(items)
 
     def _notebooks_listed(
-        self, feed: NotebookFeed
+        self, feed: NotebookFeed, namespace: str | None, events: ListWatch
     ) -> Callable[[Iterable[Mapping[str, Any]]], None]:
+        started = threading.Event()
+
         def listed(items: Iterable[Mapping[str, Any]]) -> None:
-            feed.replace_notebooks(items)
+            if namespace:
+                feed.replace_notebooks(items, namespace)
+            else:
+                feed.replace_notebooks(items)
             # Events only count for notebooks the feed knows: follow them once it knows some.
-            if len(self._threads) == 1:
-                self._start(self.events)
+            if not started.is_set():
+                started.set()
+                self._start(events)
 
         return listed
 
     def _start(self, follower: ListWatch) -> None:
-        thread = threading.Thread(
-            target=follower.run, name=f"mlcluster-watch-{len(self._threads)}", daemon=True
-        )
-        self._threads.append(thread)
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            thread = threading.Thread(
+                target=follower.run, name=f"mlcluster-watch-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
         thread.start()
 
     def start(self) -> None:
         if not self._threads and not self._stopping.is_set():
-            self._start(self.notebooks)
+            for notebooks, _events in self.pairs:
+                self._start(notebooks)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop both threads (blocks up to `timeout`: call it off the event loop)."""
+        """Stop every thread (blocks up to `timeout` each: call it off the event loop)."""
         self._stopping.set()
-        for follower in (self.notebooks, self.events):
-            follower.interrupt()
-        for thread in list(self._threads):
+        for pair in self.pairs:
+            for follower in pair:
+                follower.interrupt()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout)

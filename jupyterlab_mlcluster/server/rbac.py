@@ -8,7 +8,10 @@ API emulator and checks each one is granted here, in the namespace it was made i
 - Cluster-wide reads (`CLUSTER_RULES`, a ClusterRole bound cluster-wide):
   - Profiles: list (`notebooks.UserNamespaces`: which namespace a user owns);
   - Notebooks and Events: list, watch in all namespaces (`notebook_watch.py`: one watch for
-    every user's notebooks and their events on `/events`);
+    every user's notebooks and their events on `/events`), only where the user namespaces are
+    not known in advance (Kubeflow Profiles): with user namespaces given, these reads are in
+    the user-namespace role instead and the server watches each of them
+    (`MLClusterApp.watched_namespaces`);
   - ClusterTrainingRuntimes: get, list (`KubernetesBackend._check_runtime`, at submit);
   - Nodes: list (`KubernetesBackend._nodes`: capacity, and GPUs a pod can never get).
   Not granted: listing pods cluster-wide (`KubernetesBackend._requested`, the free share in
@@ -39,10 +42,15 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
     return {"apiGroups": [group], "resources": resources, "verbs": verbs}
 
 
-CLUSTER_RULES: list[dict[str, Any]] = [
-    _rule("kubeflow.org", ["profiles"], ["list"]),
+# The watch behind /events (notebook_watch.py): cluster-wide, or in each user namespace when
+# the server is told which (MLClusterApp.watched_namespaces; `mlcluster manifests` does).
+WATCH_RULES: list[dict[str, Any]] = [
     _rule(NOTEBOOK_GROUP, ["notebooks"], ["list", "watch"]),
     _rule("", ["events"], ["list", "watch"]),
+]
+CLUSTER_RULES: list[dict[str, Any]] = [
+    _rule("kubeflow.org", ["profiles"], ["list"]),
+    *WATCH_RULES,
     _rule("trainer.kubeflow.org", ["clustertrainingruntimes"], ["get", "list"]),
     _rule("", ["nodes"], ["list"]),
 ]
@@ -51,6 +59,17 @@ USER_NAMESPACE_RULES: list[dict[str, Any]] = [
     _rule(NOTEBOOK_GROUP, ["notebooks"], ["get", "create", "patch", "delete"]),
     *job_rules(),
 ]
+
+
+def cluster_rules(watched_per_namespace: bool) -> list[dict[str, Any]]:
+    """The cluster-wide reads; without the notebook watch's when it runs per namespace."""
+    if not watched_per_namespace:
+        return CLUSTER_RULES
+    return [rule for rule in CLUSTER_RULES if rule not in WATCH_RULES]
+
+
+def user_namespace_rules(watched_per_namespace: bool) -> list[dict[str, Any]]:
+    return [*USER_NAMESPACE_RULES, *(WATCH_RULES if watched_per_namespace else [])]
 
 OWN_NAMESPACE_RULES: list[dict[str, Any]] = [_rule("", ["pods"], ["get"])]
 
@@ -105,14 +124,15 @@ def server_rbac(
             "apiVersion": rbac,
             "kind": "ClusterRole",
             "metadata": _meta(ROLE),
-            "rules": CLUSTER_RULES,
+            # With user namespaces given, the server watches each (watched_namespaces).
+            "rules": cluster_rules(bool(user_namespaces)),
         },
         _binding("ClusterRoleBinding", ROLE, "ClusterRole", ROLE, subject),
         {
             "apiVersion": rbac,
             "kind": "ClusterRole",
             "metadata": _meta(USER_NAMESPACE_ROLE),
-            "rules": USER_NAMESPACE_RULES,
+            "rules": user_namespace_rules(bool(user_namespaces)),
         },
         {
             "apiVersion": rbac,

@@ -489,6 +489,8 @@ def test_attack_job_pods_read_a_secret_the_job_did_not_create(kind: str, secret:
 
 
 def test_attack_trainjob_trainer_env_reads_a_foreign_secret() -> None:
+    """A TrainJob names a Secret outside its pod templates: the trainer's env, an
+    initializer's env or `secretRef`: refused as in a pod spec."""
     obj = _job("TrainJob/runtimePatches")
     obj["spec"]["trainer"] = {
         "image": "python:3.11",
@@ -497,6 +499,20 @@ def test_attack_trainjob_trainer_env_reads_a_foreign_secret() -> None:
     assert denials(POLICY, obj)
     obj["spec"]["trainer"]["env"] = [{"name": "T", "value": "plain"}]
     assert denials(POLICY, obj) == []
+    # The initializers: a Secret by secretRef (the Trainer mounts it) or by env.
+    for part in ("dataset", "model"):
+        for initializer in (
+            {"storageUri": "hf://x", "secretRef": {"name": "hf-token-of-the-platform"}},
+            {
+                "storageUri": "s3://x",
+                "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "k"}}}],
+            },
+        ):
+            attacked = copy.deepcopy(obj)
+            attacked["spec"]["initializer"] = {part: initializer}
+            assert denials(POLICY, attacked), (part, initializer)
+        attacked["spec"]["initializer"] = {part: {"storageUri": "hf://public-model"}}
+        assert denials(POLICY, attacked) == []
 
 
 @pytest.mark.parametrize("engine", ["indexed-job", "pytorchjob", "tfjob", "trainjob"])
