@@ -32,8 +32,10 @@ from .payload import Payload, read_payload_bytes
 
 RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines modest
 MIB = 1024 * 1024
-# Results pickled bigger than this get no JSON form (REST's GET /jobs/{id}/result says so).
-JSON_FORM_MAX = 16 * MIB
+# Results pickled bigger than this get no JSON form (REST's GET /jobs/{id}/result says so):
+# encoding one costs the rank time every job pays for a read few make (a list of 120k floats,
+# 1 MiB pickled, takes ~0.1 s to encode; tensors and arrays fail at once).
+JSON_FORM_MAX = 1 * MIB
 RESULT_JSON_NAME = "result.json"  # beside MLCLUSTER_RESULT_PATH
 
 _PR_SET_PDEATHSIG = 1
@@ -279,7 +281,11 @@ def result_json(kind: str, value: Any, pickled_size: int) -> bytes:
             pass
         return json.dumps({"kind": kind, "types": _type_names(value)}).encode()
     return json.dumps(
-        {"kind": kind, "types": f"{_type_names(value)}, {pickled_size / MIB:.1f} MiB pickled"}
+        {
+            "kind": kind,
+            "types": f"{_type_names(value)}, {pickled_size / MIB:.1f} MiB pickled (more than "
+            f"{JSON_FORM_MAX // MIB} MiB)",
+        }
     ).encode()
 
 

@@ -419,8 +419,11 @@ async def test_result_states(api, mlc):
     value = await submit(api, "{'a': [1, 2.5, None]}")
     opaque = await submit(api, "object()")
     nothing = await submit(api, "x = 1")
-    for job in (value, opaque, nothing):
+    big = await submit(api, "list(range(300_000))")  # over 1 MiB pickled: not encoded twice
+    for job in (value, opaque, nothing, big):
         assert (await wait_final(api, job["id"]))["state"] == "succeeded"
+    status, error, _ = await api("GET", "jobs", big["id"], "result")
+    assert status == 409 and "more than 1 MiB" in error["message"], error
     assert (await api("GET", "jobs", value["id"], "result"))[1] == {
         "kind": "value",
         "value": {"a": [1, 2.5, None]},
