@@ -91,8 +91,13 @@ def test_ranks_get_the_torchrun_environment_from_slurms(service, slurm):
     assert [r.state for r in record.ranks] == ["succeeded", "succeeded"]
 
 
-def rank_lines(service, job_id: str, rank: int | None = None) -> list[str]:
-    return [line["line"] for line in service.logs(job_id, rank=rank)[0]]
+def rank_lines(service, job_id: str, rank: int | None = None, stream: str | None = None):
+    """What the ranks printed (stdout and stderr), or one stream ("system": mlcluster's)."""
+    return [
+        line["line"]
+        for line in service.logs(job_id, rank=rank)[0]
+        if (line["stream"] == stream if stream else line["stream"] != "system")
+    ]
 
 
 def test_a_failing_rank_stops_the_other_and_its_traceback_is_the_error(service):
@@ -138,6 +143,10 @@ def test_cancel_sends_sigterm_then_the_allocation_goes(service, slurm):
     record = service.cancel(job.id)
     assert record.state == JobState.CANCELLED and record.reason == "cancelled by user"
     assert rank_lines(service, job.id).count("SIGTERM handled") == 2
+    assert (
+        rank_lines(service, job.id, stream="system")
+        == ["[mlcluster] stopping (cancelled by user): SIGTERM, then SIGKILL after 3 s"] * 2
+    )
     assert {r.state for r in record.ranks} == {"cancelled"}
     assert slurm.jobs() == []
 
@@ -494,7 +503,7 @@ def test_attack_forged_result_records_in_slurm_task_output(service, tmp_path):
     assert_forgeries_refused(service, final, mark)
 
 
-def test_a_cancel_past_the_grace_is_a_sigkill(service):
+def test_a_cancel_past_the_jobs_grace_is_a_sigkill(service):
     code = textwrap.dedent(
         """
         import signal, time
@@ -504,14 +513,22 @@ def test_a_cancel_past_the_grace_is_a_sigkill(service):
             time.sleep(0.1)
         """
     )
-    job = submit(service, code, workers=1)
+    spec = JobSpec.from_options({"backend": "slurm", "workers": 1})
+    job = service.submit(spec, Payload(source=code), grace=1.0)  # --grace 1s
     wait_for(lambda: rank_lines(service, job.id) == ["ready"], 60, message="the rank runs")
     started = time.monotonic()
     record = service.cancel(job.id)
     took = time.monotonic() - started
     assert record.state == JobState.CANCELLED
+    assert record.reason == (
+        "cancelled by user; rank 0 had not exited 1 s after SIGTERM and was killed"
+    )
     assert "SIGTERM ignored" in rank_lines(service, job.id)
-    assert 3.0 <= took < 3.0 + 20  # kill_grace_period (3 s here), then SIGKILL
+    assert rank_lines(service, job.id, stream="system") == [
+        "[mlcluster] stopping (cancelled by user): SIGTERM, then SIGKILL after 1 s",
+        "[mlcluster] rank 0 had not exited 1 s after SIGTERM: killed",
+    ]
+    assert 1.0 <= took < 1.0 + 20
     assert record.ranks[0].state == "cancelled" and record.ranks[0].exit_code is None
 
 

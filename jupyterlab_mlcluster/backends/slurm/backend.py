@@ -12,6 +12,7 @@ the comment every allocation of ours carries.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ _KEEP_SLURM = {"SLURM_CONF"}
 
 class SlurmBackend(Backend):
     name = "slurm"
+    # Cancel, a failing rank and a timeout are SIGTERM, then SIGKILL after the job's grace.
+    honours_grace = True
 
     def commands(self) -> SlurmCommands:
         return SlurmCommands(self.config.slurm_bin_dir, self.config.slurm_command_timeout)
@@ -511,7 +514,7 @@ class _Attempt:
             if failed:
                 # The first rank that failed (its error report's time), as torchrun says.
                 rank = min(failed, key=self._failure_time)
-                self.stop()
+                self.stop("a rank failed")
                 return Outcome(
                     "failed",
                     lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
@@ -522,13 +525,10 @@ class _Attempt:
                 return Outcome("succeeded")
             reason = ctx.cancelled()
             if reason:
-                self.stop()
-                return Outcome("cancelled", reason)
+                return Outcome("cancelled", reason + self.stop(reason))
             if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
-                self.stop()
-                return Outcome(
-                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
-                )
+                why = f"timed out after {lifecycle.format_duration(spec.timeout)}"
+                return Outcome("timeout", why + self.stop(why))
             self.look()
             if self.slurm_state not in script.ACTIVE_STATES:
                 if ended_seen:  # one more turn read what the ranks left: still not all
@@ -570,20 +570,32 @@ class _Attempt:
 
     # -- stop --------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """SIGTERM to every task, SIGKILL after kill_grace_period, then the allocation
-        cancelled (a pending one at once); the ranks that had not ended before are marked
-        cancelled, as the local backend marks the ranks it stops."""
+    def stop(self, why: str) -> str:
+        """SIGTERM to every task, SIGKILL after the grace (kill_grace_period, or the job's
+        --grace), then the allocation cancelled (a pending one at once), as the local backend
+        stops its ranks: each rank's log says when and why; the ranks that had not ended are
+        marked cancelled. Returns what the job's reason adds: '' or which ranks were killed."""
         if self.slurm_id is None:
-            return
+            return ""
         ended_before = set(self.exits)
         self.flush(force=True)
+        grace = self.ctx.config.kill_grace_period
+        killed: list[int] = []
         if self.running:
+            live = [r for r in range(self.spec.workers) if r not in self.exits]
+            self._say(
+                live, f"[mlcluster] stopping ({why}): SIGTERM, then SIGKILL after {grace:g} s"
+            )
             try:
                 self.commands.signal(self.slurm_id, "TERM")
             except SlurmError as exc:
                 log.warning("scancel --signal=TERM %s: %s", self.slurm_id, exc)
-            if not self.wait_gone(self.ctx.config.kill_grace_period, tasks_only=True):
+            if not self.wait_gone(grace, tasks_only=True):
+                killed = [r for r in live if r not in self.exits]
+                self._say(
+                    killed,
+                    f"[mlcluster] rank {{rank}} had not exited {grace:g} s after SIGTERM: killed",
+                )
                 try:
                     self.commands.signal(self.slurm_id, "KILL", full=True)
                 except SlurmError as exc:
@@ -596,6 +608,15 @@ class _Attempt:
                     rank, state=RankState.CANCELLED, exit_code=self.exits.get(rank), finished=now
                 )
         self.flush(force=True)
+        if not killed:
+            return ""
+        which = ", ".join(str(rank) for rank in killed)
+        return f"; rank {which} had not exited {grace:g} s after SIGTERM and was killed"
+
+    def _say(self, ranks: list[int], text: str) -> None:
+        for rank in ranks:
+            with contextlib.suppress(OSError):  # (a full disk: the job's reason still says it)
+                self.ctx.logs.system(text.replace("{rank}", str(rank)), rank=rank)
 
     def cancel_allocation(self) -> None:
         if self.slurm_state not in script.ACTIVE_STATES:
@@ -644,10 +665,10 @@ class _Attempt:
         try:
             outcome = self.watch()
         except _LostSlurm as exc:
-            self.stop()
-            return Outcome("failed", f"lost contact with Slurm: {exc}", restartable=False)
+            why = f"lost contact with Slurm: {exc}"
+            return Outcome("failed", why + self.stop(why), restartable=False)
         except BaseException:
-            self.stop()
+            self.stop("the supervisor failed")
             raise
         self.pump()
         self.flush(force=True)
