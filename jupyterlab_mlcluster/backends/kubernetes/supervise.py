@@ -171,6 +171,7 @@ class _Attempt:
         self.installing: set[int] = set()  # ranks whose pods install the notebook's packages
         self.result_chunks: dict[str, dict[int, str]] = {}  # form -> index -> base64
         self.result_refused: str | None = None  # why rank 0's result was dropped
+        self.result_received = 0  # base64 characters of result chunks held
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.rank_updates = lifecycle.RankUpdates(run.ctx)
         self.written: dict[int, dict[str, Any]] = {}
@@ -752,13 +753,14 @@ class _Attempt:
         chunks = self.result_chunks.setdefault(form, {})
         try:
             index, count = int(record["index"]), int(record["count"])
-            chunks[index] = str(record["data"])
+            data = str(record["data"])
         except (KeyError, TypeError, ValueError):
             return
+        self.result_received += len(data) - len(chunks.get(index, ""))
+        chunks[index] = data
         limit = self.ctx.config.max_result_mib * 1024 * 1024
-        received = sum(len(c) for cs in self.result_chunks.values() for c in cs.values())
         # base64 is 4/3 of the bytes; the JSON form may be as big as the pickle.
-        if limit and received > 2 * (limit * 4 // 3 + 4):
+        if limit and self.result_received > 2 * (limit * 4 // 3 + 4):
             self.result_chunks = {}
             self.result_refused = (
                 f"rank 0's result is more than this job may return ({limit // (1024 * 1024)} "
@@ -766,11 +768,12 @@ class _Attempt:
             )
             self.ctx.logs.system(f"[mlcluster] {self.result_refused}", rank=0)
             return
-        if 0 <= index < count and all(i in chunks for i in range(count)):
+        if 0 <= index < count <= len(chunks) and all(i in chunks for i in range(count)):
             data = base64.b64decode("".join(chunks[i] for i in range(count)))
             store = self.ctx.store
             path = store.result_json_path if form == "json" else store.result_path
             _write_atomically(path(self.ctx.job.id), data)
+            self.result_received -= sum(len(c) for c in chunks.values())
             del self.result_chunks[form]
 
     def _drain_logs(self, outcome: Outcome) -> None:
