@@ -389,3 +389,66 @@ def test_list_restart_and_stop_from_the_magic_and_the_cli(kernel, service, quick
     msgs, reply = kernel.execute("%distributed_session stop s")
     assert reply["status"] == "error" and "no session 's'" in reply["evalue"]
     assert_no_job_processes(service)
+
+
+def test_a_rank_runs_only_signed_fresh_commands(kernel, service, quick):
+    """Whoever can write into a rank's command pipe (here: through /proc, as its own user
+    could) still cannot make it run code: unsigned, wrongly signed and replayed commands are
+    ignored, and said so in the rank's output."""
+    from jupyterlab_mlcluster.runtime.protocol import encode_record, key_path, read_key_file
+
+    kernel.execute("%%distributed --session s --workers 2\nx = 'kept'")
+    holder = service.store.get_job(_cells(service)[0].origin["session_job"])
+    rank0 = next(pid for rank, pid, _ in service.store.rank_processes(holder.id) if rank == 0)
+    key = read_key_file(key_path(service.store.payload_path(holder.id)))
+    marker = service.store.root.parent / "pwned"
+    command = {
+        "type": "cell",
+        "job": "jforged0000",
+        "payload": str(service.store.payload_path(_cells(service)[0].id)),
+        "error": str(marker),
+        "env": {"PWNED": "1"},
+    }
+    with open(_command_pipe(rank0), "wb", buffering=0) as pipe:
+        pipe.write(b'{"type": "cell", "seq": 99}\n')  # no signature at all
+        pipe.write(encode_record({**command, "seq": 100}, b"k" * 32, 0))  # another key
+        pipe.write(encode_record({**command, "seq": 1}, key, 0))  # the right key, replayed
+    msgs, reply = kernel.execute("%%distributed --session s\nimport os\n(x, os.environ.get('PWNED'))")
+    assert reply["status"] == "ok" and _value(msgs) == "('kept', None)"
+    # (said between cells or as the next one starts: in the session's or that cell's log)
+    logs = [line["line"] for job in (holder.id, _cells(service)[-1].id) for line in service.logs(job, 0)[0]]
+    assert sum("ignored a command that was not signed" in line for line in logs) == 3, logs
+    assert not marker.exists()
+
+
+def _command_pipe(pid: int) -> str:
+    """/proc path of the rank's command pipe: the one pipe it holds open for reading."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        flags = open(f"/proc/{pid}/fdinfo/{fd}").read().split("flags:")[1].split()[0]
+        if target.startswith("pipe:") and int(flags, 8) & 3 == os.O_RDONLY:
+            return f"/proc/{pid}/fd/{fd}"
+    raise AssertionError(f"rank {pid} holds no pipe for reading")
+
+
+def test_the_monitors_cancel_interrupts_the_cell_and_keeps_the_session(service, quick):
+    from jupyterlab_mlcluster.kernel.monitor import JobMonitor
+
+    def cell(source: str, **options):
+        record, _ = sessions.submit_cell(
+            service, "s", options, Payload(kind="code", source=source), origin={"kind": "test"}
+        )
+        return record
+
+    assert service.wait(cell("import time\nx = 5", workers=2).id, timeout=60).state == "succeeded"
+    running = cell("print('looping', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    wait_for(lambda: service.logs(running.id)[0], timeout=30, message="the cell to run")
+    monitor = JobMonitor(service, running.id, widgets=False, quiet=True)
+    monitor.request_cancel()  # the Cancel button
+    done = service.wait(running.id, timeout=30)
+    assert done.state == "cancelled" and done.reason == "cancelled by user"
+    after = cell("x")
+    assert service.wait(after.id, timeout=30).state == "succeeded"
+    assert service.result(after.id) == ("value", 5)
+    holder = service.store.get_job(after.origin["session_job"])
+    assert holder.state == "running" and holder.restarts == 0

@@ -79,7 +79,7 @@ class TestSharedServer:
         }
 
     async def test_another_users_session_looks_missing_and_is_untouched(self, api, mlc):
-        await run_cell(
+        cell, _ = await run_cell(
             mlc.service, "s", "secret = 1", user="alice@example.com", workers=2, backend="local"
         )
         alice = {"kubeflow-userid": "alice@example.com"}
@@ -93,6 +93,11 @@ class TestSharedServer:
         ):
             code, body, _ = await api(method, *path, headers=mallory)
             assert code == 404 and body["message"] == "no session 's'", (method, path)
+        # nor her cells, nor the session's gang, as jobs (reading, cancelling, purging)
+        for job_id in (cell.id, cell.origin["session_job"]):
+            for method, params in (("GET", None), ("DELETE", None), ("DELETE", {"purge": "true"})):
+                code, _, _ = await api(method, "jobs", job_id, params=params, headers=mallory)
+                assert code == 404, (method, job_id, params)
         code, view, _ = await api("GET", "sessions", "s", headers=alice)
         assert code == 200 and view["state"] == "running" and view["restarts"] == 0
         assert view["owner"] == "alice@example.com"
