@@ -178,13 +178,15 @@ def main() -> int:
         proc.communicate()
         print("no answer after 3600 s", file=sys.stderr)
         return 1
-    if proc.returncode != 0:
-        print(stdout[-2000:], stderr[-3000:], file=sys.stderr)
-        return 1
     items = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     by: dict[str, list[dict]] = {}
     for item in items:
         by.setdefault(item["method"], []).append(item)
+    if proc.returncode != 0:
+        # What was measured is still worth its lines (a run is long); then why it stopped.
+        print(json.dumps(by, indent=1))
+        print(stdout[-2000:], stderr[-3000:], file=sys.stderr)
+        return 1
     print(
         f"{args.workers} ranks, {args.cells} cells of {args.steps} training steps each "
         f"(GPT-2 shaped, 2 layers, DDP over gloo on CPU), {os.cpu_count()} cores"
