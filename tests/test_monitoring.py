@@ -67,7 +67,11 @@ def test_monitoring_manifests_fit_their_schemas_and_find_the_controller():
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (deployment,) = [
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "notebook-controller"
+    ]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -80,7 +84,7 @@ def test_monitoring_manifests_fit_their_schemas_and_find_the_controller():
     plain = manifests()
     assert not [o for o in plain if o["kind"] in ("ServiceMonitor", "ConfigMap")]
     assert not any("metrics_port" in a for o in plain if o["kind"] == "Deployment"
-                   for a in o["spec"]["template"]["spec"]["containers"][0]["args"])  # fmt: skip
+                   for a in o["spec"]["template"]["spec"]["containers"][0].get("args", []))  # fmt: skip
 
 
 def grafana_dashboard_schema() -> dict:

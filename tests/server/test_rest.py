@@ -288,7 +288,7 @@ async def test_impossible_for_the_backend_is_409_and_kubernetes_without_cluster_
         ("jobs", {"limit": "many"}),
         ("jobs", {"offset": "-1"}),
         ("jobs", {"state": "done"}),
-        ("jobs", {"backend": "slurm"}),
+        ("jobs", {"backend": "mesos"}),
         ("jobs", {"limit": ["1", "2"]}),
     ],
 )
