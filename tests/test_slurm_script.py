@@ -62,10 +62,14 @@ def test_an_image_is_refused():
 
 
 def test_batch_script_starts_every_task_in_one_srun_step():
-    text = script.batch_script(python="/opt/py env/bin/python", attempt_dir="/d")
+    text = script.batch_script(
+        python="/opt/py env/bin/python", attempt_dir="/d", spec=spec(cpus=3, gpus_per_worker=2)
+    )
     srun = [line for line in text.splitlines() if "srun" in line]
     assert len(srun) == 1
     assert "--kill-on-bad-exit=1" in srun[0]
+    # Asked again in the step (22.05's srun does not inherit sbatch's --cpus-per-task).
+    assert "--cpus-per-task=3 --gpus-per-task=2" in srun[0]
     assert "--output=/d/rank-%t.out" in srun[0] and "--error=/d/rank-%t.err" in srun[0]
     assert "'/opt/py env/bin/python' -m jupyterlab_mlcluster.backends.slurm.rank" in srun[0]
     assert "export MASTER_PORT" in text

@@ -550,3 +550,10 @@ def test_each_ranks_output_arrives_whole_and_in_order(service):
         err = [line["line"] for line in lines if line["stream"] == "stderr"]
         assert out == [f"out {i}" for i in range(2000)]
         assert err == [f"err {i}" for i in range(0, 2000, 100)]
+
+
+def test_a_rank_gets_the_cpus_it_asked_for(service, slurm):
+    code = "import os\nprint(os.environ['SLURM_CPUS_PER_TASK'], os.environ['OMP_NUM_THREADS'])\n"
+    job = submit(service, code, workers=1, cpus=2)
+    assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
+    assert rank_lines(service, job.id) == ["2 2"]  # the step's own --cpus-per-task

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ class SlurmBackend(Backend):
             raise SpecError(
                 f"workers must be at most {self.config.max_workers} (MLClusterConfig.max_workers)"
             )
-        args = self._sbatch_arguments(spec, job_id="validate", attempt_dir=os.getcwd())
+        args = self._sbatch_arguments(spec, job_id="validate", attempt_dir=tempfile.gettempdir())
         try:
             self.commands().test_only(args)
         except SlurmError as exc:
@@ -387,7 +388,9 @@ class _Attempt:
         self.dir.mkdir(parents=True, exist_ok=True)
         python = ctx.config.slurm_python or sys.executable
         job_script = self.dir / "job.sh"
-        job_script.write_text(script.batch_script(python=python, attempt_dir=str(self.dir)))
+        job_script.write_text(
+            script.batch_script(python=python, attempt_dir=str(self.dir), spec=self.spec)
+        )
         args = self.backend._sbatch_arguments(
             self.spec, job_id=ctx.job.id, attempt_dir=str(self.dir)
         )

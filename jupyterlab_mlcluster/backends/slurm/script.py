@@ -162,16 +162,20 @@ def sbatch_arguments(
     return args
 
 
-def batch_script(*, python: str, attempt_dir: str) -> str:
+def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
     """The batch script: pick MASTER_PORT on the first node (where the batch script runs,
     and rank 0 with it), then start every task in one srun step; a task that fails ends the
-    step (--kill-on-bad-exit), as torchrun stops the others."""
+    step (--kill-on-bad-exit), as torchrun stops the others. The step asks for the task's
+    CPUs (and GPUs) again: since Slurm 22.05 srun does not inherit sbatch's --cpus-per-task,
+    and --gpus-per-task binds each task to its own GPUs (gpu-bind per_task)."""
     files = attempt_files(attempt_dir)
     q = shlex.quote
     port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
     srun = [
         "srun",
         "--kill-on-bad-exit=1",
+        f"--cpus-per-task={cpus_per_task(spec)}",
+        *([f"--gpus-per-task={spec.gpus_per_worker}"] if spec.gpus_per_worker else []),
         f"--output={files['out']}",
         f"--error={files['err']}",
         "--input=none",
