@@ -341,6 +341,7 @@ class _Attempt:
         self.started_ranks: set[int] = set()
         self.view: _JobView | None = None
         self.released = False
+        self.host: str | None = None
         self.reported_errors: dict[int, dict[str, Any]] = {}
 
     # -- submit ------------------------------------------------------------------------
@@ -442,20 +443,29 @@ class _Attempt:
             if position is not None:
                 reason += f"; position {position} in Slurm's queue"
             self.ctx.set_reason(reason)
-        elif row["state"] in ("RUNNING", "COMPLETING") and not self.running:
+        elif row["state"] in ("RUNNING", "COMPLETING") and (not self.running or not self.host):
             self._running(row["nodes"])
 
-    def _running(self, nodes: str) -> None:
+    def _running(self, nodes: str | None) -> None:
+        """The allocation runs: squeue said so, or a rank already did (its report or its
+        exit can come before squeue's next answer). Ranks that reported or ended keep their
+        state; the others are starting. The nodes, once squeue names them, are the ranks'
+        host (one node), else the allocation's node list."""
         ctx = self.ctx
+        if nodes and nodes != "(null)" and self.host is None:
+            self.host = script.first_host(nodes) if "," not in nodes and "[" not in nodes else nodes
+            for rank in range(self.spec.workers):
+                self.rank_updates.update(rank, host=self.host)
+        if self.running:
+            return
         self.running = True
         now = time.time()
-        host = script.first_host(nodes) if nodes and nodes != "(null)" else None
-        ctx.set_ranks(
-            {
-                r: {"state": RankState.STARTING, "host": host, "started": now}
-                for r in range(self.spec.workers)
-            }
-        )
+        for rank in range(self.spec.workers):
+            fields: dict[str, Any] = {"started": now}
+            if rank not in self.started_ranks and rank not in self.exits:
+                fields["state"] = RankState.STARTING
+            self.rank_updates.update(rank, **fields)
+        self.rank_updates.flush(force=True)
         fields = {} if ctx.job.started else {"started": now}
         ctx.set_state(JobState.RUNNING, reason=None, **fields)
         ctx.job.started = ctx.job.started or now
@@ -480,6 +490,8 @@ class _Attempt:
                 exit_code=code,
                 finished=time.time(),
             )
+        if not self.running and (self.started_ranks or self.exits):
+            self._running(None)
 
     def _drain_rank(self, rank: int) -> None:
         for stream in script.RANK_STREAMS:
