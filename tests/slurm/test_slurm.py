@@ -65,6 +65,20 @@ def test_cli_runs_a_two_rank_gloo_job_in_one_srun_step(slurm_store, slurm, tmp_p
     assert "ar" in listing.stdout and "succeeded" in listing.stdout
 
 
+def test_cli_with_a_supervisor_forked_from_the_warm_pool(slurm_store, tmp_path):
+    """The default set-up: the job's supervisor is forked from the warm pool's zygote (which
+    gets the submitter's environment, SLURM_CONF with it), and talks to the same Slurm."""
+    script = tmp_path / "hello.py"
+    script.write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['SLURM_JOB_ID'])\n"
+    )
+    env = dict(os.environ, MLCLUSTER_WARM_POOL="1")
+    proc = run_cli("run", "--backend", "slurm", "--workers", "2", str(script), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = sorted(re.findall(r"rank (\d) of (\d+)", proc.stdout))
+    assert [r for r, _ in found] == ["0", "1"] and found[0][1] == found[1][1], proc.stdout
+
+
 def test_ranks_get_the_torchrun_environment_from_slurms(service, slurm):
     code = textwrap.dedent(
         """
