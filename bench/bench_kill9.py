@@ -2,7 +2,10 @@
 
     python bench/bench_kill9.py [--rounds 50] [--seconds 300] [--seed N] [--targets ...]
 
-Targets: supervisor (cgroup where writable), supervisor-groups (no cgroup: process groups,
+Targets: supervisor-alone (a running job's supervisor, with no other mlcluster process to
+notice: this process only reads the store and /proc; everything the ranks started must be
+gone within 2 s, by the supervisor's sentinel; the slowest round is printed), supervisor
+(cgroup where writable), supervisor-groups (no cgroup: process groups,
 the supervisor as child subreaper, the reaper's scan), supervisor-warm (warm ranks forked
 from a zygote's fork), zygote, kernel, server (a real `jupyter server`), controller (the
 notebook-controller against the Kubernetes API emulator). Each runs `--rounds` rounds or
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 TARGETS = [
+    "supervisor-alone",
     "supervisor",
     "supervisor-groups",
     "supervisor-warm",
@@ -94,7 +98,10 @@ def main() -> int:
         os.environ["MLCLUSTER_WARM_POOL"] = "1" if target in ("zygote", "supervisor-warm") else "0"
         os.environ["MLCLUSTER_RANK_CGROUP"] = "0" if target == "supervisor-groups" else "1"
         service = JobService(light)
-        if target.startswith("supervisor"):
+        if target == "supervisor-alone":
+            tally, slowest = kill9.lonely_supervisor_rounds(service, args.rounds, piddir)
+            tally.notes.insert(0, f"slowest round: {slowest:.2f} s to zero processes")
+        elif target.startswith("supervisor"):
             tally = _bounded(
                 lambda n, s=service, r=rng: kill9.supervisor_rounds(s, r, n, piddir, batch=5),
                 args.rounds,
@@ -128,7 +135,7 @@ def main() -> int:
             tally = _controller(args, rng, work)
         tallies.append(tally)
         print(tally.row(), flush=True)
-        for note in tally.notes[:10]:
+        for note in tally.notes[:11]:
             print("   ", note)
     warmpool.stop(light)
     bad = sum(t.bad for t in tallies)

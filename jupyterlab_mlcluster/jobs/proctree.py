@@ -14,8 +14,11 @@ A rank is its own session and process group, but what it starts may make its own
   rank stays in the supervisor's process tree, and the end of an attempt kills that tree.
 - **process groups**: each rank's group is killed whether or not its leader still lives.
 
-When the supervisor itself is kill -9'd its ranks die with it (PR_SET_PDEATHSIG) and
-whoever notices the dead supervisor (the reaper, `kill_orphaned_tree`) ends the rest: the
+When the supervisor itself is kill -9'd its ranks die with it (PR_SET_PDEATHSIG), and its
+**sentinel** (a fork of its own, in a session of its own, that only waits on a pipe from
+it) sees the pipe close without the supervisor's goodbye and at once ends the rest and
+settles the job, with no other mlcluster process running. Whoever else notices the dead
+supervisor (the reaper, `kill_orphaned_tree`) does the same: the
 job's cgroup, else the recorded ranks' groups (only while the leader is the very process
 recorded: a pid may be reused) and every process of this user whose environment names the
 job (MLCLUSTER_JOB_ID, which children inherit) and that started after the job's ranks.
@@ -26,6 +29,7 @@ reaper) and said once in its supervisor.log.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -35,7 +39,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -239,6 +243,7 @@ class Containment:
     def __init__(self, job_dir: Path, job_id: str, use_cgroup: bool = True):
         self.job_id = job_id
         self.job_dir = Path(job_dir)
+        self.spared: set[int] = set()
         self.subreaper = become_subreaper()
         self.cgroup = job_cgroup_path(job_id) if use_cgroup else None
         if self.cgroup is not None:
@@ -283,10 +288,14 @@ class Containment:
         if self.subreaper:
             _reap_children(keep=ranks)
 
+    def spare(self, pid: int) -> None:
+        """A child of the supervisor that is not the ranks' (its sentinel): never killed."""
+        self.spared.add(pid)
+
     def end_attempt(self, rank_groups: Iterable[int], keep: Iterable[int] = ()) -> None:
         """Kill everything the attempt's ranks left: their groups (those still ours), the
-        job's cgroup, and every descendant of this process (as subreaper, all of them are).
-        `keep`: rank pids whose exit status their owner still collects (not reaped here)."""
+        job's cgroup, and every descendant of this process (as subreaper, all of them are)
+        but the spared. `keep`: rank pids whose exit status their owner still collects."""
         deadline = time.monotonic() + KILL_DEADLINE
         keep = set(keep)
         ours = _live_groups()  # our_group() of each, from one scan of /proc (not one each)
@@ -300,7 +309,7 @@ class Containment:
                 descendants = psutil.Process().children(recursive=True)
             except psutil.Error:
                 break
-            live = [p for p in descendants if _alive(p)]
+            live = [p for p in descendants if _alive(p) and p.pid not in self.spared]
             if not live:
                 break
             _kill_pids(p.pid for p in live)
@@ -311,6 +320,65 @@ class Containment:
     def close(self) -> None:
         if self.cgroup is not None:
             _kill_cgroup(self.cgroup, time.monotonic() + KILL_DEADLINE, reap=True)
+
+
+class Sentinel:
+    """A fork of the supervisor that outlives it: when the supervisor dies without saying
+    goodbye (kill -9, the OOM killer), `after_death(started)` runs in it at once (`started`:
+    the time this sentinel was made, before any rank), so what the ranks
+    started is killed within moments even when no other mlcluster process is running.
+
+    It holds only the read end of a pipe whose write end only the supervisor holds (not
+    inheritable: ranks never get it), in a session of its own (a signal to the supervisor's
+    group or terminal does not reach it), and closes every other descriptor it inherited."""
+
+    def __init__(self, after_death: Callable[[float], None]):
+        self.started = time.time()  # before any rank: what is the job's started after it
+        read_end, self._write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the sentinel
+            status = 0
+            try:
+                os.close(self._write_end)
+                os.setsid()
+                for signum in (signal.SIGINT, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_IGN)
+                os.closerange(3, read_end)
+                os.closerange(read_end + 1, 65536)
+                said = b""
+                while True:
+                    try:
+                        chunk = os.read(read_end, 64)
+                    except InterruptedError:
+                        continue
+                    if not chunk:
+                        break
+                    said += chunk
+                if GOODBYE not in said:
+                    after_death(self.started)
+            except BaseException:  # noqa: BLE001 - say it, in the supervisor's log (fd 2)
+                import traceback
+
+                traceback.print_exc()
+                status = 1
+            finally:
+                os._exit(status)
+        os.close(read_end)
+        self.pid = pid
+
+    def release(self) -> None:
+        """The supervisor ends normally: the sentinel exits without doing anything."""
+        if self._write_end is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_end, GOODBYE)
+        os.close(self._write_end)
+        self._write_end = None
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+GOODBYE = b"goodbye"
 
 
 def _kill_cgroup_keep(cgroup: Path, deadline: float) -> None:
@@ -352,22 +420,43 @@ def kill_orphaned_tree(
 
     `ranks`: (rank, pid, process start time) as the store recorded them."""
     ranks = list(ranks)
-    try:
-        record = json.loads((Path(job_dir) / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        record = {}
-    if not isinstance(record, dict) or record.get("host", this_host()) != this_host():
+    record = _containment_record(job_dir)
+    if record is None:
         return  # another machine's processes: not ours to kill
     deadline = time.monotonic() + KILL_DEADLINE
     for _rank, pid, started in ranks:
         if process_is(pid, started):  # the leader is still the very rank: its group is ours
             killpg(pid)
+    starts = [s for _r, _p, s in ranks if s]
+    _kill_contained(record, job_id, min(starts) - START_SLACK if starts else None, deadline)
+
+
+def kill_left_behind(job_dir: Path, job_id: str, since: float) -> None:
+    """kill_orphaned_tree without the store (a sentinel may not open it: SQLite's locks do
+    not survive a fork): the job's cgroup, and its marked processes started after `since`
+    (the ranks themselves died with their supervisor: PR_SET_PDEATHSIG)."""
+    record = _containment_record(job_dir)
+    if record is not None:
+        _kill_contained(record, job_id, since, time.monotonic() + KILL_DEADLINE)
+
+
+def _containment_record(job_dir: Path) -> dict | None:
+    """The job's containment record, or None when its processes are another host's."""
+    try:
+        record = json.loads((Path(job_dir) / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        record = {}
+    if not isinstance(record, dict) or record.get("host", this_host()) != this_host():
+        return None
+    return record
+
+
+def _kill_contained(record: dict, job_id: str, since: float | None, deadline: float) -> None:
     cgroup = record.get("cgroup")
     if isinstance(cgroup, str) and _valid_job_cgroup(Path(cgroup), job_id):
         _kill_cgroup(Path(cgroup), deadline)
-    starts = [s for _r, _p, s in ranks if s]
-    if starts:
-        _kill_marked(job_id, min(starts) - START_SLACK, deadline)
+    if since is not None:
+        _kill_marked(job_id, since, deadline)
 
 
 def marked_processes(job_id: str, since: float) -> list[psutil.Process]:

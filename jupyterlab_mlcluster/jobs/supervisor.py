@@ -358,6 +358,8 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "--settle":
+        return settle_after_death(Path(argv[1]), argv[2])
     if len(argv) != 2:
         print(
             "usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID",
@@ -370,6 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore(root, journal_mode=mode)
     _log_to_bounded_file(store, argv[1])
     return supervise(store, argv[1], config)
+
+
+def settle_after_death(root: Path, job_id: str) -> int:
+    """`--settle ROOT JOB`: what a dead supervisor's sentinel runs (proctree.Sentinel) once
+    it has killed what the ranks left: the job is settled as any reaper would."""
+    from .service import JobService
+
+    config = _submitter_config(root, job_id)
+    mode = _launch(root, job_id).get("store_journal_mode") or config.store_journal_mode
+    JobService(config, JobStore(root, journal_mode=mode)).reap(force=True)
+    return 0
 
 
 def _log_to_bounded_file(store: JobStore, job_id: str) -> None:

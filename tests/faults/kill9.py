@@ -417,3 +417,40 @@ def controller_rounds(
         zygote.close()
     tally.seconds = time.monotonic() - began
     return tally
+
+
+def lonely_supervisor_rounds(service, rounds: int, piddir: Path, within: float = 2.0):
+    """kill -9 of a running job's supervisor with no other mlcluster process to notice:
+    this process only reads the store and /proc (no reaping call of the service). Every
+    round, everything the ranks started must be gone within `within` seconds, and the job
+    final soon after. Returns the tally and the slowest round's seconds to zero."""
+    tally = Tally("supervisor-alone")
+    slowest = 0.0
+    began = time.monotonic()
+    for _ in range(rounds):
+        job_id = submit(service, piddir, 10**6, workers=2)
+        deadline = time.monotonic() + 60 * WAIT_SCALE
+        while len(list(piddir.glob(f"{job_id}-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sup = service.store.get_job(job_id).supervisor or {}
+        tally.injected += kill9(sup.get("pid"), sup.get("create_time"))
+        killed = time.monotonic()
+        while (left := job_leftovers(service, [job_id], piddir)) and (
+            time.monotonic() - killed < within
+        ):
+            time.sleep(0.02)
+        took = time.monotonic() - killed
+        slowest = max(slowest, took)
+        tally.rounds += 1
+        tally.jobs += 1
+        tally.orphans += len(left)
+        tally.notes.extend(left)
+        end = time.monotonic() + STUCK_AFTER
+        while not service.store.get_job(job_id).final and time.monotonic() < end:
+            time.sleep(0.05)
+        if not service.store.get_job(job_id).final:
+            tally.stuck += 1
+            tally.notes.append(f"{job_id} stuck {service.store.get_job(job_id).state.value}")
+        tally.survived += not left and service.store.get_job(job_id).final
+    tally.seconds = time.monotonic() - began
+    return tally, slowest

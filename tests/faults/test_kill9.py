@@ -57,6 +57,25 @@ def test_kill9_supervisor(service, piddir, monkeypatch, mode):
     assert all(expected in text for text in logs if "rank cleanup:" in text), logs
 
 
+@pytest.mark.parametrize("mode", ["cgroup-cold", "groups-warm"])
+def test_kill9_of_a_supervisor_nobody_watches(service, piddir, monkeypatch, mode):
+    """kill -9 of a running job's supervisor while no other mlcluster process runs (this
+    test only reads the store and /proc): what its ranks started (a child in the rank's
+    group, one in a session of its own) is gone within 2 s, and the job is settled, by the
+    supervisor's sentinel. bench/bench_kill9.py --targets supervisor-alone: 50 rounds."""
+    containment, pool = mode.split("-")
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1" if pool == "warm" else "0")
+    monkeypatch.setenv("MLCLUSTER_RANK_CGROUP", "1" if containment == "cgroup" else "0")
+    jobs = JobService(MLClusterConfig(warm_pool_modules=["json"]))
+    tally, slowest = kill9.lonely_supervisor_rounds(jobs, 3, piddir)
+    print(f"\n{kill9.HEADER}\n{tally.row()}  (slowest: {slowest:.2f} s to zero)")
+    assert tally.injected == tally.rounds == 3
+    assert tally.bad == 0, tally.notes
+    assert tally.survived == tally.rounds
+    for record in jobs.store.list_jobs()[0]:
+        assert record.state.value == "failed" and "supervisor" in (record.error or ""), record
+
+
 def test_what_ranks_started_ends_with_the_job(service, piddir, monkeypatch):
     """No fault: a job that succeeds and one that is cancelled leave nothing of their ranks
     (grandchildren in the rank's group and in a session of their own), and every line of

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import selectors
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,13 @@ from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.processes import supervisor_alive
-from ...jobs.proctree import Containment, kill_orphaned_tree
+from ...jobs.proctree import (
+    START_SLACK,
+    Containment,
+    Sentinel,
+    kill_left_behind,
+    kill_orphaned_tree,
+)
 from ...jobs.sessions import is_session_holder
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
@@ -77,6 +84,9 @@ class LocalBackend(Backend):
         launch = _read_launch(ctx.store, ctx.job.id)
         sampler = RankSampler()
         tree = Containment(ctx.store.job_dir(ctx.job.id), ctx.job.id, ctx.config.rank_cgroup)
+        # Forked before any rank: should this process be killed, it ends what they started.
+        sentinel = Sentinel(lambda started: _after_supervisor_death(ctx, started))
+        tree.spare(sentinel.pid)
         try:
             if is_session_holder(ctx.job):
                 from .session import serve_session
@@ -89,6 +99,7 @@ class LocalBackend(Backend):
         finally:
             sampler.gpu.close()
             tree.close()
+            sentinel.release()
 
     def _admit(self, ctx: JobContext) -> dict[str, Any] | None:
         store, job = ctx.store, ctx.job
@@ -509,6 +520,20 @@ class _Gang:
         self.selector.close()
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)
+
+
+def _after_supervisor_death(ctx: JobContext, since: float) -> None:
+    """In the job's sentinel, its supervisor just died: kill what its ranks left, then settle
+    the job as any reaper would, in a fresh interpreter (exec): SQLite's locks do not survive
+    a fork, so the store is not opened here."""
+    kill_left_behind(ctx.store.job_dir(ctx.job.id), ctx.job.id, since - START_SLACK)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.execv(
+        sys.executable,
+        [sys.executable, "-m", "jupyterlab_mlcluster.jobs.supervisor", "--settle"]
+        + [str(ctx.store.root), ctx.job.id],
+    )
 
 
 def _running_warm() -> bool:
