@@ -171,3 +171,18 @@ def test_slurm_error_keeps_its_words():
         "sbatch: error: invalid partition specified: nope; "
         "allocation failure: Invalid partition name specified"
     )
+
+
+def test_srun_says_which_task_ended_badly_first():
+    text = (
+        "srun: error: vm: task 1: Killed\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+        "slurmstepd: error: *** STEP 7.0 ON vm CANCELLED AT 2026-11-26T20:23:52 ***\n"
+        "srun: error: vm: task 0: Killed\n"
+    )
+    assert script.srun_task_failure(text) == (1, "Killed")
+    assert script.srun_task_failure("srun: error: n1: tasks 2-3: Exited with exit code 9\n") == (
+        2,
+        "Exited with exit code 9",
+    )
+    assert script.srun_task_failure("all fine\n") is None

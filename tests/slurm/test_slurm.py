@@ -571,3 +571,23 @@ def test_a_rank_gets_the_cpus_it_asked_for(service, slurm):
     job = submit(service, code, workers=1, cpus=2)
     assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
     assert rank_lines(service, job.id) == ["2 2"]  # the step's own --cpus-per-task
+
+
+def test_a_rank_killed_by_a_signal_is_named_from_sruns_words(service):
+    """A rank killed outright (as the OOM killer does) leaves no exit status of its own: the
+    culprit is the task srun says ended first."""
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)
+        """
+    )
+    job = submit(service, code, workers=2)
+    record = service.wait(job.id, timeout=90)
+    assert record.state == JobState.FAILED
+    assert record.failed_rank == 1
+    assert record.error == "rank 1 failed: srun: task 1: Killed"
+    assert {r.rank: r.state for r in record.ranks} == {0: "cancelled", 1: "failed"}

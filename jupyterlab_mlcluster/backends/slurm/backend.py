@@ -46,8 +46,8 @@ LOOK_BACKOFF = Backoff(first=1.0, cap=15.0, floor=0.5)
 # After scancel, how long the supervisor waits for Slurm to let the job go before it says so
 # and leaves the rest to the reaper (a pending cleanup stays recorded).
 GONE_WAIT = 60.0
-READ_CAP = 1 << 20
-SINFO_TTL = 1.0  # bytes read from one rank file per turn
+READ_CAP = 1 << 20  # bytes read from one rank file per turn
+SINFO_TTL = 1.0
 PENDING_CLEANUP = "pending_cleanup"
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
 # sbatch must not inherit them, or its tasks would think they were the notebook's.
@@ -565,14 +565,22 @@ class _Attempt:
         if known is not None:
             kind, message = known
             return Outcome(kind, message, restartable=kind == "failed")
+        batch_output = _tail(self.dir / "batch.out")
+        culprit = script.srun_task_failure(batch_output)
+        if culprit is not None:  # srun's word: "task 1: Killed"
+            rank, how = culprit
+            self.rank_updates.update(rank, state=RankState.FAILED)
+            self.flush(force=True)
+            return Outcome(
+                "failed", f"rank {rank} failed: srun: task {rank}: {how}", failed_rank=rank
+            )
         missing = [r for r in range(self.spec.workers) if r not in self.exits]
         rank = missing[0] if missing else None
+        last = [line for line in batch_output.splitlines() if line.strip()][-1:]
         return Outcome(
             "failed",
             f"Slurm job {self.slurm_id} ended ({self.slurm_state}) before rank {rank} did: "
-            f"see {self.dir / 'batch.out'}"
-            if rank is not None
-            else f"Slurm job {self.slurm_id} ended: {self.slurm_state}",
+            + (last[0].strip() if last else f"see {self.dir / 'batch.out'}"),
             failed_rank=rank,
         )
 
@@ -702,6 +710,16 @@ class _Attempt:
             self.view.stop()
         if self.slurm_state not in script.ACTIVE_STATES:
             _set_backend_state(self.ctx, **{PENDING_CLEANUP: None})
+
+
+def _tail(path: Path, limit: int = 16384) -> str:
+    """The last `limit` bytes of a file (the batch script's output: srun's messages)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _read_exit(path: str) -> int | None:

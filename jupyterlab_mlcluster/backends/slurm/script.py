@@ -297,6 +297,17 @@ def pending_reason(reason: str) -> str:
     return f"waiting in Slurm: {reason}" + (f" ({hint})" if hint else "")
 
 
+_SRUN_TASK_RE = re.compile(r"^srun: error: [^:]+: tasks? (\d+)(?:-\d+)?: (.+)$", re.MULTILINE)
+
+
+def srun_task_failure(batch_output: str) -> tuple[int, str] | None:
+    """The first task srun said ended badly, and how ('Killed', 'Exited with exit code 3'),
+    from the batch script's output: the culprit when no rank left its exit status (a rank
+    killed by a signal, e.g. the kernel's OOM killer, writes none)."""
+    match = _SRUN_TASK_RE.search(batch_output)
+    return (int(match.group(1)), match.group(2).strip()) if match else None
+
+
 def job_outcome(state: str) -> tuple[str, str] | None:
     """(kind, message) for a final Slurm job state other than COMPLETED/FAILED (whose ranks
     tell what happened); None while the job is active."""
