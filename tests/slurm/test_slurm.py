@@ -294,6 +294,7 @@ def test_a_scheduled_run_goes_to_slurm(service, tmp_path):
         ({"queue": "nope"}, "invalid partition specified: nope"),
         ({"gpus_per_worker": 1}, "Invalid generic resource (gres) specification"),
         ({"workers": 3}, "Requested node configuration is not available"),
+        ({"memory": "4Gi"}, "Requested node configuration is not available"),  # 1000 MB node
     ],
 )
 def test_what_slurm_refuses_is_refused_in_its_words_before_anything_is_stored(
@@ -591,3 +592,15 @@ def test_a_rank_killed_by_a_signal_is_named_from_sruns_words(service):
     assert record.failed_rank == 1
     assert record.error == "rank 1 failed: srun: task 1: Killed"
     assert {r.rank: r.state for r in record.ranks} == {0: "cancelled", 1: "failed"}
+
+
+def test_slurm_extra_args_reach_sbatch_and_its_refusal(slurm_store, tmp_path):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    (tmp_path / "jupyter-config" / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": {"slurm_extra_args": ["--constraint=a100"]}})
+    )
+    service = JobService()
+    with pytest.raises(SpecError, match="Invalid feature specification"):
+        submit(service, "print(1)")
+    assert service.store.list_jobs()[1] == 0
