@@ -452,3 +452,14 @@ def test_the_monitors_cancel_interrupts_the_cell_and_keeps_the_session(service, 
     assert service.result(after.id) == ("value", 5)
     holder = service.store.get_job(after.origin["session_job"])
     assert holder.state == "running" and holder.restarts == 0
+
+
+def test_a_cells_timeout_interrupts_it_and_keeps_the_session(kernel, service, quick):
+    kernel.execute("%%distributed --session s --workers 2\nimport time\nx = 9")
+    msgs, reply = kernel.execute("%%distributed --session s --timeout 1s\ntime.sleep(120)")
+    assert reply["status"] == "error" and "timed out after 1s" in reply["evalue"]
+    cell = _cells(service)[-1]
+    assert cell.state == "failed" and cell.spec.timeout == 1.0
+    # the timeout was this cell's: the next one has none and finds the state intact
+    msgs, reply = kernel.execute("%%distributed --session s\ntime.sleep(1.5)\nx")
+    assert reply["status"] == "ok" and _value(msgs) == "9"

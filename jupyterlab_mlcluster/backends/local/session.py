@@ -327,20 +327,11 @@ class SessionGang(_Gang):
             or record.spec.workers != holder.spec.workers
         ):
             return  # not a waiting cell of this session: nothing to run
-        if not claim(store, cell_id):
-            return
-        cctx = JobContext(store, record, self.ctx.config)
         self.server.last_activity = time.monotonic()
-        reason = cctx.cancelled()
-        if reason:
-            cctx.set_state(JobState.CANCELLED, reason=reason)
-            cctx.set_all_ranks(state=RankState.CANCELLED, finished=time.time())
-            cctx.logs.close()
-            _mark_ended(store, cell_id)
-            return
         launch = _read_launch(store, cell_id)
         base = launcher.base_environment(launch.get("env", {}))
-        self.cell = _Cell(cctx)
+        # The ranks get the cell first: the store's bookkeeping below (the claim, the
+        # cell's state, its log files) is not on the path from submit to the user's code.
         for p in self.ranks:
             self.send(
                 p.rank,
@@ -353,6 +344,14 @@ class SessionGang(_Gang):
                     "env": {**base, **self.rank_vars[p.rank]},
                 },
             )
+        cctx = JobContext(store, record, self.ctx.config)
+        self.cell = _Cell(cctx)
+        if not claim(store, cell_id):
+            # Settled meanwhile (cancelled before it ran, and the reaper made it final):
+            # the ranks stop it at once; its final state stays what it is.
+            self.cell.stop = ("cancelled", "cancelled before it ran")
+            self.interrupt("the cell was cancelled before it ran")
+            return
         self.rank_updates.flush(force=True)  # the gang's ranks as they stand, with the cell
         now = time.time()
         cctx.set_state(JobState.RUNNING, started=now, reason=None)
