@@ -236,3 +236,35 @@ def test_a_cell_teaches_the_pool_what_its_kernel_imported(pool):
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [int(zygote)]
+
+
+def test_the_pool_learns_a_kernels_import_before_the_first_cell_that_uses_it(pool):
+    """The kernel imports a package after the pool is running: the pool learns it right
+    after that cell (not at the next %%distributed cell), so the first cell that uses it is
+    served by a generation that has it, instead of importing it in every rank."""
+    from jupyter_client.manager import start_new_kernel
+    from kernel_session import KernelSession, rank_texts
+
+    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    try:
+        kernel = KernelSession(km, kc)
+        kernel.execute("import warmprobe")
+        msgs, reply = kernel.execute("%%distributed --workers 1\n" + PROBE)
+        assert reply["status"] == "ok", reply
+        # the pool is running: this generation
+        first = int(rank_texts(msgs)[0].removeprefix("[rank 0] ").split()[1])
+        _, reply = kernel.execute("import slowprobe")  # (3 s to import, here too)
+        assert reply["status"] == "ok", reply
+
+        def learned() -> bool:
+            generations = warmpool.pool_status(pool.config)["generations"]
+            return any("slowprobe" in (g.get("modules") or []) for g in generations)
+
+        wait_for(learned, timeout=60, message="a generation with slowprobe, with no job asking")
+        msgs, reply = kernel.execute("%%distributed --workers 1\n" + PROBE)
+        assert reply["status"] == "ok", reply
+        loaded, zygote, _ = rank_texts(msgs)[0].removeprefix("[rank 0] ").split()
+        assert loaded == "warmprobe,slowprobe" and int(zygote) != first
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

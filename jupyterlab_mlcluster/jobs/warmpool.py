@@ -590,6 +590,29 @@ def _serving(config, want: list[str]) -> tuple[Path | None, bool]:
     return Path(nearest["socket"]), False
 
 
+def learn_ahead(config, learned: list[str]) -> bool:
+    """What a kernel just imported (after a cell, before any job asks): where the pool is
+    running and no generation of it covers the wish, build one in the background now, so
+    that the next %%distributed cell finds it ready instead of paying the imports in every
+    rank. Never starts a pool that is not running (a kernel that never submits costs
+    nothing); one build at a time; within warm_pool_max_memory. True if a build started."""
+    want = requested_modules(config, learned)
+    try:
+        env_fp = env_fingerprint()
+        generations = [g for g in _generations(want) if g.get("env") == env_fp]
+    except UnsafePoolDir:
+        return False
+    if not generations or any(g.get("missing") == 0 for g in generations):
+        return False
+    if _build_underway():
+        return False
+    nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
+    if not _within_memory(config, generations, nearest):
+        return False
+    ensure_zygote(config, wait=False, modules=want)
+    return True
+
+
 # This process's last choice: (environment, pool, wish) -> the generation that covered it. A
 # kernel's next cell nearly always wishes the same, and choosing again asks every generation
 # (each decoding the whole wish: ~2,600 names for a transformers kernel) on the job's critical

@@ -613,8 +613,45 @@ def _shell():
     return get_ipython()
 
 
+class _ImportLearner:
+    """After each cell: if the kernel imported something since the last look, the warm pool
+    may build a generation with it now, in a thread (a cell's reply never waits for it), so
+    that the first %%distributed cell after `import transformers` is served warm."""
+
+    def __init__(self, ipython):
+        self.ipython = ipython
+        self.seen = len(sys.modules)
+        self.thread: threading.Thread | None = None
+
+    def __call__(self, _result=None) -> None:
+        if len(sys.modules) == self.seen or (self.thread and self.thread.is_alive()):
+            return
+        self.seen = len(sys.modules)
+        magics = self.ipython.magics_manager.registry.get("DistributedMagics")
+        if magics is None:
+            return
+        config = magics.service.config
+        if not (config.warm_pool and config.warm_pool_learn):
+            return
+        self.thread = threading.Thread(
+            target=self._learn, args=(config,), name="mlcluster-learn", daemon=True
+        )
+        self.thread.start()
+
+    @staticmethod
+    def _learn(config) -> None:
+        from ..jobs import preload, warmpool
+
+        try:
+            warmpool.learn_ahead(config, preload.kernel_modules())
+        except Exception:  # noqa: BLE001 - never in the user's way; the next job learns
+            logging.getLogger("jupyterlab_mlcluster").debug("not learned", exc_info=True)
+
+
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DistributedMagics)
+    if not any(isinstance(f, _ImportLearner) for f in ipython.events.callbacks["post_run_cell"]):
+        ipython.events.register("post_run_cell", _ImportLearner(ipython))
     # ipykernel reads `_last_traceback` after a failed cell, but sets it only in run_cell,
     # which an awaited %%distributed cell (transform_cell) never passes through: without
     # this, a kernel whose first failing cell is one of ours never replies.
@@ -640,3 +677,6 @@ def _record_environment() -> None:
 def unload_ipython_extension(ipython) -> None:
     if transform_cell in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(transform_cell)
+    for callback in list(ipython.events.callbacks["post_run_cell"]):
+        if isinstance(callback, _ImportLearner):
+            ipython.events.unregister("post_run_cell", callback)
