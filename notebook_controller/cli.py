@@ -205,6 +205,14 @@ class ManifestsApp(Application):
             {"ManifestsApp": {"include_gateway": False}},
             "Leave out the Gateway and its authentication.",
         ),
+        "insecure-header-trust": (
+            {"ManifestsApp": {"insecure_header_trust": True}},
+            (
+                "Without --oidc-issuer, print the shared Jupyter server anyway: it then "
+                "believes the identity header with no JWT check (only the mesh policy that "
+                "admits the gateway alone stands between a forged header and any user)."
+            ),
+        ),
         "monitoring": (
             {"ManifestsApp": {"monitoring": True}},
             (
@@ -240,7 +248,8 @@ class ManifestsApp(Application):
     audiences = List(
         Unicode(),
         config=True,
-        help="Accepted 'aud' values of the JWTs (repeat the option; empty: any).",
+        help="Accepted 'aud' values of the JWTs (repeat the option); required with "
+        "--oidc-issuer: a token its issuer minted for another application must not pass.",
     )
     user_claim = Unicode(
         "email",
@@ -252,6 +261,12 @@ class ManifestsApp(Application):
         config=True,
         help="Secret (in the gateway's namespace) with the host's TLS certificate; with it the "
         "Gateway serves HTTPS and redirects HTTP.",
+    )
+    insecure_header_trust = Bool(
+        False,
+        config=True,
+        help="Without --oidc-issuer, print the shared Jupyter server anyway, believing the "
+        "identity header with no JWT check. Off: without an issuer the server is not printed.",
     )
     monitoring = Bool(
         False,
@@ -337,6 +352,17 @@ class ManifestsApp(Application):
             "server_namespace": self.server_namespace,
             "server_service_account": self.server_service_account,
         }
+        if self.oidc_issuer and not [a for a in self.audiences if a]:
+            raise TraitError(
+                "--oidc-issuer needs --audience (the 'aud' your OIDC provider puts in this "
+                "application's tokens; repeat for several): without it the gateway and the "
+                "shared server would accept a token the issuer minted for any other application"
+            )
+        if self.oidc_issuer and self.insecure_header_trust:
+            raise TraitError(
+                "--insecure-header-trust is for a layout without --oidc-issuer; with an issuer "
+                "the shared server verifies the JWT"
+            )
         if self.oidc_issuer:
             options["ingress_auth"] = IngressAuth(
                 issuer=self.oidc_issuer,
@@ -352,6 +378,15 @@ class ManifestsApp(Application):
                 "header of any user. Give --oidc-issuer (and --jwks-uri, --audience) of your "
                 "platform's OIDC provider, or --no-gateway to bring your own.\n"
             )
+        if not self.oidc_issuer:
+            if self.insecure_header_trust:
+                options["insecure_header_trust"] = True
+            else:
+                sys.stderr.write(
+                    f"{self.name}: no shared Jupyter server printed: without --oidc-issuer it "
+                    "would believe the identity header with no JWT check. Give --oidc-issuer and "
+                    "--audience, or --insecure-header-trust to print it that way anyway.\n"
+                )
         if self.image:
             options["image"] = self.image
         documents = []

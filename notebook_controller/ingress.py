@@ -50,6 +50,16 @@ class IngressAuth:
     # own token too; their Jupyter has no token of its own, so it changes nothing there.
     forward_token: bool = False
 
+    def __post_init__(self) -> None:
+        # An issuer signs tokens for every application it serves: without an audience, a
+        # token minted for any of them (a dashboard, a CI bot) would pass the gateway here.
+        if not [a for a in self.audiences if a]:
+            raise ValueError(
+                f"the OIDC issuer {self.issuer!r} needs the audiences of this application's "
+                "tokens ('aud'): without them a token minted for any other application of the "
+                "issuer would be accepted"
+            )
+
 
 def _split(gateway: str) -> tuple[str, str]:
     namespace, _, name = gateway.rpartition("/")
@@ -92,8 +102,7 @@ def request_authentication(gateway_name: str, auth: IngressAuth) -> dict[str, An
     }
     if auth.jwks_uri:
         rule["jwksUri"] = auth.jwks_uri
-    if auth.audiences:
-        rule["audiences"] = list(auth.audiences)
+    rule["audiences"] = list(auth.audiences)  # mandatory (IngressAuth)
     return {
         "apiVersion": "security.istio.io/v1",
         "kind": "RequestAuthentication",

@@ -184,6 +184,7 @@ def all_manifests(
     server_namespace: str = "",
     server_service_account: str = SERVER_SERVICE_ACCOUNT,
     namespace_owners: Mapping[str, str] | None = None,
+    insecure_header_trust: bool = False,
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
     leader), the admission policy for pod templates; the Gateway with JWT verification when
@@ -196,7 +197,9 @@ def all_manifests(
     server's own least-privilege RBAC (its service account in `server_namespace`, default the
     controller's; server/rbac.py), allowed into each of `user_namespaces`, and the server
     itself (server_deploy.py: Deployment, Service, its route on the gateway, and policies that
-    admit only the gateway's identity)."""
+    admit only the gateway's identity). The server itself only with `ingress_auth` (it then
+    verifies the gateway's JWT too), or with `insecure_header_trust`, the explicit choice of
+    a server that believes the identity header with no JWT check at all."""
     role = f"mlcluster-{CONTROLLER_NAME}"
     args = [
         f"--gateway={gateway}",
@@ -284,6 +287,8 @@ def all_manifests(
     manifests += server_rbac(
         server_namespace or namespace, tuple(user_namespaces), server_service_account
     )
+    if ingress_auth is None and not insecure_header_trust:
+        return manifests
     manifests += server_objects(
         namespace=server_namespace or namespace,
         image=image,

@@ -227,10 +227,14 @@ class MLClusterApp(ExtensionApp):
         "/.well-known/openid-configuration.",
     ).tag(config=True)
     jwt_audiences = List(
-        Unicode(), help="Accepted 'aud' values of the JWTs (empty: not checked)."
+        Unicode(),
+        help="Accepted 'aud' values of the JWTs; required with jwt_issuer (the server refuses "
+        "to start without them: a token minted for another application must not log in).",
     ).tag(config=True)
     jwt_user_claim = Unicode(
-        "email", help="The JWT claim naming the user (the gateway copies the same one)."
+        "email",
+        help="The JWT claim naming the user (the gateway copies the same one). With 'email' the "
+        "token must also carry email_verified: true.",
     ).tag(config=True)
 
     tensorboard_user_dir = Unicode(
@@ -307,6 +311,16 @@ class MLClusterApp(ExtensionApp):
         if self.jwt_issuer:
             if not self.trust_identity_header:
                 raise TraitError("MLClusterApp.jwt_issuer needs trust_identity_header")
+            if not [a for a in self.jwt_audiences if a]:
+                # Fatal, not a TraitError: Jupyter Server logs an extension's failure and
+                # serves on without it, which, with its own token off (as the printed
+                # Deployment runs it), would be a server open to anyone.
+                self.log.critical(
+                    "mlcluster: MLClusterApp.jwt_issuer needs MLClusterApp.jwt_audiences (the "
+                    "'aud' of this application's tokens): without them a token its issuer "
+                    "minted for any other application would log in here. Not starting."
+                )
+                raise SystemExit(2)
             from .jwt_identity import JwtVerifier
 
             self.jwt_verifier = JwtVerifier(

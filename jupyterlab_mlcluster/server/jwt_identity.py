@@ -5,10 +5,13 @@ reaches the server, and it writes the identity header from a token it verified. 
 second lock, for when something else reaches the server after all (a mesh without the policy,
 a port-forward, a misrouted Service): with `MLClusterApp.jwt_issuer` set, a request names its
 caller only with a token of that issuer (`Authorization: Bearer`, which the gateway forwards),
-checked here: signature against the issuer's published keys (JWKS), `iss`, `aud` (when
-audiences are configured), `exp`/`nbf`; asymmetric algorithms only (never `none` or an HMAC
-whose "secret" would be the public key). The user is the token's `user_claim`; an identity
-header that names someone else is refused.
+checked here: signature against the issuer's published keys (JWKS), `iss`, `aud` (mandatory:
+an issuer signs tokens for all its applications, and a token minted for another of them must
+not log in here), `exp`/`nbf`; asymmetric algorithms only (never `none` or an HMAC whose
+"secret" would be the public key). The user is the token's `user_claim`; when that is `email`,
+the token must also say `email_verified: true` (an IdP that lets anyone register an address
+would otherwise let Mallory sign up as alice@...). An identity header that names someone else
+is refused.
 
 Keys are fetched off the event loop: a daemon thread reads the JWKS at start and every
 `refresh_interval` seconds, and sooner (at most every `MIN_REFRESH` seconds) when a token names
@@ -62,6 +65,12 @@ class JwtVerifier:
     ):
         if not issuer:
             raise ValueError("a JWT verifier needs the issuer")
+        if not [a for a in audiences if a]:
+            raise ValueError(
+                f"a JWT verifier for {issuer!r} needs its audiences (MLClusterApp.jwt_audiences:"
+                " the 'aud' your IdP puts in this application's tokens): without them a token "
+                "the issuer minted for any other application would be accepted"
+            )
         self.issuer = issuer
         self.jwks_uri = jwks_uri
         self.audiences = list(audiences)
@@ -144,9 +153,9 @@ class JwtVerifier:
                 key.key,
                 algorithms=[key.algorithm_name] if key.algorithm_name else ALGORITHMS,
                 issuer=self.issuer,
-                audience=self.audiences or None,
+                audience=self.audiences,
                 leeway=self.leeway,
-                options={"require": ["exp", "iss"], "verify_aud": bool(self.audiences)},
+                options={"require": ["exp", "iss", "aud"], "verify_aud": True},
             )
         except jwt.PyJWTError as exc:
             raise IdentityError(f"the bearer token was refused: {exc}") from None
@@ -159,9 +168,15 @@ class JwtVerifier:
                 "this server takes the caller's identity from a JWT of its issuer "
                 "(MLClusterApp.jwt_issuer) and the request has no bearer token"
             )
-        user = self.claims(token.strip()).get(self.user_claim)
+        claims = self.claims(token.strip())
+        user = claims.get(self.user_claim)
         if not isinstance(user, str) or not user:
             raise IdentityError(f"the bearer token has no {self.user_claim!r} claim")
+        if self.user_claim == "email" and claims.get("email_verified") is not True:
+            raise IdentityError(
+                "the bearer token's email is not verified (email_verified is not true): an "
+                "address nobody proved to own names nobody"
+            )
         claimed = (headers.get(header) or "").strip()
         if claimed and claimed != prefix + user:
             raise IdentityError(

@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from notebook_controller import objects
 from notebook_controller.admission import admission_objects, admission_policy
@@ -99,8 +100,66 @@ def test_attack_no_issuer_means_no_open_gateway(capsys: pytest.CaptureFixture[st
     captured = capsys.readouterr()
     assert "kind: Gateway" in captured.out and "kind: RequestAuthentication" in captured.out
     assert captured.err == ""
-    assert print_manifests(["--no-gateway"]) == 0  # bring your own: no note either
-    assert capsys.readouterr().err == ""
+    assert print_manifests(["--no-gateway"]) == 0  # bring your own: no Gateway note
+    assert "no Gateway printed" not in capsys.readouterr().err
+
+
+def _printed_server(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in documents
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlcluster-jupyter-server"
+    ]
+
+
+def test_attack_issuer_without_an_audience_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Red team: with no audience, the gateway (and the server) accepted any token the issuer
+    minted for any of its applications. `--oidc-issuer` without `--audience` is now an error,
+    saying so, with nothing printed; the builder refuses it too."""
+    assert print_manifests(["--oidc-issuer=https://dex.example.com"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--oidc-issuer needs --audience" in captured.err
+    with pytest.raises(ValueError, match="audiences"):
+        IngressAuth(issuer="https://dex.example.com")
+    with pytest.raises(ValueError, match="audiences"):
+        IngressAuth(issuer="https://dex.example.com", audiences=("",))
+    argv = ["--oidc-issuer=https://dex.example.com", "--audience=mlcluster", "--audience=cli"]
+    assert print_manifests(argv) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    [authn] = [d for d in printed if d["kind"] == "RequestAuthentication"]
+    assert authn["spec"]["jwtRules"][0]["audiences"] == ["mlcluster", "cli"]
+    [server] = _printed_server(printed)
+    command = server["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--MLClusterApp.jwt_audiences=mlcluster" in command
+    assert "--MLClusterApp.jwt_audiences=cli" in command
+
+
+def test_attack_no_issuer_prints_no_server_that_believes_a_bare_header(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Red team: without `--oidc-issuer`, `mlcluster manifests` printed the shared server
+    believing the identity header with no JWT check. Now it leaves the server out (saying why
+    on stderr) unless `--insecure-header-trust` asks for exactly that; with an issuer that
+    flag is refused (it would be ignored)."""
+    for argv in ([], ["--no-gateway"], ["--user-namespace=team-a"]):
+        assert print_manifests(argv) == 0
+        captured = capsys.readouterr()
+        assert _printed_server(list(yaml.safe_load_all(captured.out))) == [], argv
+        assert "no shared Jupyter server printed" in captured.err, argv
+        assert "--insecure-header-trust" in captured.err
+        assert _printed_server(all_manifests(include_gateway=False)) == []
+    assert print_manifests(["--no-gateway", "--insecure-header-trust"]) == 0
+    captured = capsys.readouterr()
+    [server] = _printed_server(list(yaml.safe_load_all(captured.out)))
+    command = server["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--MLClusterApp.trust_identity_header=True" in command
+    assert not any(a.startswith("--MLClusterApp.jwt_issuer") for a in command)
+    assert "no shared Jupyter server printed" not in captured.err
+    argv = ["--oidc-issuer=https://x.example.com", "--audience=a", "--insecure-header-trust"]
+    assert print_manifests(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--insecure-header-trust" in captured.err
 
 
 GATEWAY_WORKLOAD = ("istio-system", {"istio": "ingressgateway", "app": "istio-ingressgateway"})

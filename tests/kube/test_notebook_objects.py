@@ -750,7 +750,7 @@ def test_manifests_are_valid_and_least_privilege() -> None:
     manifests = all_manifests(
         namespace="ml-system",
         image="registry.example.com/mlcluster:1.0",
-        ingress_auth=IngressAuth(issuer="https://dex.example.com"),
+        ingress_auth=IngressAuth(issuer="https://dex.example.com", audiences=("mlcluster",)),
     )
     assert [m["kind"] for m in manifests] == [
         "CustomResourceDefinition",

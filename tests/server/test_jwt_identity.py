@@ -101,6 +101,7 @@ def _claims(**overrides: Any) -> dict[str, Any]:
         "aud": AUDIENCE,
         "sub": "u1",
         "email": ALICE,
+        "email_verified": True,
         "iat": now,
         "exp": now + 600,
         **overrides,
@@ -158,6 +159,14 @@ def test_attack_header_alone_or_forged_tokens_do_not_name_a_caller(server: Any) 
         "HS256 keyed with the public key": bearer(_hs256_with_the_public_key(_claims())),
         "expired": bearer(_token(_claims(exp=int(time.time()) - 3600))),
         "another audience": bearer(_token(_claims(aud="grafana"))),
+        # Red team: a token the issuer minted for any application, with no audience at all.
+        "no audience": bearer(_token({k: v for k, v in _claims().items() if k != "aud"})),
+        # Red team: an address the IdP never verified (self-service sign-up as Alice).
+        "email not verified": bearer(_token(_claims(email_verified=False))),
+        "email_verified missing": bearer(
+            _token({k: v for k, v in _claims().items() if k != "email_verified"})
+        ),
+        "email_verified as a string": bearer(_token(_claims(email_verified="true"))),
         "another issuer": bearer(_token(_claims(iss="https://evil.example.com"))),
         "no user claim": bearer(_token({k: v for k, v in _claims().items() if k != "email"})),
         "Mallory's genuine token, Alice's header": bearer(_token(_claims(email=MALLORY))),
@@ -168,5 +177,36 @@ def test_attack_header_alone_or_forged_tokens_do_not_name_a_caller(server: Any) 
         assert status == 403, (attack, status, reply)
         message = reply["message"]
         assert "token" in message or "header names someone" in message, (attack, message)
+    assert "not verified" in _get_jobs(server, refused["email not verified"])[1]["message"]
     assert _get_jobs(server, genuine)[0] == 200
     assert _get_jobs(server, {"Authorization": f"Bearer {_token(_claims())}"})[0] == 200
+
+
+def test_a_server_with_an_issuer_and_no_audience_refuses_to_start(
+    tmp_path: Any, store_dir: Any, jwks_url: str
+) -> None:
+    """Red team: with no audience configured, a token the issuer minted for any other of its
+    applications logged in. An issuer without `jwt_audiences` is now a configuration error
+    that stops the server (not a logged extension failure after which Jupyter would serve on
+    with its own token off), and the verifier itself refuses to be made without one."""
+    from jupyterlab_mlcluster.server.jwt_identity import JwtVerifier
+    from tests.server.live import LiveServer
+
+    with pytest.raises(ValueError, match="needs its audiences"):
+        JwtVerifier(ISSUER, jwks_uri=jwks_url)
+    with pytest.raises(ValueError, match="needs its audiences"):
+        JwtVerifier(ISSUER, jwks_uri=jwks_url, audiences=[""])
+    extra = [
+        "--IdentityProvider.token=",
+        "--MLClusterApp.trust_identity_header=True",
+        f"--MLClusterApp.jwt_issuer={ISSUER}",
+        f"--MLClusterApp.jwt_jwks_uri={jwks_url}",
+        "--MLClusterApp.schedule_interval=0",
+    ]
+    live = LiveServer(tmp_path / "home", store_dir, extra)
+    try:
+        with pytest.raises(AssertionError, match="jupyter server exited") as failed:
+            live.start(ready_path="api/me")
+    finally:
+        live.stop()
+    assert "needs MLClusterApp.jwt_audiences" in str(failed.value)
