@@ -23,6 +23,8 @@ def test_manifests_prints_everything_a_platform_team_applies():
         "ml.example.com",
         "--oidc-issuer",
         "https://dex.example.com",
+        "--audience",
+        "mlcluster",
     )
     assert proc.returncode == 0, proc.stderr
     objects = [o for o in yaml.safe_load_all(proc.stdout) if o]
