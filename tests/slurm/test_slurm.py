@@ -317,6 +317,12 @@ def test_without_sbatch_the_error_says_so_and_nothing_is_stored(slurm_store, tmp
     assert f"sbatch not found in {tmp_path}" in proc.stderr
     listing = run_cli("jobs", "--json")
     assert json.loads(listing.stdout) == []
+    # GET /cluster cannot tell: unknown, not zero.
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    view = JobService().cluster()
+    assert view["capacity"]["cpus"] == {"total": None, "free": None}
+    assert view["partitions"] == []
 
 
 def test_cluster_capacity_comes_from_sinfo(service, slurm, tmp_path):

@@ -119,12 +119,16 @@ class SlurmBackend(Backend):
 
     def cluster_capacity(self) -> dict[str, Any] | None:
         """GET /cluster: the default partition's CPUs and GPUs, total and idle (sinfo), and
-        every partition's; None where sinfo cannot be asked (then the store's view)."""
+        every partition's; unknown (nulls) where sinfo cannot be asked."""
         try:
             partitions = self.partitions()
         except SlurmError as exc:
             log.warning("sinfo: %s", exc)
-            return None
+            unknown = {"total": None, "free": None}
+            return {
+                "capacity": {"gpus": unknown, "cpus": unknown, "memory": unknown},
+                "partitions": [],
+            }
         part = self._partition(partitions) or {
             "memory_free_mb": 0,
             "cpus_total": 0,
