@@ -58,6 +58,7 @@ def main() -> int:
     proxy = FaultProxy((host, int(port)))
     os.environ["KUBECONFIG"] = str(write_kubeconfig(work / "proxied.yaml", proxy.url))
 
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.jobs.service import JobService
     from tests.faults.apifaults import ApiTally, random_rounds
     from tests.kube.jobs_fixtures import write_settings

@@ -34,6 +34,7 @@ def run(mode: str, runs: int, freeze: bool) -> tuple[int, int, float]:
         os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(pool)
         os.environ["MLCLUSTER_WARM_POOL"] = "1" if mode == "warm" else "0"
         os.environ["CULPRIT_FREEZE"] = "1" if freeze else "0"
+        import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
         from jupyterlab_mlcluster.jobs.model import JobSpec
         from jupyterlab_mlcluster.jobs.service import JobService
         from jupyterlab_mlcluster.runtime.errors import read_error_file

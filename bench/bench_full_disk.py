@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MLCLUSTER_STORE_DIR"] = str(mount_point / "store")
         os.environ["JUPYTER_CONFIG_DIR"] = str(Path(tmp) / "jupyter-config")
         os.environ["MLCLUSTER_WARM_POOL"] = "0"
+        import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
         from jupyterlab_mlcluster.jobs.service import JobService
 
         service = JobService()

@@ -115,6 +115,7 @@ def percentile(values: list[float], q: float) -> float:
 def api_case(
     case: dict[str, Any], runs: int, workers: int, watch: JobWatch
 ) -> dict[str, list[float]]:
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.jobs.model import JobSpec
     from jupyterlab_mlcluster.jobs.service import JobService
     from jupyterlab_mlcluster.runtime.payload import Payload
@@ -139,6 +140,7 @@ def api_case(
 def magic_case(runs: int, workers: int, watch: JobWatch) -> dict[str, list[float]]:
     from jupyter_client.manager import start_new_kernel
 
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.jobs.service import JobService
 
     service = JobService()

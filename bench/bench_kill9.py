@@ -81,6 +81,7 @@ def main() -> int:
         MLCLUSTER_WARM_POOL="0",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.config import MLClusterConfig
     from jupyterlab_mlcluster.jobs import warmpool
     from jupyterlab_mlcluster.jobs.service import JobService

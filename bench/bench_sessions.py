@@ -96,6 +96,7 @@ def execute(code):
     return sent, time.time() - sent
 def emit(**item):
     print(json.dumps(item), flush=True)
+import jupyterlab_mlcluster.backends  # fills the backend registry
 from jupyterlab_mlcluster.jobs.service import JobService
 service = JobService()
 try:

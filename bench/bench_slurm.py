@@ -71,6 +71,7 @@ def fresh_marks(work: Path, name: str) -> Path:
 
 
 def run_mlcluster(work: Path, script: Path, workers: int) -> dict[str, float]:
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.jobs.model import JobSpec
     from jupyterlab_mlcluster.jobs.service import JobService
     from jupyterlab_mlcluster.runtime.payload import Payload

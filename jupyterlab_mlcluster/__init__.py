@@ -88,6 +88,7 @@ _SERVICE = None
 def _service():
     global _SERVICE
     if _SERVICE is None:
+        from . import backends  # noqa: F401 - a front end fills the backend registry
         from .jobs.service import JobService
 
         _SERVICE = JobService()

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from . import backends  # noqa: F401 - a front end fills the backend registry
 from .jobs.model import JobState, SpecError
 from .jobs.options import (
     SCHEDULE_ARGUMENTS,

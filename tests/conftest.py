@@ -13,6 +13,10 @@ import pytest
 from helpers import FUZZ, assert_no_job_processes
 from hypothesis import settings
 
+# The suite drives the engine as a front end does: it fills the backend registry
+# (jobs/backend.py) for every JobService a test makes.
+import jupyterlab_mlcluster.backends  # noqa: F401
+
 # Hypothesis (and schemathesis on top of it): derandomised, so a run is repeatable, unless
 # MLCLUSTER_FUZZ=1 asks to explore. No example database: nothing carried between runs.
 settings.register_profile("mlcluster-ci", derandomize=True, database=None, deadline=None)

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Backend, get_backend
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
+from .backend import Backend, get_backend
 from .fsinfo import is_storage_full
 from .model import (
     TENSORBOARD_ENV,

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from ..backends.base import get_backend
 from ..config import get_config
+from .backend import get_backend
 from .backoff import Backoff
 from .fsinfo import is_storage_full, no_space_text
 from .gpu_idle import IdleGpuWatch
@@ -404,4 +404,10 @@ def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
 
 
 if __name__ == "__main__":
+    # A cold supervisor is a program of its own: like a front end, its entry fills the
+    # backend registry (a supervisor forked from the warm pool has it filled by the zygote's
+    # preload of backends.local.backend). The one import of the backends package by jobs/,
+    # allowed by name in pyproject.toml's import contracts.
+    from .. import backends  # noqa: F401
+
     sys.exit(main())

@@ -24,6 +24,7 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from .. import backends  # noqa: F401 - a front end fills the backend registry
 from ..jobs.options import (
     JOB_ARGUMENTS,
     SCHEDULE_ARGUMENTS,

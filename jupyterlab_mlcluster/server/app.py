@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
+from .. import backends  # noqa: F401 - a front end fills the backend registry
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
 from ..kubeconn import KubeConnection

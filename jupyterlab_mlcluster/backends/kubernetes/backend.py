@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ... import environment
+from ...jobs.backend import Backend
 from ...jobs.model import JobSpec, SpecError
-from ..base import Backend
 from . import client
 from .packages import PackageSync, find_cache_volume, index_settings
 from .plan import JobPlan, make_plan

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
+from ...jobs.backend import Backend
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.processes import supervisor_alive
@@ -25,7 +26,6 @@ from ...jobs.proctree import (
 from ...jobs.sessions import is_session_holder
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
-from ..base import Backend
 from . import launcher, pool
 from .metrics import RankSampler
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
+from ...jobs.backend import Backend
 from ...jobs.backoff import Backoff
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...runtime.protocol import OutputParser, job_key, key_path
-from ..base import Backend
 from . import script
 from .commands import SlurmCommands, SlurmError
 

@@ -1,4 +1,11 @@
-"""The one small interface every backend implements.
+"""The one small interface every backend implements, and the registry that finds them.
+
+The interface lives here, in jobs/, because jobs/ calls it (the service, the supervisor, the
+reaper) while the backends (backends/) implement it: jobs/ never imports a backend. The front
+ends fill the registry by importing `jupyterlab_mlcluster.backends`, which registers each
+backend under its name (a factory that imports the backend's module only when first asked,
+so a front end pays for no backend it does not use); so does a cold supervisor's program
+entry (`python -m jupyterlab_mlcluster.jobs.supervisor`).
 
 A backend is used in two places:
 - in the submitting process: `validate` (refuse the impossible before anything is stored),
@@ -11,14 +18,15 @@ When a supervisor dies, `supervisor_lost` says what the reaper does about it.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import MLClusterConfig
-    from ..jobs.model import JobSpec
-    from ..jobs.record import JobRecord
-    from ..jobs.store import JobStore
-    from ..jobs.supervisor import JobContext
+    from .model import JobSpec
+    from .record import JobRecord
+    from .store import JobStore
+    from .supervisor import JobContext
 
 
 class Backend(abc.ABC):
@@ -51,7 +59,7 @@ class Backend(abc.ABC):
     def in_namespace(self, namespace: str) -> "Backend":
         """This backend placing jobs in `namespace` (a server that maps each user to their own
         namespace passes the caller's); SpecError where the backend has no namespaces."""
-        from ..jobs.model import SpecError
+        from .model import SpecError
 
         raise SpecError(f"the {self.name} backend does not place jobs in namespaces")
 
@@ -85,17 +93,22 @@ class Backend(abc.ABC):
         """Delete the cluster's schedule (absent already is fine)."""
 
 
+# name -> factory(config) -> Backend; filled by `jupyterlab_mlcluster.backends` on import.
+_REGISTRY: dict[str, Callable[["MLClusterConfig"], Backend]] = {}
+
+
+def register_backend(name: str, factory: Callable[["MLClusterConfig"], Backend]) -> None:
+    """Make `get_backend(name, config)` return `factory(config)`."""
+    _REGISTRY[name] = factory
+
+
 def get_backend(name: str, config: "MLClusterConfig") -> Backend:
-    if name == "local":
-        from .local.backend import LocalBackend
-
-        return LocalBackend(config)
-    if name == "kubernetes":
-        from .kubernetes.backend import KubernetesBackend
-
-        return KubernetesBackend(config)
-    if name == "slurm":
-        from .slurm.backend import SlurmBackend
-
-        return SlurmBackend(config)
-    raise ValueError(f"unknown backend {name!r}")
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        if not _REGISTRY:  # a program that never imported the backends package
+            raise ValueError(
+                f"unknown backend {name!r}: no backend is registered "
+                "(import jupyterlab_mlcluster.backends first)"
+            )
+        raise ValueError(f"unknown backend {name!r}")
+    return factory(config)
