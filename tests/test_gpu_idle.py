@@ -43,7 +43,7 @@ def test_the_test_nvml_file_answers_like_nvml(tmp_path, monkeypatch):
     with pytest.raises(KeyError):
         lib.nvmlDeviceGetMemoryInfo(2)
     # The local sampler skips what the source cannot answer, as for a vanished device.
-    from jupyterlab_mlcluster.backends.local.metrics import GpuSampler
+    from jupyterlab_mlcluster.runtime.samplers import GpuSampler
 
     assert GpuSampler().sample([0, 1, 2], set()) == {"gpu_util": 3, "gpu_memory_bytes": 0}
 

@@ -72,7 +72,7 @@ def start_reporting(interval: float = INTERVAL) -> threading.Thread:
     # Imported here, before the thread starts: a daemon thread still importing (psutil
     # imports subprocess) when a short rank's interpreter shuts down dies with a traceback
     # in the rank's output.
-    from ..backends.local.metrics import RankSampler  # psutil over this process and its children
+    from .samplers import RankSampler  # psutil over this process and its children
 
     processes, devices = RankSampler(), DeviceSampler(visible_gpus())
     thread = threading.Thread(

@@ -26,8 +26,8 @@ from ...jobs.proctree import (
 from ...jobs.sessions import is_session_holder
 from ...jobs.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
+from ...runtime.samplers import RankSampler
 from . import launcher, pool
-from .metrics import RankSampler
 
 if TYPE_CHECKING:
     from ...jobs.supervisor import JobContext

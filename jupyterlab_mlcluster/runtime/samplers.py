@@ -1,4 +1,6 @@
-"""CPU, memory and GPU samples of local ranks (psutil; NVML where a GPU exists)."""
+"""CPU, memory and GPU samples of a process tree (psutil; NVML where a GPU exists): the
+local supervisor's samples of its ranks, and a rank's of itself (runtime/metrics.py). In
+runtime/ because code inside ranks uses it, and runtime/ imports nothing above it."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 
 import psutil
 
-from ...runtime import nvml
+from . import nvml
 
 
 class GpuSampler:
