@@ -31,9 +31,11 @@ from .jobs.options import (
     add_arguments,
     add_job_arguments,
     grace_from_args,
+    schedule_options_from_args,
     spec_from_args,
     sweep_from_args,
 )
+from .presentation import format_age, format_jobs_table, session_command, text_table
 
 # As torchrun: 1 for a job that failed or was interrupted (Ctrl-C, SIGTERM, cancelled).
 EXIT_FAILED = 1
@@ -408,52 +410,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_jobs_table(records) -> str:
-    rows = [("ID", "NAME", "STATE", "RANKS", "BACKEND", "AGE", "INFO")]
-    now = time.time()
-    for r in records:
-        info = r.error or r.reason or ""
-        rows.append(
-            (
-                r.id,
-                r.name,
-                str(r.state),
-                rank_counts(r),
-                r.backend,
-                format_age(now - r.created),
-                info[:60],
-            )
-        )
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
-    )
-
-
-def rank_counts(record) -> str:
-    """'4/4 running', '3/4 succeeded, 1 failed': how the ranks stand, briefly."""
-    counts: dict[str, int] = {}
-    for rank in record.ranks:
-        counts[str(rank.state)] = counts.get(str(rank.state), 0) + 1
-    if not counts:
-        return "0"
-    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
-    head, *rest = ordered
-    text = f"{head[1]}/{record.spec.workers} {head[0]}"
-    return ", ".join([text, *(f"{n} {state}" for state, n in rest)])
-
-
-def format_age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
-
-
 def cmd_logs(args: argparse.Namespace) -> int:
     service = _service()
     job = service.get(args.job)
@@ -493,55 +449,6 @@ def cmd_session(args: argparse.Namespace) -> int:
     """`mlcluster session list|stop NAME|restart NAME`: this user's sessions only."""
     print(session_command(_service(), args.action, args.name, as_json=args.json))
     return 0
-
-
-def session_command(service, action: str, name: str | None, *, as_json: bool = False) -> str:
-    """What `mlcluster session` and `%distributed_session` print (SpecError: bad use)."""
-    from .jobs import sessions
-    from .jobs.owner import current_user
-
-    owner = current_user()
-    if action == "list":
-        if name:
-            raise SpecError("session list takes no name")
-        infos = sessions.list_sessions(service, owner)
-        if as_json:
-            return json.dumps([info.to_json() for info in infos], indent=2)
-        return format_sessions_table(infos) if infos else "no live sessions"
-    if not name:
-        raise SpecError(f"session {action} needs the session's name")
-    if action == "stop":
-        info = sessions.stop_session(service, owner, name)
-        return f"session {name} stopped ({info.holder.state})"
-    if action == "restart":
-        info = sessions.restart_session(service, owner, name)
-        return f"session {name} restarted (fresh ranks, restart {info.holder.restarts})"
-    raise SpecError(f"unknown session action {action!r}: list, stop or restart")
-
-
-def format_sessions_table(infos) -> str:
-    rows = [("NAME", "STATE", "RANKS", "GPUS", "MEMORY", "CELLS", "IDLE", "AGE", "INFO")]
-    now = time.time()
-    for info in infos:
-        view = info.to_json()
-        memory = view["memory_bytes"]
-        rows.append(
-            (
-                info.name,
-                view["state"],
-                rank_counts(info.holder),
-                str(view["gpus"]),
-                f"{memory / 2**20:.0f}Mi" if memory else "-",
-                str(info.cells),
-                format_age(now - info.idle_since) if info.idle_since and info.live else "-",
-                format_age(now - info.created),
-                (view["reason"] or "")[:60],
-            )
-        )
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
-    )
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
@@ -630,15 +537,8 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
                 format_age(now - row["created"]),
             )
         )
-    print(_table(rows) if sweeps else "no sweeps")
+    print(text_table(rows) if sweeps else "no sweeps")
     return 0
-
-
-def _table(rows) -> str:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
-    )
 
 
 def _when(ts: float | None) -> str:
@@ -658,8 +558,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     store = sched.experiments(service)
     action = args.schedule_command
     if action == "add":
-        from .kernel.magics import schedule_options_from_args
-
         spec = spec_from_args(args, default_backend=service.config.default_backend)
         if args.grace is not None:
             raise SpecError(_GRACE_NOT_SCHEDULED)
@@ -698,7 +596,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                     "-" if r["suspended"] else _when(sched.next_run(r)),
                 )
             )
-        print(_table(table) if rows else "no schedules")
+        print(text_table(table) if rows else "no schedules")
         return 0
     if action == "submit":
         return cmd_schedule_submit(args, service)
@@ -717,7 +615,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     table = [("TICK", "JOB", "STATE", "OUTCOME")]
     for r in runs:
         table.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
-    print(_table(table) if runs else f"{args.name} has not run yet")
+    print(text_table(table) if runs else f"{args.name} has not run yet")
     return 0
 
 

@@ -176,6 +176,24 @@ SCHEDULE_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
+def schedule_options_from_args(args, spec) -> dict[str, Any]:
+    """The schedule settings of --schedule/--timezone/... (name: --schedule-name, else --name)."""
+    from .schedules import ScheduleError
+
+    name = args.schedule_name or spec.name
+    if not name:
+        raise ScheduleError("a schedule needs a name: add --name NAME (its runs are NAME-<time>)")
+    return {
+        "name": name,
+        "cron": args.schedule if getattr(args, "schedule", None) is not None else args.cron,
+        "timezone": args.timezone,
+        "concurrency": args.concurrency,
+        "starting_deadline": args.starting_deadline,
+        "successful_history": args.successful_history,
+        "failed_history": args.failed_history,
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser, arguments) -> None:
     for flags, kwargs in arguments:
         parser.add_argument(*flags, **kwargs)

@@ -31,6 +31,7 @@ from ..jobs.options import (
     SESSION_ARGUMENTS,
     SWEEP_ARGUMENTS,
     grace_from_args,
+    schedule_options_from_args,
     spec_from_args,
     sweep_from_args,
 )
@@ -81,24 +82,6 @@ def _names(option: str, value: str | None) -> list[str]:
         if not name.isidentifier() or keyword.iskeyword(name):
             raise UsageError(f"{option} {name}: not a Python variable name")
     return names
-
-
-def schedule_options_from_args(args, spec) -> dict[str, Any]:
-    """The schedule settings of --schedule/--timezone/... (name: --schedule-name, else --name)."""
-    from ..jobs.schedules import ScheduleError
-
-    name = args.schedule_name or spec.name
-    if not name:
-        raise ScheduleError("a schedule needs a name: add --name NAME (its runs are NAME-<time>)")
-    return {
-        "name": name,
-        "cron": args.schedule if getattr(args, "schedule", None) is not None else args.cron,
-        "timezone": args.timezone,
-        "concurrency": args.concurrency,
-        "starting_deadline": args.starting_deadline,
-        "successful_history": args.successful_history,
-        "failed_history": args.failed_history,
-    }
 
 
 def _unquote(value: str | None) -> str | None:
@@ -472,8 +455,8 @@ class DistributedMagics(Magics):
     def distributed_session(self, line: str) -> None:
         """Your sessions (%%distributed --session NAME): list them, stop one (its ranks end,
         their slots and GPUs are freed), or restart one (fresh ranks: its state is lost)."""
-        from ..cli import session_command
         from ..jobs.model import SpecError
+        from ..presentation import session_command
 
         args = magic_arguments.parse_argstring(self.distributed_session, line)
         try:

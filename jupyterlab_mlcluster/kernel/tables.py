@@ -6,7 +6,7 @@ import html
 import time
 from typing import Any
 
-from ..cli import format_age, format_jobs_table, rank_counts
+from ..presentation import format_age, format_jobs_table, rank_counts
 from .monitor import badge
 
 
