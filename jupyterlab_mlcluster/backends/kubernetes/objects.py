@@ -40,30 +40,29 @@ from typing import Any
 
 from ...jobs.model import JobSpec, SpecError, format_memory
 from ...runtime.protocol import KEY_FILE
+from .labels import (
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_NAME,
+    ANNOTATION_USER,
+    COMPLETION_INDEX_KEY,
+    KUEUE_QUEUE_LABEL,
+    LABEL_JOB_ID,
+    LABEL_MANAGED_BY,
+    LABEL_USER,
+    MANAGED_BY,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    VOLCANO_GROUP_ANNOTATION,
+)
 from .packages import PackageSync, cache_volume, sync_command, sync_env
 from .payload import chunk_name
 
 ENGINES = ("trainjob", "pytorchjob", "tfjob", "indexed-job")
 GANGS = ("none", "volcano", "kueue", "training-operator")
 
-MANAGED_BY = "jupyterlab-mlcluster"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_JOB_ID = "mlcluster.io/job-id"
-LABEL_USER = "mlcluster.io/user"
-ANNOTATION_USER = "mlcluster.io/user"
-ANNOTATION_NAME = "mlcluster.io/name"
-ANNOTATION_ATTEMPT = "mlcluster.io/attempt"
-
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"
 GPU_RESOURCE = "nvidia.com/gpu"
 NVIDIA_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-
-# Set on pods by the Job controller and the Training Operator; they say which rank a pod is.
-COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 PAYLOAD_VOLUME = "payload"
 PAYLOAD_DIR = "/var/run/mlcluster/payload"

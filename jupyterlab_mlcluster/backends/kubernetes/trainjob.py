@@ -28,11 +28,7 @@ import math
 from typing import Any
 
 from ...jobs.model import JobSpec
-from .objects import (
-    ANNOTATION_ATTEMPT,
-    COMPLETION_INDEX_KEY,
-    KUEUE_QUEUE_LABEL,
-)
+from .labels import ANNOTATION_ATTEMPT, COMPLETION_INDEX_KEY, KUEUE_QUEUE_LABEL
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
