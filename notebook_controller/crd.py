@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from jupyterlab_mlcluster import patterns
+from jupyterlab_mlcluster.notebook_resource import (  # noqa: F401 - the controller's names
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+)
 
-GROUP = "mlcluster.io"
-VERSION = "v1alpha1"
-PLURAL = "notebooks"
-KIND = "Notebook"
-API_VERSION = f"{GROUP}/{VERSION}"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}

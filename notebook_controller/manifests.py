@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import trainer_runtime_reader
-from jupyterlab_mlcluster.server.rbac import SERVICE_ACCOUNT as SERVER_SERVICE_ACCOUNT
-from jupyterlab_mlcluster.server.rbac import server_rbac
 
 from .admission import admission_objects
 from .crd import GROUP, PLURAL, notebook_crd
 from .ingress import IngressAuth, ingress_objects
 from .namespaces import user_namespace_objects
 from .server_deploy import server_objects
+from .server_rbac import SERVICE_ACCOUNT as SERVER_SERVICE_ACCOUNT
+from .server_rbac import server_rbac
 
 try:
     from jupyterlab_mlcluster._version import __version__ as _VERSION
@@ -195,7 +195,7 @@ def all_manifests(
     the service account its notebook pods run as there, allowed to run `%%distributed
     --backend kubernetes` jobs in that namespace and nothing more; last, the shared Jupyter
     server's own least-privilege RBAC (its service account in `server_namespace`, default the
-    controller's; server/rbac.py), allowed into each of `user_namespaces`, and the server
+    controller's; server_rbac.py), allowed into each of `user_namespaces`, and the server
     itself (server_deploy.py: Deployment, Service, its route on the gateway, and policies that
     admit only the gateway's identity). The server itself only with `ingress_auth` (it then
     verifies the gateway's JWT too), or with `insecure_header_trust`, the explicit choice of

@@ -1,152 +1,47 @@
 """Pure builders: a Notebook in, the objects it owns out, and the patch that repairs drift.
 No API calls here. (Its status is `status.py`'s, its events `events.py`'s.)
 
-Also the helpers the server extension uses for per-user spawning: ``notebook_resource``,
-``validate_notebook_name``, ``stop_patch``/``start_patch``.
+The Notebook resource itself (names, owner rules, ``notebook_resource``, the stop and start
+patches) is `jupyterlab_mlcluster/notebook_resource.py`'s, shared with the server extension,
+and named here too for the controller's modules.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyterlab_mlcluster import patterns
 from jupyterlab_mlcluster.jobs.owner import USER_ENV
+from jupyterlab_mlcluster.notebook_resource import (  # noqa: F401 - the controller's names
+    ANNOTATION_STOPPED,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    MAX_NAME_LENGTH,
+    InvalidNotebook,
+    _prefix_of,
+    guarded_stop_patch,
+    is_stopped,
+    namespace_error,
+    notebook_name_error,
+    notebook_resource,
+    notebook_url,
+    owner_error,
+    rfc3339,
+    start_patch,
+    stop_patch,
+    url_prefix,
+    validate_notebook_name,
+)
 
 from .config import ControllerConfig
 from .crd import API_VERSION, KIND
 
 LABEL_NOTEBOOK = "mlcluster.io/notebook-name"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "mlcluster-notebook-controller"
-ANNOTATION_STOPPED = "mlcluster.io/stopped"
 CONTAINER_PORT = 8888
 SERVICE_PORT = 80
-MAX_NAME_LENGTH = 52  # the StatefulSet's pod gets '-0' and a controller-revision-hash label
 ISTIO_VERSIONS = ("v1", "v1beta1")  # newest first
-
-_NAME_RE = patterns.regex(patterns.NOTEBOOK_NAME)
-_NAMESPACE_RE = patterns.regex(patterns.NAMESPACE)
-_IDENTITY_RE = patterns.regex(patterns.IDENTITY)
-_CPU_RE = patterns.regex(patterns.CPU_QUANTITY)
-_MEMORY_RE = patterns.regex(patterns.MEMORY_QUANTITY)
-_WORKSPACE_SIZE_RE = patterns.regex(patterns.WORKSPACE_SIZE)
-
-
-class InvalidNotebook(ValueError):
-    """A notebook request that cannot be turned into a Notebook (a 4xx for the caller)."""
-
-
-# --- names and identity ---------------------------------------------------------------------
-
-
-def notebook_name_error(name: str) -> str | None:
-    """Why ``name`` cannot name a notebook server, or None when it can."""
-    if not name:
-        return "a notebook name is required"
-    if len(name) > MAX_NAME_LENGTH:
-        return f"notebook names are at most {MAX_NAME_LENGTH} characters (got {len(name)})"
-    if not _NAME_RE.fullmatch(name):
-        return (
-            "notebook names use lower-case letters, digits and '-', start with a letter "
-            f"and end with a letter or digit (got {name!r})"
-        )
-    return None
-
-
-def namespace_error(name: str) -> str | None:
-    """Why ``name`` cannot name a namespace (a DNS-1123 label), or None when it can."""
-    if not _NAMESPACE_RE.fullmatch(name) or len(name) > 63:
-        return (
-            "namespaces are at most 63 lower-case letters, digits and '-', starting and "
-            f"ending with a letter or digit (got {name!r})"
-        )
-    return None
-
-
-def owner_error(owner: Any) -> str | None:
-    """Why ``owner`` cannot be a Notebook's spec.owner (one identity), or None when it can."""
-    if not isinstance(owner, str) or not owner:
-        return "a notebook needs an owner"
-    if not _IDENTITY_RE.fullmatch(owner):
-        return (
-            "a notebook's owner is one identity: at most 253 visible ASCII characters without "
-            f"'*', whitespace, ',', ';', quotes or backslashes (got {owner!r})"
-        )
-    return None
-
-
-def validate_notebook_name(name: str) -> None:
-    error = notebook_name_error(name)
-    if error:
-        raise InvalidNotebook(error)
-
-
-def url_prefix(namespace: str, name: str) -> str:
-    """The notebook's base URL path without the trailing slash (NB_PREFIX)."""
-    return f"/notebook/{namespace}/{name}"
-
-
-def _prefix_of(notebook: Mapping[str, Any]) -> str:
-    return url_prefix(notebook["metadata"]["namespace"], notebook["metadata"]["name"])
-
-
-def notebook_url(namespace: str, name: str) -> str:
-    return url_prefix(namespace, name) + "/"
-
-
-def is_stopped(notebook: Mapping[str, Any]) -> bool:
-    return ANNOTATION_STOPPED in (notebook["metadata"].get("annotations") or {})
-
-
-def rfc3339(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def stop_patch(now: datetime.datetime) -> dict[str, Any]:
-    """Merge patch that stops a notebook (what culling and the stop route apply)."""
-    return {"metadata": {"annotations": {ANNOTATION_STOPPED: rfc3339(now)}}}
-
-
-def start_patch() -> dict[str, Any]:
-    return {"metadata": {"annotations": {ANNOTATION_STOPPED: None}}}
-
-
-_STOPPED_POINTER = "/metadata/annotations/" + ANNOTATION_STOPPED.replace("~", "~0").replace(
-    "/", "~1"
-)
-
-
-def guarded_stop_patch(
-    notebook: Mapping[str, Any], stopped: bool, now: datetime.datetime
-) -> list[dict[str, Any]]:
-    """JSON patch (RFC 6902) that stops or starts exactly the notebook that was read: `test`
-    ops on its uid and resourceVersion fail (422) when it was replaced or changed meanwhile,
-    so a decision taken on one object is never applied to another of the same name."""
-    meta = notebook["metadata"]
-    ops: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
-        {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-    ]
-    annotations = meta.get("annotations") or {}
-    if stopped:
-        if "annotations" not in meta or meta["annotations"] is None:
-            ops.append(
-                {
-                    "op": "add",
-                    "path": "/metadata/annotations",
-                    "value": {ANNOTATION_STOPPED: rfc3339(now)},
-                }
-            )
-        else:
-            ops.append({"op": "add", "path": _STOPPED_POINTER, "value": rfc3339(now)})
-    elif ANNOTATION_STOPPED in annotations:
-        ops.append({"op": "remove", "path": _STOPPED_POINTER})
-    return ops
 
 
 def preferred_istio_version(served: Sequence[str]) -> str | None:
@@ -158,70 +53,6 @@ def preferred_istio_version(served: Sequence[str]) -> str | None:
 class IstioVersions:
     networking: str | None  # networking.istio.io version for VirtualService, None: not served
     security: str | None  # security.istio.io version for AuthorizationPolicy
-
-
-# --- the Notebook itself (for the spawning API) ---------------------------------------------
-
-
-def _quantity(value: Any, pattern: re.Pattern[str], what: str) -> str:
-    text = str(value).strip()
-    if not pattern.fullmatch(text):
-        raise InvalidNotebook(
-            f"{what} must be a Kubernetes quantity such as "
-            f"{'2 or 500m' if what == 'cpu' else '4Gi'} (got {value!r})"
-        )
-    return text
-
-
-def notebook_resource(
-    name: str,
-    namespace: str,
-    owner: str,
-    image: str | None = None,
-    cpu: str | float | None = None,
-    memory: str | None = None,
-    gpus: int = 0,
-    workspace_size: str | None = None,
-    *,
-    storage_class: str | None = None,
-    env: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """A Notebook for one user, from the spawn form's fields; raises InvalidNotebook."""
-    validate_notebook_name(name)
-    problem = owner_error(owner)
-    if problem:
-        raise InvalidNotebook(problem)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise InvalidNotebook(f"gpus must be a whole number >= 0 (got {gpus!r})")
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
-    if cpu is not None:
-        requests["cpu"] = _quantity(cpu, _CPU_RE, "cpu")
-    if memory is not None:
-        requests["memory"] = limits["memory"] = _quantity(memory, _MEMORY_RE, "memory")
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    container: dict[str, Any] = {"name": "notebook"}
-    if image:
-        container["image"] = image
-    if requests or limits:
-        container["resources"] = {
-            k: v for k, v in (("requests", requests), ("limits", limits)) if v
-        }
-    if env:
-        container["env"] = [{"name": k, "value": str(v)} for k, v in env.items()]
-    spec: dict[str, Any] = {"owner": owner, "template": {"spec": {"containers": [container]}}}
-    if workspace_size is not None:
-        spec["workspace"] = {
-            "size": _quantity(workspace_size, _WORKSPACE_SIZE_RE, "workspace size")
-        }
-        if storage_class:
-            spec["workspace"]["storageClassName"] = storage_class
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels:
-        metadata["labels"] = dict(labels)
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 # --- owned objects ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ came through the gateway, so the layout printed here is the one where nothing el
 it:
 
 - a Deployment running `jupyter lab` under `ingress.SERVER_PREFIX` as the server's own
-  service account (server/rbac.py's least privilege), in the mesh, non-root, with a volume for
+  service account (server_rbac.py's least privilege), in the mesh, non-root, with a volume for
   its job store;
 - a Service and a VirtualService on the gateway for that prefix (the gateway's DENY policy in
   ingress.py requires a verified JWT there);
@@ -56,7 +56,7 @@ def server_command(
     Jupyter's own token is off: the gateway's JWT is the login, this pod admits nothing but the
     gateway, and with the trusted header the server's Authorizer keeps callers to the mlcluster
     API and the lab page. `watched_namespaces`: the user namespaces whose Notebooks it
-    follows, each on its own (its RBAC grants those reads there only, server/rbac.py)."""
+    follows, each on its own (its RBAC grants those reads there only, server_rbac.py)."""
     verify = []
     if auth is not None:
         verify = [
@@ -239,7 +239,7 @@ def server_objects(
     watched_namespaces: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Store volume, Deployment, Service, route, and the two policies (apply order; the
-    service account and RBAC are server/rbac.py's); with `auth`, the server verifies the
+    service account and RBAC are server_rbac.py's); with `auth`, the server verifies the
     gateway's forwarded JWT itself."""
     return [
         server_store_claim(namespace),

@@ -1,10 +1,15 @@
 """A Notebook's status, computed from its StatefulSet and pod (level-based: same in, same
-out), and what the REST API and the sidebar show of it. Pure: no API calls here."""
+out). What the REST API and the sidebar show of it is notebook_resource.py's
+`notebook_status_summary`, shared with the server. Pure: no API calls here."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from jupyterlab_mlcluster.notebook_resource import (  # noqa: F401 - shown by the REST API
+    notebook_status_summary,
+)
 
 from .objects import ANNOTATION_STOPPED, is_stopped, notebook_url
 
@@ -135,34 +140,3 @@ def status_changed(notebook: Mapping[str, Any], status: Mapping[str, Any]) -> bo
         }
 
     return essence(notebook.get("status") or {}) != essence(status)
-
-
-def notebook_status_summary(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the REST API and the sidebar show about one Notebook."""
-    meta = obj["metadata"]
-    status = obj.get("status") or {}
-    spec = obj.get("spec") or {}
-    container = ((spec.get("template") or {}).get("spec") or {}).get("containers", [{}])[0]
-    resources = container.get("resources") or {}
-    stopped = is_stopped(obj)
-    deleting = bool(meta.get("deletionTimestamp"))
-    phase = (
-        "deleting" if deleting else status.get("phase") or ("stopped" if stopped else "starting")
-    )
-    return {
-        "name": meta["name"],
-        "namespace": meta["namespace"],
-        "owner": spec.get("owner"),
-        "phase": phase,
-        "ready": bool(status.get("ready")) and not stopped,
-        "stopped": stopped,
-        "url": status.get("url") or notebook_url(meta["namespace"], meta["name"]),
-        "message": status.get("message", "waiting for the controller"),
-        "created": meta.get("creationTimestamp"),
-        "last_activity": status.get("lastActivity"),
-        "image": container.get("image"),
-        "cpu": (resources.get("requests") or {}).get("cpu"),
-        "memory": (resources.get("requests") or {}).get("memory"),
-        "gpus": int((resources.get("limits") or {}).get("nvidia.com/gpu", 0)),
-        "workspace_size": (spec.get("workspace") or {}).get("size"),
-    }

@@ -11,8 +11,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from notebook_controller.crd import KIND
-
+from ..notebook_resource import KIND
 from .notebooks import is_spawning, notebook_view
 
 Publish = Callable[[str, str, dict[str, Any]], None]

@@ -19,11 +19,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from notebook_controller.crd import GROUP, KIND, PLURAL, VERSION
-from notebook_controller.objects import LABEL_MANAGED_BY, MANAGED_BY
-
 from .. import kubeconn
 from ..kubeconn import KubeConnection
+from ..notebook_resource import GROUP, KIND, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
 from .notebook_feed import NotebookFeed
 from .notebooks import OWNER_LABEL
 

@@ -4,8 +4,8 @@
 executor). Without a Kubernetes cluster every call raises `ClusterUnavailable` (503 with the
 reason); with one, it manages the user's Notebook custom objects, which the notebook-controller
 turns into a StatefulSet, Service and Istio routes. The Notebook itself and what is shown of it
-come from the controller's own pure builders (`notebook_controller.objects`), so the REST API,
-the sidebar and `kubectl get nb` never disagree.
+come from the pure builders the controller uses too (`jupyterlab_mlcluster/notebook_resource.py`),
+so the REST API, the sidebar and `kubectl get nb` never disagree.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from notebook_controller.crd import GROUP, PLURAL, VERSION
-from notebook_controller.objects import (
+from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
+from ..notebook_resource import (
+    GROUP,
+    PLURAL,
+    VERSION,
     InvalidNotebook,
     guarded_stop_patch,
     is_stopped,
     notebook_name_error,
     notebook_resource,
+    notebook_status_summary,
 )
-from notebook_controller.status import notebook_status_summary
-
-from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
 from .user_namespace import (
     DEFAULT_TEMPLATE,
     PROFILE_GROUP,

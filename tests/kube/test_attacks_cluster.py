@@ -220,7 +220,7 @@ def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
     ingress gateway's mTLS identity (ALLOW policy; STRICT mTLS; sidecar injected), so both are
     refused, and the gateway's own forwarded requests pass. It runs as the server's
     least-privilege service account."""
-    from jupyterlab_mlcluster.server.rbac import SERVICE_ACCOUNT
+    from notebook_controller.server_rbac import SERVICE_ACCOUNT
 
     manifests = all_manifests(
         ingress_auth=AUTH, user_namespaces=["alice", "mallory"], server_namespace="hub"

@@ -739,8 +739,8 @@ def test_should_cull(
 
 
 def _server_rbac(manifest: dict[str, Any]) -> bool:
-    """One of the shared Jupyter server's RBAC objects (server/rbac.py), not the controller's."""
-    from jupyterlab_mlcluster.server.rbac import SERVICE_ACCOUNT
+    """One of the shared Jupyter server's RBAC objects (server_rbac.py), not the controller's."""
+    from notebook_controller.server_rbac import SERVICE_ACCOUNT
 
     labels = manifest["metadata"].get("labels") or {}
     return labels.get("app.kubernetes.io/name") == SERVICE_ACCOUNT

@@ -1,5 +1,5 @@
-"""The shared Jupyter server's RBAC (`mlcluster manifests`, server/rbac.py) grants what the
-server really does, in the namespace it does it, and nothing like `*`.
+"""The shared Jupyter server's RBAC (`mlcluster manifests`, notebook_controller/server_rbac.py)
+grants what the server really does, in the namespace it does it, and nothing like `*`.
 
 A real server (per-user namespaces, identity from the header) on a pristine Kubernetes API
 emulator of its own (no other test's clients in its request log) goes through what users do:
@@ -9,7 +9,7 @@ Every request it and its jobs' supervisors made is then checked against the prin
 cluster-wide requests against the cluster-wide ClusterRole, requests in a user namespace
 against it or the user-namespace ClusterRole bound there; nothing may touch any other
 namespace. Requests the server makes knowing they may be refused (and copes) are listed in
-server/rbac.py, not granted.
+notebook_controller/server_rbac.py, not granted.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import kubernetes_validate
 import pytest
 from helpers import assert_no_job_processes, wait_for
 
-from jupyterlab_mlcluster.server import rbac
 from jupyterlab_mlcluster.server.user_namespace import template_namespace
+from notebook_controller import server_rbac as rbac
 from notebook_controller.manifests import all_manifests
 from tests.kube.controller_support import install_crds
 from tests.kube.fixtures import KubeCluster

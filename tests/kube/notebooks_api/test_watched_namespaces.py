@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from jupyterlab_mlcluster.server import rbac
 from jupyterlab_mlcluster.server.user_namespace import template_namespace
 from notebook_controller import objects
+from notebook_controller import server_rbac as rbac
 from notebook_controller.manifests import all_manifests
 from tests.kube.controller_support import install_crds
 from tests.kube.fixtures import KubeCluster

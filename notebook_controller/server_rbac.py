@@ -1,7 +1,10 @@
 """RBAC for the shared Jupyter server (the extension with per-user namespaces): what its calls
-need, nothing more (pure builders; `mlcluster manifests` prints them).
+need, nothing more (pure builders; `mlcluster manifests` prints them, with the server's
+Deployment from server_deploy.py: both are the shared server as a platform deploys it, and
+the server itself never reads them, so they live on this side and the server does not import
+the controller, nor the controller the server).
 
-Kept beside the calls, one rule per call site; tests/kube/notebooks_api/test_server_rbac.py
+One rule per call site, each naming it; tests/kube/notebooks_api/test_server_rbac.py
 records every request a real server (and its jobs' supervisors) makes against the Kubernetes
 API emulator and checks each one is granted here, in the namespace it was made in.
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.kubernetes.rbac import job_rules
+from jupyterlab_mlcluster.backends.kubernetes.rbac import job_rules
 
 SERVICE_ACCOUNT = "mlcluster-jupyter-server"
 ROLE = "mlcluster-jupyter-server"
