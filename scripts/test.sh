@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: the sidebar's lint (eslint + prettier, stylelint on its
 # CSS) and unit tests (jest, which also checks src/model/api-types.ts against the API document),
-# hadolint on the images' Containerfiles, then every Python test (engine, kernel, server,
-# Kubernetes emulator, controller, real-browser sidebar). Fails loudly.
+# hadolint on the images' Containerfiles, the layers' import contracts (lint-imports), then
+# every Python test (engine, kernel, server, Kubernetes emulator, controller, real-browser
+# sidebar). Fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -30,6 +31,9 @@ jlpm test
 # The images' Containerfiles (deploy/images): hadolint, from the test extra; any finding fails.
 # A glob that matches nothing stays literal, so hadolint fails on it too.
 hadolint deploy/images/*.Containerfile
+# The layers (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md): an import that reaches
+# up a layer, lazy ones inside functions included, fails. No cache file left in the tree.
+lint-imports --no-cache
 # Test files run in parallel worker processes, a file's tests together in one (their
 # module-scoped servers and emulators are shared): most tests wait on processes, kernels and
 # servers rather than compute, so two workers on two cores cut the wall time well below a

@@ -7,7 +7,7 @@ ceiling doubles from `first` up to `cap`, and the wait is a uniform random time 
 Random, so that many clients failing together (an API server restart, a shared disk that
 filled up) do not come back in step; capped, so that recovery is noticed within `cap`.
 
-It lives in jobs/, the floor layer, because jobs/ may not import kubeconn (nor backends/
+It lives in jobs/, the engine layer, because jobs/ may not import kubeconn (nor backends/
 or server/); kubeconn re-exports it.
 """
 
