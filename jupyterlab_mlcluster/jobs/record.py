@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import secrets
 from typing import Any
 
 from .model import JobSpec, JobState, RankState
+
+
+def new_job_id() -> str:
+    # Starts with a letter: ids also name Kubernetes objects.
+    return "j" + secrets.token_hex(5)
 
 
 def iso(ts: float | None) -> str | None:

@@ -44,7 +44,7 @@ from .processes import (
     supervisor_lost_reason,
     this_host,
 )
-from .record import JobRecord
+from .record import JobRecord, new_job_id
 from .sessions import is_session_cell, poke_session
 from .store import JobStore, UnknownJob
 
@@ -97,11 +97,6 @@ class DistributedJobCancelled(RuntimeError):
 # printed, is the Distributed* one).
 JobFailed = DistributedJobFailed
 JobCancelled = DistributedJobCancelled
-
-
-def new_job_id() -> str:
-    # Starts with a letter: ids also name Kubernetes objects.
-    return "j" + secrets.token_hex(5)
 
 
 def _with_tensorboard_dir(spec: JobSpec, setting: str, job_id: str) -> JobSpec:

@@ -295,8 +295,7 @@ def submit_cell(
     `options`) when it has none by that name. Returns (the cell's job record, a note to show
     the user or None). SessionEnded: the session failed since its last cell (said once; the
     next cell starts a fresh one)."""
-    from .record import JobRecord
-    from .service import new_job_id
+    from .record import JobRecord, new_job_id
 
     check_session_name(name)
     store = service.store

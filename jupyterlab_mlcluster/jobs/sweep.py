@@ -57,7 +57,7 @@ def submit_sweep(
 ) -> Sweep:
     """Store the sweep and submit its trials. SpecError/PayloadError before the first
     submit: nothing stored."""
-    from .service import _current_user
+    from .owner import current_user
 
     clash = sorted(set(payload.push) & {p.name for p in sweep.params})
     if clash:
@@ -71,7 +71,7 @@ def submit_sweep(
         trial_payload(payload, params).dumps()
     sweep_id = new_sweep_id()
     base = (spec.name or "sweep")[:44]
-    owner = origin.get("user") or _current_user()
+    owner = origin.get("user") or current_user()
     store = experiments(service)
     store.insert_sweep(sweep_id, base, owner, sweep.to_dict(), origin)
     submitted: list[str] = []
