@@ -1,6 +1,7 @@
 """The layers check themselves: `lint-imports` (pyproject.toml [tool.importlinter]) holds on this
 tree, and refuses a copy of it where a module reaches up a layer from inside a function (the
-lazy imports that hid the old cycles) or where the server imports the notebook-controller."""
+lazy imports that hid the old cycles), where the server imports the notebook-controller, or
+where two modules of a package import each other."""
 
 from __future__ import annotations
 
@@ -46,10 +47,14 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
         )
     with open(tmp_path / "jupyterlab_mlcluster" / "server" / "notebooks.py", "a") as notebooks:
         notebooks.write("\n\nfrom notebook_controller import handlers  # noqa: E402\n")
+    kubernetes = tmp_path / "jupyterlab_mlcluster" / "backends" / "kubernetes"
+    with open(kubernetes / "trainjob.py", "a") as trainjob:  # objects.py imports trainjob.py
+        trainjob.write("\n\nfrom .objects import TRAINJOB_CONTAINER  # noqa: E402\n")
 
     result = lint_imports(tmp_path)
 
     assert result.returncode != 0, result.stdout
-    assert "0 kept, 2 broken" in result.stdout, result.stdout
+    assert "0 kept, 3 broken" in result.stdout, result.stdout
     assert "jupyterlab_mlcluster.jobs.model -> jupyterlab_mlcluster.kernel.magics" in result.stdout
     assert "jupyterlab_mlcluster.server.notebooks -> notebook_controller.handlers" in result.stdout
+    assert "No cycles are allowed in jupyterlab_mlcluster.backends.kubernetes" in result.stdout
