@@ -116,9 +116,14 @@ class Package:
                     else (f"{stem}/__init__.py" if stem else "__init__.py")
                 )
                 for alias in node.names:
-                    self.aliases[module][alias.asname or alias.name] = (
-                        f"{target_module}:{alias.name}"
-                    )
+                    sub = f"{stem}/{alias.name}" if stem else alias.name
+                    if (PACKAGE / f"{sub}.py").exists():  # `from . import module`
+                        target = f"{sub}.py"
+                    elif (PACKAGE / sub / "__init__.py").exists():  # `from .. import package`
+                        target = f"{sub}/__init__.py"
+                    else:
+                        target = f"{target_module}:{alias.name}"
+                    self.aliases[module][alias.asname or alias.name] = target
 
         def visit(node: ast.AST, prefix: str, owner: Definition, cls: str | None) -> None:
             for child in ast.iter_child_nodes(node):
@@ -140,6 +145,9 @@ class Package:
                         for b in child.bases:
                             _note(b, owner, pickle_aliases)
                 else:
+                    if isinstance(child, ast.ImportFrom) and child.level:
+                        # Importing a module runs its top level (the walk follows it there).
+                        owner.names.update(alias.asname or alias.name for alias in child.names)
                     _note(child, owner, pickle_aliases)
                     visit(child, prefix, owner, cls if not isinstance(child, ast.Lambda) else cls)
 
@@ -240,6 +248,8 @@ def reachable_unpicklers(
         d = pkg.defs[key]
         for name in d.names:
             target = pkg.resolve_name(d.module, name)
+            if target.endswith(".py"):  # a module: its top level (the backends package
+                target = f"{target}:<module>"  # registers the backends get_backend calls there)
             if target in pkg.methods:
                 reach(target, key)
                 make_live(target, key)
@@ -271,8 +281,12 @@ def test_no_function_the_server_can_reach_unpickles():
     # The analysis sees unpickling where there is some (else it would prove nothing) ...
     assert package.defs["jobs/service.py:JobService.result"].unpickles
     assert package.defs["runtime/payload.py:Payload.loads"].unpickles
-    # ... and reaches through the layers the server stands on.
-    assert "jobs/service.py:JobService.result_data" in _reached(package)
+    # ... and reaches through the layers the server stands on, the backends included (found
+    # through the registry their package fills when the server imports it).
+    reached = _reached(package)
+    assert "jobs/service.py:JobService.result_data" in reached
+    assert "backends/local/backend.py:LocalBackend.run" in reached
+    assert "backends/kubernetes/backend.py:KubernetesBackend.run" in reached
     assert {k: " -> ".join(p) for k, p in found.items()} == {}
     # Without the gate the walk does find the schedule's payload (so the gate is needed).
     assert "runtime/payload.py:Payload.loads" in reachable_unpicklers(package)
