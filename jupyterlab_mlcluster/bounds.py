@@ -3,8 +3,8 @@
 The REST API's document (`server/openapi.yaml`) names them with `x-bounds: <name>`, and the
 loader puts in the schema's `minimum` (or `exclusiveMinimum`) and `maximum`; the job model
 (`jobs/model.py`) checks every front end's options (magic, CLI, Python API, REST) against the
-same objects, before anything is written. Like `patterns.py`, plain Python, so the floor of the
-package imports them without parsing the document.
+same objects, before anything is written. Like `patterns.py`, plain Python, so the engine
+(`jobs/`) imports them without parsing the document.
 
 Why bound at all: an out-of-range number must be a clear error naming the option, never an
 OverflowError from SQLite (64-bit integers) or a float overflow after the job directory was

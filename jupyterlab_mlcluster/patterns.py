@@ -3,7 +3,7 @@
 The REST API's document (`server/openapi.yaml`) names them with `x-pattern: <name>`, and the
 loader puts the regex in as the schema's `pattern`; the job model (`jobs/model.py`), the job
 store, the notebook controller's builders and the CRD compile the same strings here. They are
-plain strings, not read from the YAML file, so that the floor of the package (`jobs/`), the
+plain strings, not read from the YAML file, so that the engine (`jobs/`), the
 supervisor started for every job and the in-cluster controller import them without parsing
 a document or reaching up into `server/`.
 
