@@ -20,9 +20,14 @@ PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL = "kubeflow.org", "v1", "profiles
 DEFAULT_TEMPLATE = "mlcluster-{user}"
 
 MAX_LABEL = 63
-_HASH_CHARS = 10
+# 64 bits of SHA-256: a second preimage (another identity that sanitises to the same head
+# and hashes alike) is out of reach; 40 bits (the first releases') was not.
+_HASH_CHARS = 16
+# Namespaces made before carry a 10-hex suffix: a name ending that way still counts as
+# hash-shaped, so nobody can pick an identity that maps onto such an existing namespace.
+_LEGACY_HASH_CHARS = 10
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_HASH_SHAPED_END = re.compile(rf"-[0-9a-f]{{{_HASH_CHARS}}}$")
+_HASH_SHAPED_END = re.compile(rf"-([0-9a-f]{{{_HASH_CHARS}}}|[0-9a-f]{{{_LEGACY_HASH_CHARS}}})$")
 
 
 class BadTemplate(ValueError):

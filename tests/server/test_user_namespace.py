@@ -17,7 +17,7 @@ from jupyterlab_mlcluster.server.user_namespace import (
 )
 
 LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-HASHED = re.compile(r"-?[0-9a-f]{10}$")
+HASHED = re.compile(r"(^|-)[0-9a-f]{16}$")
 
 
 def profile(name: str, owner: str, kind: str = "User", **metadata) -> dict:
@@ -63,7 +63,7 @@ def test_long_names_are_trimmed_to_63_with_the_hash() -> None:
     long_a, long_b = "a" * 100, "a" * 99 + "b"
     ns_a, ns_b = template_namespace(long_a), template_namespace(long_b)
     assert len(ns_a) == len(ns_b) == 63 and LABEL.fullmatch(ns_a) and LABEL.fullmatch(ns_b)
-    assert ns_a[:52] == ns_b[:52] and ns_a != ns_b, "same head, different hash"
+    assert ns_a[:46] == ns_b[:46] and ns_a != ns_b, "same head, different hash"
     exactly = "a" * 63
     assert dns_label(exactly) == exactly, "63 valid characters fit as they are"
     assert len(dns_label("a" * 64)) == 63
@@ -90,6 +90,30 @@ def test_a_valid_name_shaped_like_a_hashed_one_is_hashed_too() -> None:
     assert LABEL.fullmatch(impostor)
     assert template_namespace(impostor) != hashed
     assert template_namespace(impostor).startswith(hashed + "-")
+
+
+def test_attack_the_hash_suffix_is_too_short_to_search_for_a_collision() -> None:
+    """Red team: the suffix was 40 bits, so a second preimage (an identity that sanitises to
+    Alice's head and hashes like hers) was a search away, landing Bob in her namespace. It is
+    now 64 bits (16 hex), within the 63-character limit; and a name ending like the old
+    10-hex suffix still counts as hash-shaped, so nobody can claim a namespace made before
+    by picking its name as an identity."""
+    import hashlib
+
+    for user in ("alice@example.com", "x" * 200, "a.b@x"):
+        namespace = template_namespace(user)
+        assert LABEL.fullmatch(namespace) and len(namespace) <= 63
+        suffix = namespace.rsplit("-", 1)[1]
+        assert len(suffix) == 16, namespace
+        assert suffix == hashlib.sha256(f"mlcluster-{user}".encode()).hexdigest()[:16]
+    # The namespace the first releases made for alice@example.com (10 hex of the same hash).
+    legacy = "mlcluster-alice-example-com-" + (
+        hashlib.sha256(b"mlcluster-alice@example.com").hexdigest()[:10]
+    )
+    impostor = legacy.removeprefix("mlcluster-")
+    assert LABEL.fullmatch(impostor)
+    assert template_namespace(impostor) != legacy
+    assert template_namespace(impostor).startswith(legacy + "-")
 
 
 def test_the_template_must_name_user_once_and_nothing_else() -> None:
