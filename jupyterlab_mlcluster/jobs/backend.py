@@ -4,8 +4,8 @@ The interface lives here, in jobs/, because jobs/ calls it (the service, the sup
 reaper) while the backends (backends/) implement it: jobs/ never imports a backend. The front
 ends fill the registry by importing `jupyterlab_mlcluster.backends`, which registers each
 backend under its name (a factory that imports the backend's module only when first asked,
-so a front end pays for no backend it does not use); so does a cold supervisor's program
-entry (`python -m jupyterlab_mlcluster.jobs.supervisor`).
+so a front end pays for no backend it does not use); so do the program entries of a cold
+supervisor (`python -m jupyterlab_mlcluster.jobs.supervisor`) and of the warm pool's zygote.
 
 A backend is used in two places:
 - in the submitting process: `validate` (refuse the impossible before anything is stored),

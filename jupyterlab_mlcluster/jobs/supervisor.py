@@ -404,10 +404,9 @@ def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
 
 
 if __name__ == "__main__":
-    # A cold supervisor is a program of its own: like a front end, its entry fills the
-    # backend registry (a supervisor forked from the warm pool has it filled by the zygote's
-    # preload of backends.local.backend). The one import of the backends package by jobs/,
-    # allowed by name in pyproject.toml's import contracts.
+    # A cold supervisor (or a dead one's sentinel, --settle) is a program of its own: like a
+    # front end, its entry fills the backend registry (a supervisor forked from the warm pool
+    # has it from the zygote's entry). Allowed by name in pyproject.toml's import contracts.
     from .. import backends  # noqa: F401
 
     sys.exit(main())

@@ -1071,6 +1071,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # The zygote is a program of its own: its entry fills the backend registry for the
+    # supervisors it forks, as a front end does (allowed by name in pyproject.toml's import
+    # contracts).
+    import jupyterlab_mlcluster.backends  # noqa: F401
+
     # Run the package's copy of this module, not __main__'s: the fork's flags must be set
     # where the rest of the package reads them.
     from jupyterlab_mlcluster.jobs import warmpool as _warmpool
