@@ -180,9 +180,11 @@ class MLClusterApp(ExtensionApp):
 
     allow_local_jobs_when_shared = Bool(
         False,
-        help="Run local-backend jobs submitted through the REST API on a server shared by many "
-        "users (per_user_namespaces: trust_identity_header and no notebook_namespace). Every "
-        "such job runs as this server's one Unix user on its machine, so one user's job code "
+        help="Run local-backend and Slurm jobs (every backend whose ranks run as this server's "
+        "account: Backend.ranks_inherit_environment) submitted through the REST API on a "
+        "server shared by many users (per_user_namespaces: trust_identity_header and no "
+        "notebook_namespace). Every such job runs as this server's one Unix user (on its "
+        "machine, or in a Slurm allocation of its account), so one user's job code "
         "can read another's job files, environment (tokens, keys) and processes, and the "
         "server's own. Off (the default), as JupyterHub never runs two users' code as one Unix "
         "user: such a job is refused (403, nothing stored or started), a request naming no "

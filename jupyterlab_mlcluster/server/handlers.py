@@ -53,11 +53,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FOLLOW_READ_BYTES = 64 * 1024
 PAGE_READ_BYTES = 1024 * 1024
-# POST /jobs with the local backend on a server shared by many users (the OpenAPI 403).
+# POST /jobs, on a server shared by many users, with a backend whose ranks run as the
+# server's own account (local; slurm, whose allocations are the server's): the OpenAPI 403.
 SHARED_LOCAL_REFUSED = (
-    "this server is shared by many users: local jobs would run as the server's one Unix user, "
-    "where other users' jobs could read their files, environment and processes; submit with "
-    "backend kubernetes (your own namespace), or run your own server "
+    "this server is shared by many users: {backend} jobs would run as the server's one Unix "
+    "user, where other users' jobs could read their files, environment and processes; submit "
+    "with backend kubernetes (your own namespace), or run your own server "
     "(MLClusterApp.allow_local_jobs_when_shared is off)"
 )
 
@@ -175,8 +176,12 @@ class JobsHandler(MLClusterHandler):
             spec = JobSpec.from_options(options, default_backend=service.config.default_backend)
         except SpecError as exc:
             raise web.HTTPError(400, str(exc)) from None
-        if spec.backend == "local" and self.app.refuses_local_jobs:
-            raise web.HTTPError(403, SHARED_LOCAL_REFUSED)
+        if self.app.refuses_local_jobs:
+            # Ranks that would run as this server's account (Backend.ranks_inherit_environment):
+            # local processes, or Slurm tasks submitted with its credentials.
+            backend = await self.run(service.backend, spec.backend)
+            if backend.ranks_inherit_environment:
+                raise web.HTTPError(403, SHARED_LOCAL_REFUSED.format(backend=spec.backend))
         if spec.backend == "kubernetes":
             problem = await self.run(configuration_problem)
             if problem:

@@ -51,12 +51,20 @@ class TestSharedServer:
         marker = tmp_path / "bob-was-here"
         dirs, before = job_dirs(mlc), children()
 
-        for options in ({"backend": "local"}, {"backend": "local", "workers": 2, "name": "x"}):
+        # Slurm's tasks run as the server's account too (its allocations, its credentials):
+        # refused the same way, before sbatch (or anything) is ever run.
+        for options in (
+            {"backend": "local"},
+            {"backend": "local", "workers": 2, "name": "x"},
+            {"backend": "slurm"},
+            {"backend": "slurm", "workers": 2, "env": {"LD_PRELOAD": "/tmp/bob.so"}},
+        ):
             status, error = await bob.call(
                 "POST", "jobs", body={"code": bobs_code(marker), **options}
             )
             assert status == 403, error
             message = error["message"]
+            assert f"{options['backend']} jobs would run" in message, message
             assert "shared by many users" in message and "one Unix user" in message, message
             assert "backend kubernetes" in message and "your own server" in message, message
 

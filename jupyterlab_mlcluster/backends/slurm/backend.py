@@ -350,12 +350,15 @@ class _Attempt:
 
     # -- submit ------------------------------------------------------------------------
 
-    def environment(self) -> dict[str, str]:
-        """What sbatch passes to the tasks: the submitter's environment less launcher and
-        Slurm variables (launcher.base_environment), plus the job's own."""
+    def sbatch_environment(self) -> dict[str, str]:
+        """What sbatch itself runs with (and, through --export=ALL, what each task starts
+        with): the submitter's environment less launcher and Slurm variables
+        (launcher.base_environment). Never the job's own `env`: sbatch runs on the
+        submitter's host with the submitter's credentials, where a job's LD_PRELOAD, SLURM_CONF
+        or SBATCH_* would act on the submission itself; those reach the tasks through the
+        job's variables file (`job_variables`, read by backends/slurm/rank.py)."""
         from ..local.launcher import base_environment
 
-        store, job_id, spec = self.ctx.store, self.ctx.job.id, self.spec
         env = {
             k: v
             for k, v in base_environment(self.launch.get("env", {})).items()
@@ -363,7 +366,14 @@ class _Attempt:
         }
         if "SLURM_CONF" in os.environ:  # the supervisor's (the cluster this backend talks to)
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def job_variables(self, base: dict[str, str]) -> dict[str, str]:
+        """What each task adds to the environment sbatch gave it (`base`): the job's own
+        `env` and the rank variables of this attempt, as a local rank gets them."""
+        store, job_id, spec = self.ctx.store, self.ctx.job.id, self.spec
+        env = dict(spec.env)
         env.update(
             {
                 "TORCHELASTIC_RESTART_COUNT": str(self.number),
@@ -377,21 +387,26 @@ class _Attempt:
                 "MLCLUSTER_SLURM_RESULT_PATH": str(store.result_path(job_id)),
             }
         )
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        if "OMP_NUM_THREADS" not in env:
+        if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in base:
+            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in base:
             env["OMP_NUM_THREADS"] = str(script.cpus_per_task(spec))
         if spec.tensorboard:
             env["MLCLUSTER_TENSORBOARD_DIR"] = spec.tensorboard
-        else:
+        elif "MLCLUSTER_TENSORBOARD_DIR" not in env and "MLCLUSTER_TENSORBOARD_DIR" not in base:
             tensorboard = store.tensorboard_dir(job_id)
             tensorboard.mkdir(mode=0o700, exist_ok=True)
-            env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard))
+            env["MLCLUSTER_TENSORBOARD_DIR"] = str(tensorboard)
         return env
 
     def submit(self) -> None:
         ctx = self.ctx
         self.dir.mkdir(parents=True, exist_ok=True)
         python = ctx.config.slurm_python or sys.executable
+        base = self.sbatch_environment()
+        # The job's variables reach its tasks through a file of the attempt (owner-only),
+        # never through sbatch's environment (see sbatch_environment).
+        _write_private_json(script.variables_file(str(self.dir)), self.job_variables(base))
         job_script = self.dir / "job.sh"
         job_script.write_text(
             script.batch_script(python=python, attempt_dir=str(self.dir), spec=self.spec)
@@ -402,7 +417,7 @@ class _Attempt:
         # Recorded before sbatch: if this process dies before it learns the Slurm job id,
         # the reaper still cancels the allocation (found by its comment).
         _set_backend_state(ctx, **{PENDING_CLEANUP: {"since": time.time()}})
-        self.slurm_id = self.commands.submit(args, str(job_script), self.environment())
+        self.slurm_id = self.commands.submit(args, str(job_script), base)
         _set_backend_state(ctx, slurm_job_id=self.slurm_id)
         self.view = _JobView(
             self.commands,
@@ -731,3 +746,12 @@ def _read_exit(path: str) -> int | None:
         return int(Path(path).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def _write_private_json(path: str, value: Any) -> None:
+    """Write `value` as JSON readable by its owner only, whole or not at all."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)

@@ -10,13 +10,32 @@ leaves none: it was stopped).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
 
 from . import script
 
 
+def add_job_variables(attempt_dir: str) -> None:
+    """Add the job's variables (script.variables_file) to this task's environment; when one
+    the interpreter reads at start-up changes (PYTHONPATH, LD_PRELOAD...), start again with
+    them, as a local rank would have started."""
+    with open(script.variables_file(attempt_dir)) as f:
+        variables = json.load(f)
+    restart = any(
+        k.startswith(script.STARTUP_PREFIXES) and os.environ.get(k) != v
+        for k, v in variables.items()
+    )
+    os.environ.update(variables)
+    if restart:
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", __spec__.name])
+
+
 def main() -> None:
     attempt_dir = os.environ["MLCLUSTER_SLURM_ATTEMPT_DIR"]
+    add_job_variables(attempt_dir)
     os.environ.update(script.rank_environment(dict(os.environ), attempt_dir))
     rank = int(os.environ["RANK"])
     report = os.open(

@@ -76,6 +76,18 @@ def attempt_files(attempt_dir: str) -> dict[str, str]:
     }
 
 
+def variables_file(attempt_dir: str) -> str:
+    """The job's own variables (its `env`, the rank variables of the attempt): JSON the
+    supervisor writes and each task adds to its environment (backends/slurm/rank.py), so that
+    none of them is ever in the environment of sbatch on the submitter's host."""
+    return f"{attempt_dir}/variables.json"
+
+
+# Variables the interpreter reads as it starts: a task re-executes itself when the job's
+# variables change one of them, as if they had been there from the start.
+STARTUP_PREFIXES = ("PYTHON", "LD_")
+
+
 def rank_file(attempt_dir: str, rank: int, kind: str) -> str:
     """A rank's own file of the attempt: out, err, control (its signed reports), exit."""
     return f"{attempt_dir}/rank-{int(rank)}.{kind}"
@@ -141,7 +153,8 @@ def sbatch_arguments(
         # behind its back.
         "--no-requeue",
         # The tasks get the environment the supervisor gives sbatch (the submitter's, less
-        # launcher variables, plus the job's): as a local rank gets it.
+        # launcher and Slurm variables), then add the job's own from its variables file
+        # (rank.py): as a local rank gets them, without sbatch ever seeing the job's.
         "--export=ALL",
     ]
     if spec.gpus_per_worker:
