@@ -46,6 +46,9 @@ def _meta(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": _labels()}
 
 
+SERVER_MAX_BODY = 16 << 20
+
+
 def server_command(
     owner_header: str, auth: IngressAuth | None = None, watched_namespaces: Sequence[str] = ()
 ) -> list[str]:
@@ -73,6 +76,11 @@ def server_command(
         f"--ServerApp.port={SERVER_PORT}",
         f"--ServerApp.base_url={SERVER_PREFIX}/",
         "--IdentityProvider.token=",
+        # Tornado buffers a request whole before any handler sees it: a few MiB, not Jupyter's
+        # 512 MiB default, so that one caller cannot spend the pod's memory on bodies (the
+        # mlcluster API reads at most MLClusterApp.max_request_body of it).
+        f"--ServerApp.max_body_size={SERVER_MAX_BODY}",
+        f"--ServerApp.max_buffer_size={SERVER_MAX_BODY}",
         "--MLClusterApp.trust_identity_header=True",
         f"--MLClusterApp.identity_header={owner_header}",
         *verify,

@@ -279,6 +279,15 @@ class MLClusterApp(ExtensionApp):
         help="TensorBoard's --reload_interval: seconds between its reads of new event data.",
     ).tag(config=True)
 
+    max_request_body = Int(
+        8 << 20,
+        help="Largest request body (bytes) the mlcluster API reads: a larger Content-Length is "
+        "answered 413 before any of the body is read, a chunked body is cut off there. The "
+        "default holds the largest job the API document allows (its `code` is at most 4 MiB) "
+        "and keeps one request from costing the server Jupyter's own limit "
+        "(ServerApp.max_body_size, 512 MiB) several times over.",
+    ).tag(config=True)
+
     metrics_interval = Float(
         5.0,
         help="Seconds between reads of the job store for the mlcluster_* series on Jupyter "

@@ -63,10 +63,44 @@ SHARED_LOCAL_REFUSED = (
 )
 
 
+def body_too_large(limit: int) -> str:
+    return (
+        f"the request body is larger than this server reads ({limit} bytes, "
+        "MLClusterApp.max_request_body)"
+    )
+
+
+@web.stream_request_body  # the body's size is judged before any of it is read (prepare)
 class MLClusterHandler(APIHandler):
     auth_resource = "mlcluster"
     # The OpenAPI path this handler serves (e.g. "/jobs/{id}"); set by each subclass.
     api_path = ""
+    _body: bytearray | None = None
+
+    async def prepare(self) -> None:
+        """Refuse a body over MLClusterApp.max_request_body (413) from its Content-Length,
+        before reading it (and after Jupyter's own checks: who may send one at all)."""
+        await super().prepare()
+        limit = self.app.max_request_body
+        length = self.request.headers.get("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            raise web.HTTPError(413, body_too_large(limit))
+        self._body = bytearray()
+
+    def data_received(self, chunk: bytes) -> None:
+        # A body without a Content-Length (chunked) is counted as it comes: past the limit
+        # nothing more is kept and tornado drops the connection.
+        body = self._body if self._body is not None else bytearray()
+        if len(body) + len(chunk) > self.app.max_request_body:
+            self._body = bytearray()
+            raise web.HTTPError(413, body_too_large(self.app.max_request_body))
+        body += chunk
+        self._body = body
+
+    @property
+    def body(self) -> bytes:
+        """The request's body, as read (at most MLClusterApp.max_request_body)."""
+        return bytes(self._body or b"")
 
     @property
     def app(self) -> MLClusterApp:
@@ -104,7 +138,7 @@ class MLClusterHandler(APIHandler):
     def json_body(self) -> Any:
         try:
             return self.app.validators.body(
-                self.api_path, self.request.method.lower(), self.request.body
+                self.api_path, self.request.method.lower(), self.body
             )
         except RequestError as exc:
             raise web.HTTPError(400, str(exc)) from None
@@ -374,7 +408,7 @@ class TensorBoardHandler(MLClusterHandler):
     @web.authenticated
     @authorized("read")
     async def post(self, ref: str) -> None:
-        body = self.json_body() if self.request.body.strip() else {}
+        body = self.json_body() if self.body.strip() else {}
         records = [await self.job(ref)]
         for other in body.get("jobs", []):
             record = await self.job(other)
@@ -529,7 +563,7 @@ class NotebooksHandler(NotebookHandlerBase):
         try:
             return self.json_body()
         except web.HTTPError:
-            name = _json_field(self.request.body, "name")
+            name = _json_field(self.body, "name")
             problem = notebook_name_error(name) if isinstance(name, str) else None
             if problem:
                 raise web.HTTPError(400, f"name: {problem}") from None

@@ -202,14 +202,14 @@ def _convert(name: str, schema: dict[str, Any], raw: list[str]) -> Any:
         try:
             return int(text)
         except ValueError:
-            raise RequestError(f"{name}: must be an integer, got {text!r}") from None
+            raise RequestError(f"{name}: must be an integer, got {shortened(repr(text))}") from None
     if kind == "number":
         try:
             number = float(text)
         except ValueError:
             number = math.nan
         if not math.isfinite(number):
-            raise RequestError(f"{name}: must be a number, got {text!r}")
+            raise RequestError(f"{name}: must be a number, got {shortened(repr(text))}")
         return number
     if kind == "boolean":
         lowered = text.lower()
@@ -217,13 +217,33 @@ def _convert(name: str, schema: dict[str, Any], raw: list[str]) -> Any:
             return True
         if lowered in ("false", "0", "no"):
             return False
-        raise RequestError(f"{name}: must be true or false, got {text!r}")
+        raise RequestError(f"{name}: must be true or false, got {shortened(repr(text))}")
     return text
+
+
+# Most characters of a request's own value a validation message repeats: an error must not
+# send a huge value back (nor cost the server its copies).
+ECHO_CHARS = 200
+MESSAGE_CHARS = 2000
+
+
+def shortened(text: str, limit: int = ECHO_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties" and error.validator_value is False:
-        return error.message.replace("Additional properties are not allowed", "unknown option(s)")
+        message = error.message.replace(
+            "Additional properties are not allowed", "unknown option(s)"
+        )
+        return shortened(message, MESSAGE_CHARS)
+    echoed = repr(error.instance)
     if error.validator == "oneOf":
-        return f"{error.instance!r} is not valid ({error.schema.get('description', 'see the API document')})"
-    return error.message
+        description = error.schema.get("description", "see the API document")
+        return f"{shortened(echoed)} is not valid ({description})"
+    message = error.message
+    if len(echoed) > ECHO_CHARS:
+        message = message.replace(echoed, shortened(echoed))
+    return shortened(message, MESSAGE_CHARS)
