@@ -186,3 +186,23 @@ def test_srun_says_which_task_ended_badly_first():
         "Exited with exit code 9",
     )
     assert script.srun_task_failure("all fine\n") is None
+
+
+def test_jax_gets_its_coordinator_and_tensorflow_is_refused():
+    text = script.batch_script(python="python", attempt_dir="/d", spec=spec(framework="jax"))
+    assert "export MLCLUSTER_SLURM_JAX_PORT" in text
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "MLCLUSTER_SLURM_ERROR_FILES": "/s/error-{rank}.json",
+        "MLCLUSTER_SLURM_JAX_PORT": "4567",
+    }
+    out = script.rank_environment(env, "/d")
+    assert out["JAX_COORDINATOR_ADDRESS"] == "n1:4567"
+    assert out["JAX_PROCESS_ID"] == "1" and out["JAX_NUM_PROCESSES"] == "2"
+    assert "export MLCLUSTER_SLURM_JAX_PORT" not in script.batch_script(
+        python="python", attempt_dir="/d", spec=spec()
+    )
+    with pytest.raises(SpecError, match="tensorflow is not supported on the slurm backend"):
+        script.sbatch_arguments(spec(framework="tensorflow"), job_id="j1", attempt_dir="/d")

@@ -610,3 +610,17 @@ def test_slurm_extra_args_reach_sbatch_and_its_refusal(slurm_store, tmp_path):
     with pytest.raises(SpecError, match="Invalid feature specification"):
         submit(service, "print(1)")
     assert service.store.list_jobs()[1] == 0
+
+
+def test_jax_ranks_get_their_coordinator_on_rank_0s_host(service, slurm):
+    code = (
+        "import os\nprint(os.environ['JAX_COORDINATOR_ADDRESS'], os.environ['JAX_PROCESS_ID'],"
+        " os.environ['JAX_NUM_PROCESSES'])\n"
+    )
+    job = submit(service, code, workers=2, framework="jax")
+    assert service.wait(job.id, timeout=60).state == JobState.SUCCEEDED
+    lines = [line.split() for line in rank_lines(service, job.id)]
+    assert sorted(words[1] for words in lines) == ["0", "1"]
+    (address,) = {words[0] for words in lines}
+    host, port = address.split(":")
+    assert host == slurm.node and int(port) > 0 and {words[2] for words in lines} == {"2"}

@@ -139,6 +139,13 @@ def sbatch_arguments(
         raise SpecError(
             "--image only applies to the kubernetes backend; Slurm tasks run this environment"
         )
+    if spec.framework == "tensorflow":
+        # TF_CONFIG names every worker's host and port before any starts; Slurm places the
+        # tasks itself. Refused rather than started without it.
+        raise SpecError(
+            "--framework tensorflow is not supported on the slurm backend yet (TF_CONFIG); "
+            "use the local or kubernetes backend"
+        )
     files = attempt_files(attempt_dir)
     cpus = cpus_per_task(spec)
     args = [
@@ -202,6 +209,14 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
             "# Written by jupyterlab-mlcluster: one attempt of one job (see rank-*.out/err).",
             f"MASTER_PORT=$({q(python)} -c {q(port)}) || exit 1",
             "export MASTER_PORT",
+            *(
+                [
+                    f"MLCLUSTER_SLURM_JAX_PORT=$({q(python)} -c {q(port)}) || exit 1",
+                    "export MLCLUSTER_SLURM_JAX_PORT",
+                ]
+                if spec.framework == "jax"
+                else []
+            ),
             f"MLCLUSTER_SLURM_ATTEMPT_DIR={q(attempt_dir)}",
             "export MLCLUSTER_SLURM_ATTEMPT_DIR",
             "exec " + " ".join(q(a) for a in srun),
@@ -259,6 +274,11 @@ def rank_environment(env: dict[str, str], attempt_dir: str) -> dict[str, str]:
         "MLCLUSTER_ERROR_FILE": env["MLCLUSTER_SLURM_ERROR_FILES"].replace("{rank}", str(rank)),
     }
     out["TORCHELASTIC_ERROR_FILE"] = out["MLCLUSTER_ERROR_FILE"]
+    if env.get("MLCLUSTER_SLURM_JAX_PORT"):
+        # --framework jax: rank 0's host runs the coordinator (the worker adds the rest).
+        out["JAX_COORDINATOR_ADDRESS"] = f"{out['MASTER_ADDR']}:{env['MLCLUSTER_SLURM_JAX_PORT']}"
+        out["JAX_PROCESS_ID"] = str(rank)
+        out["JAX_NUM_PROCESSES"] = world
     if rank == 0 and env.get("MLCLUSTER_SLURM_RESULT_PATH"):
         out["MLCLUSTER_RESULT_PATH"] = env["MLCLUSTER_SLURM_RESULT_PATH"]
     return out
