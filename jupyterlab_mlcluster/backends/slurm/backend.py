@@ -47,6 +47,8 @@ LOOK_BACKOFF = Backoff(first=1.0, cap=15.0, floor=0.5)
 # and leaves the rest to the reaper (a pending cleanup stays recorded).
 GONE_WAIT = 60.0
 READ_CAP = 1 << 20  # bytes read from one rank file per turn
+SCAN_EVERY = 0.05  # seconds between looks at the rank files, per 8 ranks
+SCAN_MAX = 1.0
 SINFO_TTL = 1.0
 PENDING_CLEANUP = "pending_cleanup"
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
@@ -346,6 +348,8 @@ class _Attempt:
         self.view: _JobView | None = None
         self.released = False
         self.host: str | None = None
+        self.last_scan = float("-inf")
+        self.scan_interval = min(SCAN_MAX, SCAN_EVERY * max(1.0, self.spec.workers / 8))
         self.reported_errors: dict[int, dict[str, Any]] = {}
 
     # -- submit ------------------------------------------------------------------------
@@ -489,8 +493,15 @@ class _Attempt:
         ctx.set_state(JobState.RUNNING, reason=None, **fields)
         ctx.job.started = ctx.job.started or now
 
-    def pump(self) -> None:
-        """New output, reports and exits of every rank."""
+    def pump(self, force: bool = False) -> None:
+        """New output, reports and exits of every rank. Each look opens every rank's files
+        afresh (on NFS only an open revalidates a file: close-to-open consistency), so a big
+        job is looked at less often (SCAN_EVERY per 8 ranks, at most SCAN_MAX apart) not to
+        flood the shared filesystem's server; `force`: now."""
+        now = time.monotonic()
+        if not force and now - self.last_scan < self.scan_interval:
+            return
+        self.last_scan = now
         for (rank, stream), f in self.files.items():
             data = f.read()
             if data:
@@ -568,6 +579,7 @@ class _Attempt:
                 if ended_seen:  # one more turn read what the ranks left: still not all
                     return self._ended()
                 ended_seen = True
+                self.pump(force=True)
                 continue
             self.flush()
             time.sleep(LOOP_TICK)
@@ -578,7 +590,7 @@ class _Attempt:
 
     def _ended(self) -> Outcome:
         """The Slurm job ended before every rank said how it ended: why, in Slurm's terms."""
-        self.pump()
+        self.pump(force=True)
         self._mark_unfinished(RankState.CANCELLED)
         known = script.job_outcome(self.slurm_state)
         if known is not None:
@@ -712,7 +724,7 @@ class _Attempt:
         except BaseException:
             self.stop("the supervisor failed")
             raise
-        self.pump()
+        self.pump(force=True)
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)
         return outcome
