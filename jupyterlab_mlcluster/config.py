@@ -103,6 +103,16 @@ class MLClusterConfig(Configurable):
         "file instead). It is written to the job store, whose disk all jobs share. 0: no cap.",
     ).tag(config=True)
 
+    max_result_json_mib = Int(
+        16,
+        help="Most MiB of a result's JSON form (what servers serve: GET /jobs/{id}/result, "
+        "sweep listings) that is received and served. A Kubernetes job's supervisor drops a "
+        "bigger JSON form as it comes (the job still succeeds, its pickled result kept for its "
+        "owner's kernel); a server answers 409 for a stored one over it, saying so, without "
+        "reading it. Kept separate from, and much smaller than, max_result_mib: a server shared "
+        "by many users serves it. 0: no cap.",
+    ).tag(config=True)
+
     max_log_mib = Int(
         1024,
         help="Most MiB of output (stdout and stderr, all ranks) the job store keeps per job; "

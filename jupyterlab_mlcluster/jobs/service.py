@@ -12,13 +12,14 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
@@ -348,27 +349,51 @@ class JobService:
     def result_data(self, job_id: str) -> tuple[str, Any]:
         """The same as result() from the result's JSON form, never unpickling: what a server
         may read of a job it did not write. NoJSONForm where the value has none."""
-        if not self.store.result_path(job_id).exists():
+        f = self.result_json_file(job_id)
+        if f is None:
             return "none", None
-        path = self.store.result_json_path(job_id)
-        limit = self.config.max_result_mib * 1024 * 1024
+        with f:
+            text = f.read()
         try:
-            with open(path, "rb") as f:
-                text = f.read(limit + 1 if limit else -1)
+            data = json.loads(text)  # result_json_file saw its shape: {"kind", "value"}
+            return data["kind"], data["value"]
+        except (ValueError, RecursionError, TypeError, KeyError):
+            raise NoJSONForm("its JSON form is not readable") from None
+
+    def result_json_file(self, job_id: str) -> BinaryIO | None:
+        """The result's JSON form as stored (`{"kind": ..., "value": ...}`), open at its start
+        for a server to stream without decoding it; None when the job returned nothing.
+        NoJSONForm where the value has none, or the form is over
+        MLClusterConfig.max_result_json_mib (judged by its size, before it is read). Only
+        its shape is checked (its head, its last byte): it was written by json.dumps, in the
+        job's own rank or its supervisor, and is only ever served to the job's owner."""
+        if not self.store.result_path(job_id).exists():
+            return None
+        try:
+            f = open(self.store.result_json_path(job_id), "rb")  # noqa: SIM115 - returned
         except FileNotFoundError:
             raise NoJSONForm(
                 "the job recorded no JSON form of its result (it ran an older runtime)"
             ) from None
-        if limit and len(text) > limit:
-            raise NoJSONForm(f"its JSON form is more than {limit // (1024 * 1024)} MiB")
         try:
-            data = json.loads(text)
-            kind = data["kind"]
-        except (ValueError, TypeError, KeyError):
-            raise NoJSONForm("its JSON form is not readable") from None
-        if not isinstance(kind, str) or "value" not in data:
-            raise NoJSONForm(f"{str(data.get('types') or 'its value')[:500]} has no JSON form")
-        return kind, data["value"]
+            size = os.fstat(f.fileno()).st_size
+            cap = self.config.max_result_json_mib * MIB
+            if cap and size > cap:
+                raise NoJSONForm(
+                    f"its JSON form is {size / MIB:.1f} MiB, more than this server serves "
+                    f"({cap // MIB} MiB, MLClusterConfig.max_result_json_mib)"
+                )
+            head = f.read(JSON_FORM_HEAD_BYTES)
+            f.seek(max(0, size - 64))
+            tail = f.read().rstrip()
+            if not (JSON_FORM_HEAD.match(head) and tail.endswith(b"}")):
+                f.seek(0)
+                raise NoJSONForm(_why_no_json_form(f.read()))
+            f.seek(0)
+            return f
+        except BaseException:
+            f.close()
+            raise
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""
@@ -645,3 +670,23 @@ __all__ = [
     "SpecError",
     "UnknownJob",
 ]
+
+
+MIB = 1024 * 1024
+# How a stored JSON form with a value begins: what runtime/worker.result_json writes.
+JSON_FORM_HEAD = re.compile(rb'\{"kind": "[A-Za-z_]{1,32}", "value": ')
+JSON_FORM_HEAD_BYTES = 64
+
+
+def _why_no_json_form(text: bytes) -> str:
+    """Why a stored JSON form has no value to serve: the types it names, what its writer
+    refused, or that it is not readable."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return "its JSON form is not readable"
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        return "its JSON form is not readable"
+    if data.get("refused"):
+        return str(data["refused"])[:500]
+    return f"{str(data.get('types') or 'its value')[:500]} has no JSON form"

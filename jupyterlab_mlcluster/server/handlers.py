@@ -468,20 +468,30 @@ class ResultHandler(MLClusterHandler):
                 409, f"job {record.id} is {record.state.value}: only a succeeded job has a result"
             )
 
-        def result() -> str:
-            # Data only: the JSON form the rank wrote. Unpickling here would run whatever
-            # the job's author put in the pickle, as this server (shared by many users).
-            try:
-                kind, value = self.app.service.result_data(record.id)
-            except NoJSONForm as exc:
-                raise web.HTTPError(
-                    409,
-                    f"the result of job {record.id} has no JSON form ({exc}); get it in "
-                    f"Python: jupyterlab_mlcluster.get_job({record.id!r}).result",
-                ) from None
-            return json.dumps({"kind": kind, "value": value}, allow_nan=False)
-
-        self.finish(await self.run(result))
+        # Data only: the JSON form the rank wrote, as stored, streamed without decoding it
+        # (a shared server must not hold several copies of everyone's results). Unpickling
+        # here would run whatever the job's author put in the pickle, as this server.
+        try:
+            stored = await self.run(self.app.service.result_json_file, record.id)
+        except NoJSONForm as exc:
+            raise web.HTTPError(
+                409,
+                f"the result of job {record.id} has no JSON form ({exc}); get it in "
+                f"Python: jupyterlab_mlcluster.get_job({record.id!r}).result",
+            ) from None
+        self.set_header("Content-Type", "application/json")
+        if stored is None:
+            self.finish(json.dumps({"kind": "none", "value": None}))
+            return
+        try:
+            while chunk := await self.run(stored.read, FOLLOW_READ_BYTES):
+                self.write(chunk)
+                await self.flush()
+        except StreamClosedError:
+            return
+        finally:
+            stored.close()
+        self.finish()
 
 
 def ndjson(lines: list[dict[str, Any]]) -> bytes:

@@ -172,6 +172,7 @@ class _Attempt:
         self.result_chunks: dict[str, dict[int, str]] = {}  # form -> index -> base64
         self.result_refused: str | None = None  # why rank 0's result was dropped
         self.result_received = 0  # base64 characters of result chunks held
+        self.json_form_refused = False  # rank 0's JSON form was over max_result_json_mib
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.rank_updates = lifecycle.RankUpdates(run.ctx)
         self.written: dict[int, dict[str, Any]] = {}
@@ -750,6 +751,8 @@ class _Attempt:
         if self.result_refused:
             return
         form = "json" if record.get("form") == "json" else "pickle"
+        if form == "json" and self.json_form_refused:
+            return
         chunks = self.result_chunks.setdefault(form, {})
         try:
             index, count = int(record["index"]), int(record["count"])
@@ -758,6 +761,25 @@ class _Attempt:
             return
         self.result_received += len(data) - len(chunks.get(index, ""))
         chunks[index] = data
+        json_cap = self.ctx.config.max_result_json_mib * 1024 * 1024
+        if form == "json" and json_cap:
+            held = sum(len(c) for c in chunks.values())
+            if held > json_cap * 4 // 3 + 4:
+                # The JSON form is what servers read and serve, for everyone: it is kept small
+                # whatever the rank says of itself. The job and its pickle go on.
+                self.result_received -= held
+                del self.result_chunks[form]
+                self.json_form_refused = True
+                why = (
+                    f"its JSON form is more than this job's supervisor keeps ({json_cap >> 20} "
+                    "MiB, MLClusterConfig.max_result_json_mib)"
+                )
+                self.ctx.logs.system(f"[mlcluster] rank 0's result: {why}", rank=0)
+                _write_atomically(
+                    self.ctx.store.result_json_path(self.ctx.job.id),
+                    json.dumps({"kind": "refused", "refused": why}).encode(),
+                )
+                return
         limit = self.ctx.config.max_result_mib * 1024 * 1024
         # base64 is 4/3 of the bytes; the JSON form may be as big as the pickle.
         if limit and self.result_received > 2 * (limit * 4 // 3 + 4):
