@@ -246,8 +246,8 @@ class MLClusterApp(ExtensionApp):
         "caller's jobs may name TensorBoard directories (`tensorboard` in POST /jobs, or "
         "MLCLUSTER_TENSORBOARD_DIR in their env), `{user}` being the caller's identity, e.g. "
         "'/mnt/tensorboard/{user}' on a volume the ranks share. Checked by realpath (no symlink "
-        "or '..' leads out), at submit (400, nothing stored) and again when TensorBoard is "
-        "opened (403). '': only the job's own directory in the store, the operator's "
+        "or '..' leads out, nor any symlink inside the directory: its tree is walked, bounded), "
+        "at submit (400, nothing stored) and again whenever TensorBoard is opened (403). '': only the job's own directory in the store, the operator's "
         "MLClusterConfig.tensorboard_dir and tensorboard_allowed_uris. A server not shared "
         "reads whatever its user names.",
     ).tag(config=True)

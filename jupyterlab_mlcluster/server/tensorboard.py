@@ -105,7 +105,8 @@ class TensorBoardPlaces:
             roots.append(area)
         for root in roots:
             top = os.path.realpath(root)
-            if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+            if _within(real, top):
+                _check_links(real, top, location)
                 return real
         where = f"under {area}" if area else "in the job's own directory"
         raise PlaceRefused(
@@ -137,6 +138,61 @@ class TensorBoardPlaces:
             f"URIs only under MLClusterApp.tensorboard_allowed_uris "
             f"({', '.join(self.allowed_uris) or 'none allowed'}), not {location!r}"
         )
+
+
+# Bounds of the walk that looks for symlinks leading out of a caller's area: one caller
+# must not make the server walk without end (a refusal says so and what to do).
+LINK_WALK_ENTRIES = 50_000
+LINK_WALK_DEPTH = 40
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _check_links(real: str, top: str, location: str) -> None:
+    """PlaceRefused if a symlink anywhere under `real` (TensorBoard follows them all) leads
+    out of `top`. A link to a directory inside `top` is walked too, once. Blocking; bounded
+    by LINK_WALK_ENTRIES and LINK_WALK_DEPTH. What is made after this look is not seen:
+    SECURITY.md says so."""
+    seen_dirs = {real}
+    stack = [(real, 0)]
+    entries = 0
+    while stack:
+        directory, depth = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                listed = list(it)
+        except (NotADirectoryError, FileNotFoundError):
+            continue
+        except OSError as exc:
+            raise PlaceRefused(
+                f"this server is shared: it could not look through {directory!r} for symlinks "
+                f"leading out of {top!r} ({exc.strerror})"
+            ) from None
+        entries += len(listed)
+        if entries > LINK_WALK_ENTRIES or depth > LINK_WALK_DEPTH:
+            raise PlaceRefused(
+                f"this server is shared: the TensorBoard directory {location!r} holds more than "
+                f"{LINK_WALK_ENTRIES} entries or is deeper than {LINK_WALK_DEPTH} levels, too "
+                "many to check for symlinks leading out of the caller's area; point TensorBoard "
+                "at a smaller directory"
+            )
+        for entry in listed:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _within(target, top):
+                    raise PlaceRefused(
+                        f"this server is shared (MLClusterApp.trust_identity_header): "
+                        f"{entry.path!r}, under the TensorBoard directory {location!r}, is a "
+                        f"symlink to {target!r}, outside {top!r}; TensorBoard would follow it"
+                    )
+                if os.path.isdir(target) and target not in seen_dirs:
+                    seen_dirs.add(target)
+                    stack.append((target, depth + 1))
+            elif entry.is_dir(follow_symlinks=False) and entry.path not in seen_dirs:
+                seen_dirs.add(entry.path)
+                stack.append((entry.path, depth + 1))
 
 
 def inner_prefix(key: str) -> str:

@@ -75,7 +75,14 @@ async def test_attack_tensorboard_dir_outside_the_callers_area_is_refused_at_sub
         assert status == 400 and words in body["message"], (options, body)
     assert (await call(jp_fetch, BOB, "GET", "jobs"))[1]["jobs"] == []
     assert mlc.service.store.list_jobs()[0] == []
-    # His own places are his: his area, a URI under his prefix, his job's own directory.
+    # While his area holds a link to Alice's, naming his whole area is refused too (the
+    # symlink test below); once it is gone, his own places are his: his area, a URI under
+    # his prefix, his job's own directory.
+    status, body = await call(
+        jp_fetch, BOB, "POST", "jobs", body={"code": "1", "tensorboard": str(areas / BOB)}
+    )
+    assert status == 400 and "symlink" in body["message"], body
+    (areas / BOB / "to-alice").unlink()
     for options in (
         {"tensorboard": str(areas / BOB / "run-{job}")},
         {"tensorboard": f"s3://team-runs/{BOB}/run-{{job}}"},
@@ -125,3 +132,71 @@ def test_places_check_realpaths_and_prefixes(tmp_path):
     ]:
         with pytest.raises(PlaceRefused):
             places.check(bad, owner, own_dir=own)
+
+
+async def test_attack_a_symlink_inside_the_callers_area_to_anothers_is_refused(
+    jp_fetch, mlc, areas
+):
+    """Bob's own directory passes the realpath check, but holds `steal -> alice's area`
+    (or a link to another directory of his that holds one): TensorBoard would follow it and
+    serve Alice's scalars. Refused when TensorBoard is opened (403 naming the link), nothing
+    started; once the link is gone the same request passes the check."""
+    import asyncio
+
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    run = areas / BOB / "run"
+    run.mkdir()
+    (run / "events.out.tfevents.1").write_bytes(b"bob's runs")
+    record = await asyncio.to_thread(
+        mlc.service.submit,
+        JobSpec.from_options({"backend": "local", "tensorboard": str(run)}),
+        Payload(kind="code", source="1\n"),
+        origin={"kind": "test", "user": BOB},
+    )
+    await asyncio.to_thread(mlc.service.wait, record.id, 60)
+
+    direct = run / "nested" / "steal"
+    direct.parent.mkdir()
+    direct.symlink_to(areas / ALICE)
+    hop = areas / BOB / "elsewhere"
+    hop.mkdir()
+    for link, leads_out in ((direct, direct), (run / "hop", hop / "steal")):
+        if link != direct:
+            link.symlink_to(hop)
+            leads_out.symlink_to(areas / ALICE / "events.out.tfevents.1")
+        status, body = await call(jp_fetch, BOB, "POST", "jobs", record.id, "tensorboard")
+        assert status == 403, body
+        message = body["message"]
+        assert "symlink" in message and str(areas / ALICE) in message, message
+        assert str(leads_out) in message, message
+        assert mlc.tensorboards.running == {}
+        leads_out.unlink()
+    # Links that stay inside his area are his to have; the check passes (then TensorBoard
+    # starts, or 503 where it is not installed: past the check either way).
+    status, body = await call(jp_fetch, BOB, "POST", "jobs", record.id, "tensorboard")
+    assert status in (200, 503), body
+
+
+def test_the_walk_for_links_is_bounded(tmp_path, monkeypatch):
+    """A huge or looping tree is refused saying so, after a bounded look."""
+    from jupyterlab_mlcluster.server import tensorboard
+    from jupyterlab_mlcluster.server.tensorboard import PlaceRefused, TensorBoardPlaces
+
+    places = TensorBoardPlaces(str(tmp_path / "{user}"))
+    area = tmp_path / "bob"
+    (area / "a").mkdir(parents=True)
+    (area / "a" / "loop").symlink_to(area)  # inside the area, back to its top: walked once
+    own = str(tmp_path / "store")
+    assert places.check(str(area), "bob", own_dir=own) == str(area)
+    monkeypatch.setattr(tensorboard, "LINK_WALK_ENTRIES", 10)
+    for i in range(11):
+        (area / f"f{i}").write_bytes(b"")
+    with pytest.raises(PlaceRefused, match="more than 10 entries"):
+        places.check(str(area), "bob", own_dir=own)
+    monkeypatch.setattr(tensorboard, "LINK_WALK_ENTRIES", 1000)
+    monkeypatch.setattr(tensorboard, "LINK_WALK_DEPTH", 3)
+    (area / "d1" / "d2" / "d3" / "d4" / "d5").mkdir(parents=True)
+    with pytest.raises(PlaceRefused, match="deeper than 3 levels"):
+        places.check(str(area), "bob", own_dir=own)
