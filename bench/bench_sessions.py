@@ -1,6 +1,6 @@
 """Sessions vs plain cells vs notebook_launcher: 20 small training cells on 4 ranks, one run.
 
-    python bench/bench_sessions.py [--cells 20] [--workers 4] [--steps 5]
+    python bench/bench_sessions.py [--cells 20] [--workers 4] [--steps 5] [--only session]
 
 One real kernel (jupyter_client) on a fresh job store runs, in this order:
   session    `%%distributed --session bench --workers N`: cell 1 builds a small transformers
@@ -73,6 +73,7 @@ DRIVER = """
 import json, os, sys, time
 from jupyter_client.manager import start_new_kernel
 workers, cells, BUILD, STEPS, PROBE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+METHODS = sys.argv[6].split(",")
 PROBE_DIR = os.environ["MLCB_DIR"]
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
 def execute(code):
@@ -121,9 +122,9 @@ try:
         starts = [float(open(os.path.join(PROBE_DIR, f"{cell.id}-{r}")).read()) for r in range(workers)]
         emit(method="session", seconds=took, start_after_submit=max(starts) - cell.created,
              start_after_send=max(starts) - sent)
-    for n in range(cells):
+    for n in range(cells if "plain" in METHODS else 0):
         emit(method="plain", seconds=execute(f"%%distributed --workers {workers} --quiet\\n" + BUILD + STEPS)[1])
-    for n in range(cells):
+    for n in range(cells if "launcher" in METHODS else 0):
         emit(method="launcher", seconds=execute(
             "with tempfile.TemporaryFile('a+') as _cap:\\n"
             "    _saved = os.dup(1); os.dup2(_cap.fileno(), 1)\\n"
@@ -146,6 +147,11 @@ def main() -> int:
     parser.add_argument("--cells", type=int, default=20)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--only",
+        default="session,plain,launcher",
+        help="the methods to run besides the session (comma-separated; the session always runs)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
     (work / "probe").mkdir()
@@ -164,6 +170,7 @@ def main() -> int:
             BUILD,
             STEPS.format(steps=args.steps),
             PROBE,
+            args.only,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -195,14 +202,14 @@ def main() -> int:
     print(f"session: building the model once took {by['session-build'][0]['seconds']:.2f} s")
     totals = {}
     print(f"{'method':<10} {'total s':>9} {'median s/cell':>14} {'min':>7} {'max':>7}")
-    for method in ("session", "plain", "launcher"):
+    for method in [m for m in ("session", "plain", "launcher") if m in by]:
         seconds = [i["seconds"] for i in by[method]]
         totals[method] = sum(seconds)
         print(
             f"{method:<10} {totals[method]:>9.2f} {statistics.median(seconds):>14.3f} "
             f"{min(seconds):>7.3f} {max(seconds):>7.3f}"
         )
-    for method in ("plain", "launcher"):
+    for method in [m for m in ("plain", "launcher") if m in by]:
         print(f"session loop vs {method}: {totals[method] / totals['session']:.1f}x faster")
     submit = [i["start_after_submit"] * 1000 for i in by["session"]]
     send = [i["start_after_send"] * 1000 for i in by["session"]]
