@@ -22,6 +22,7 @@ from traitlets.config import Application
 
 from jupyterlab_mlcluster.kubeconn import RepeatFilter
 
+from .admission import DEFAULT_ALLOWED_TOLERATIONS
 from .config import ControllerConfig
 from .ingress import IngressAuth
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, SERVER_SERVICE_ACCOUNT, all_manifests
@@ -199,6 +200,8 @@ class ManifestsApp(Application):
         "audience": "ManifestsApp.audiences",
         "user-claim": "ManifestsApp.user_claim",
         "tls-secret": "ManifestsApp.tls_secret",
+        "allowed-toleration": "ManifestsApp.allowed_tolerations",
+        "allowed-storage-class": "ManifestsApp.allowed_storage_classes",
     }
     flags = {
         "no-gateway": (
@@ -261,6 +264,22 @@ class ManifestsApp(Application):
         config=True,
         help="Secret (in the gateway's namespace) with the host's TLS certificate; with it the "
         "Gateway serves HTTPS and redirects HTTP.",
+    )
+    allowed_tolerations = List(
+        Unicode(),
+        default_value=list(DEFAULT_ALLOWED_TOLERATIONS),
+        config=True,
+        help="Taint keys users' notebook and job pods may tolerate (repeat the option; given, "
+        "it replaces the default, the GPU taint nvidia.com/gpu). A toleration of any other key, "
+        "or without a key, is refused by the admission policy: no user pod on a control-plane "
+        "or otherwise reserved node.",
+    )
+    allowed_storage_classes = List(
+        Unicode(),
+        config=True,
+        help="Storage classes users' ephemeral volumes and StatefulSet claim templates may ask "
+        "for (repeat the option; empty: any class). A claim template naming a "
+        "PersistentVolume (volumeName) is refused either way.",
     )
     insecure_header_trust = Bool(
         False,
@@ -351,6 +370,8 @@ class ManifestsApp(Application):
             "tls_secret": self.tls_secret,
             "server_namespace": self.server_namespace,
             "server_service_account": self.server_service_account,
+            "allowed_tolerations": list(self.allowed_tolerations),
+            "allowed_storage_classes": list(self.allowed_storage_classes),
         }
         if self.oidc_issuer and not [a for a in self.audiences if a]:
             raise TraitError(

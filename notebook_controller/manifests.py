@@ -8,10 +8,10 @@ from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import trainer_runtime_reader
 
-from .admission import admission_objects
+from .admission import DEFAULT_ALLOWED_TOLERATIONS, admission_objects
 from .crd import GROUP, PLURAL, notebook_crd
 from .ingress import IngressAuth, ingress_objects
-from .namespaces import user_namespace_objects
+from .namespaces import KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT, user_namespace_objects
 from .server_deploy import server_objects
 from .server_rbac import SERVICE_ACCOUNT as SERVER_SERVICE_ACCOUNT
 from .server_rbac import server_rbac
@@ -185,6 +185,8 @@ def all_manifests(
     server_service_account: str = SERVER_SERVICE_ACCOUNT,
     namespace_owners: Mapping[str, str] | None = None,
     insecure_header_trust: bool = False,
+    allowed_tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
+    allowed_storage_classes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
     leader), the admission policy for pod templates; the Gateway with JWT verification when
@@ -269,7 +271,13 @@ def all_manifests(
             "subjects": binding_subjects,
         },
         controller_deployment(namespace, image, args),
-        *admission_objects([notebook_service_account, "default"]),
+        # Kubeflow Profile namespaces' notebooks (and so their jobs and schedules) run as
+        # default-editor: the policy binds there too.
+        *admission_objects(
+            [notebook_service_account, "default", KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT],
+            allowed_tolerations,
+            allowed_storage_classes,
+        ),
     ]
     if ingress_auth is not None:
         # The shared server verifies the token again: the gateway passes it on.

@@ -18,6 +18,10 @@ from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
 # Marks namespaces that hold users' notebooks and jobs: the admission policy's binding for job
 # pod templates selects them.
 USER_NAMESPACE_LABEL = "mlcluster.io/user-namespace"
+# The label Kubeflow's profile controller puts on every Profile's namespace: those are user
+# namespaces too (notebooks there run as `default-editor`), whoever made them.
+PROFILE_NAMESPACE_LABELS = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT = "default-editor"
 # Whose namespace it is, where no Kubeflow Profile says so: the controller refuses notebooks
 # there for anyone else.
 OWNER_ANNOTATION = "mlcluster.io/owner"

@@ -1,14 +1,15 @@
 """Evaluates a ValidatingAdmissionPolicy's CEL the way the API server does, for tests.
 
-The policy's `variables` are computed in order (each may use the earlier ones), then every
-`validations[].expression` must be true; a false one, or one that fails to evaluate (with
+The policy's `matchConditions` decide first whether it applies at all (all must be true; they
+see `request` too, e.g. `request.userInfo.username`), then its `variables` are computed in
+order (each may use the earlier ones), then every `validations[].expression` must be true; a false one, or one that fails to evaluate (with
 failurePolicy Fail), denies the request with its message. cel-python (`celpy`) is the CEL
 interpreter: the expressions are the shipped policy's own, not restated here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import celpy
@@ -30,12 +31,45 @@ def matches(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
     )
 
 
-def denials(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> list[str]:
-    """The messages the API server would deny ``obj`` with ([] = admitted)."""
+def bound(
+    bindings: Sequence[Mapping[str, Any]], policy: Mapping[str, Any], labels: Mapping[str, str]
+) -> bool:
+    """Whether one of `bindings` applies `policy` in a namespace with these labels (no
+    namespaceSelector: every namespace). Only `matchLabels` selectors are evaluated here."""
+    for binding in bindings:
+        if binding["spec"]["policyName"] != policy["metadata"]["name"]:
+            continue
+        selector = binding["spec"]["matchResources"].get("namespaceSelector")
+        if selector and set(selector) - {"matchLabels"}:
+            raise NotImplementedError(f"namespaceSelector {selector} is not evaluated here")
+        wanted = (selector or {}).get("matchLabels") or {}
+        if all(labels.get(k) == v for k, v in wanted.items()):
+            return True
+    return False
+
+
+def denials(
+    policy: Mapping[str, Any],
+    obj: Mapping[str, Any],
+    request: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The messages the API server would deny ``obj`` with ([] = admitted). `request`: the
+    admission request's fields the policy's CEL reads (`userInfo`, `namespace`, ...)."""
     if not matches(policy, obj):
         return []
     variables: dict[Any, Any] = {}
     activation: dict[str, Any] = {"object": celpy.json_to_cel(dict(obj))}
+    conditions = policy["spec"].get("matchConditions") or []
+    if conditions and request is None:
+        raise ValueError("this policy has matchConditions: give the request they judge")
+    if request is not None:
+        activation["request"] = celpy.json_to_cel(dict(request))
+    for condition in conditions:
+        result = _run(condition["expression"], activation)
+        if not isinstance(result, celtypes.BoolType):
+            raise ValueError(f"matchCondition {condition['name']} gave {result!r}")
+        if not bool(result):
+            return []  # the policy does not apply to this request
     for variable in policy["spec"].get("variables") or []:
         activation["variables"] = celtypes.MapType(variables)
         variables[celtypes.StringType(variable["name"])] = _run(variable["expression"], activation)

@@ -311,7 +311,8 @@ def test_attack_direct_pod_access_is_closed_in_user_namespaces() -> None:
 
 # --- 4. privileged / host / foreign-service-account templates -----------------------------------
 
-POLICY = admission_policy([NOTEBOOK_SERVICE_ACCOUNT, "default"])
+SERVICE_ACCOUNTS = [NOTEBOOK_SERVICE_ACCOUNT, "default", "default-editor"]
+POLICY = admission_policy(SERVICE_ACCOUNTS)
 
 
 def _notebook() -> dict[str, Any]:
@@ -492,6 +493,100 @@ POD_ESCAPES = {
     "runAsUser 0 on an init container": lambda s: s.update(
         initContainers=[{"name": "i", "image": "x", "securityContext": {"runAsUser": 0}}]
     ),
+    # Red team (a): a node by label, field or affinity, as nodeName would; reserved taints.
+    "kubernetes.io/hostname nodeSelector": lambda s: s.update(
+        nodeSelector={"kubernetes.io/hostname": "gpu-node-7"}
+    ),
+    "kubernetes.io/hostname required node affinity": lambda s: s.update(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": ["cp-1"],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    ),
+    "metadata.name node field": lambda s: s.update(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["cp-1"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    ),
+    "kubernetes.io/hostname preferred node affinity": lambda s: s.update(
+        affinity={
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": ["cp-1"],
+                                }
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
+    ),
+    "control-plane toleration": lambda s: s.update(
+        tolerations=[
+            {
+                "key": "node-role.kubernetes.io/control-plane",
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            }
+        ]
+    ),
+    "toleration of every taint (no key)": lambda s: s.update(tolerations=[{"operator": "Exists"}]),
+    # Red team (b): root's group.
+    "runAsGroup 0 on the pod": lambda s: s.update(securityContext={"runAsGroup": 0}),
+    "runAsGroup 0 on a container": lambda s: s["containers"][0].update(
+        securityContext={"runAsGroup": 0}
+    ),
+    "supplementalGroups with 0": lambda s: s.update(
+        securityContext={"supplementalGroups": [1000, 0]}
+    ),
+    "fsGroup 0": lambda s: s.update(securityContext={"fsGroup": 0}),
+    # Red team (c): an ephemeral claim that binds a chosen (another user's) volume.
+    "ephemeral volume naming a PersistentVolume": lambda s: s.update(
+        volumes=[
+            {
+                "name": "v",
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "volumeName": "pv-alice-home",
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        }
+                    }
+                },
+            }
+        ]
+    ),
 }
 FOREIGN_SECRETS = {
     "secret volume": lambda s: s.update(
@@ -532,6 +627,240 @@ def test_attack_job_pods_mount_foreign_storage_pin_a_node_or_run_as_root(
     POD_ESCAPES[escape](_pod_specs(obj)[-1])
     _validate_shape(obj)
     assert denials(POLICY, obj), f"{kind} with {escape} was admitted"
+
+
+def test_gpu_tolerations_spreading_and_storage_classes_are_admitted() -> None:
+    """What the rules above must not refuse: the GPU taint's toleration, node affinity on
+    ordinary labels, spreading by hostname (relative, not a chosen node), a non-root group,
+    an ephemeral claim by storage class; and the allow-lists are the platform's to set."""
+    obj = _job("Job")
+    spec = _pod_specs(obj)[0]
+    spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    spec["nodeSelector"] = {"nvidia.com/gpu.product": "A100"}
+    spec["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": ["a"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"a": "b"}},
+                    },
+                }
+            ]
+        },
+    }
+    spec["securityContext"] = {"runAsGroup": 100, "fsGroup": 100, "supplementalGroups": [100]}
+    claim = {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "fast",
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    spec["volumes"] = [{"name": "v", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}]
+    _validate_shape(obj)
+    assert denials(POLICY, obj) == []
+    # The platform's lists: other taints, and storage classes.
+    spot = admission_policy(SERVICE_ACCOUNTS, tolerations=["nvidia.com/gpu", "spot"])
+    spec["tolerations"].append({"key": "spot", "operator": "Exists"})
+    assert denials(POLICY, obj) and denials(spot, obj) == []
+    classes = admission_policy(SERVICE_ACCOUNTS, storage_classes=["standard"])
+    spec["tolerations"].pop()
+    assert any("storage class" in m for m in denials(classes, obj))
+    claim["storageClassName"] = "standard"
+    assert denials(classes, obj) == []
+    # A StatefulSet's claim templates may not name a volume either.
+    stateful = _job("StatefulSet")
+    stateful["spec"]["volumeClaimTemplates"] = [
+        {"metadata": {"name": "data"}, "spec": {**claim, "volumeName": "pv-alice-home"}}
+    ]
+    _validate_shape(stateful)
+    assert any("volumeName" in m for m in denials(POLICY, stateful))
+    del stateful["spec"]["volumeClaimTemplates"][0]["spec"]["volumeName"]
+    assert denials(POLICY, stateful) == []
+
+
+def _in(namespace: str, who: str) -> dict[str, Any]:
+    """The admission request's fields the policies read."""
+    return {"namespace": namespace, "userInfo": {"username": who}, "operation": "CREATE"}
+
+
+def _user_namespace_policy(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    shipped = all_manifests()
+    [policy] = [
+        m
+        for m in shipped
+        if m["kind"] == "ValidatingAdmissionPolicy" and m["metadata"]["name"] == name
+    ]
+    bindings = [m for m in shipped if m["kind"] == "ValidatingAdmissionPolicyBinding"]
+    return policy, bindings
+
+
+USER_NAMESPACE_KINDS = {
+    "ours": {USER_NAMESPACE_LABEL: "true"},
+    "a Kubeflow Profile's": {"app.kubernetes.io/part-of": "kubeflow-profile"},
+}
+
+
+def test_attack_notebook_account_mints_a_service_account_token_secret() -> None:
+    """Red team (d): the notebook's service account may create Secrets (payloads), so Mallory
+    creates a `kubernetes.io/service-account-token` Secret with a name the job rules allow,
+    annotated with another service account of her namespace: the API server would fill in
+    that account's token, and her job could mount it. The shipped policy refuses any type but
+    Opaque from the namespace's own service accounts, in our user namespaces and Profiles';
+    the builders' own Secrets pass, and the platform (its controllers, people) is not judged."""
+    from jupyterlab_mlcluster.backends.kubernetes.schedules import new_secret_name, schedule_secret
+    from tests.kube.admission_cel import bound
+
+    policy, bindings = _user_namespace_policy("mlcluster-user-secrets")
+    _validate(policy)
+    for binding in bindings:
+        _validate(binding)
+    for labels in USER_NAMESPACE_KINDS.values():
+        assert bound(bindings, policy, labels)
+    assert not bound(bindings, policy, {"kubernetes.io/metadata.name": "kube-system"})
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "mlcluster-nightly-0123456789abcdef",  # a name the job rules allow
+            "namespace": "mallory",
+            "annotations": {"kubernetes.io/service-account.name": "mlcluster-jupyter-server"},
+        },
+        "type": "kubernetes.io/service-account-token",
+    }
+    assert validate_builtin_uncached(token) == []
+    for account in ("mlcluster-notebook", "default-editor", "default"):
+        mallory = _in("mallory", f"system:serviceaccount:mallory:{account}")
+        assert denials(policy, token, mallory), account
+        for other in ("kubernetes.io/dockerconfigjson", "kubernetes.io/basic-auth"):
+            assert denials(policy, {**token, "type": other}, mallory), other
+        assert denials(policy, {**token, "type": "Opaque"}, mallory) == []
+    # The builders' own Secrets (a schedule's; payloads are the same type).
+    row = {"name": "nightly", "owner": "mallory@example.com", "spec": {"workers": 1}}
+    own = schedule_secret(row, b"p", namespace="mallory", name=new_secret_name("nightly"))
+    assert denials(policy, own, _in("mallory", "system:serviceaccount:mallory:default")) == []
+    # Not the namespace's own pods: the platform's controllers and people are not matched.
+    for who in ("system:serviceaccount:kubeflow:profiles-controller", "alice@example.com"):
+        assert denials(policy, token, _in("mallory", who)) == []
+
+
+def test_attack_service_exposes_pods_around_the_gateway() -> None:
+    """Red team: the notebook's service account may create Services, so Mallory makes a
+    NodePort or LoadBalancer Service (her pods, or a notebook's, reachable around the gateway
+    and its JWT check) or one with `externalIPs` (CVE-2020-8554: traffic for those addresses
+    intercepted). Refused in user namespaces (ours and Profiles'); the ClusterIP and headless
+    Services the controller and the jobs make pass."""
+    from notebook_controller.config import ControllerConfig
+    from tests.kube.admission_cel import bound
+
+    policy, bindings = _user_namespace_policy("mlcluster-user-services")
+    _validate(policy)
+    for labels in USER_NAMESPACE_KINDS.values():
+        assert bound(bindings, policy, labels)
+    assert not bound(bindings, policy, {"kubernetes.io/metadata.name": "istio-system"})
+
+    def service(**spec: Any) -> dict[str, Any]:
+        made = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "open", "namespace": "mallory"},
+            "spec": {"selector": {"a": "b"}, "ports": [{"port": 80, "targetPort": 8888}], **spec},
+        }
+        assert validate_builtin_uncached(made) == []
+        return made
+
+    for attack in (
+        service(type="NodePort"),
+        service(type="LoadBalancer"),
+        service(externalIPs=["10.0.0.10"]),
+        service(type="ClusterIP", externalIPs=["8.8.8.8"]),
+    ):
+        assert denials(policy, attack), attack["spec"]
+    assert denials(policy, service()) == []
+    assert denials(policy, service(type="ClusterIP", clusterIP="None")) == []
+    notebook = objects.notebook_resource("nb1", "mallory", "mallory@example.com", cpu="1")
+    notebook["metadata"]["uid"] = "u1"
+    assert denials(policy, objects.service(notebook, ControllerConfig())) == []
+    # The Services a job's builders make (rank discovery) pass, whatever the engine.
+    from jupyterlab_mlcluster.backends.kubernetes.objects import build_job_objects
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+
+    made = []
+    for engine in ("indexed-job", "pytorchjob"):
+        built = build_job_objects(
+            "j3fa9c21b0",
+            JobSpec.from_options({"workers": 2}, default_backend="kubernetes"),
+            namespace="mallory",
+            image="python:3.11",
+            user="mallory@example.com",
+            payload_chunks=[b"x"],
+            engine=engine,
+            service_account=NOTEBOOK_SERVICE_ACCOUNT,
+            report_key=b"k" * 32,
+        )
+        made += [o for o in built.all() if o["kind"] == "Service"]
+    assert made
+    assert all(denials(policy, o) == [] for o in made)
+
+
+def test_attack_jobs_in_a_kubeflow_profile_namespace_are_judged_too() -> None:
+    """Red team: the job binding applied only to namespaces labelled
+    `mlcluster.io/user-namespace=true`, so in a Kubeflow Profile's namespace (which the profile
+    controller labels `app.kubernetes.io/part-of=kubeflow-profile`, not ours) Mallory's Job
+    could be privileged or mount the node. Every user-namespace policy is now bound for
+    both labels; the platform's own namespaces stay unjudged; a Profile's notebooks run as
+    `default-editor`, whose jobs and schedules pass."""
+    from jupyterlab_mlcluster.backends.kubernetes.objects import build_job_objects
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from tests.kube.admission_cel import bound
+
+    shipped = all_manifests()
+    [policy] = [
+        m
+        for m in shipped
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"] == POLICY["metadata"]["name"]
+    ]
+    bindings = [
+        m
+        for m in shipped
+        if m["kind"] == "ValidatingAdmissionPolicyBinding"
+        and m["metadata"]["name"] != "mlcluster-pod-templates-notebooks"
+    ]
+    profile = USER_NAMESPACE_KINDS["a Kubeflow Profile's"]
+    assert bound(bindings, policy, profile)
+    assert not bound(bindings, policy, {"kubernetes.io/metadata.name": "kubeflow"})
+    privileged = _job("Job")
+    ESCALATIONS["privileged container"](_pod_specs(privileged)[0])
+    assert denials(policy, privileged)
+    spec = JobSpec.from_options({"workers": 2}, default_backend="kubernetes")
+    built = build_job_objects(
+        "j3fa9c21b0",
+        spec,
+        namespace="kubeflow-alice",
+        image="python:3.11",
+        user="alice@example.com",
+        payload_chunks=[b"x"],
+        engine="indexed-job",
+        service_account="default-editor",
+        report_key=b"k" * 32,
+    )
+    assert denials(policy, built.job) == []
 
 
 @pytest.mark.parametrize("kind", [*JOB_KINDS, "CronJob", *MORE_KINDS[2:]])
@@ -644,19 +973,27 @@ def test_admission_policy_is_shipped_valid_and_bound() -> None:
     """The policy and its bindings are valid Kubernetes 1.33 objects; Notebooks are checked in
     every namespace, job kinds in the user namespaces, and a denial denies (not just warns)."""
     shipped = all_manifests()
-    policy, *bindings = admission_objects([NOTEBOOK_SERVICE_ACCOUNT, "default"])
-    assert policy in shipped and all(b in shipped for b in bindings)
-    for obj in (policy, *bindings):
+    every = admission_objects(SERVICE_ACCOUNTS)
+    assert all(obj in shipped for obj in every)
+    for obj in every:
         _validate(obj)
+    policy, notebooks, jobs, profile_jobs = every[:4]
     assert policy["spec"]["failurePolicy"] == "Fail"
-    notebooks, jobs = bindings
-    for binding in bindings:
+    for binding in (notebooks, jobs, profile_jobs):
         assert binding["spec"]["validationActions"] == ["Deny"]
         assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert "namespaceSelector" not in notebooks["spec"]["matchResources"]
     assert jobs["spec"]["matchResources"]["namespaceSelector"] == {
         "matchLabels": {USER_NAMESPACE_LABEL: "true"}
     }
+    assert profile_jobs["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
+    }
+    for obj in every[4:]:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            assert obj["spec"]["failurePolicy"] == "Fail"
+        else:
+            assert obj["spec"]["validationActions"] == ["Deny"]
     # A pod (not a template) is Pod Security's to judge: this policy does not cover pods.
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"hostPID": True}}
     assert denials(policy, pod) == []

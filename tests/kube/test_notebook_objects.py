@@ -762,7 +762,14 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         "Role",
         "RoleBinding",
         "Deployment",
-        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",  # pod templates: Notebooks; jobs in ours and Profiles'
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",  # Secrets (Opaque only), bound in ours and Profiles'
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",  # Services (no NodePort/LoadBalancer/externalIPs)
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "Gateway",
