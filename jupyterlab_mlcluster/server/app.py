@@ -40,6 +40,9 @@ from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
 from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, NamespaceTaken, check_template
 
 T = TypeVar("T")
+# A shared server's per-user quotas on the job store unless the operator sets them.
+SHARED_JOB_QUOTA = 200
+SHARED_STORE_QUOTA_MIB = 1024
 
 
 def route_pattern(api_path: str) -> str:
@@ -279,6 +282,24 @@ class MLClusterApp(ExtensionApp):
         help="TensorBoard's --reload_interval: seconds between its reads of new event data.",
     ).tag(config=True)
 
+    owner_job_quota = Int(
+        -1,
+        help="On a server shared through trust_identity_header: most jobs one user may keep in "
+        "the job store (every state; purged ones do not count). Submitting one more is refused "
+        "(403, nothing stored) saying so and how to purge. -1: 200 on a shared server, no "
+        "limit otherwise; 0: no limit.",
+    ).tag(config=True)
+
+    owner_store_quota_mib = Int(
+        -1,
+        help="On a server shared through trust_identity_header: most MiB one user's kept jobs "
+        "may hold in the job store (their directories: logs, results, payloads, default "
+        "TensorBoard data). Checked when a job is submitted: at or over it, the submission is "
+        "refused (403, nothing stored). A job already accepted still runs to its own caps "
+        "(MLClusterConfig.max_log_mib, max_result_mib). -1: 1024 on a shared server, no limit "
+        "otherwise; 0: no limit.",
+    ).tag(config=True)
+
     max_request_body = Int(
         8 << 20,
         help="Largest request body (bytes) the mlcluster API reads: a larger Content-Length is "
@@ -306,6 +327,21 @@ class MLClusterApp(ExtensionApp):
         """Local jobs would run as this server's one Unix user for many users: refused (see
         allow_local_jobs_when_shared)."""
         return self.per_user_namespaces and not self.allow_local_jobs_when_shared
+
+    @property
+    def job_quota(self) -> int:
+        """Most jobs one user may keep (owner_job_quota resolved; 0: no limit)."""
+        if self.owner_job_quota >= 0:
+            return self.owner_job_quota
+        return SHARED_JOB_QUOTA if self.trust_identity_header else 0
+
+    @property
+    def store_quota_bytes(self) -> int:
+        """Most bytes one user's kept jobs may hold (owner_store_quota_mib resolved; 0: none)."""
+        mib = self.owner_store_quota_mib
+        if mib < 0:
+            mib = SHARED_STORE_QUOTA_MIB if self.trust_identity_header else 0
+        return mib * 1024 * 1024
 
     @validate("user_namespace_template")
     def _valid_template(self, proposal: Any) -> str:

@@ -221,6 +221,7 @@ class JobsHandler(MLClusterHandler):
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
         await self.run(self.check_tensorboard_places, spec, owner)
+        await self.run(self.check_quota, owner)
         namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
         origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
@@ -240,6 +241,33 @@ class JobsHandler(MLClusterHandler):
             raise web.HTTPError(409, str(exc)) from None
         self.set_header("Location", self.api_url("jobs", record.id))
         self.send(record.to_json(), status=201)
+
+    def check_quota(self, owner: str) -> None:
+        """A caller's kept jobs and their bytes in the store, against the shared server's
+        per-user quotas (MLClusterApp.owner_job_quota, owner_store_quota_mib): 403 at or over
+        either, before anything is stored. Nothing to do on a server without them."""
+        app = self.app
+        jobs, stored = app.job_quota, app.store_quota_bytes
+        if not (jobs or stored):
+            return
+        store = app.service.store
+        records, kept = store.list_jobs(owner=owner, limit=None if stored else 0)
+        purge = "purge jobs you no longer need (DELETE /jobs/{id}?purge=true) to submit more"
+        if jobs and kept >= jobs:
+            raise web.HTTPError(
+                403,
+                f"you keep {kept} jobs in this server's store, as many as one user may "
+                f"(MLClusterApp.owner_job_quota = {jobs}): {purge}",
+            )
+        if stored:
+            used = sum(directory_bytes(store.job_dir(r.id)) for r in records)
+            if used >= stored:
+                raise web.HTTPError(
+                    403,
+                    f"your jobs hold {used / (1 << 20):.1f} MiB of this server's store, as much "
+                    f"as one user may (MLClusterApp.owner_store_quota_mib = {stored >> 20}): "
+                    f"{purge}",
+                )
 
     def check_tensorboard_places(self, spec: JobSpec, owner: str) -> None:
         """On a shared server, the TensorBoard directory a job names (option or env) must be
@@ -492,6 +520,22 @@ class ResultHandler(MLClusterHandler):
         finally:
             stored.close()
         self.finish()
+
+
+def directory_bytes(path: Any) -> int:
+    """Bytes of the files under `path` (symlinks not followed; a missing one is 0). Blocking."""
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return total
 
 
 def ndjson(lines: list[dict[str, Any]]) -> bytes:
