@@ -471,6 +471,8 @@ class TensorBoardHandler(MLClusterHandler):
         except NoTensorBoardData as exc:
             raise web.HTTPError(409, str(exc)) from None
         except PlaceRefused as exc:
+            # One already running on it (opened before a link appeared) goes too.
+            await self.app.tensorboards.stop_showing(r.id for r in records)
             raise web.HTTPError(403, str(exc)) from None
         if not await self.run(tensorboard_installed):
             raise web.HTTPError(

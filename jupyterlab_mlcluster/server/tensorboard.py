@@ -340,6 +340,16 @@ class TensorBoards:
                     log.info("mlcluster: stopping idle TensorBoard for %s", key)
                     await _stop(current.process)
 
+    async def stop_showing(self, job_ids: Iterable[str]) -> None:
+        """Stop every TensorBoard that shows one of these jobs (a place refused on a later
+        open: what runs on it must not go on serving it)."""
+        refused = set(job_ids)
+        for key, current in list(self.running.items()):
+            if refused & set(key.split("-")):
+                self.running.pop(key, None)
+                log.info("mlcluster: stopping TensorBoard for %s: its place is refused", key)
+                await _stop(current.process)
+
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()

@@ -177,6 +177,13 @@ async def test_attack_a_symlink_inside_the_callers_area_to_anothers_is_refused(
     # starts, or 503 where it is not installed: past the check either way).
     status, body = await call(jp_fetch, BOB, "POST", "jobs", record.id, "tensorboard")
     assert status in (200, 503), body
+    if status == 200:
+        # A link made while it runs: the next open is refused and stops the one running.
+        assert list(mlc.tensorboards.running) == [record.id]
+        direct.symlink_to(areas / ALICE)
+        status, body = await call(jp_fetch, BOB, "POST", "jobs", record.id, "tensorboard")
+        assert status == 403 and str(direct) in body["message"], body
+        assert mlc.tensorboards.running == {}
 
 
 def test_the_walk_for_links_is_bounded(tmp_path, monkeypatch):
