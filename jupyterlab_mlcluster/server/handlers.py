@@ -137,9 +137,7 @@ class MLClusterHandler(APIHandler):
 
     def json_body(self) -> Any:
         try:
-            return self.app.validators.body(
-                self.api_path, self.request.method.lower(), self.body
-            )
+            return self.app.validators.body(self.api_path, self.request.method.lower(), self.body)
         except RequestError as exc:
             raise web.HTTPError(400, str(exc)) from None
 

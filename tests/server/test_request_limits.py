@@ -59,9 +59,7 @@ async def test_attack_oversized_body_is_refused_from_its_content_length(
     assert mlc.service.store.list_jobs()[1] == 0
 
 
-async def test_attack_schema_error_does_not_echo_a_huge_value(
-    mlc, jp_fetch, jp_ws_fetch
-) -> None:
+async def test_attack_schema_error_does_not_echo_a_huge_value(mlc, jp_fetch, jp_ws_fetch) -> None:
     """A `code` over the document's 4 MiB (within the body limit): 400 saying it is too long,
     with a few hundred characters of it, not the 5 MiB back."""
     bob = Caller(jp_fetch, jp_ws_fetch, BOB)
