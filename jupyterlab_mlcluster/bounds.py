@@ -14,6 +14,7 @@ written. The maxima are generous ceilings, not policy (MLClusterConfig.max_worke
 from __future__ import annotations
 
 import dataclasses
+import decimal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Bound:
     maximum: int | float
     exclusive_minimum: bool = False  # the value must be greater than `minimum`
 
-    def contains(self, value: float) -> bool:
+    def contains(self, value: float | decimal.Decimal) -> bool:
         above = value > self.minimum if self.exclusive_minimum else value >= self.minimum
         return above and value <= self.maximum
 

@@ -612,10 +612,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
-    table = [("TICK", "JOB", "STATE", "OUTCOME")]
+    run_rows = [("TICK", "JOB", "STATE", "OUTCOME")]
     for r in runs:
-        table.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
-    print(text_table(table) if runs else f"{args.name} has not run yet")
+        run_rows.append((_when(r["tick"]), r["job_id"] or "-", r["state"] or "-", r["outcome"]))
+    print(text_table(run_rows) if runs else f"{args.name} has not run yet")
     return 0
 
 

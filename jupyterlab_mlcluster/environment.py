@@ -19,6 +19,7 @@ that step, runtime/sync_packages.py runs it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -74,7 +75,7 @@ _scanned: tuple[Any, dict[str, dict[str, Any]]] | None = None
 def _paths_state(paths: list[str]) -> tuple[Any, ...]:
     """What changes when pip installs or removes anything on `paths`: the directories'
     mtimes (a .dist-info directory comes or goes)."""
-    state = []
+    state: list[tuple[str, int | None]] = []
     for path in paths:
         try:
             state.append((path, os.stat(path or ".").st_mtime_ns))
@@ -390,7 +391,7 @@ def wheel_matches_installed(wheel: Path, name: str) -> bool:
                     path = inner
                 digest = hashlib.sha256()
                 with archive.open(member) as f:
-                    for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    for block in iter(functools.partial(f.read, 1 << 20), b""):
                         digest.update(block)
                 text = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
                 if expected.get(path) != f"sha256={text}":

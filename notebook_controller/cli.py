@@ -170,7 +170,11 @@ async def standby_health(endpoint: str) -> AsyncIterator[None]:
 
     url = urllib.parse.urlsplit(endpoint)
     app = web.Application()
-    app.router.add_get(url.path or "/", lambda _request: web.json_response({"standby": True}))
+
+    async def standby(_request: web.Request) -> web.Response:
+        return web.json_response({"standby": True})
+
+    app.router.add_get(url.path or "/", standby)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, url.hostname, url.port or 80)
@@ -358,7 +362,7 @@ class ManifestsApp(Application):
         unknown = sorted(set(self.namespace_owners) - set(self.user_namespaces))
         if unknown:  # checked here: traitlets sets the two options in no set order
             raise TraitError(f"--namespace-owner: {', '.join(unknown)} not a --user-namespace")
-        options = {
+        options: dict[str, Any] = {
             "namespace": self.namespace,
             "gateway": self.gateway,
             "host": self.host,

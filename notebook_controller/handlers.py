@@ -45,7 +45,7 @@ from .status import compute_status, status_changed
 log = logging.getLogger("notebook_controller")
 NotebookKey = tuple[str, str]  # namespace, name
 # Owned kinds watched for drift: kopf resource spec -> kind.
-CHILD_RESOURCES: dict[tuple[str, ...], str] = {
+CHILD_RESOURCES: dict[tuple[str, str] | tuple[str, str, str], str] = {
     ("apps", "v1", "statefulsets"): "StatefulSet",
     ("", "v1", "services"): "Service",
     ("", "v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
@@ -559,34 +559,39 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     controller = NotebookController(config)
     notebooks = (GROUP, VERSION, PLURAL)
-    kopf.on.startup(registry=registry)(controller.startup)
+    # kopf calls a handler with every keyword of its protocol (ActivityFn, IndexingFn, ...);
+    # ours name those they read and take the rest as **kwargs, which mypy cannot match
+    # against the protocols' full keyword lists: hence the `arg-type` ignores below.
+    kopf.on.startup(registry=registry)(controller.startup)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry)(controller.cleanup)
     kopf.on.login(registry=registry)(controller.login)
-    kopf.index(*notebooks, registry=registry, id="notebooks")(controller.index_notebook)
+    kopf.index(*notebooks, registry=registry, id="notebooks")(
+        controller.index_notebook  # type: ignore[arg-type]
+    )
     for resource, kind in CHILD_RESOURCES.items():
         if not config.use_istio and resource[0].endswith("istio.io"):
             continue
         present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
         kopf.index(*resource, labels=present, registry=registry, id=_INDEX_OF_KIND[kind])(
-            controller.index_owned
+            controller.index_owned  # type: ignore[arg-type]
         )
         kopf.on.event(*resource, labels=present, registry=registry, id=f"repair_{kind.lower()}")(
-            controller.on_owned_event
+            controller.on_owned_event  # type: ignore[arg-type]
         )
     present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
     kopf.index("", "v1", "pods", labels=present, registry=registry, id="owned_pods")(
-        controller.index_pod
+        controller.index_pod  # type: ignore[arg-type]
     )
     kopf.on.event("", "v1", "pods", labels=present, registry=registry, id="pod_status")(
-        controller.on_pod_event
+        controller.on_pod_event  # type: ignore[arg-type]
     )
     if config.mirror_events:
         kopf.on.event("", "v1", "events", registry=registry, id="mirror_events")(
-            controller.on_event
+            controller.on_event  # type: ignore[arg-type]
         )
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorator(*notebooks, registry=registry, id="reconcile", backoff=config.retry_delay)(
-            controller.on_notebook
+            controller.on_notebook  # type: ignore[arg-type]
         )
     return registry
 

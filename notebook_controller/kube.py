@@ -114,7 +114,7 @@ class KubeClient:
         return await self.request(
             "PATCH",
             object_path(api_version, kind, namespace, name, subresource),
-            list(patch) if json_patch else dict(patch),
+            list(patch) if isinstance(patch, list) else dict(patch),
             content_type=JSON_PATCH if json_patch else MERGE_PATCH,
         )
 

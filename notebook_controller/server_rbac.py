@@ -117,7 +117,7 @@ def server_rbac(
     `user_namespaces` (apply after those namespaces exist)."""
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     rbac = "rbac.authorization.k8s.io/v1"
-    objects = [
+    objects: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",

@@ -58,6 +58,7 @@ class Database:
             self._local.pid = os.getpid()
             self._local.read_only_since = None if error is None else time.monotonic()
             self._local.error = error
+        assert db is not None  # opened above when there was none
         return db
 
     @property

@@ -36,8 +36,8 @@ class IdleGpuWatch:
                     self._quiet_since[rank] = now
             else:
                 self._quiet_since[rank] = None
-        quiet = list(self._quiet_since.values())
-        if not quiet or any(since is None for since in quiet):
-            return None
-        since = max(quiet)  # type: ignore[type-var] - no None left
+        quiet = [since for since in self._quiet_since.values() if since is not None]
+        if not quiet or len(quiet) < len(self._quiet_since):
+            return None  # none reported, or a rank is busy
+        since = max(quiet)
         return since if now - since >= self.after_seconds else None

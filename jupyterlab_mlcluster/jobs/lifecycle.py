@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, overload
 
 from ..runtime.errors import read_error_file
 from .model import JobState
@@ -102,6 +102,10 @@ def read_error_report(store: JobStore, job_id: str, rank: int) -> dict[str, Any]
     return read_error_file(store.error_path(job_id, rank), rank)
 
 
+@overload
+def reported_failure(rank: int, report: dict[str, Any]) -> str: ...
+@overload
+def reported_failure(rank: int, report: dict[str, Any] | None) -> str | None: ...
 def reported_failure(rank: int, report: dict[str, Any] | None) -> str | None:
     """'rank N failed: <type>: <message>' of an error report, the way failure_text says it."""
     if not isinstance(report, dict):
@@ -114,7 +118,7 @@ def failure_text(store: JobStore, job_id: str, outcome: Outcome) -> str:
     else what the backend saw."""
     rank, code = outcome.failed_rank, outcome.exit_code
     report = read_error_report(store, job_id, rank) if rank is not None else None
-    if report:
+    if rank is not None and report:  # (a report is only read for a rank)
         return reported_failure(rank, report)
     if outcome.message:
         return outcome.message

@@ -126,7 +126,8 @@ def parse_memory(value: str | int | None) -> int | None:
         exact = decimal.Decimal(number) * _MEMORY_UNITS[unit]
     if not bounds.MEMORY.contains(exact) or int(exact) < 1:
         raise SpecError(
-            f"memory must be at least 1 byte and at most {format_memory(bounds.MEMORY.maximum)} "
+            "memory must be at least 1 byte and at most "
+            f"{format_memory(int(bounds.MEMORY.maximum))} "
             f"({bounds.MEMORY.maximum} bytes), got {_shown(value)}"
         )
     return int(exact)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import threading
 import time
@@ -64,7 +65,7 @@ def holder_alive(identity: Mapping[str, Any] | None, heartbeat: float | None) ->
     return heartbeat_age(heartbeat) < HEARTBEAT_STALE
 
 
-def supervisor_alive(row: Mapping[str, Any]) -> bool:
+def supervisor_alive(row: Mapping[str, Any] | sqlite3.Row) -> bool:
     """A job's store row -> is its supervisor still the process that claimed it?"""
     raw = row["supervisor"]
     if not raw:

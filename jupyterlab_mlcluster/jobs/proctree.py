@@ -334,12 +334,13 @@ class Sentinel:
 
     def __init__(self, after_death: Callable[[float], None]):
         self.started = time.time()  # before any rank: what is the job's started after it
-        read_end, self._write_end = os.pipe()
+        read_end, write_end = os.pipe()
+        self._write_end: int | None = write_end  # None once released
         pid = os.fork()
         if pid == 0:  # the sentinel
             status = 0
             try:
-                os.close(self._write_end)
+                os.close(write_end)
                 os.setsid()
                 for signum in (signal.SIGINT, signal.SIGHUP):
                     signal.signal(signum, signal.SIG_IGN)

@@ -39,7 +39,8 @@ class Clock:
     second). Every process given the same spec sees the same time."""
 
     def __init__(self, spec: str | None = None):
-        self.start = self.speed = None
+        self.start: float | None = None
+        self.speed = 1.0  # (read only with a start)
         if spec:
             start, _, speed = spec.partition("@")
             try:

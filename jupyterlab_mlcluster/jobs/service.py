@@ -7,6 +7,7 @@ processes can hold a JobService on the same store at once.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import json
@@ -259,7 +260,7 @@ class JobService:
             files["cell.py"] = payload.source.encode("utf-8")
         return data, files
 
-    def _start_supervisor(self, job_id: str, preload: list[str] = ()) -> None:
+    def _start_supervisor(self, job_id: str, preload: list[str] | tuple[str, ...] = ()) -> None:
         if self.config.warm_pool:
             from . import warmpool
 
@@ -544,7 +545,7 @@ class JobService:
             except OSError:
                 pass
 
-    def reap(self, force: bool = False) -> list[str]:
+    def reap(self, force: bool = False) -> builtins.list[str]:  # (`list` is a method here)
         """Settle jobs whose supervisor died: nothing may stay `running` forever."""
         now = time.monotonic()
         if not force and now - self._last_reap < 1.0:

@@ -342,11 +342,14 @@ def submit_cell(
     )
     store.insert_job(record, data, files)
     poke_session(store, holder.id, f"cell {cell_id}")
-    ended = store.get_job(holder.id)
-    if ended.final:
+    session_now = store.get_job(holder.id)
+    if session_now.final:
         # The session ended while the cell was stored (its supervisor's last look at its
         # waiting cells may have come first): the cell says so now, not after the reaper's
         # claim grace.
-        why = f"the session ended before the cell ran: {ended.reason or ended.error or ended.state}"
+        why = (
+            "the session ended before the cell ran: "
+            f"{session_now.reason or session_now.error or session_now.state}"
+        )
         store.transition(cell_id, JobState.FAILED, error=why, reason=why)
     return store.get_job(cell_id), note

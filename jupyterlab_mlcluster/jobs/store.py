@@ -497,7 +497,9 @@ class JobStore:
             rows = self._db.execute("SELECT id, owner FROM jobs").fetchall()
         else:
             marks = ",".join("?" * len(ids))
-            rows = self._db.execute(f"SELECT id, owner FROM jobs WHERE id IN ({marks})", ids)
+            rows = self._db.execute(
+                f"SELECT id, owner FROM jobs WHERE id IN ({marks})", ids
+            ).fetchall()
         return {r["id"]: r["owner"] for r in rows}
 
     def list_jobs(

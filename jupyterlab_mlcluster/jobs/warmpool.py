@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ class _RecordEnvironReads:
 
     def __init__(self, reads: dict[str, str | None]):
         self.reads = reads
-        self._original = None
+        self._original: Callable[[Any, str], str] | None = None
 
     def __enter__(self) -> _RecordEnvironReads:
         environ_type = type(os.environ)
@@ -178,11 +179,12 @@ class _RecordEnvironReads:
                 reads.setdefault(key, value)
             return value
 
-        environ_type.__getitem__ = recording_getitem
+        # Patching the class's method is the point: every read through os.environ is seen.
+        environ_type.__getitem__ = recording_getitem  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        type(os.environ).__getitem__ = self._original
+        type(os.environ).__getitem__ = self._original  # type: ignore[method-assign,assignment]
 
 
 # -- identity -----------------------------------------------------------------------------
@@ -247,7 +249,7 @@ def _candidates() -> list[str]:
 
 def pool_dir() -> Path:
     """The first safe candidate (module docstring); UnsafePoolDir when none is."""
-    problems = []
+    problems: list[str] = []
     for candidate in _candidates():
         problem = _own_dir(candidate)
         if problem is None:
@@ -288,7 +290,7 @@ def _site_dirs() -> list[str]:
     return dirs
 
 
-def env_fingerprint(env: dict[str, str] | None = None) -> str:
+def env_fingerprint(env: Mapping[str, str] | None = None) -> str:
     """What a warm interpreter's imports depend on (interpreter, import-relevant variables,
     installed packages); any change retires every generation built on it."""
     env = os.environ if env is None else env
@@ -303,7 +305,7 @@ def env_fingerprint(env: dict[str, str] | None = None) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def _pythonpath(env: dict[str, str] | os._Environ) -> list[str]:
+def _pythonpath(env: Mapping[str, str]) -> list[str]:
     return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
@@ -621,7 +623,9 @@ def learn_ahead(config, learned: list[str]) -> bool:
 _last_choice: tuple[tuple[str, str, frozenset[str]], Path] | None = None
 
 
-def spawn_supervisor(config, store_root: str, job_id: str, learned: list[str] = ()) -> bool:
+def spawn_supervisor(
+    config, store_root: str, job_id: str, learned: list[str] | tuple[str, ...] = ()
+) -> bool:
     """Fork the job's supervisor from the zygote. False: use a cold start instead.
 
     `learned`: modules the submitter imports (a kernel's, a script's top imports) that
@@ -987,9 +991,10 @@ def _fresh_stdio() -> None:
         write_through=True,
         errors="backslashreplace",
     )
-    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+    # The originals too (typeshed calls them Final): the forked child has fds of its own.
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
     sys.stdin = open(os.devnull)  # noqa: SIM115
-    sys.__stdin__ = sys.stdin
+    sys.__stdin__ = sys.stdin  # type: ignore[misc]
 
 
 # Exit-time finalizers the zygote's preload registered that only tear down state inside the

@@ -143,11 +143,11 @@ class CellRun:
         self.shell = magics.shell
         self.line = line
         self.cell = cell
-        self.monitor = None
+        self.monitor: Any = None  # a JobMonitor once submitted
         self.job_id: str | None = None
-        self.args = None
-        self.sweep = None  # a --sweep cell: the Sweep handle and its SweepMonitor
-        self.sweep_monitor = None
+        self.args: Any = None  # the parsed options (an argparse.Namespace) once submitted
+        self.sweep: Any = None  # a --sweep cell: the Sweep handle and its SweepMonitor
+        self.sweep_monitor: Any = None
         self.schedule = None  # a --schedule cell: the registered schedule's row
 
     def submit(self):
@@ -319,6 +319,7 @@ class CellRun:
             if best is None:
                 print("no trial has a best metric; --pull brought nothing back")
             elif isinstance(best.value, dict):
+                assert self.shell is not None  # a magic runs in its shell
                 self.shell.user_ns.update(best.value)
         return sweep
 
@@ -329,6 +330,7 @@ class CellRun:
         service.raise_for_state(record)
         kind, value = service.take_result(record.id)
         if kind == "pull":
+            assert self.shell is not None  # a magic runs in its shell
             self.shell.user_ns.update(value)
             return None
         return value
@@ -377,7 +379,10 @@ class CellRun:
         else:
             what = "nothing was submitted"
         interrupt = KeyboardInterrupt(what)
-        interrupt._render_traceback_ = lambda: [f"\x1b[31mKeyboardInterrupt\x1b[0m: {what}"]
+        # IPython prints an exception's own _render_traceback_ when it has one.
+        interrupt._render_traceback_ = lambda: [  # type: ignore[attr-defined]
+            f"\x1b[31mKeyboardInterrupt\x1b[0m: {what}"
+        ]
         return interrupt
 
     def run_blocking(self) -> Any:
@@ -559,6 +564,7 @@ class DistributedMagics(Magics):
         self.service.raise_for_state(record)
         kind, value = self.service.take_result(record.id)
         if kind == "pull":
+            assert self.shell is not None  # a magic runs in its shell
             self.shell.user_ns.update(value)
             return None
         return value

@@ -65,7 +65,7 @@ def from_torchelastic(data: Any, rank: int) -> dict[str, Any] | None:
     exc_type, _, message = text.partition(": ")
     callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
     try:
-        timestamp = float(extra.get("timestamp"))  # type: ignore[union-attr]
+        timestamp = float(extra.get("timestamp"))  # type: ignore[arg-type]  # None: except
     except (TypeError, ValueError, AttributeError):
         timestamp = time.time()
     return {

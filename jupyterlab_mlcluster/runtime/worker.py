@@ -198,8 +198,10 @@ def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
     linecache.cache[filename] = (len(source), None, lines, filename)
     tree = ast.parse(source, filename=filename, mode="exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(final.value)
     exec(compile(tree, filename, "exec"), namespace)
     if last is not None:
         return eval(compile(last, filename, "eval"), namespace)
@@ -399,7 +401,7 @@ def shut_down_like_an_interpreter() -> None:
     threading = sys.modules.get("threading")
     if threading is not None:
         with contextlib.suppress(Exception):
-            threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads
+            threading._shutdown()  # joins non-daemon threads
     atexit._run_exitfuncs()  # prints and skips a failing handler, as at interpreter exit
     _shutdown_process_group()
     _flush_open_files()

@@ -433,6 +433,7 @@ class MLClusterApp(ExtensionApp):
         # Identifies jobs submitted through this server process (cancel_jobs_on_shutdown).
         self.server_id = f"{os.uname().nodename}:{os.getpid()}:{time.time():.3f}"
         self._stopped = False
+        assert self.serverapp is not None  # an extension runs inside its server
         self.job_cwd = os.path.abspath(os.path.expanduser(self.serverapp.root_dir))
         self.log.info(
             "mlcluster: job store %s, backend %s",
@@ -441,6 +442,7 @@ class MLClusterApp(ExtensionApp):
         )
 
     def initialize_handlers(self) -> None:
+        assert self.serverapp is not None  # an extension runs inside its server
         if self.trust_identity_header:
             # Many users, one Unix user: Jupyter's kernels, terminals and files are closed
             # (a kernel here is code execution as the server); the lab page and our API stay.
@@ -463,6 +465,7 @@ class MLClusterApp(ExtensionApp):
         interval = 0 if self.refuses_local_jobs else self.schedule_interval
         self.scheduler = ServerScheduler(self, interval)
         self.scheduler.start()
+        assert self.serverapp is not None  # an extension runs inside its server
         self.tensorboards = TensorBoards(
             self.serverapp.base_url,
             idle_timeout=self.tensorboard_idle_timeout,
@@ -511,6 +514,7 @@ class MLClusterApp(ExtensionApp):
             return  # never started, or already stopped
         self._stopped = True
         if self.cancel_jobs_on_shutdown:
+            assert self.serverapp is not None  # an extension runs inside its server
             kernel_ids = set(self.serverapp.kernel_manager.list_kernel_ids())
             try:
                 cancelled = await self.run(self._cancel_own_jobs, kernel_ids)

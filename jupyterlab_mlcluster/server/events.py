@@ -357,7 +357,9 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     @ws_authenticated
     @authorized("read")
-    async def get(self, *args: Any, **kwargs: Any) -> None:
+    # (the override is WebSocketHandler.get's own signature; mypy sees it through
+    # jupyter_server's decorators, whose annotations lose it)
+    async def get(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         app = self.settings["mlcluster"]
         try:
             self.user: str | None = app.user_identity(self.current_user, self.request.headers)
@@ -371,7 +373,7 @@ class EventsHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             )
         await super().get(*args, **kwargs)
 
-    async def open(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    async def open(self, *args: Any, **kwargs: Any) -> None:
         super().open()  # WebSocketMixin: keep-alive pings
         app = self.settings["mlcluster"]
         scope = self.user if app.trust_identity_header else None

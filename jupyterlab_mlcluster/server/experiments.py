@@ -32,7 +32,12 @@ log = logging.getLogger("jupyterlab_mlcluster.server")
 
 class ExperimentHandler(MLClusterHandler):
     def _owned_row(
-        self, what: str, key: str, pattern: Any, get: Callable[[str], dict[str, Any]], unknown: type
+        self,
+        what: str,
+        key: str,
+        pattern: Any,
+        get: Callable[[str], dict[str, Any]],
+        unknown: type[Exception],
     ) -> dict[str, Any]:
         """The row `get(key)` when the key is well formed, exists and the caller may see it;
         404 alike for all three, so that others' names are not revealed."""

@@ -153,8 +153,8 @@ def build_metrics(
                 idle_for.append((labels, max(0.0, now - job.gpu_idle_since)))
             for rank in job.ranks:
                 labels = [job.id, job.name, owner, job.backend, str(rank.rank)]
-                for name, key in _RANK_FIGURES.items():
-                    value = (rank.metrics or {}).get(key)
+                for name, figure in _RANK_FIGURES.items():
+                    value = (rank.metrics or {}).get(figure)
                     if isinstance(value, (int, float)):
                         ranks[name].append((labels, float(value)))
 
@@ -180,12 +180,12 @@ def build_metrics(
             "mlcluster_job_duration_seconds", ["backend", "state"], durations, DURATION_BUCKETS
         )
     )
-    family = CounterMetricFamily(
+    restart_counts = CounterMetricFamily(
         "mlcluster_job_restarts", SERIES["mlcluster_job_restarts"][1], labels=["backend"]
     )
     for backend, count in restarts.items():
-        family.add_metric([backend], count)
-    out.append(family)
+        restart_counts.add_metric([backend], count)
+    out.append(restart_counts)
     if cluster is not None:
         backend = [cluster["backend"]]
         capacity = cluster.get("capacity") or {}

@@ -53,7 +53,7 @@ def request_notebook_events(api: Any, namespace: str | None, **params: Any) -> A
     """Events the notebook-controller re-issues on Notebooks (pod scheduling, image pulls...)."""
     from kubernetes import client
 
-    selectors = {
+    selectors: dict[str, Any] = {
         "field_selector": f"involvedObject.kind={KIND}",
         "label_selector": f"{LABEL_MANAGED_BY}={MANAGED_BY}",
     }
@@ -158,7 +158,8 @@ class NotebookWatch:
         self._lock = threading.Lock()
         # (notebooks, events) per namespace watched on its own; one pair otherwise.
         self.pairs: list[tuple[ListWatch, ListWatch]] = []
-        for namespace in list(namespaces) or [None]:
+        watched: list[str | None] = [*namespaces] or [None]
+        for namespace in watched:
             events = ListWatch(
                 "events on Notebooks" + (f" in {namespace}" if namespace else ""),
                 request_notebook_events,

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ..kubeconn import NO_CLUSTER, ClusterUnavailable, KubeConnection, KubeError
 from ..notebook_resource import (
@@ -171,7 +171,8 @@ class UserNamespaces:
         with self.connection.errors():
             # A 403 here raises: guessing a namespace could put notebooks in the wrong one.
             found = api.list_cluster_custom_object(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL)
-        return list(found.get("items") or [])
+        # (the client's annotation says `object`; a list of custom objects is a dict)
+        return list(cast(dict[str, Any], found).get("items") or [])
 
     def __call__(self, user: str) -> str:
         with self._lock:

@@ -15,7 +15,7 @@ import copy
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +241,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return shortened(message, MESSAGE_CHARS)
     echoed = repr(error.instance)
     if error.validator == "oneOf":
-        description = error.schema.get("description", "see the API document")
+        schema = error.schema if isinstance(error.schema, Mapping) else {}  # (always one)
+        description = schema.get("description", "see the API document")
         return f"{shortened(echoed)} is not valid ({description})"
     message = error.message
     if len(echoed) > ECHO_CHARS:

@@ -122,7 +122,8 @@ class KubernetesBackend(Backend):
         ]
         index, index_notes = index_settings(environment.pip_config())
         notes += index_notes
-        cache, hashes = None, {}
+        cache = None
+        hashes: dict[str, list[str]] = {}
         if self.config.kubernetes_wheel_cache:
             cache = find_cache_volume(pod, self.config.kubernetes_wheel_cache)
             if cache is None:
@@ -134,12 +135,14 @@ class KubernetesBackend(Backend):
                 notes += environment.fill_wheel_cache(
                     self.config.kubernetes_wheel_cache, requirements
                 )
-                hashes, checked_notes = environment.checked_wheels(
+                checked, checked_notes = environment.checked_wheels(
                     self.config.kubernetes_wheel_cache, requirements
                 )
                 notes += checked_notes
-                if hashes is None:
+                if checked is None:
                     cache = None  # the pods never see a cache they cannot trust whole
+                else:
+                    hashes = checked
         if cache is None:
             local = environment.local_archives(r.split("==")[0] for r in requirements)
             notes += [

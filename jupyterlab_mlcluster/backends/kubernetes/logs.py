@@ -179,11 +179,12 @@ class PodOutput:
                 yield rank, kind, value
 
     def _line(self, text: str) -> Iterator[tuple[int, str, Any]]:
-        rank: int | None = self.ranks[0]
+        rank = self.ranks[0]
         if self.packed:
-            rank, text = split_packed_line(text)
-            if rank not in self._lines:
-                rank = self.ranks[0]
+            packed_rank, text = split_packed_line(text)
+            # torchrun's own lines (no rank) and unknown ranks go to the first rank's log
+            if packed_rank is not None and packed_rank in self._lines:
+                rank = packed_rank
         for kind, value in self._lines[rank].feed(text):
             yield rank, kind, value
 

@@ -258,8 +258,11 @@ def check_request(
         raise SpecError(
             "Kueue needs a queue: pass --queue (a LocalQueue name) or configure a default"
         )
-    queue_named = gang != "none" and chosen_queue
-    if queue_named and (len(chosen_queue) > 63 or not _DNS_SUBDOMAIN_RE.match(chosen_queue)):
+    if (
+        gang != "none"
+        and chosen_queue
+        and (len(chosen_queue) > 63 or not _DNS_SUBDOMAIN_RE.match(chosen_queue))
+    ):
         raise SpecError(
             f"queue must be a Kubernetes object name (lowercase letters, digits, '-', '.'), "
             f"got {chosen_queue!r}"
@@ -750,7 +753,7 @@ def build_job_objects(
         packages=packages,
     )
     job_labels_ = dict(labels)
-    if gang == "kueue":
+    if gang == "kueue" and chosen_queue:  # always named: check_request refused no queue
         job_labels_[KUEUE_QUEUE_LABEL] = chosen_queue
     annotations = {ANNOTATION_USER: user, ANNOTATION_ATTEMPT: str(attempt)}
     if spec.name:

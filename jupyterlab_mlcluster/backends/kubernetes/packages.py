@@ -54,7 +54,7 @@ class PackageSync:
             return None
         return cls(
             requirements=tuple(data.get("requirements") or ()),
-            index=tuple(tuple(pair) for pair in data.get("index") or ()),  # type: ignore[misc]
+            index=tuple(tuple(pair) for pair in data.get("index") or ()),
             cache_path=data.get("cache_path"),
             cache_claim=data.get("cache_claim"),
             cache_mount=data.get("cache_mount"),

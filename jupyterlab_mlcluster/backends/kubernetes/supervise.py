@@ -364,13 +364,15 @@ class _Attempt:
             name = obj["metadata"]["name"]
             uid = uids.get(name)
             if uid is None or not with_retries(
-                lambda n=name, u=uid: self.run_.res.holds(kind_of("v1", "Secret"), n, u),
-                f"check Secret {name}",
+                functools.partial(self._holds_secret, name, uid), f"check Secret {name}"
             ):
                 raise KubeError(
                     f"Secret {name} is no longer the one this job created: refusing to run "
                     "the code it holds"
                 )
+
+    def _holds_secret(self, name: str, uid: str) -> bool:
+        return self.run_.res.holds(kind_of("v1", "Secret"), name, uid)
 
     def _resume(self, patch: dict[str, Any]):
         res, kind, name, engine = self.run_.res, self.run_.kind, self.run_.name, self.plan.engine
@@ -791,10 +793,10 @@ class _Attempt:
             self.ctx.logs.system(f"[mlcluster] {self.result_refused}", rank=0)
             return
         if 0 <= index < count <= len(chunks) and all(i in chunks for i in range(count)):
-            data = base64.b64decode("".join(chunks[i] for i in range(count)))
+            result = base64.b64decode("".join(chunks[i] for i in range(count)))
             store = self.ctx.store
             path = store.result_json_path if form == "json" else store.result_path
-            _write_atomically(path(self.ctx.job.id), data)
+            _write_atomically(path(self.ctx.job.id), result)
             self.result_received -= sum(len(c) for c in chunks.values())
             del self.result_chunks[form]
 

@@ -140,6 +140,8 @@ def pod_node(pod: dict[str, Any]) -> int | None:
     index = labels.get(COMPLETION_INDEX_KEY) or (meta.get("annotations") or {}).get(
         COMPLETION_INDEX_KEY
     )
+    if index is None:
+        return None
     try:
         return int(index)
     except (TypeError, ValueError):

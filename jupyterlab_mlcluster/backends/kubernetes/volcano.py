@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any
+from typing import Any, Literal
 
 # Looked at, and backed off from, exactly as Kueue's view of a waiting job.
 from .kueue import LOOK_BACKOFF, POLL_INTERVAL
@@ -78,7 +78,7 @@ class PodGroupView:
         self.ran_before = False
         self.rng = rng or random.Random()
 
-    def look(self, now: float | None = None) -> str | None | bool:
+    def look(self, now: float | None = None) -> str | None | Literal[False]:
         """The reason text; None when it says nothing to add; False when not time to look or
         the read failed (keep what was shown)."""
         now = time.monotonic() if now is None else now

@@ -268,7 +268,7 @@ class _Gang:
         its exit only a LOOP_TICK later, on the job's critical path. Without pidfds (Linux <
         5.3, other systems) the tick does it, as before."""
         try:
-            fd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+            fd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
             return
         self.selector.register(fd, selectors.EVENT_READ, (proc.rank, EXIT_STREAM))
@@ -455,7 +455,10 @@ class _Gang:
 
     def watch(self) -> Outcome:
         ctx, spec = self.ctx, self.spec
-        deadline = ctx.job.started + spec.timeout if spec.timeout else None
+        deadline = None
+        if spec.timeout:
+            assert ctx.job.started is not None  # stamped when the ranks started
+            deadline = ctx.job.started + spec.timeout
         finished = self.done
         while True:
             self.pump(LOOP_TICK)

@@ -199,6 +199,7 @@ def spawn_cold(
         )
     finally:
         os.close(control_w)
+    assert popen.stdout is not None and popen.stderr is not None  # both are PIPEs
     return RankProcess(
         rank, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), control_r, popen
     )

@@ -88,7 +88,7 @@ def check_fits(spec: JobSpec, capacity: dict[str, Any]) -> None:
 
 
 def used_resources(holding: list[dict[str, Any]]) -> dict[str, Any]:
-    used = {"cpus": 0.0, "gpus": set(), "memory": 0}
+    used: dict[str, Any] = {"cpus": 0.0, "gpus": set(), "memory": 0}
     for allocation in holding:
         used["cpus"] += allocation.get("cpus", 0.0)
         used["memory"] += allocation.get("memory", 0)

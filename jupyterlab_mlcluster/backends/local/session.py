@@ -193,6 +193,8 @@ class SessionGang(_Gang):
         self.seq += 1
         data = encode_record({**command, "seq": self.seq}, self.key, rank)
         fd = self.commands.get(rank)
+        if fd is None:
+            return False  # the rank is gone: the loop sees its exit
         try:
             while data:
                 data = data[os.write(fd, data) :]
@@ -381,6 +383,7 @@ class SessionGang(_Gang):
 
     def interrupt(self, why: str) -> None:
         cell = self.cell
+        assert cell is not None  # called while a cell runs
         cell.interrupted_at = time.monotonic()
         cell.ctx.logs.system(f"[mlcluster] {why}: interrupting the cell on every rank")
         for p in self.ranks:
@@ -390,6 +393,7 @@ class SessionGang(_Gang):
 
     def advance_cell(self) -> str | None:
         cell = self.cell
+        assert cell is not None  # called while a cell runs
         cctx = cell.ctx
         cctx.tick()
         if cell.interrupted_at is None:
@@ -430,6 +434,7 @@ class SessionGang(_Gang):
 
     def finish_cell(self, *, lost: str | None = None, failed: tuple[int, str] | None = None):
         cell, self.cell = self.cell, None
+        assert cell is not None  # called while a cell runs
         cctx, store = cell.ctx, self.store
         # The gang's ranks' news (their "started" came before their reports) is in the store
         # before the cell's end is: whoever reads the end sees the session as it stands.

@@ -606,13 +606,13 @@ class _Attempt:
                 "failed", f"rank {rank} failed: srun: task {rank}: {how}", failed_rank=rank
             )
         missing = [r for r in range(self.spec.workers) if r not in self.exits]
-        rank = missing[0] if missing else None
+        first_missing = missing[0] if missing else None
         last = [line for line in batch_output.splitlines() if line.strip()][-1:]
         return Outcome(
             "failed",
-            f"Slurm job {self.slurm_id} ended ({self.slurm_state}) before rank {rank} did: "
-            + (last[0].strip() if last else f"see {self.dir / 'batch.out'}"),
-            failed_rank=rank,
+            f"Slurm job {self.slurm_id} ended ({self.slurm_state}) before rank {first_missing} "
+            "did: " + (last[0].strip() if last else f"see {self.dir / 'batch.out'}"),
+            failed_rank=first_missing,
         )
 
     def _mark_unfinished(self, state: RankState) -> None:
@@ -673,8 +673,8 @@ class _Attempt:
                 self.ctx.logs.system(text.replace("{rank}", str(rank)), rank=rank)
 
     def cancel_allocation(self) -> None:
-        if self.slurm_state not in script.ACTIVE_STATES:
-            return
+        if self.slurm_id is None or self.slurm_state not in script.ACTIVE_STATES:
+            return  # (its callers have a Slurm job id: nothing to cancel without one)
         try:
             self.commands.cancel([self.slurm_id])
         except SlurmError as exc:

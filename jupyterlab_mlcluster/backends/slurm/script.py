@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from ...jobs.model import JobSpec, SpecError
@@ -132,7 +133,7 @@ def sbatch_arguments(
     partition: str = "",
     account: str = "",
     qos_by_priority: dict[str, str] | None = None,
-    extra_args: list[str] = (),
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """sbatch's options for one attempt of `spec` (the script itself: `batch_script`)."""
     if spec.image:
