@@ -523,7 +523,7 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
         return 0
     rows = [("ID", "NAME", "STATE", "TRIALS", "BEST", "AGE")]
     now = time.time()
-    for s, row in zip(sweeps, stored):
+    for s, row in zip(sweeps, stored, strict=False):
         counts: dict[str, int] = {}
         for t in s["trials"]:
             counts[t["state"]] = counts.get(t["state"], 0) + 1

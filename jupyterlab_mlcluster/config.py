@@ -312,7 +312,8 @@ class MLClusterConfig(Configurable):
 
     kubernetes_gpus_per_node = Int(
         0,
-        help="GPUs of one GPU node. When set, a PyTorchJob or pytorch TrainJob packs as many ranks into each pod "
+        help="GPUs of one GPU node. When set, a PyTorchJob or pytorch TrainJob packs as many "
+        "ranks into each pod "
         "as fit one node (torchrun inside the pod, NCCL over NVLink) instead of one rank per "
         "pod. 0 = one rank per pod.",
     ).tag(config=True)

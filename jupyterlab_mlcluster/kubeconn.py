@@ -358,7 +358,7 @@ def _decode(data: bytes | None) -> Any:
         return data.decode("utf-8", "replace")
 
 
-# --- the blocking front end -------------------------------------------------------------------------
+# --- the blocking front end ----------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -523,7 +523,7 @@ class KubeConnection:
             raise converted from None
 
 
-# --- the asyncio front end -------------------------------------------------------------------------
+# --- the asyncio front end -----------------------------------------------------------------
 
 
 class AsyncConnection:

@@ -57,9 +57,9 @@ TENSORBOARD_DIR = (
 # A job's timeout as text: seconds ("45", "0.5"), or parts with units in falling order, each
 # unit at most once and each part above zero ("90s", "30m", "1h30m", "2d", "500ms"). Every
 # text it admits lies within the timeout's bounds (bounds.TIMEOUT: above 0, at most 1e9 s):
-# seconds have at most nine whole digits (or are 1e9 itself) and a part at most four, so the longest,
-# "9999.999999d9999.999999h...", is 9.0e8 s. The API document therefore admits exactly the
-# texts the job model accepts.
+# seconds have at most nine whole digits (or are 1e9 itself) and a part at most four, so the
+# longest, "9999.999999d9999.999999h...", is 9.0e8 s. The API document therefore admits
+# exactly the texts the job model accepts.
 _ABOVE_ZERO = r"0\.0{0,5}[1-9][0-9]{0,5}"
 _DURATION_UNITS = ("d", "h", "m", "s", "ms")
 _PART = rf"(?:[1-9][0-9]{{0,3}}(?:\.[0-9]{{1,6}})?|{_ABOVE_ZERO})"

@@ -18,7 +18,8 @@ def text_table(rows) -> str:
     """Rows of cells as left-aligned columns two spaces apart (the first row is the header)."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+        for row in rows
     )
 
 

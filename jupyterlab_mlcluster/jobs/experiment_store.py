@@ -119,7 +119,8 @@ class ExperimentStore:
     ) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO sweeps (id, name, owner, created, options, origin) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sweeps (id, name, owner, created, options, origin) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (sweep_id, name, owner, time.time(), json.dumps(options), json.dumps(origin)),
             )
 
@@ -319,7 +320,8 @@ class ExperimentStore:
             outcome = "skipped" if forbid_if_active and busy else "claimed"
             try:
                 db.execute(
-                    "INSERT INTO schedule_runs (schedule, tick, fired, job_id, outcome) VALUES (?, ?, ?, NULL, ?)",
+                    "INSERT INTO schedule_runs (schedule, tick, fired, job_id, outcome) "
+                    "VALUES (?, ?, ?, NULL, ?)",
                     (
                         name,
                         tick,
@@ -346,7 +348,8 @@ class ExperimentStore:
             if row is None or (row["last_tick"] is not None and row["last_tick"] >= tick):
                 return False
             db.execute(
-                "INSERT OR IGNORE INTO schedule_runs (schedule, tick, fired, job_id, outcome) VALUES (?, ?, ?, NULL, ?)",
+                "INSERT OR IGNORE INTO schedule_runs (schedule, tick, fired, job_id, outcome) "
+                "VALUES (?, ?, ?, NULL, ?)",
                 (name, tick, time.time(), outcome),
             )
             db.execute("UPDATE schedules SET last_tick = ? WHERE name = ?", (tick, name))

@@ -16,7 +16,10 @@ class Job:
 
     def __repr__(self) -> str:
         record = self.record
-        return f"<Job {record.id} {record.name!r} {record.state} ({record.spec.workers} ranks, {record.backend})>"
+        return (
+            f"<Job {record.id} {record.name!r} {record.state} "
+            f"({record.spec.workers} ranks, {record.backend})>"
+        )
 
     @property
     def record(self) -> JobRecord:
@@ -58,7 +61,7 @@ class Job:
     def logs(self, rank: int | None = None) -> str:
         """Everything the ranks printed so far, each line prefixed with its rank."""
         lines, _ = self._service.logs(self.id, rank)
-        return "".join(f"[rank {l['rank']}] {l['line']}\n" for l in lines)
+        return "".join(f"[rank {entry['rank']}] {entry['line']}\n" for entry in lines)
 
     def cancel(self) -> "Job":
         self._service.cancel(self.id)

@@ -626,7 +626,8 @@ class JobStore:
         values = [_to_column(k, v) for k, v in fields.items()]
         with self._tx() as db:
             cur = db.execute(
-                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)}, updated = ? WHERE id = ?",
+                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)}, updated = ? "
+                "WHERE id = ?",
                 [*values, time.time(), job_id],
             )
             if cur.rowcount == 0:
@@ -668,7 +669,8 @@ class JobStore:
                 if not fields:
                     continue
                 db.execute(
-                    f"UPDATE ranks SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ? AND rank = ?",
+                    f"UPDATE ranks SET {', '.join(f'{k} = ?' for k in fields)} "
+                    "WHERE job_id = ? AND rank = ?",
                     [*(_to_column(k, v) for k, v in fields.items()), job_id, rank],
                 )
             self._event(db, job_id, event)
@@ -839,7 +841,8 @@ class JobStore:
     def queue(self, backend: str = "local") -> list[str]:
         """Queued job ids of a backend in admission order: priority, then submission time."""
         rows = self._db.execute(
-            "SELECT id FROM jobs WHERE backend = ? AND state = ? ORDER BY priority DESC, created, id",
+            "SELECT id FROM jobs WHERE backend = ? AND state = ? "
+            "ORDER BY priority DESC, created, id",
             (backend, str(JobState.QUEUED)),
         ).fetchall()
         return [r["id"] for r in rows]
@@ -865,18 +868,21 @@ class JobStore:
             if me["state"] != str(JobState.QUEUED):
                 return json.loads(me["allocation"]) if me["allocation"] else None
             queued = db.execute(
-                "SELECT * FROM jobs WHERE backend = ? AND state = ? ORDER BY priority DESC, created, id",
+                "SELECT * FROM jobs WHERE backend = ? AND state = ? "
+                "ORDER BY priority DESC, created, id",
                 (me["backend"], str(JobState.QUEUED)),
             ).fetchall()
             holding = db.execute(
-                "SELECT * FROM jobs WHERE backend = ? AND state IN (?, ?) AND allocation IS NOT NULL",
+                "SELECT * FROM jobs WHERE backend = ? AND state IN (?, ?) "
+                "AND allocation IS NOT NULL",
                 (me["backend"], str(JobState.STARTING), str(JobState.RUNNING)),
             ).fetchall()
             allocation = decide(me, queued, holding)
             if allocation is None:
                 return None
             db.execute(
-                "UPDATE jobs SET state = ?, allocation = ?, reason = NULL, updated = ? WHERE id = ?",
+                "UPDATE jobs SET state = ?, allocation = ?, reason = NULL, updated = ? "
+                "WHERE id = ?",
                 (str(JobState.STARTING), json.dumps(allocation), time.time(), job_id),
             )
             self._event(db, job_id, "job")

@@ -292,7 +292,9 @@ def format_trials_text(sweep_id: str, options: dict, trials: list[Trial], best) 
             ]
         )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows
+    ]
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.state] = counts.get(t.state, 0) + 1

@@ -211,7 +211,7 @@ def expand(spec: SweepSpec) -> list[dict[str, Any]]:
     `seed`, so the same seed gives the same trials."""
     if spec.trials is None:
         combos = itertools.product(*(p.values for p in spec.params))
-        return [dict(zip((p.name for p in spec.params), combo)) for combo in combos]
+        return [dict(zip((p.name for p in spec.params), combo, strict=True)) for combo in combos]
     rng = random.Random(spec.seed)
     return [{p.name: p.draw(rng) for p in spec.params} for _ in range(spec.trials)]
 

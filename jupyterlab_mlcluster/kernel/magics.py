@@ -64,7 +64,8 @@ def _job_arguments(func):
             {
                 "default": None,
                 "metavar": "CRON",
-                "help": 'register the cell to run on this cron schedule (e.g. "0 2 * * *") instead of now',
+                "help": 'register the cell to run on this cron schedule (e.g. "0 2 * * *") '
+                "instead of now",
             },
         ),
     ]
@@ -151,7 +152,6 @@ class CellRun:
         self.schedule = None  # a --schedule cell: the registered schedule's row
 
     def submit(self):
-        from ..jobs.handle import Job
         from ..jobs.model import SpecError
         from ..runtime.payload import Payload, PayloadError
 
@@ -169,7 +169,8 @@ class CellRun:
             raise UsageError(f"%%distributed: {exc}") from None
         if not self.cell.strip():
             raise UsageError(
-                "%%distributed: the cell is empty; put the code to run on every rank below the magic"
+                "%%distributed: the cell is empty; put the code to run on every rank below the "
+                "magic"
             )
         try:
             compile(self.cell, "<%%distributed cell>", "exec")
@@ -305,9 +306,10 @@ class CellRun:
         when = next_tick(row["cron"], row["timezone"], row["last_tick"])
         import datetime
 
+        next_run = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
         print(
             f"schedule {row['name']} registered: {row['cron']} ({row['timezone']}), "
-            f"next run {datetime.datetime.fromtimestamp(when, datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+            f"next run {next_run:%Y-%m-%d %H:%M} UTC; "
             f"mlcluster schedule runs {row['name']}"
         )
 
@@ -541,7 +543,8 @@ class DistributedMagics(Magics):
             record = monitor.follow_blocking()
         except KeyboardInterrupt:
             print(
-                f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)"
+                f"detached from {job.id}; it keeps running "
+                f"(%distributed_cancel {job.id} to stop it)"
             )
             return job
         return self._attached_result(record)
@@ -555,7 +558,8 @@ class DistributedMagics(Magics):
             record = await monitor.follow_async()
         except (KeyboardInterrupt, asyncio.CancelledError):
             print(
-                f"detached from {job.id}; it keeps running (%distributed_cancel {job.id} to stop it)"
+                f"detached from {job.id}; it keeps running "
+                f"(%distributed_cancel {job.id} to stop it)"
             )
             return job
         return self._attached_result(record)

@@ -145,7 +145,10 @@ class RankOutputs:
     def text(self, rank: int, job_id: str) -> str:
         head = ""
         if self.dropped[rank]:
-            head = f"[rank {rank}] ... {self.dropped[rank]} earlier lines: %distributed_logs {job_id} --rank {rank}\n"
+            head = (
+                f"[rank {rank}] ... {self.dropped[rank]} earlier lines: "
+                f"%distributed_logs {job_id} --rank {rank}\n"
+            )
         return head + "".join(f"[rank {rank}] {line}\n" for line in self.lines[rank])
 
     def flush(self, job_id: str, *, force: bool = False, now: float | None = None) -> set[int]:
@@ -227,7 +230,8 @@ class WidgetView:
             body = html.escape("\n".join(tail)) or "<i style='opacity:0.6'>no output yet</i>"
             # column-reverse keeps the view pinned to the newest line as the log grows
             self.logs[rank].value = (
-                "<div style='max-height:14em;overflow:auto;display:flex;flex-direction:column-reverse'>"
+                "<div style='max-height:14em;overflow:auto;display:flex;"
+                "flex-direction:column-reverse'>"
                 f"<pre style='margin:0;font-size:0.85em;white-space:pre-wrap'>{body}</pre></div>"
             )
 
@@ -249,7 +253,8 @@ def tensorboard_button(job_id: str) -> str:
     handles a click on [data-mlcluster-tensorboard] by opening the job's TensorBoard tab
     (its mlcluster:open-tensorboard command), as the sidebar's button does."""
     return (
-        f"<button type='button' class='mlc-tensorboard' data-mlcluster-tensorboard='{html.escape(job_id)}' "
+        "<button type='button' class='mlc-tensorboard' "
+        f"data-mlcluster-tensorboard='{html.escape(job_id)}' "
         'title="Open this job\'s TensorBoard (MLCLUSTER_TENSORBOARD_DIR) in a JupyterLab tab" '
         "style='font-size:0.85em;padding:0 8px;margin-left:6px;cursor:pointer;border-radius:3px;"
         "border:1px solid var(--jp-border-color1, #bbb);background:var(--jp-layout-color1, #fff);"
@@ -304,7 +309,8 @@ def progress_bar(fraction: float | None, state: str) -> str:
         fraction, color = 1.0 if fraction is None else fraction, STATE_COLORS["succeeded"]
     width = 0 if fraction is None else round(fraction * 100)
     return (
-        "<div style='display:inline-block;vertical-align:middle;width:140px;height:8px;border-radius:4px;"
+        "<div style='display:inline-block;vertical-align:middle;width:140px;height:8px;"
+        "border-radius:4px;"
         "background:var(--jp-layout-color3, #ddd);overflow:hidden'>"
         f"<div style='width:{width}%;height:100%;background:{color}'></div></div>"
     )
@@ -341,13 +347,17 @@ def rank_table(record: JobRecord) -> str:
                 format_bytes(m.get("gpu_memory_bytes")),
             ]
         cells.append(
-            f"{progress_bar(progress_fraction(rank.progress), state)} <span style='font-size:0.85em'>{label}</span>"
+            f"{progress_bar(progress_fraction(rank.progress), state)} "
+            f"<span style='font-size:0.85em'>{label}</span>"
         )
         td = "".join(
             f"<td style='padding:2px 10px 2px 0;white-space:nowrap'>{c}</td>" for c in cells
         )
         rows.append(f"<tr class='mlc-rank' data-rank='{rank.rank}' data-state='{state}'>{td}</tr>")
-    return f"<table class='mlc-ranks' style='border-collapse:collapse;margin:4px 0'><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return (
+        "<table class='mlc-ranks' style='border-collapse:collapse;margin:4px 0'>"
+        f"<thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 # -- the monitor ---------------------------------------------------------------------------

@@ -26,7 +26,8 @@ def jobs_bundle(records, total: int) -> dict[str, Any]:
         else ""
     )
     table = (
-        "<table class='mlcluster-jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>ranks</th>"
+        "<table class='mlcluster-jobs'><thead><tr><th>id</th><th>name</th><th>state</th>"
+        "<th>ranks</th>"
         "<th>backend</th><th>age</th><th>info</th></tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table>"

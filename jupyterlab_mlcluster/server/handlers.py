@@ -475,7 +475,8 @@ class TensorBoardHandler(MLClusterHandler):
         if not await self.run(tensorboard_installed):
             raise web.HTTPError(
                 503,
-                "TensorBoard is not installed in the server's environment (pip install tensorboard)",
+                "TensorBoard is not installed in the server's environment "
+                "(pip install tensorboard)",
             )
         try:
             url = await self.app.tensorboards.open(runs, owner=self.scope())

@@ -99,7 +99,7 @@ class JwtVerifier:
         try:
             document = self._fetch(self._keys_url())
             found = jwt.PyJWKSet.from_dict(document)
-        except Exception as exc:  # an unreachable issuer must not take the server down
+        except Exception as exc:  # noqa: BLE001 - an unreachable issuer must not take the server down
             log.warning("mlcluster: could not read the JWT issuer's keys: %r", exc)
             return
         keys = {

@@ -221,7 +221,8 @@ class NotebookService:
         return notebook_view(obj, self._progress(obj) if self._progress else None)
 
     def _user_lock(self, user: str) -> threading.Lock:
-        """Serialises one user's creates in this server, so two at once cannot both pass the quota."""
+        """Serialises one user's creates in this server, so two at once cannot both pass the
+        quota."""
         with self._lock:
             return self._user_locks.setdefault(user, threading.Lock())
 

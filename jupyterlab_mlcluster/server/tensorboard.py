@@ -211,7 +211,9 @@ def has_event_files(location: str) -> bool:
     root = Path(location)
     if not root.is_dir():
         return False
-    return any(name.startswith("events.out.tfevents") for _, _, names in os.walk(root) for name in names)  # fmt: skip
+    return any(
+        name.startswith("events.out.tfevents") for _, _, names in os.walk(root) for name in names
+    )
 
 
 @dataclasses.dataclass

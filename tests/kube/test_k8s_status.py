@@ -405,5 +405,5 @@ def test_kueue_standing_text_and_backoff_when_kueue_answers_nothing():
         assert view.look("uid-1", now=now - 0.01) is None  # not yet: nothing asked
         view.look("uid-1", now=now)
     assert Refusing.calls == 3 + 8 * 3
-    gaps = [b - a for a, b in zip(delays, delays[1:])]
+    gaps = [b - a for a, b in zip(delays, delays[1:], strict=False)]
     assert all(2.0 <= g <= 60.0 for g in gaps) and max(gaps) > 10  # backs off, capped

@@ -84,7 +84,8 @@ def make_plan(
         if not priority_class:
             raise SpecError(
                 f"--priority {spec.priority}: no PriorityClass is configured for it "
-                "(MLClusterConfig.kubernetes_priority_classes maps priorities to PriorityClass names)"
+                "(MLClusterConfig.kubernetes_priority_classes maps priorities to PriorityClass "
+                "names)"
             )
     engine = (
         choose_engine(spec.framework, served_kinds, needs_priority_class=bool(priority_class))

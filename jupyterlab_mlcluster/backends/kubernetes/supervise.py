@@ -287,7 +287,8 @@ class _Attempt:
             self.ctx.logs.system(f"[mlcluster] {note}")
 
     def _ours(self, obj: dict[str, Any]) -> bool:
-        """This attempt's object, alive (adopt it), not an earlier attempt's or one being deleted."""
+        """This attempt's object, alive (adopt it), not an earlier attempt's or one being
+        deleted."""
         meta = obj.get("metadata") or {}
         return not meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(
             ANNOTATION_ATTEMPT

@@ -77,13 +77,15 @@ def check_fits(spec: JobSpec, capacity: dict[str, Any]) -> None:
         )
     if need["cpus"] > capacity["cpus"] + 1e-9:
         raise SpecError(
-            f"this job needs {need['cpus']:g} CPU slots ({spec.workers} workers x {spec.cpus:g}) but the "
-            f"local pool has {capacity['cpus']:g} (MLClusterConfig.cpu_slots, env MLCLUSTER_CPU_SLOTS)"
+            f"this job needs {need['cpus']:g} CPU slots ({spec.workers} workers x "
+            f"{spec.cpus:g}) but the local pool has {capacity['cpus']:g} "
+            "(MLClusterConfig.cpu_slots, env MLCLUSTER_CPU_SLOTS)"
         )
     if need["memory"] > capacity["memory"]:
         raise SpecError(
             f"this job needs {format_memory(need['memory'])} of memory ({spec.workers} workers x "
-            f"{format_memory(spec.memory)}) but the local pool has {format_memory(capacity['memory'])}"
+            f"{format_memory(spec.memory)}) but the local pool has "
+            f"{format_memory(capacity['memory'])}"
         )
 
 

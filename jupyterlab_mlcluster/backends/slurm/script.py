@@ -300,7 +300,7 @@ def parse_jobs(text: str) -> list[dict[str, str]]:
         parts = line.split("|", len(SQUEUE_FIELDS) - 1)
         if len(parts) != len(SQUEUE_FIELDS):
             continue
-        row = dict(zip(SQUEUE_FIELDS, (p.strip() for p in parts)))
+        row = dict(zip(SQUEUE_FIELDS, (p.strip() for p in parts), strict=True))
         # Extended states ("CANCELLED by 0", "RUNNING+...") name their base state first.
         row["state"] = re.split(r"[\s+]", row["state"], maxsplit=1)[0]
         rows.append(row)
