@@ -77,7 +77,8 @@ class MLClusterHandler(APIHandler):
     api_path = ""
     _body: bytearray | None = None
 
-    async def prepare(self) -> None:
+    # APIHandler.prepare drops JupyterHandler's keyword too (and says type: ignore[override]).
+    async def prepare(self) -> None:  # type: ignore[override]
         """Refuse a body over MLClusterApp.max_request_body (413) from its Content-Length,
         before reading it (and after Jupyter's own checks: who may send one at all)."""
         await super().prepare()
