@@ -39,9 +39,9 @@ def _job(rng: random.Random):
     if kind == "chatty":
         seconds = rng.uniform(0.2, 2.0)
         code = (
-            "import time\nend = time.time() + %r\ni = 0\n"
+            f"import time\nend = time.time() + {seconds!r}\ni = 0\n"
             "while time.time() < end:\n    print(f'line {i} ' + 'x' * 200, flush=True)\n"
-            "    i += 1\n    time.sleep(0.002)\n" % seconds
+            "    i += 1\n    time.sleep(0.002)\n"
         )
     elif kind == "quiet":
         code = f"import time\ntime.sleep({rng.uniform(0.1, 2.0)!r})\n"

@@ -147,7 +147,9 @@ def magic_case(runs: int, workers: int, watch: JobWatch) -> dict[str, list[float
     km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
     samples: dict[str, list[float]] = {"submit": [], "created": [], "ready": []}
     try:
-        quiet = lambda msg: None
+        def quiet(msg):
+            return None
+
         kc.execute_interactive("import jupyterlab_mlcluster", timeout=60, output_hook=quiet)
         for i in range(runs + 1):
             known = {r.id for r in service.store.list_jobs()[0]}

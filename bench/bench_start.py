@@ -332,11 +332,11 @@ def main() -> int:
             tmp / f"cell_{re.sub(r'[^a-z]', '_', scenario)}.py"
         )  # never shadowing a package
         scenario_script.write_text(scenario_code(scenario))
-        t, l, m = (f"{scenario}: {x}" for x in ("torchrun", "launcher-in-kernel", "magic"))
+        t, k, m = (f"{scenario}: {x}" for x in ("torchrun", "launcher-in-kernel", "magic"))
         methods[t] = (DRIVER_TORCHRUN, [str(scenario_script), w, n], base_env, None)
-        methods[l] = (DRIVER_KERNEL, [w, n, "launcher", scenario], base_env, None)
-        methods[m] = (DRIVER_KERNEL, [w, n, "magic", scenario], warm, l)
-        torchrun_of.update(dict.fromkeys((t, l, m), t))
+        methods[k] = (DRIVER_KERNEL, [w, n, "launcher", scenario], base_env, None)
+        methods[m] = (DRIVER_KERNEL, [w, n, "magic", scenario], warm, k)
+        torchrun_of.update(dict.fromkeys((t, k, m), t))
     results: dict[str, dict[str, float]] = {}
     failed: list[str] = []
     print(

@@ -100,7 +100,7 @@ def test_framework_environments(service):
     jax = submit(service, code, workers=2, framework="jax")
     for job_id in (tf, jax):
         assert service.wait(job_id, timeout=60).state == JobState.SUCCEEDED
-    tf_env = {l["rank"]: json.loads(l["line"]) for l in service.logs(tf)[0]}
+    tf_env = {entry["rank"]: json.loads(entry["line"]) for entry in service.logs(tf)[0]}
     configs = {r: json.loads(e["TF_CONFIG"]) for r, e in tf_env.items()}
     assert (
         configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
@@ -109,7 +109,7 @@ def test_framework_environments(service):
         {"type": "worker", "index": 0},
         {"type": "worker", "index": 1},
     ]
-    jax_env = {l["rank"]: json.loads(l["line"]) for l in service.logs(jax)[0]}
+    jax_env = {entry["rank"]: json.loads(entry["line"]) for entry in service.logs(jax)[0]}
     assert jax_env[0]["JAX_COORDINATOR_ADDRESS"] == jax_env[1]["JAX_COORDINATOR_ADDRESS"]
     assert [jax_env[r]["JAX_PROCESS_ID"] for r in (0, 1)] == ["0", "1"]
     assert jax_env[1]["JAX_NUM_PROCESSES"] == "2"
@@ -232,7 +232,7 @@ def test_whole_pool_jobs_run_one_after_the_other(service, monkeypatch, tmp_path)
             times.setdefault(kind, []).append(float(ts))
         return min(times["start"]), max(times["end"])
 
-    (s1, e1), (s2, e2) = span(first), span(second)
+    (_, e1), (s2, _) = span(first), span(second)
     assert e1 <= s2, "the second job's ranks started before the first job's had ended"
 
 
@@ -297,10 +297,10 @@ def test_max_restarts_restarts_the_whole_gang(service):
     assert record.state == JobState.SUCCEEDED, record.error
     assert record.restarts == 1
     lines = [
-        l["line"] for l in service.logs(job_id, rank=1)[0]
+        entry["line"] for entry in service.logs(job_id, rank=1)[0]
     ]  # rank 0 may be stopped before it prints
     assert lines[0] == "attempt 0" and "attempt 1" in lines
-    assert any("restarting all ranks (restart 1 of 2)" in l for l in lines)
+    assert any("restarting all ranks (restart 1 of 2)" in entry for entry in lines)
     # Without restarts left the job fails
     job_id = submit(service, "raise RuntimeError('always')", workers=2, max_restarts=1)
     record = service.wait(job_id, timeout=60)
@@ -354,15 +354,15 @@ def test_jobs_survive_the_submitting_process(store_dir, tmp_path):
 
     fresh = JobService()  # another process's view of the same store
     assert fresh.wait(job_id, timeout=60).state == JobState.SUCCEEDED
-    assert [l["line"] for l in fresh.logs(job_id)[0]] == ["hi", "hi"]
+    assert [entry["line"] for entry in fresh.logs(job_id)[0]] == ["hi", "hi"]
 
 
 def test_stdout_and_stderr_are_kept_apart_with_timestamps(service):
     job_id = submit(service, "import sys\nprint('out')\nprint('err', file=sys.stderr)", workers=1)
     assert service.wait(job_id, timeout=60).state == JobState.SUCCEEDED
     lines = service.logs(job_id)[0]
-    assert {(l["stream"], l["line"]) for l in lines} == {("stdout", "out"), ("stderr", "err")}
-    assert all(l["ts"].endswith("Z") for l in lines)
+    assert {(entry["stream"], entry["line"]) for entry in lines} == {("stdout", "out"), ("stderr", "err")}
+    assert all(entry["ts"].endswith("Z") for entry in lines)
 
 
 def test_the_submitters_settings_govern_its_job(store_dir):

@@ -98,11 +98,11 @@ class LiveServer:
                 else:
                     self.request("GET", "cluster")
                 return self
-            except (urllib.error.URLError, ConnectionError, OSError):
+            except (urllib.error.URLError, ConnectionError, OSError) as exc:
                 if time.monotonic() > deadline:
                     raise AssertionError(
                         f"jupyter server did not start:\n{self.log_path.read_text()[-3000:]}"
-                    )
+                    ) from exc
                 time.sleep(0.2)
 
     def request(

@@ -112,7 +112,7 @@ async def test_jobs_of_other_front_ends_show_up_live(api, mlc, jp_ws_fetch, stor
     _, listing, _ = await api("GET", "jobs")
     assert [j["id"] for j in listing["jobs"]] == [job_id]
     _, page, _ = await api("GET", "jobs", job_id, "logs")
-    assert sorted(l["line"] for l in page["lines"]) == ["42", "42"]
+    assert sorted(entry["line"] for entry in page["lines"]) == ["42", "42"]
     ws.close()
 
 
@@ -225,9 +225,9 @@ async def test_follow_streams_until_the_job_ends(api, mlc, jp_fetch):
     )
     job = await submit(api, code, workers=2)
     lines, arrivals = await follow(jp_fetch, job["id"])
-    out = [l for l in lines if l["stream"] == "stdout"]
+    out = [entry for entry in lines if entry["stream"] == "stdout"]
     for rank in (0, 1):
-        assert [l["line"] for l in out if l["rank"] == rank] == [f"{rank}:{i}" for i in range(5)]
+        assert [entry["line"] for entry in out if entry["rank"] == rank] == [f"{rank}:{i}" for i in range(5)]
     _status, job_now, _ = await api("GET", "jobs", job["id"])
     assert job_now["state"] == "succeeded", "the stream ends only when the job is final"
     finished = datetime.datetime.fromisoformat(
@@ -236,7 +236,7 @@ async def test_follow_streams_until_the_job_ends(api, mlc, jp_fetch):
     assert len(arrivals) > 2 and arrivals[0] < finished - 0.5, "lines arrive while the job runs"
     # following a finished job returns everything at once; rank and tail work too
     again, _ = await follow(jp_fetch, job["id"], rank="1", tail="2")
-    assert [l["line"] for l in again if l["stream"] == "stdout"] == ["1:3", "1:4"]
+    assert [entry["line"] for entry in again if entry["stream"] == "stdout"] == ["1:3", "1:4"]
 
 
 FLAT_OUT = textwrap.dedent(

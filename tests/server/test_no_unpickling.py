@@ -67,7 +67,7 @@ class Package:
         self.bases: dict[str, list[str]] = defaultdict(list)
         for path in sorted(PACKAGE.rglob("*.py")):
             self._read(path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text()))
-        for module, names in self.aliases.items():
+        for names in self.aliases.values():
             for name, target in list(names.items()):
                 names[name] = self._resolve_import(target)
         for key, d in self.defs.items():

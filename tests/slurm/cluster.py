@@ -193,7 +193,7 @@ class SlurmCluster:
         """Cancel what is left, then stop the daemons by pid: slurmd, slurmctld, munged."""
         if any(proc.poll() is None for name, proc in self.processes if name == "slurmctld"):
             self.run("scancel", "--user=root", check=False)
-        for name, proc in reversed(self.processes):
+        for _name, proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:

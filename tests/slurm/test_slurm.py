@@ -409,7 +409,7 @@ async def test_rest_submits_to_slurm_and_reads_logs_result_and_capacity(slurm_st
         _, job, _ = await api("GET", "jobs", job["id"])
     assert job["state"] == "succeeded", job["error"]
     _, page, _ = await api("GET", "jobs", job["id"], "logs")
-    assert sorted((l["rank"], l["line"]) for l in page["lines"]) == [
+    assert sorted((entry["rank"], entry["line"]) for entry in page["lines"]) == [
         (0, "rank 0 of 2"),
         (1, "rank 1 of 2"),
     ]
