@@ -7,7 +7,9 @@ OIDC issuer (oauth2-proxy/dex, Keycloak, a cloud IdP):
 
 - `RequestAuthentication` on the ingress gateway workload verifies the token (issuer, JWKS,
   audiences) and copies the user claim into the identity header (`outputClaimToHeaders`,
-  which sets the header, replacing any value the client sent);
+  which sets the header, replacing any value the client sent), drops the raw token (no route
+  on the platform's shared gateway receives a visitor's bearer token) and passes on the
+  verified payload in `PAYLOAD_HEADER` for the shared server, which checks its claims again;
 - an `AuthorizationPolicy` (DENY) on the same workload refuses, for the notebook paths and the
   shared Jupyter server's prefix (`SERVER_PATHS`), every request without a verified request
   principal, and every token that lacks the user claim (so the header is always the one the
@@ -32,6 +34,12 @@ SERVER_PREFIX = "/jupyter"
 SERVER_PATHS = [f"{SERVER_PREFIX}/*", SERVER_PREFIX]
 PROTECTED_PATHS = [*NOTEBOOK_PATHS, *SERVER_PATHS]
 GATEWAY_SELECTOR = {"istio": "ingressgateway"}
+# Where the gateway passes on the payload of the JWT it verified (Istio's outputPayloadToHeader)
+# for the shared server, which checks its claims again (server/jwt_identity.py). The raw token
+# is never forwarded: the gateway workload is the platform's, shared by every route on it, and
+# `forwardOriginalToken` would hand each visitor's bearer token to all of them (users' own
+# backends included) to replay. The payload carries no signature, so it is no credential.
+PAYLOAD_HEADER = "x-mlcluster-jwt-payload"
 # The ingress gateway's mTLS identity: the only caller the identity header is believed from.
 GATEWAY_PRINCIPAL = "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"
 
@@ -45,10 +53,6 @@ class IngressAuth:
     audiences: Sequence[str] = field(default_factory=tuple)
     user_claim: str = "email"
     owner_header: str = "kubeflow-userid"
-    # Pass the verified token on to the routes (Authorization), for the shared server that
-    # verifies it again itself (server/jwt_identity.py). Notebooks then see their owner's
-    # own token too; their Jupyter has no token of its own, so it changes nothing there.
-    forward_token: bool = False
 
     def __post_init__(self) -> None:
         # An issuer signs tokens for every application it serves: without an audience, a
@@ -98,7 +102,8 @@ def request_authentication(gateway_name: str, auth: IngressAuth) -> dict[str, An
     rule: dict[str, Any] = {
         "issuer": auth.issuer,
         "outputClaimToHeaders": [{"header": auth.owner_header, "claim": auth.user_claim}],
-        "forwardOriginalToken": auth.forward_token,
+        "outputPayloadToHeader": PAYLOAD_HEADER,
+        "forwardOriginalToken": False,
     }
     if auth.jwks_uri:
         rule["jwksUri"] = auth.jwks_uri

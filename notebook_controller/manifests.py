@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -279,9 +278,6 @@ def all_manifests(
             allowed_storage_classes,
         ),
     ]
-    if ingress_auth is not None:
-        # The shared server verifies the token again: the gateway passes it on.
-        ingress_auth = dataclasses.replace(ingress_auth, forward_token=True)
     if include_gateway and ingress_auth is not None:
         manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
     for user_namespace in user_namespaces:

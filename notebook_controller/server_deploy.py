@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .ingress import GATEWAY_PRINCIPAL, SERVER_PREFIX, IngressAuth
+from .ingress import GATEWAY_PRINCIPAL, PAYLOAD_HEADER, SERVER_PREFIX, IngressAuth
 
 SERVER_NAME = "mlcluster-jupyter-server"
 SERVER_PORT = 8888
@@ -53,8 +53,9 @@ def server_command(
     owner_header: str, auth: IngressAuth | None = None, watched_namespaces: Sequence[str] = ()
 ) -> list[str]:
     """`jupyter lab` under the server prefix, taking identities from the gateway's header, and
-    with `auth` (the gateway's issuer) verifying the forwarded JWT itself, so that the header
-    alone never names a caller.
+    with `auth` (the gateway's issuer) checking the claims of the JWT the gateway verified
+    itself (the payload it passes on; the raw token goes to no route), so that the identity
+    header alone never names a caller.
 
     Jupyter's own token is off: the gateway's JWT is the login, this pod admits nothing but the
     gateway, and with the trusted header the server's Authorizer keeps callers to the mlcluster
@@ -67,6 +68,8 @@ def server_command(
             f"--MLClusterApp.jwt_user_claim={auth.user_claim}",
             *([f"--MLClusterApp.jwt_jwks_uri={auth.jwks_uri}"] if auth.jwks_uri else []),
             *(f"--MLClusterApp.jwt_audiences={audience}" for audience in auth.audiences),
+            # The gateway drops the raw token and passes on its verified payload here.
+            f"--MLClusterApp.jwt_payload_header={PAYLOAD_HEADER}",
         ]
     return [
         "jupyter",

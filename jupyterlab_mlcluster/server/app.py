@@ -237,6 +237,15 @@ class MLClusterApp(ExtensionApp):
         help="Accepted 'aud' values of the JWTs; required with jwt_issuer (the server refuses "
         "to start without them: a token minted for another application must not log in).",
     ).tag(config=True)
+    jwt_payload_header = Unicode(
+        "",
+        help="With jwt_issuer: the header in which the gateway passes on the payload of the JWT "
+        "it verified (Istio's outputPayloadToHeader), for requests that carry no bearer token "
+        "(the printed gateway drops the raw token, so that no other route on it receives it). "
+        "Its claims are checked (issuer, audience, expiry, user claim, email_verified), not a "
+        "signature (it has none): believe it only where nothing but the gateway reaches this "
+        "server. Empty: a bearer token is required.",
+    ).tag(config=True)
     jwt_user_claim = Unicode(
         "email",
         help="The JWT claim naming the user (the gateway copies the same one). With 'email' the "
@@ -376,6 +385,7 @@ class MLClusterApp(ExtensionApp):
                 jwks_uri=self.jwt_jwks_uri,
                 audiences=self.jwt_audiences,
                 user_claim=self.jwt_user_claim,
+                payload_header=self.jwt_payload_header,
             )
             self.jwt_verifier.start()  # reads the keys in its own thread
         self.mlconfig = MLClusterConfig(parent=self)

@@ -13,6 +13,15 @@ the token must also say `email_verified: true` (an IdP that lets anyone register
 would otherwise let Mallory sign up as alice@...). An identity header that names someone else
 is refused.
 
+Behind the printed gateway the raw token does not come at all: the gateway verifies it and
+drops it (a raw token forwarded from the platform-wide gateway would reach every route on it,
+users' own backends included, to be replayed), and passes on the verified payload in
+`payload_header` instead (Istio's `outputPayloadToHeader`). A request with that header and no
+bearer token is judged by its claims (`iss`, `aud`, `exp`/`nbf`, the user claim,
+`email_verified`), not by a signature: the payload carries none, so it is believed only because
+nothing but the gateway reaches the server (its ALLOW policy and STRICT mTLS). A bearer token,
+where one comes, is still verified in full.
+
 Keys are fetched off the event loop: a daemon thread reads the JWKS at start and every
 `refresh_interval` seconds, and sooner (at most every `MIN_REFRESH` seconds) when a token names
 a key it does not know (the issuer rotated its keys). Verifying is CPU only.
@@ -20,6 +29,8 @@ a key it does not know (the issuer rotated its keys). Verifying is CPU only.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import threading
@@ -59,6 +70,7 @@ class JwtVerifier:
         jwks_uri: str = "",
         audiences: Sequence[str] = (),
         user_claim: str = "email",
+        payload_header: str = "",
         leeway: float = 30.0,
         refresh_interval: float = 300.0,
         fetch: Callable[[str], Any] = fetch_json,
@@ -75,6 +87,7 @@ class JwtVerifier:
         self.jwks_uri = jwks_uri
         self.audiences = list(audiences)
         self.user_claim = user_claim
+        self.payload_header = payload_header
         self.leeway = leeway
         self.refresh_interval = refresh_interval
         self._fetch = fetch
@@ -113,9 +126,7 @@ class JwtVerifier:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="mlcluster-jwks", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="mlcluster-jwks", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -160,15 +171,49 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             raise IdentityError(f"the bearer token was refused: {exc}") from None
 
+    def gateway_claims(self, value: str) -> dict[str, Any]:
+        """The claims of a payload the gateway verified (base64url JSON, Istio's
+        `outputPayloadToHeader`), checked for issuer, audience and time as a token's are."""
+        text = value.strip().replace("+", "-").replace("/", "_")
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (binascii.Error, ValueError) as exc:
+            raise IdentityError(f"the gateway's JWT payload is not base64 JSON: {exc}") from None
+        if not isinstance(claims, dict):
+            raise IdentityError("the gateway's JWT payload is not a JSON object")
+        if claims.get("iss") != self.issuer:
+            raise IdentityError("the gateway's JWT payload was refused: another issuer")
+        audience = claims.get("aud")
+        audiences = [audience] if isinstance(audience, str) else audience
+        if not isinstance(audiences, list) or not set(map(str, audiences)) & set(self.audiences):
+            raise IdentityError("the gateway's JWT payload was refused: not for this audience")
+        now = time.time()
+        expires, not_before = claims.get("exp"), claims.get("nbf", 0)
+        if not isinstance(expires, (int, float)) or expires + self.leeway < now:
+            raise IdentityError("the gateway's JWT payload was refused: expired (or no exp)")
+        if not isinstance(not_before, (int, float)) or not_before - self.leeway > now:
+            raise IdentityError("the gateway's JWT payload was refused: not yet valid (nbf)")
+        return claims
+
     def identity(self, headers: Mapping[str, str], header: str, prefix: str = "") -> str:
-        """The caller named by the request's verified token; IdentityError otherwise."""
+        """The caller named by the request's verified token (or, without one, the payload
+        the gateway verified, in `payload_header`); IdentityError otherwise."""
         scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        payload = (headers.get(self.payload_header) or "") if self.payload_header else ""
+        if scheme.lower() == "bearer" and token.strip():
+            claims = self.claims(token.strip())
+        elif payload.strip():
+            claims = self.gateway_claims(payload)
+        else:
             raise IdentityError(
                 "this server takes the caller's identity from a JWT of its issuer "
                 "(MLClusterApp.jwt_issuer) and the request has no bearer token"
+                + (
+                    f" nor the gateway's verified payload ({self.payload_header})"
+                    if self.payload_header
+                    else ""
+                )
             )
-        claims = self.claims(token.strip())
         user = claims.get(self.user_claim)
         if not isinstance(user, str) or not user:
             raise IdentityError(f"the bearer token has no {self.user_claim!r} claim")

@@ -213,6 +213,30 @@ def test_attack_forged_header_to_the_shared_server_without_a_jwt_is_denied_at_th
     assert allowed(manifests, namespace, labels, Request("/grafana/", headers=forged))
 
 
+def test_attack_other_routes_on_the_gateway_never_receive_the_raw_token() -> None:
+    """Red team: the RequestAuthentication selects the platform-wide ingress gateway, and with
+    `forwardOriginalToken: true` every route on it (a user's own backend, any other app)
+    received each visitor's raw bearer token, to replay at `/jupyter` as them. The gateway
+    now drops the token after verifying it, and passes on only its payload (no signature: no
+    credential) in one header, from which the shared server takes the claims it checks
+    again (test_jwt_identity.py plays that). Both objects are valid against Istio's CRDs."""
+    manifests = all_manifests(ingress_auth=AUTH, host="ml.example.com")
+    [authn] = [m for m in manifests if m["kind"] == "RequestAuthentication"]
+    validate_istio_upstream(authn)
+    [rule] = authn["spec"]["jwtRules"]
+    assert rule["forwardOriginalToken"] is False  # Istio's default, said out loud
+    assert rule["outputPayloadToHeader"] == "x-mlcluster-jwt-payload"
+    assert authn["spec"]["selector"]["matchLabels"] == {"istio": "ingressgateway"}
+    [server] = _printed_server(manifests)
+    command = server["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--MLClusterApp.jwt_payload_header=x-mlcluster-jwt-payload" in command
+    # The payload header is believed only on requests the gateway verified: /jupyter without
+    # a verified principal is denied there (a client's own header never gets through).
+    namespace, labels = GATEWAY_WORKLOAD
+    forged = {"x-mlcluster-jwt-payload": "eyJpc3MiOiJ4In0", "kubeflow-userid": "alice@example.com"}
+    assert not allowed(manifests, namespace, labels, Request("/jupyter/lab", headers=forged))
+
+
 def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
     """Mallory's notebook or job pod (in the mesh, her namespace's identity) calls the shared
     server's Service directly with `kubeflow-userid: alice`, around the gateway; or a pod
@@ -243,8 +267,8 @@ def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
     assert f"--MLClusterApp.jwt_issuer={AUTH.issuer}" in command
     assert f"--MLClusterApp.jwt_jwks_uri={AUTH.jwks_uri}" in command
     assert "--MLClusterApp.jwt_audiences=mlcluster" in command
-    [authn] = [m for m in manifests if m["kind"] == "RequestAuthentication"]
-    assert authn["spec"]["jwtRules"][0]["forwardOriginalToken"] is True
+    # ...from the payload the gateway verified (the raw token goes to no route).
+    assert "--MLClusterApp.jwt_payload_header=x-mlcluster-jwt-payload" in command
     path = "/jupyter/mlcluster/api/jobs"
     forged = {"kubeflow-userid": "alice@example.com"}
     mallory_pod = Request(

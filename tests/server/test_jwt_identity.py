@@ -210,3 +210,61 @@ def test_a_server_with_an_issuer_and_no_audience_refuses_to_start(
     finally:
         live.stop()
     assert "needs MLClusterApp.jwt_audiences" in str(failed.value)
+
+
+PAYLOAD_HEADER = "x-mlcluster-jwt-payload"
+
+
+def test_attack_behind_the_gateway_the_payload_is_checked_like_a_token(
+    tmp_path: Any, store_dir: Any, jwks_url: str
+) -> None:
+    """The printed gateway drops the raw token (no other route may receive it) and passes on
+    the verified payload (Istio's outputPayloadToHeader, base64url JSON). The server, told so
+    (`jwt_payload_header`), takes the caller from it and checks its claims as a token's: a
+    payload for another audience or issuer, expired, without `exp`, with an unverified email,
+    naming someone other than the identity header, or not a payload at all is refused; the
+    header alone still names nobody. A bearer token, when one comes, is verified in full."""
+    from tests.server.live import LiveServer
+
+    extra = [
+        "--IdentityProvider.token=",
+        "--MLClusterApp.trust_identity_header=True",
+        f"--MLClusterApp.jwt_issuer={ISSUER}",
+        f"--MLClusterApp.jwt_jwks_uri={jwks_url}",
+        f"--MLClusterApp.jwt_audiences={AUDIENCE}",
+        f"--MLClusterApp.jwt_payload_header={PAYLOAD_HEADER}",
+        "--MLClusterApp.schedule_interval=0",
+    ]
+    server = LiveServer(tmp_path / "home", store_dir, extra).start(ready_path="api/me")
+    try:
+        header = {"kubeflow-userid": ALICE}
+
+        def payload(claims: Any) -> dict[str, str]:
+            return {PAYLOAD_HEADER: _b64(json.dumps(claims).encode()), **header}
+
+        status, reply = _get_jobs(server, payload(_claims()))
+        assert status == 200, reply
+        assert _get_jobs(server, payload(_claims(aud=["other", AUDIENCE])))[0] == 200
+        refused = {
+            "header alone": header,
+            "another audience": payload(_claims(aud="grafana")),
+            "no audience": payload({k: v for k, v in _claims().items() if k != "aud"}),
+            "another issuer": payload(_claims(iss="https://evil.example.com")),
+            "expired": payload(_claims(exp=int(time.time()) - 3600)),
+            "no exp": payload({k: v for k, v in _claims().items() if k != "exp"}),
+            "not yet valid": payload(_claims(nbf=int(time.time()) + 3600)),
+            "email not verified": payload(_claims(email_verified=False)),
+            "Mallory's payload, Alice's header": payload(_claims(email=MALLORY)),
+            "not base64 JSON": {PAYLOAD_HEADER: "%%%", **header},
+            "a JSON list": {PAYLOAD_HEADER: _b64(b"[1]"), **header},
+            # A bearer token is verified in full, payload header or not.
+            "a forged bearer token beside a good payload": {
+                "Authorization": f"Bearer {_token(_claims(), key=MALLORY_KEY)}",
+                **payload(_claims()),
+            },
+        }
+        for attack, headers in refused.items():
+            status, reply = _get_jobs(server, headers)
+            assert status == 403, (attack, status, reply)
+    finally:
+        server.stop()
