@@ -107,8 +107,9 @@ def test_attack_the_hash_suffix_is_too_short_to_search_for_a_collision() -> None
         assert len(suffix) == 16, namespace
         assert suffix == hashlib.sha256(f"mlcluster-{user}".encode()).hexdigest()[:16]
     # The namespace the first releases made for alice@example.com (10 hex of the same hash).
-    legacy = "mlcluster-alice-example-com-" + (
-        hashlib.sha256(b"mlcluster-alice@example.com").hexdigest()[:10]
+    legacy = (
+        "mlcluster-alice-example-com-"
+        + (hashlib.sha256(b"mlcluster-alice@example.com").hexdigest()[:10])
     )
     impostor = legacy.removeprefix("mlcluster-")
     assert LABEL.fullmatch(impostor)
