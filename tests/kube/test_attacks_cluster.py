@@ -1345,3 +1345,25 @@ def test_manifests_mark_each_user_namespace_with_its_owner(
         assert print_manifests([*argv, "--namespace-owner", bad]) != 0
         captured = capsys.readouterr()
         assert captured.out == "" and "--namespace-owner" in captured.err
+
+
+def test_the_platform_sets_the_allow_lists_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--allowed-toleration` (repeatable, replacing the GPU default) and
+    `--allowed-storage-class` reach the printed policy: no option is silently ignored."""
+    argv = ["--no-gateway", "--allowed-toleration=spot", "--allowed-toleration=nvidia.com/gpu"]
+    assert print_manifests([*argv, "--allowed-storage-class=standard"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    [policy] = [
+        d
+        for d in printed
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] == POLICY["metadata"]["name"]
+    ]
+    assert policy == admission_policy(
+        SERVICE_ACCOUNTS, tolerations=["spot", "nvidia.com/gpu"], storage_classes=["standard"]
+    )
+    assert print_manifests(["--no-gateway"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert POLICY in printed
