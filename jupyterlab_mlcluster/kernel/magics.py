@@ -149,7 +149,13 @@ class CellRun:
         self.args: Any = None  # the parsed options (an argparse.Namespace) once submitted
         self.sweep: Any = None  # a --sweep cell: the Sweep handle and its SweepMonitor
         self.sweep_monitor: Any = None
-        self.schedule = None  # a --schedule cell: the registered schedule's row
+        self.schedule: dict[str, Any] | None = None  # a --schedule cell: its stored row
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        """The kernel's namespace (a magic always runs in a shell)."""
+        assert self.shell is not None
+        return self.shell.user_ns
 
     def submit(self):
         from ..jobs.model import SpecError
@@ -180,11 +186,11 @@ class CellRun:
             ) from None
         push = {}
         for name in _names("--push", args.push):
-            if name not in self.shell.user_ns:
+            if name not in self.user_ns:
                 raise UsageError(
                     f"%%distributed: --push {name}: name {name!r} is not defined in this kernel"
                 )
-            push[name] = self.shell.user_ns[name]
+            push[name] = self.user_ns[name]
         payload = Payload(
             kind="code",
             source=self.cell,
@@ -321,8 +327,7 @@ class CellRun:
             if best is None:
                 print("no trial has a best metric; --pull brought nothing back")
             elif isinstance(best.value, dict):
-                assert self.shell is not None  # a magic runs in its shell
-                self.shell.user_ns.update(best.value)
+                self.user_ns.update(best.value)
         return sweep
 
     def finish(self, record) -> Any:
@@ -332,8 +337,7 @@ class CellRun:
         service.raise_for_state(record)
         kind, value = service.take_result(record.id)
         if kind == "pull":
-            assert self.shell is not None  # a magic runs in its shell
-            self.shell.user_ns.update(value)
+            self.user_ns.update(value)
             return None
         return value
 
