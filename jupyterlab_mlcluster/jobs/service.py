@@ -552,7 +552,11 @@ class JobService:
             return []
         self._last_reap = now
         reaped = []
-        for row in self.store.unfinished_jobs():
+        unfinished = self.store.unfinished_jobs()
+        for row in unfinished:
+            if row["session_job"] and self._settle_session_cell(row):
+                reaped.append(row["id"])
+                continue
             # A cancelled job no supervisor has claimed yet is settled now, not after the
             # claim grace: one that starts later finds it final and exits (claim_supervisor).
             unclaimed_cancel = row["cancel_requested"] and not row["supervisor"]
@@ -601,6 +605,28 @@ class JobService:
         if count == 1:
             log.warning("cannot %s job %s yet: %s", what, job_id, exc)
         return True
+
+    def _settle_session_cell(self, row) -> bool:
+        """A session's cell whose session has ended (its supervisor killed before it could
+        end its cells, say) fails now, saying so, not after the claim grace. True if so."""
+        try:
+            session = self.store.get_job(row["session_job"])
+        except UnknownJob:
+            session = None
+        if session is not None and not session.final:
+            return False
+        said = session and (session.reason or session.error)
+        why = f"the session ended{f': {said}' if said else ''}; its state is lost"
+        moved = self.store.transition(row["id"], JobState.FAILED, error=why, reason=why)
+        self.store.update_ranks(
+            row["id"],
+            {
+                r.rank: {"state": RankState.CANCELLED, "finished": time.time()}
+                for r in self.store.get_job(row["id"]).ranks
+                if not r.state.final
+            },
+        )
+        return moved
 
     def _settle_orphan(self, row) -> bool:
         """A job whose supervisor is gone: respawn one (a backend may ask to) or finish the

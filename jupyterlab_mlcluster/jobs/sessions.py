@@ -224,6 +224,14 @@ def restart_session(
 # -- running a cell -----------------------------------------------------------------------
 
 
+def _supervised(holder: JobRecord) -> bool:
+    """The session's supervisor is alive (a process check on this host; a fresh heartbeat
+    elsewhere), or has not started yet."""
+    from .processes import holder_alive
+
+    return not holder.supervisor or holder_alive(holder.supervisor, holder.heartbeat)
+
+
 def check_unchanged(name: str, options: dict[str, Any], spec: JobSpec, default_backend: str):
     """SessionError if `options` would change the live session's gang."""
     asked = JobSpec.from_options(
@@ -305,6 +313,11 @@ def submit_cell(
     cell_spec = JobSpec.from_options(options, default_backend=default_backend)
     note = None
     live = store.session_rows(owner, name, live_only=True)
+    if live and not _supervised(store.get_job(live[0]["job_id"])):
+        # Its supervisor died (killed, its machine rebooted): settle it now, so this cell
+        # says the session ended instead of waiting for a supervisor that will never come.
+        service.reap(force=True)
+        live = store.session_rows(owner, name, live_only=True)
     if live:
         holder = store.get_job(live[0]["job_id"])
         check_unchanged(name, options, holder.spec, default_backend)

@@ -552,10 +552,13 @@ class JobStore:
         return records, total
 
     def unfinished_jobs(self) -> list[sqlite3.Row]:
-        """(id, supervisor, heartbeat, created, backend, cancel_requested) of every job not
-        final: what the reaper needs to judge whether each one's supervisor still lives."""
+        """(id, supervisor, heartbeat, created, backend, cancel_requested, session_job) of
+        every job not final: what the reaper needs to judge whether each one's supervisor
+        still lives (`session_job`: a session's cell names its session's job, whose end is
+        the cell's)."""
         return self._db.execute(
-            "SELECT id, supervisor, heartbeat, created, backend, cancel_requested FROM jobs"
+            "SELECT id, supervisor, heartbeat, created, backend, cancel_requested,"
+            " json_extract(origin, '$.session_job') AS session_job FROM jobs"
             " WHERE state NOT IN (?, ?, ?)",
             [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
         ).fetchall()

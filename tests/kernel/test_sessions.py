@@ -463,3 +463,24 @@ def test_a_cells_timeout_interrupts_it_and_keeps_the_session(kernel, service, qu
     # the timeout was this cell's: the next one has none and finds the state intact
     msgs, reply = kernel.execute("%%distributed --session s\ntime.sleep(1.5)\nx")
     assert reply["status"] == "ok" and _value(msgs) == "9"
+
+
+def test_a_killed_supervisor_ends_the_session_and_the_next_cell_says_so(kernel, service, quick):
+    import signal as signals
+
+    kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    holder = service.store.get_job(_cells(service)[0].origin["session_job"])
+    os.kill(holder.supervisor["pid"], signals.SIGKILL)
+    # The next cell says so: refused at once if the session is settled by then (its
+    # supervisor's sentinel or the reaper), else failed as soon as it is.
+    msgs, reply = kernel.execute("%%distributed --session s\nx", timeout=60)
+    assert reply["status"] == "error"
+    assert "ended" in reply["evalue"] and "state is lost" in reply["evalue"], reply["evalue"]
+    assert service.store.get_job(holder.id).state == "failed"
+    for _ in range(2):  # (the end said once more if the refusal did not say it)
+        msgs, reply = kernel.execute("%%distributed --session s --workers 2\n'x' in globals()")
+        if reply["status"] == "ok":
+            break
+        assert "session 's' ended" in reply["evalue"]
+    assert reply["status"] == "ok" and _value(msgs) == "False"
+    assert_no_job_processes_of(service, holder.id)
