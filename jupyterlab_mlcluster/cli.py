@@ -491,9 +491,11 @@ def cmd_pool(args: argparse.Namespace) -> int:
             modules += f" (+{extra} submodules)"
         pss = f"{g['pss_bytes'] / mib:.0f} MiB PSS, " if g.get("pss_bytes") else ""
         uss = f", {g['uss_bytes'] / mib:.0f} MiB of its own (USS)" if g.get("uss_bytes") else ""
+        # (names only: an env-keyed generation's values may be a token)
+        keyed = f" keyed by {', '.join(sorted(g['overlay']))}" if g.get("overlay") else ""
         print(
-            f"generation pid {g['pid']}{'' if g['current'] else ' (outdated environment)'}: "
-            f"modules {modules}; memory {pss}{g['rss_bytes'] / mib:.0f} MiB RSS{uss}; "
+            f"generation pid {g['pid']}{'' if g['current'] else ' (outdated environment)'}"
+            f"{keyed}: modules {modules}; memory {pss}{g['rss_bytes'] / mib:.0f} MiB RSS{uss}; "
             f"CUDA initialised: {g['cuda_initialized']}; up {g['uptime']:.0f}s, "
             f"idle {g['idle']:.0f}s"
         )

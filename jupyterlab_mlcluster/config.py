@@ -224,6 +224,15 @@ class MLClusterConfig(Configurable):
         "there is room. 0: no bound.",
     ).tag(config=True)
 
+    warm_pool_max_env_generations = Int(
+        4,
+        help="Generations of the warm pool keyed by a job's own values of variables the "
+        "preloaded modules read at import or the interpreter reads at start (HF_HOME, "
+        "PYTHONHASHSEED, ...) that may run at once. A job no generation fits starts cold "
+        "while one with its values is prepared for the next such job; at this many, none "
+        "is (a variable that changes with every job never multiplies the pool). 0: none.",
+    ).tag(config=True)
+
     warm_pool_idle_timeout = Float(
         1800.0,
         help="Seconds an unused warm-pool generation stays up before it exits on its own "

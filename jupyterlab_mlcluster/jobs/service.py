@@ -204,7 +204,10 @@ class JobService:
         # Row and files together or not at all (a full disk leaves nothing behind).
         self.store.insert_job(record, data, files)
         try:
-            self._start_supervisor(job_id, preload or [])
+            # What the ranks' environment will be (their inherited one, then --env): the warm
+            # pool serves the job from a generation that imported with the same values.
+            job_env = {**(os.environ if environ is None else environ), **spec.env}
+            self._start_supervisor(job_id, preload or [], job_env)
         except Exception as exc:
             # If even this cannot be written (a full disk), the reaper fails the unclaimed
             # job after CLAIM_GRACE.
@@ -260,11 +263,18 @@ class JobService:
             files["cell.py"] = payload.source.encode("utf-8")
         return data, files
 
-    def _start_supervisor(self, job_id: str, preload: list[str] | tuple[str, ...] = ()) -> None:
+    def _start_supervisor(
+        self,
+        job_id: str,
+        preload: list[str] | tuple[str, ...] = (),
+        job_env: dict[str, str] | None = None,
+    ) -> None:
         if self.config.warm_pool:
             from . import warmpool
 
-            if warmpool.spawn_supervisor(self.config, str(self.store.root), job_id, preload):
+            if warmpool.spawn_supervisor(
+                self.config, str(self.store.root), job_id, preload, job_env
+            ):
                 return
         start_detached(
             [

@@ -112,16 +112,29 @@ REAPPLIED = frozenset(
 # The zygote's record: what its preloaded imports read, and the environment it started with.
 _IMPORT_READS: dict[str, str | None] = {}
 _START_ENV: dict[str, str] = {}
+# A generation keyed by a job's values (an env-keyed generation): the zygote was started
+# with them (start-up ones in its process environment, so the interpreter and native
+# libraries honour them; import-read ones there too, so its preloads read them). This
+# variable tells it its key (JSON: name -> value, null for unset) to report in its ping.
+OVERLAY_VARIABLE = "MLCLUSTER_ZYGOTE_OVERLAY"
+# In a forked supervisor: what the submitter did about a job it could not serve warm (a
+# generation with the job's values being prepared, or why not); its cold-start note says it.
+_PREPARING: str | None = None
+
+
+def preparing_note() -> str | None:
+    """In a forked supervisor: what the pool does for jobs with this job's values (None:
+    nothing was asked)."""
+    return _PREPARING
 
 
 def _read_at_startup(name: str) -> bool:
     return (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and name not in REAPPLIED
 
 
-def stale_variables(env: dict[str, str]) -> list[str]:
-    """The variables whose value in `env` (a rank's) differs from what this warm process
-    imported with: each as 'NAME=value (the pool's: other)'. Empty: a warm rank sees
-    what a fresh interpreter with `env` would."""
+def _differing(env: Mapping[str, str]) -> dict[str, str | None]:
+    """name -> this warm process's value, for each variable a warm rank with `env` would
+    see stale."""
     differ: dict[str, str | None] = {}
     for name, seen in _IMPORT_READS.items():
         if name not in REAPPLIED and env.get(name) != seen:
@@ -129,6 +142,29 @@ def stale_variables(env: dict[str, str]) -> list[str]:
     for name in set(env) | set(_START_ENV):
         if _read_at_startup(name) and env.get(name) != _START_ENV.get(name):
             differ[name] = _START_ENV.get(name)
+    return differ
+
+
+def _watched_names() -> list[str]:
+    """The variables this warm process's fit for a job depends on (besides the job's own
+    start-up ones): what its imports read, and the start-up ones it started with."""
+    reads = {name for name in _IMPORT_READS if name not in REAPPLIED}
+    return sorted(reads | {name for name in _START_ENV if _read_at_startup(name)})
+
+
+def _fit_key(env: Mapping[str, str], watched: list[str]) -> frozenset[tuple[str, str | None]]:
+    """What of `env` decides whether a generation watching `watched` fits it."""
+    return frozenset(
+        [(name, env.get(name)) for name in watched]
+        + [(name, value) for name, value in env.items() if _read_at_startup(name)]
+    )
+
+
+def stale_variables(env: dict[str, str]) -> list[str]:
+    """The variables whose value in `env` (a rank's) differs from what this warm process
+    imported with: each as 'NAME=value (the pool's: other)'. Empty: a warm rank sees
+    what a fresh interpreter with `env` would."""
+    differ = _differing(env)
     return [
         f"{name}={_shown(env.get(name))} (the warm pool's: {_shown(seen)})"
         for name, seen in sorted(differ.items())
@@ -309,9 +345,16 @@ def _pythonpath(env: Mapping[str, str]) -> list[str]:
     return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
-def fingerprint(modules: list[str], env: dict[str, str] | None = None) -> str:
-    """One generation: an environment and the modules its zygote preloads."""
-    parts = [env_fingerprint(env), sorted(set(modules))]
+def fingerprint(
+    modules: list[str],
+    env: dict[str, str] | None = None,
+    overlay: Mapping[str, str | None] | None = None,
+) -> str:
+    """One generation: an environment, the modules its zygote preloads, and (an env-keyed
+    generation) the variables' values it was started with."""
+    parts: list[Any] = [env_fingerprint(env), sorted(set(modules))]
+    if overlay:
+        parts.append(sorted(overlay.items()))
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -388,14 +431,29 @@ def _record_refusal(directory: Path, name: str, reason: str) -> None:
         os.replace(tmp, directory / "refused.json")
 
 
-def ensure_zygote(config, wait: bool = True, modules: list[str] | None = None) -> Path | None:
+def ensure_zygote(
+    config,
+    wait: bool = True,
+    modules: list[str] | None = None,
+    overlay: Mapping[str, str | None] | None = None,
+) -> Path | None:
     """The socket of a ready zygote (generation) preloading `modules` (default: the pinned
-    list) in this environment, starting one if none is up or being built.
+    list) in this environment, starting one if none is up or being built. `overlay`: an
+    env-keyed generation's variables (name -> value, None: unset), set in its environment.
 
     With wait=False, returns None at once when none is ready yet (it keeps starting)."""
     modules = list(config.warm_pool_modules) if modules is None else list(modules)
     env_fp = env_fingerprint()
-    fp = fingerprint(modules)
+    fp = fingerprint(modules, overlay=overlay)
+    zygote_env: dict[str, str] | None = None
+    if overlay:
+        zygote_env = dict(os.environ)
+        for name, value in overlay.items():
+            if value is None:
+                zygote_env.pop(name, None)
+            else:
+                zygote_env[name] = value
+        zygote_env[OVERLAY_VARIABLE] = json.dumps(dict(overlay))
     try:
         path = socket_path(fp)
     except UnsafePoolDir as exc:
@@ -428,6 +486,7 @@ def ensure_zygote(config, wait: bool = True, modules: list[str] | None = None) -
                     env_fp,
                 ],
                 zygote_log,
+                env=zygote_env,
                 cwd="/",  # so a user's ./torch or ./numpy can never shadow the real ones here
             )
             with os.fdopen(
@@ -468,13 +527,18 @@ def _build_underway() -> bool:
     return False
 
 
-def _ping(path: Path, want: list[str] | None = None) -> dict[str, Any] | None:
-    """A ready zygote's identity (and how many of `want` it lacks); None if none answers."""
+def _ping(
+    path: Path, want: list[str] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
+    """A ready zygote's identity (and how many of `want` it lacks; which variables a job's
+    ranks with `env` would see stale in it); None if none answers."""
     if not os.path.lexists(path):
         return None
     message: dict[str, Any] = {"op": "ping"}
     if want is not None:
         message["want"] = want
+    if env is not None:
+        message["env"] = dict(env)
     try:
         reply = request(path, message, timeout=2.0)
     except (OSError, ValueError, RuntimeError):
@@ -482,11 +546,13 @@ def _ping(path: Path, want: list[str] | None = None) -> dict[str, Any] | None:
     return reply if reply.get("ok") else None
 
 
-def _generations(want: list[str] | None = None) -> list[dict[str, Any]]:
+def _generations(
+    want: list[str] | None = None, env: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Every ready zygote in the pool directory, oldest first (their pings, plus 'socket')."""
     found = []
     for sock in pool_dir().glob("zygote-*.sock"):
-        info = _ping(sock, want)
+        info = _ping(sock, want, env)
         if info is not None:
             info["socket"] = str(sock)
             found.append(info)
@@ -552,44 +618,102 @@ def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str,
     return True
 
 
-def serving_generation(config, want: list[str]) -> Path | None:
-    """The socket of the generation that should fork a job wanting `want` preloaded.
+def serving_generation(
+    config, want: list[str], env: Mapping[str, str] | None = None
+) -> Path | None:
+    """The socket of the generation that should fork a job wanting `want` preloaded, whose
+    ranks' environment is `env` (None: any generation fits).
 
-    One that has all of `want` serves (the smallest such), and generations it supersedes
-    retire. Otherwise a generation with them is built in the background (memory allowing)
-    while the nearest ready one serves; with none ready, the job waits for the new one (the
-    first cell pays the preload)."""
-    return _serving(config, want)[0]
+    Only generations that fit `env` (none of the variables they imported or started with
+    differs) are candidates. One that has all of `want` serves (the smallest such), and
+    generations it supersedes retire. Otherwise a generation with them is built in the
+    background (memory allowing) while the nearest ready one serves; with none ready, the
+    job waits for the new one (the first cell pays the preload). When generations run but
+    none fits `env`, the nearest serves (its supervisor starts the ranks cold) while one
+    keyed by the job's values is prepared (_prepare_for)."""
+    return _serving(config, want, env)[0]
 
 
-def _serving(config, want: list[str]) -> tuple[Path | None, bool]:
-    """serving_generation(), and whether the generation covers all of `want`."""
+def _serving(
+    config, want: list[str], env: Mapping[str, str] | None = None
+) -> tuple[Path | None, bool, str | None]:
+    """serving_generation(), whether the generation covers all of `want` and fits `env`,
+    and (when none fits) what the pool does about it, for the job's log."""
     env_fp = env_fingerprint()
-    generations = [g for g in _generations(want) if g.get("env") == env_fp]
+    current = [g for g in _generations(want, env) if g.get("env") == env_fp]
+    generations = [g for g in current if not g.get("stale")]
+    if current and not generations:
+        nearest = max(current, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
+        assert env is not None  # (without an env every generation fits)
+        return Path(nearest["socket"]), False, _prepare_for(config, want, env, current, nearest)
     covering = [g for g in generations if g.get("missing") == 0]
     if covering:
         best = min(covering, key=lambda g: (g.get("size", 0), -g.get("started", 0.0)))
         for other in list(generations):
-            # A smaller generation of the same packages is never chosen again: retire it.
+            # A smaller generation of the same packages (and the same key) is never chosen
+            # again: retire it.
             if (
                 other is not best
                 and other.get("size", 0) < best.get("size", 0)
                 and set(other.get("tops", ())) <= set(best.get("tops", ()))
+                and other.get("overlay") == best.get("overlay")
             ):
                 _stop_generation(other)
                 generations.remove(other)
-        if len(generations) > 1:  # (one alone is never retired: no need to measure it)
-            _within_memory(config, generations, best)
-        return Path(best["socket"]), True
+                current.remove(other)
+        if len(current) > 1:  # (one alone is never retired: no need to measure it)
+            _within_memory(config, current, best)
+        return Path(best["socket"]), True, None
     if not generations:
         path = ensure_zygote(config, wait=True, modules=want)
-        return path, path is not None
+        return path, path is not None, None
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
     # One build at a time: the next cell's slightly different wish waits for this one's
     # generation (which may cover it) rather than start a second build on the same cores.
-    if not _build_underway() and _within_memory(config, generations, nearest):
-        ensure_zygote(config, wait=False, modules=want)
-    return Path(nearest["socket"]), False
+    if not _build_underway() and _within_memory(config, current, nearest):
+        ensure_zygote(config, wait=False, modules=want, overlay=nearest.get("overlay"))
+    return Path(nearest["socket"]), False, None
+
+
+def _prepare_for(
+    config,
+    want: list[str],
+    env: Mapping[str, str],
+    generations: list[dict[str, Any]],
+    nearest: dict[str, Any],
+) -> str:
+    """No running generation fits a job's environment `env`: start (in the background) one
+    keyed by the job's values of the variables that differ, so that the next job with them
+    is served warm. Within warm_pool_max_memory, one build at a time, and at most
+    warm_pool_max_env_generations generations keyed by values other than the pool's
+    environment's. What was done, for the job's log."""
+    overlay = {name: env.get(name) for name in nearest.get("stale") or ()}
+    fixed = sorted(set(overlay) & set(_ENV_KEYS))
+    if fixed:
+        return (
+            f"no generation can be prepared for it: {', '.join(fixed)} "
+            "is part of the pool's own environment"
+        )
+    fp = fingerprint(want, overlay=overlay)
+    directory = pool_dir()
+    if _building(directory, fp):
+        return "a generation of the warm pool with its values is being prepared"
+    keyed = [g for g in generations if g.get("overlay")]
+    cap = config.warm_pool_max_env_generations
+    if len(keyed) >= cap:
+        return (
+            f"no generation is prepared for its values: {len(keyed)} generation(s) keyed by "
+            f"other values already run (warm_pool_max_env_generations = {cap})"
+        )
+    if _build_underway():
+        return "no generation is prepared for its values yet: another one is being built"
+    if not _within_memory(config, generations, nearest):
+        return "no generation is prepared for its values: no room under warm_pool_max_memory"
+    ensure_zygote(config, wait=False, modules=want, overlay=overlay)
+    return (
+        "a generation of the warm pool with its values is being prepared: "
+        "the next job with them starts warm"
+    )
 
 
 def learn_ahead(config, learned: list[str]) -> bool:
@@ -597,42 +721,54 @@ def learn_ahead(config, learned: list[str]) -> bool:
     running and no generation of it covers the wish, build one in the background now, so
     that the next %%distributed cell finds it ready instead of paying the imports in every
     rank. Never starts a pool that is not running (a kernel that never submits costs
-    nothing); one build at a time; within warm_pool_max_memory. True if a build started."""
+    nothing); one build at a time; within warm_pool_max_memory. True if a build started.
+    Only generations that fit the kernel's environment count (and the new one is keyed as
+    the nearest of them); with none, the next job prepares one."""
     want = requested_modules(config, learned)
     try:
         env_fp = env_fingerprint()
-        generations = [g for g in _generations(want) if g.get("env") == env_fp]
+        current = [g for g in _generations(want, os.environ) if g.get("env") == env_fp]
     except UnsafePoolDir:
         return False
+    generations = [g for g in current if not g.get("stale")]
     if not generations or any(g.get("missing") == 0 for g in generations):
         return False
     if _build_underway():
         return False
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
-    if not _within_memory(config, generations, nearest):
+    if not _within_memory(config, current, nearest):
         return False
-    ensure_zygote(config, wait=False, modules=want)
+    ensure_zygote(config, wait=False, modules=want, overlay=nearest.get("overlay"))
     return True
 
 
-# This process's last choice: (environment, pool, wish) -> the generation that covered it. A
-# kernel's next cell nearly always wishes the same, and choosing again asks every generation
-# (each decoding the whole wish: ~2,600 names for a transformers kernel) on the job's critical
-# path. The choice is made afresh once the wish or the environment changes, or that
-# generation no longer answers (idle timeout, retired, stopped).
-_last_choice: tuple[tuple[str, str, frozenset[str]], Path] | None = None
+# This process's last choice: (environment, pool, wish) -> the generation that covered it
+# and fitted the job's environment (with the variables that fit depends on, and their
+# values). A kernel's next cell nearly always wishes the same, and choosing again asks every
+# generation (each decoding the whole wish: ~2,600 names for a transformers kernel) on the
+# job's critical path. The choice is made afresh once the wish, the environment or one of
+# those variables changes, or that generation no longer answers (idle timeout, retired,
+# stopped).
+_Choice = tuple[tuple[str, str, frozenset[str]], Path, list[str], frozenset[Any]]
+_last_choice: _Choice | None = None
 
 
 def spawn_supervisor(
-    config, store_root: str, job_id: str, learned: list[str] | tuple[str, ...] = ()
+    config,
+    store_root: str,
+    job_id: str,
+    learned: list[str] | tuple[str, ...] = (),
+    job_env: Mapping[str, str] | None = None,
 ) -> bool:
     """Fork the job's supervisor from the zygote. False: use a cold start instead.
 
     `learned`: modules the submitter imports (a kernel's, a script's top imports) that
-    jobs/preload.py found preloadable."""
+    jobs/preload.py found preloadable. `job_env`: what the job's ranks' environment will be
+    (the submitter's and the job's --env): the generation chosen must fit it, and when none
+    does, one keyed by its values is prepared (None: any generation fits)."""
     global _last_choice
     want = requested_modules(config, learned)
-    message = {
+    message: dict[str, Any] = {
         "op": "spawn_supervisor",
         "store": store_root,
         "job": job_id,
@@ -640,23 +776,34 @@ def spawn_supervisor(
     }
     try:
         key = (env_fingerprint(), str(pool_dir()), frozenset(want))
-        if _last_choice is not None and _last_choice[0] == key:
+        if (
+            _last_choice is not None
+            and _last_choice[0] == key
+            and (job_env is None or _fit_key(job_env, _last_choice[2]) == _last_choice[3])
+        ):
             try:
                 request(_last_choice[1], message)
                 return True
             except (OSError, ValueError, RuntimeError):
                 _last_choice = None  # gone or retired: choose again
-        path, covers = _serving(config, want)
+        path, covers, note = _serving(config, want, job_env)
     except UnsafePoolDir as exc:
         _warn_once(str(exc))
         return False
     if path is None:
         return False
+    if note is not None:
+        message["preparing"] = note
     try:
-        request(path, message)
+        reply = request(path, message)
     except (OSError, ValueError, RuntimeError):
         return False
-    _last_choice = (key, path) if covers else None
+    watched = [n for n in reply.get("watched") or () if isinstance(n, str)]
+    _last_choice = None
+    if covers and job_env is not None:
+        _last_choice = (key, path, watched, _fit_key(job_env, watched))
+    elif covers:
+        _last_choice = (key, path, watched, frozenset())
     return True
 
 
@@ -719,9 +866,16 @@ def stop(config) -> bool:
 
 class Zygote:
     def __init__(
-        self, path: Path, modules: list[str], idle_timeout: float, fp: str, env_fp: str = ""
+        self,
+        path: Path,
+        modules: list[str],
+        idle_timeout: float,
+        fp: str,
+        env_fp: str = "",
+        overlay: dict[str, str | None] | None = None,
     ):
         self.path = path
+        self.overlay = overlay or {}  # an env-keyed generation's key (OVERLAY_VARIABLE)
         self.modules = modules  # as requested: what this generation is for
         self.wanted = set(modules)
         self.tops = sorted({m.partition(".")[0] for m in modules})
@@ -866,7 +1020,13 @@ class Zygote:
                 "started": self.started,
                 "size": len(self.wanted),
                 "tops": self.tops,
+                "overlay": self.overlay,
             }
+            env = message.get("env")
+            if isinstance(env, dict):
+                # Which variables a job's ranks with this environment would see stale here
+                # (name -> the job's value): it decides whether this generation fits the job.
+                reply["stale"] = {name: env.get(name) for name in _differing(env)}
             want = message.get("want")
             if isinstance(want, list):
                 # Against what we really have (pinned imports' own too), less what we were
@@ -905,20 +1065,29 @@ class Zygote:
                 raise RuntimeError(f"zygote is no longer fork-safe: {problem}")
             pid = os.fork()
             if pid == 0:
-                _run_forked_supervisor(message["store"], message["job"], message.get("env") or {})
+                _run_forked_supervisor(
+                    message["store"],
+                    message["job"],
+                    message.get("env") or {},
+                    message.get("preparing"),
+                )
             self.children.add(pid)
-            return {"ok": True, "pid": pid}
+            return {"ok": True, "pid": pid, "watched": _watched_names()}
         raise ValueError(f"unknown op {op!r}")
 
 
-def _run_forked_supervisor(store_root: str, job_id: str, env: dict[str, str]) -> None:
+def _run_forked_supervisor(
+    store_root: str, job_id: str, env: dict[str, str], preparing: str | None = None
+) -> None:
     """In the fork: become the job's supervisor, then exit without running any of the
-    zygote's exit handlers."""
-    global _IN_ZYGOTE_CHILD
+    zygote's exit handlers. `preparing`: what the submitter did for a job no generation
+    fits (said in the job's log if its ranks start cold)."""
+    global _IN_ZYGOTE_CHILD, _PREPARING
     status = 1
     try:
         gc.freeze()  # what the zygote had is not ours to collect (see Zygote.preload)
         _IN_ZYGOTE_CHILD = True
+        _PREPARING = preparing if isinstance(preparing, str) else None
         os.setsid()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
@@ -1069,7 +1238,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         modules = [m for m in modules_arg.split(",") if m]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    zygote = Zygote(path, modules, idle, fp, env_fp)
+    overlay: dict[str, str | None] = {}
+    with contextlib.suppress(ValueError, TypeError):
+        # (kept in our environment: a re-execution without a refused package needs it too)
+        loaded = json.loads(os.environ.get(OVERLAY_VARIABLE) or "{}")
+        overlay = {
+            str(k): v for k, v in dict(loaded).items() if v is None or isinstance(v, str)
+        }
+    zygote = Zygote(path, modules, idle, fp, env_fp, overlay)
     zygote.preload()
     zygote.serve()
     return 0

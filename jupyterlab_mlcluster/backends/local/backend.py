@@ -218,10 +218,12 @@ class _Gang:
                 cold_because = _stale_for_warm(env)
                 warm = not cold_because
                 if cold_because and self.attempt == 0:
+                    preparing = _preparing_note()
                     ctx.logs.system(
                         "[mlcluster] started cold, not from the warm pool: its interpreter"
                         " imported with another environment than this job's: "
-                        + ", ".join(cold_because),
+                        + ", ".join(cold_because)
+                        + (f"; {preparing}" if preparing else ""),
                         rank=0,
                     )
             proc = self.spawn(rank, env, payload_path, warm)
@@ -550,3 +552,10 @@ def _stale_for_warm(env: dict[str, str]) -> list[str]:
     from ...jobs import warmpool
 
     return warmpool.stale_variables(env)
+
+
+def _preparing_note() -> str | None:
+    """What the warm pool does for later jobs with this job's values (jobs/warmpool.py)."""
+    from ...jobs import warmpool
+
+    return warmpool.preparing_note()
