@@ -89,7 +89,10 @@ def in_zygote_child() -> bool:
 # its preloaded modules read (`os.environ[...]`, `.get`, `os.getenv`, `in`; name -> value, None
 # for unset) and the environment it started with; a job whose ranks' environment differs in
 # any of those, or in a variable the interpreter or a native library reads at start (below),
-# cannot be served warm: it starts cold, and its log says once which variable and why.
+# cannot be served warm: it starts cold, and its log says once which variable and why. The
+# submitter then prepares a generation started with the job's values (_prepare_for), so that
+# the next job with them is served warm: each zygote tells a ping which variables a job's
+# environment would see stale in it, and only a generation that fits serves.
 
 # Read by the interpreter itself at start-up (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONUTF8...),
 # or by native code when its library loads (C getenv: never seen by os.environ): a warm rank
