@@ -170,3 +170,14 @@ def test_env_keyed_generations_are_capped(pool):
     # The generation that exists still serves its values.
     served, notes, _ = run(pool, {VARIABLE: "one"})
     assert served["warm"] and served["at_import"] == "one" and notes == []
+
+
+def test_the_first_job_of_a_pool_prepares_its_values_too(pool):
+    """No pool running yet: the first generation starts with the submitter's environment;
+    a first job with its own --env value is served cold from it while its own is prepared."""
+    first, (note,), _ = run(pool, {VARIABLE: "first"})
+    assert not first["warm"] and first["at_import"] == "first"
+    assert "being prepared" in note
+    wait_for(lambda: keyed(pool, {VARIABLE: "first"}), timeout=60, message="the new generation")
+    second, notes, _ = run(pool, {VARIABLE: "first"})
+    assert second["warm"] and second["at_import"] == "first" and notes == []

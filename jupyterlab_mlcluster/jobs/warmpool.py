@@ -667,8 +667,14 @@ def _serving(
         if len(current) > 1:  # (one alone is never retired: no need to measure it)
             _within_memory(config, current, best)
         return Path(best["socket"]), True, None
-    if not generations:
+    if not generations:  # (nor any other: the pool is not running)
         path = ensure_zygote(config, wait=True, modules=want)
+        first = None if path is None or env is None else _ping(path, want, env)
+        if first is not None and first.get("stale"):
+            # The pool's first generation, started with the submitter's environment, does
+            # not fit the job's own (--env): prepare the job's already.
+            first["socket"] = str(path)
+            return path, False, _prepare_for(config, want, env or {}, [first], first)
         return path, path is not None, None
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
     # One build at a time: the next cell's slightly different wish waits for this one's
