@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import random
 import socket
@@ -161,7 +162,7 @@ def test_stop_and_start(kube: Kube, kube_namespace: str, controller: Any) -> Non
             NB,
             "Notebook",
             "nb1",
-            objects.stop_patch(objects.datetime.datetime.now(objects.datetime.timezone.utc)),
+            objects.stop_patch(datetime.datetime.now(datetime.UTC)),
             kube_namespace,
         )
         kube.wait_for(

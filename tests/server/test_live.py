@@ -13,7 +13,7 @@ import psutil
 import pytest
 import schemathesis
 from helpers import examples
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
@@ -96,6 +96,7 @@ def test_unauthenticated_live_requests_are_rejected(live_server):
 # -- schemathesis --------------------------------------------------------------------------
 
 AUTH = {"Authorization": f"token {TOKEN}"}
+FRAMING_HEADERS = {"content-length", "transfer-encoding", "host", "connection", "expect"}
 
 
 @pytest.fixture
@@ -159,6 +160,10 @@ def test_api_conforms_to_its_openapi_document(api_schema):
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=examples(20), suppress_health_check=list(HealthCheck))
         def run(case):
+            # Negative generation also fuzzes the HTTP framing headers (a 'Content-Length:
+            # V7OVxnY'): tornado's HTTP parser answers those with a bare 400 before any route
+            # runs. That is HTTP's contract, not the API document's: leave such cases out.
+            assume(not FRAMING_HEADERS & {name.lower() for name in (case.headers or {})})
             response = case.call_and_validate(
                 timeout=60,
                 excluded_checks=excluded,
