@@ -27,9 +27,16 @@ from jupyterlab_mlcluster.jobs.sweep import submit_sweep
 from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
 from jupyterlab_mlcluster.runtime.payload import Payload
 
-# The modules whose lines an interrupt may land on.
+# The modules whose lines an interrupt may land on (the job store's are store*.py, database.py).
 # contextlib: an interrupt can land in a `with` statement's own machinery, after a COMMIT.
-STORE_FILES = ("jobs/store.py", "jobs/database.py", "/contextlib.py")
+STORE_FILES = (
+    "jobs/store.py",
+    "jobs/store_rows.py",
+    "jobs/store_schema.py",
+    "jobs/store_logs.py",
+    "jobs/database.py",
+    "/contextlib.py",
+)
 SUBMIT_FILES = (*STORE_FILES, "jobs/service.py", "jobs/sweep.py", "jobs/experiment_store.py")
 
 
