@@ -14,15 +14,17 @@ One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everyt
    this thread alone consumes: states, reasons, logs, results, errors go to the store;
 3. on an outcome (success, a failed rank, cancel, timeout) read the remaining logs, delete
    the job object with foreground propagation and wait until it and its pods are gone.
+
+What is where: here `JobRun`, and `_Attempt`'s state, watches, following loop and event queue;
+steps 1 and 3 (create, adopt, the payload Secrets' uids, delete and wait, the ranks' last
+states) in supervise_objects.py; the log streams, control records, rank 0's result chunks and
+the final drain in supervise_logs.py. Those are functions of the `_Attempt`.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -34,42 +36,32 @@ from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.store import JobStore
 from ...runtime.protocol import job_key, key_path
-from ...runtime.sync_packages import describe
-from .cleanup import pending_cleanup, set_pending_cleanup
+from . import supervise_logs, supervise_objects
 from .client import (
     Connection,
-    KubeError,
     Resources,
-    is_already_exists,
     kind_of,
     message_of,
     served_kinds,
-    with_retries,
 )
 from .kueue import KueueView, Standing, standing_text
-from .logs import PodLogFollower, PodOutput, stored_line_counts
+from .logs import PodLogFollower, PodOutput
 from .objects import (
-    ANNOTATION_ATTEMPT,
     container_name,
     job_selector,
     object_name,
     pod_ranks,
-    with_owner,
 )
-from .packages import PackageSync
-from .payload import split_payload
-from .plan import JobPlan, plan_objects
+from .plan import JobPlan
 from .status import (
     Observation,
-    container_phase,
-    is_suspended,
     later_rank_state,
     observe,
-    owned_by,
     pod_belongs,
     pod_usage,
     rank_fields,
 )
+from .supervise_logs import LOOP_TICK
 from .volcano import PodGroupView
 
 if TYPE_CHECKING:
@@ -77,17 +69,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
-DELETE_FAILURES = kubeconn.FailureLog(log)
 
-LOOP_TICK = 0.05
-LOG_DRAIN_TIMEOUT = 10.0  # after the outcome: how long to wait for the last log lines
-# Before re-opening a log stream that ended early or failed: the one policy, with a lower cap
-# so that lines written during an outage are read before the drain after the outcome ends.
-LOG_BACKOFF = kubeconn.Backoff(first=kubeconn.backoff_from_env().first, cap=10.0)
-LOG_FAILURES_REPORTED = 3  # failures in a row before the user hears of it
 METRICS_API_INTERVAL = 5.0  # metrics-server scrapes every 15 s by default; no use asking often
-DEPENDENT_RETRY_TIMEOUT = 30.0  # for a same-named leftover of an earlier attempt to be collected
-VERIFY_GONE_INTERVAL = 2.0
 
 _STATE_ORDER = {JobState.QUEUED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
 
@@ -134,14 +117,6 @@ def _quietly(fn, default):
     except Exception as exc:  # noqa: BLE001 - optional knowledge (e.g. discovery forbidden)
         log.debug("ignored: %s", exc)
         return default
-
-
-def _write_atomically(path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class _Attempt:
@@ -205,7 +180,7 @@ class _Attempt:
 
     def run(self) -> Outcome:
         try:
-            self._create_or_adopt()
+            supervise_objects.create_or_adopt(self)
         except Exception as exc:
             outcome = Outcome(
                 "failed",
@@ -213,196 +188,20 @@ class _Attempt:
                 restartable=False,
             )
             log.debug("create failed", exc_info=True)
-            self._delete_and_wait()
+            supervise_objects.delete_and_wait(self)
             return outcome
         self._start_watches()
         try:
             outcome = self._follow()
-            self._drain_logs(outcome)
+            supervise_logs.drain_logs(self, outcome)
             if outcome.kind == "succeeded" and self.result_refused:
                 outcome = Outcome("failed", self.result_refused, 0, restartable=False)
-            self._blame_packed_rank(outcome)
+            supervise_logs.blame_packed_rank(self, outcome)
         finally:
-            self._delete_and_wait()
+            supervise_objects.delete_and_wait(self)
             self._stop()
-        self._settle_ranks(outcome)
+        supervise_objects.settle_ranks(self, outcome)
         return outcome
-
-    # -- create or adopt --------------------------------------------------------------------
-
-    def _create_or_adopt(self) -> None:
-        run, ctx, plan = self.run_, self.ctx, self.plan
-        existing = with_retries(lambda: run.res.get(run.kind, run.name), f"get {run.name}")
-        if existing is not None and not self._ours(existing):
-            if pending_cleanup(ctx.job) is not None:
-                # An earlier supervisor of this very attempt was deleting it: the outcome
-                # is not known, and running the job again is not ours to decide.
-                raise KubeError(
-                    f"{plan.kind} {run.name} was being deleted when the job's supervisor died"
-                )
-            self._wait_gone(existing)
-            existing = None
-        if existing is not None:
-            self.adopted_skip = stored_line_counts(ctx.store, ctx.job.id, self.spec.workers)
-            ctx.logs.system(
-                f"[mlcluster] supervisor restarted: following {plan.kind} {run.name} again"
-            )
-            job = existing
-        else:
-            job = None
-        objects = plan_objects(
-            plan,
-            ctx.job.id,
-            self.spec,
-            user=ctx.job.owner or "unknown",
-            payload_chunks=split_payload(ctx.store.payload_path(ctx.job.id).read_bytes()),
-            attempt=self.number,
-            report_key=run.key,
-        )
-        if job is None:
-            log.debug("creating %s %s", plan.kind, run.name)
-            job = self._create(objects.job)
-            if self.number == 0:
-                self._say_packages()
-        self.job, self.uid = job, job["metadata"]["uid"]
-        for dependent in objects.dependents:
-            self._create_dependent(with_owner(dependent, job))
-        self._check_secrets(objects.dependents)
-        if objects.resume is not None and is_suspended(job, plan.engine):
-            self.job = with_retries(self._resume(objects.resume), f"resume {run.name}")
-        log.debug("objects ready")
-
-    def _say_packages(self) -> None:
-        """What the pods will install first (the notebook's packages), and any caveat."""
-        sync = PackageSync.from_dict(self.plan.packages)
-        if sync is None or not sync.requirements:
-            return
-        source = "the wheel cache" if sync.cache_claim else "the package index"
-        self.ctx.logs.system(
-            f"[mlcluster] each pod first installs {describe(list(sync.requirements))}, "
-            f"installed in the notebook since its pod started, from {source} "
-            "(--no-sync-packages: not)"
-        )
-        for note in sync.notes:
-            self.ctx.logs.system(f"[mlcluster] {note}")
-
-    def _ours(self, obj: dict[str, Any]) -> bool:
-        """This attempt's object, alive (adopt it), not an earlier attempt's or one being
-        deleted."""
-        meta = obj.get("metadata") or {}
-        return not meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(
-            ANNOTATION_ATTEMPT
-        ) == str(self.number)
-
-    def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        res = self.run_.res
-
-        def create() -> dict[str, Any]:
-            try:
-                return res.create(obj)
-            except Exception as exc:
-                if is_already_exists(exc):  # our own earlier try went through after all
-                    found = res.get(kind_of(obj), obj["metadata"]["name"])
-                    if found is not None and self._ours(found):
-                        return found
-                raise
-
-        return with_retries(create, f"create {obj['kind']} {obj['metadata']['name']}")
-
-    def _create_dependent(self, obj: dict[str, Any]) -> None:
-        """Create an owned object; a same-named one of ours is fine, a leftover of an earlier
-        attempt (another owner, being garbage-collected) is waited out."""
-        res, kind, name = self.run_.res, kind_of(obj), obj["metadata"]["name"]
-        deadline = time.monotonic() + DEPENDENT_RETRY_TIMEOUT
-        while True:
-            try:
-                created = with_retries(lambda: res.create(obj), f"create {obj['kind']} {name}")
-                if kind.kind == "Secret":
-                    self._record_secret(name, created["metadata"]["uid"])
-                return
-            except Exception as exc:
-                if not is_already_exists(exc):
-                    raise
-            if kind.kind == "Secret":
-                # Ours only if this job's supervisor recorded creating it (one that died
-                # mid-way did); else someone else's, holding who knows what code.
-                if name in self._secret_uids():
-                    return
-                raise KubeError(
-                    f"Secret {name} already exists and was not created by this job: "
-                    "refusing to run the code it holds"
-                )
-            found = res.get(kind, name)
-            if found is not None and owned_by(found, self.uid or ""):
-                return
-            if time.monotonic() > deadline:
-                raise KubeError(f"{obj['kind']} {name} exists and belongs to something else")
-            time.sleep(0.2)
-
-    def _secrets_file(self):
-        return self.ctx.store.job_dir(self.ctx.job.id) / "payload-secrets.json"
-
-    def _secret_uids(self) -> dict[str, str]:
-        """name -> uid of every payload Secret this job's supervisors created."""
-        try:
-            return json.loads(self._secrets_file().read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _record_secret(self, name: str, uid: str) -> None:
-        uids = self._secret_uids()
-        uids[name] = uid
-        _write_atomically(self._secrets_file(), json.dumps(uids).encode())
-
-    def _check_secrets(self, dependents: list[dict[str, Any]]) -> None:
-        """Before any pod mounts them: each payload Secret is still the one created here
-        (same uid; a deleted-and-recreated one is not). Asked as a dry-run delete with a uid
-        precondition, so the runner needs no right to read Secrets."""
-        uids = self._secret_uids()
-        for obj in dependents:
-            if obj["kind"] != "Secret":
-                continue
-            name = obj["metadata"]["name"]
-            uid = uids.get(name)
-            if uid is None or not with_retries(
-                functools.partial(self._holds_secret, name, uid), f"check Secret {name}"
-            ):
-                raise KubeError(
-                    f"Secret {name} is no longer the one this job created: refusing to run "
-                    "the code it holds"
-                )
-
-    def _holds_secret(self, name: str, uid: str) -> bool:
-        return self.run_.res.holds(kind_of("v1", "Secret"), name, uid)
-
-    def _resume(self, patch: dict[str, Any]):
-        res, kind, name, engine = self.run_.res, self.run_.kind, self.run_.name, self.plan.engine
-        tries = 0
-
-        def resume() -> dict[str, Any]:
-            nonlocal tries
-            tries += 1
-            if tries > 1:  # after a conflict: re-read, someone else may have moved it on
-                current = res.get(kind, name)
-                if current is None:
-                    raise KubeError(f"{kind.kind} {name} disappeared before it could start")
-                if not is_suspended(current, engine):
-                    return current
-            return res.patch(kind, name, patch)
-
-        return resume
-
-    def _wait_gone(self, obj: dict[str, Any]) -> None:
-        """An earlier attempt's object: delete it (if nobody is) and wait until it is gone."""
-        res, kind, name = self.run_.res, self.run_.kind, self.run_.name
-        if not (obj.get("metadata") or {}).get("deletionTimestamp"):
-            with_retries(lambda: res.delete(kind, name), f"delete {kind.kind} {name}")
-        deadline = time.monotonic() + self.ctx.config.kubernetes_delete_timeout
-        while with_retries(lambda: res.get(kind, name), f"get {name}") is not None:
-            if time.monotonic() > deadline:
-                raise KubeError(f"{kind.kind} {name} of an earlier attempt is still being deleted")
-            self.ctx.tick()
-            time.sleep(0.1)
 
     # -- watches --------------------------------------------------------------------------------
 
@@ -479,7 +278,7 @@ class _Attempt:
                     self.ctx.set_reason(self._held_reason())
                 elif self.queued_reason is not None:
                     self.ctx.set_reason(self._queued_reason())
-            self._ensure_log_streams()
+            supervise_logs.ensure_log_streams(self)
             changed = self._pump(LOOP_TICK)
 
     def _mine(self, pod: dict[str, Any]) -> bool:
@@ -652,9 +451,9 @@ class _Attempt:
             output = self.outputs.get(pod)
             if output is not None:
                 for rank, kind, value in output.feed(data):
-                    self._rank_item(rank, kind, value)
+                    supervise_logs.rank_item(self, rank, kind, value)
         elif what == "log_end":
-            self._log_ended(item[1], item[2])
+            supervise_logs.log_ended(self, item[1], item[2])
         elif what == "watch_error":
             self._watch_error(item[1], item[2])
 
@@ -665,272 +464,3 @@ class _Attempt:
             self.ctx.logs.system(
                 f"[mlcluster] watching the job's {what}s failed ({text}); retrying"
             )
-
-    # -- logs -----------------------------------------------------------------------------------
-
-    def _ensure_log_streams(self) -> None:
-        now = time.monotonic()
-        for name, pod in self.pods.items():
-            if name in self.followers or name in self.log_done or not self._mine(pod):
-                continue
-            if (
-                self.log_retry_at.get(name, 0.0) > now
-                or container_phase(pod, self.container) == "waiting"
-            ):
-                continue
-            ranks = pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod)
-            if not ranks:
-                continue
-            skip = self.resume_skip.pop(name, None)
-            if skip is None:
-                skip = {r: self.adopted_skip.get(r, 0) for r in ranks}
-            self.outputs[name] = PodOutput(ranks, skip, key=self.run_.key)
-            self.followers[name] = PodLogFollower(
-                self.run_.conn, self.plan.namespace, name, self.container, self.events
-            ).start()
-
-    def _log_ended(self, pod_name: str, error: BaseException | None) -> None:
-        self.followers.pop(pod_name, None)
-        output = self.outputs.pop(pod_name, None)
-        if output is None:
-            return
-        for rank, kind, value in output.finish():
-            self._rank_item(rank, kind, value)
-        pod = self.pods.get(pod_name)
-        if pod is None or (error is None and container_phase(pod, self.container) == "terminated"):
-            self.log_done.add(pod_name)
-            return
-        # Ended early (a dropped connection, or our view of the pod is behind): read it
-        # again later, skipping what we already have.
-        self.resume_skip[pod_name] = output.seen()
-        failures = self.log_failures[pod_name] = self.log_failures.get(pod_name, 0) + (
-            error is not None
-        )
-        if failures == LOG_FAILURES_REPORTED and error is not None:
-            self.ctx.logs.system(
-                f"[mlcluster] cannot read the log of pod {pod_name}: {message_of(error)}"
-            )
-        delay = LOG_BACKOFF.delay(failures, getattr(error, "retry_after", None))
-        self.log_retry_at[pod_name] = time.monotonic() + delay
-
-    def _rank_item(self, rank: int, kind: str, value: Any) -> None:
-        if kind == "line":
-            self.ctx.logs.line(rank, "o", value)
-        elif kind == "progress":
-            self._rank_update(rank, {"progress": lifecycle.clean_progress(value)})
-        elif kind == "control":
-            self._control(rank, value)
-
-    def _control(self, rank: int, record: dict[str, Any]) -> None:
-        rtype = record.get("type")
-        job_id = self.ctx.job.id
-        if rtype == "started":
-            self.started_ranks.add(rank)
-            state = self.written.get(rank, {}).get("state", RankState.PENDING)
-            if not RankState(state).final:
-                self._rank_update(rank, {"state": RankState.RUNNING})
-        elif rtype == "progress":
-            self._rank_update(rank, {"progress": lifecycle.clean_progress(record)})
-        elif rtype == "metrics":
-            self.runtime_metrics[rank] = {
-                k: record.get(k)
-                for k in ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
-            }
-        elif rtype == "error":
-            report = {k: v for k, v in record.items() if k != "type"}
-            _write_atomically(self.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
-        elif rtype == "result" and rank == 0:  # a result comes from rank 0 or from nobody
-            self._result_chunk(record)
-        elif rtype == "packages":  # the pod installs the notebook's packages (its log says more)
-            if record.get("state") == "installing":
-                self.installing.add(rank)
-            else:
-                self.installing.discard(rank)
-
-    def _result_chunk(self, record: dict[str, Any]) -> None:
-        """Rank 0's result in chunks: the pickle (its owner's kernel reads it) and its JSON
-        form (what servers serve); neither is ever loaded here. More than the job's result cap
-        is dropped as it comes (a pod cannot fill this process's memory) and fails the job."""
-        if self.result_refused:
-            return
-        form = "json" if record.get("form") == "json" else "pickle"
-        if form == "json" and self.json_form_refused:
-            return
-        chunks = self.result_chunks.setdefault(form, {})
-        try:
-            index, count = int(record["index"]), int(record["count"])
-            data = str(record["data"])
-        except (KeyError, TypeError, ValueError):
-            return
-        self.result_received += len(data) - len(chunks.get(index, ""))
-        chunks[index] = data
-        json_cap = self.ctx.config.max_result_json_mib * 1024 * 1024
-        if form == "json" and json_cap:
-            held = sum(len(c) for c in chunks.values())
-            if held > json_cap * 4 // 3 + 4:
-                # The JSON form is what servers read and serve, for everyone: it is kept small
-                # whatever the rank says of itself. The job and its pickle go on.
-                self.result_received -= held
-                del self.result_chunks[form]
-                self.json_form_refused = True
-                why = (
-                    f"its JSON form is more than this job's supervisor keeps ({json_cap >> 20} "
-                    "MiB, MLClusterConfig.max_result_json_mib)"
-                )
-                self.ctx.logs.system(f"[mlcluster] rank 0's result: {why}", rank=0)
-                _write_atomically(
-                    self.ctx.store.result_json_path(self.ctx.job.id),
-                    json.dumps({"kind": "refused", "refused": why}).encode(),
-                )
-                return
-        limit = self.ctx.config.max_result_mib * 1024 * 1024
-        # base64 is 4/3 of the bytes; the JSON form may be as big as the pickle.
-        if limit and self.result_received > 2 * (limit * 4 // 3 + 4):
-            self.result_chunks = {}
-            self.result_refused = (
-                f"rank 0's result is more than this job may return ({limit // (1024 * 1024)} "
-                "MiB, MLClusterConfig.max_result_mib): save it to a file instead"
-            )
-            self.ctx.logs.system(f"[mlcluster] {self.result_refused}", rank=0)
-            return
-        if 0 <= index < count <= len(chunks) and all(i in chunks for i in range(count)):
-            result = base64.b64decode("".join(chunks[i] for i in range(count)))
-            store = self.ctx.store
-            path = store.result_json_path if form == "json" else store.result_path
-            _write_atomically(path(self.ctx.job.id), result)
-            self.result_received -= sum(len(c) for c in chunks.values())
-            del self.result_chunks[form]
-
-    def _drain_logs(self, outcome: Outcome) -> None:
-        """The outcome is known; wait (a little) for the log lines that tell its story: all
-        ranks' after a success (rank 0's result), the failing pod's after a failure."""
-        if outcome.kind == "succeeded":
-            wanted = {n for n, p in self.pods.items() if self._mine(p)}
-        elif outcome.kind == "failed" and outcome.failed_pod:
-            wanted = {outcome.failed_pod}
-        else:
-            wanted = set()
-        deadline = time.monotonic() + LOG_DRAIN_TIMEOUT
-        while True:
-            waiting = {
-                n
-                for n in wanted
-                if n in self.followers
-                or (
-                    n not in self.log_done
-                    and n in self.pods
-                    and container_phase(self.pods[n], self.container) != "waiting"  # no logs ever
-                )
-            }
-            if not waiting or time.monotonic() > deadline:
-                break
-            self._ensure_log_streams()
-            self._pump(LOOP_TICK)
-            self.ctx.tick()
-        if self.result_chunks:
-            self.ctx.logs.system("[mlcluster] rank 0's result did not arrive completely", rank=0)
-        self._flush(force=True)
-
-    def _blame_packed_rank(self, outcome: Outcome) -> None:
-        """In a pod of several ranks, the failing one is the one that reported an error."""
-        pod = self.pods.get(outcome.failed_pod or "")
-        if pod is None or self.plan.ranks_per_pod == 1:
-            return
-        for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
-            if self.ctx.store.error_path(self.ctx.job.id, rank).exists():
-                outcome.failed_rank = rank
-                return
-
-    # -- the end ------------------------------------------------------------------------------
-
-    def _delete_and_wait(self) -> None:
-        """Delete the job object (foreground: its pods, Secrets, Service, PodGroup go first)
-        and wait until it and every pod of the job are gone.
-
-        The delete must happen: it is retried with the one backoff policy until the API
-        server accepts it, however long that takes. The job records it as a pending cleanup
-        first, so if this supervisor dies meanwhile, the next one or the reaper finishes it."""
-        run, ctx = self.run_, self.ctx
-        set_pending_cleanup(ctx.store, ctx.job.id, True)
-        told = False
-
-        def delete() -> bool:
-            nonlocal told
-            try:
-                return run.res.delete(run.kind, run.name)
-            except Exception as exc:
-                if kubeconn.retryable(exc) and not told:
-                    told = True
-                    ctx.logs.system(
-                        f"[mlcluster] cannot delete {run.kind.kind} {run.name} yet "
-                        f"({message_of(exc)}); retrying until it is gone"
-                    )
-                raise
-
-        try:
-            kubeconn.call(
-                delete,
-                f"delete {run.kind.kind} {run.name}",
-                give_up_after=None,
-                sleep=self._wait_ticking,
-                failures=DELETE_FAILURES,
-            )
-        except Exception as exc:  # noqa: BLE001 - not retryable (e.g. forbidden): say so
-            ctx.logs.system(
-                f"[mlcluster] could not delete {run.kind.kind} {run.name}: {message_of(exc)}; "
-                "the reaper tries again"
-            )
-            return
-        if told:
-            ctx.logs.system(f"[mlcluster] {run.kind.kind} {run.name} deleted")
-        deadline = time.monotonic() + ctx.config.kubernetes_delete_timeout
-        next_check = time.monotonic() + VERIFY_GONE_INTERVAL
-        while time.monotonic() < deadline:
-            if (
-                not self.watches
-                or (self.job is None and not self.pods)
-                or time.monotonic() > next_check
-            ):
-                next_check = time.monotonic() + VERIFY_GONE_INTERVAL
-                if self._gone():
-                    set_pending_cleanup(ctx.store, ctx.job.id, False)
-                    self._flush(force=True)
-                    return
-            self._pump(LOOP_TICK)
-            self._ensure_log_streams()
-            self._flush()
-        # The deletion was accepted: Kubernetes finishes it (the cleanup stays pending for
-        # the reaper, which checks that it did).
-        ctx.logs.system(
-            f"[mlcluster] {run.kind.kind} {run.name} or its pods were still being deleted after "
-            f"{ctx.config.kubernetes_delete_timeout:g}s; Kubernetes finishes that on its own"
-        )
-
-    def _wait_ticking(self, seconds: float) -> None:
-        """Sleep between retries, keeping the heartbeat (this supervisor is alive)."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            self.ctx.tick()
-            time.sleep(min(left, 0.5))
-
-    def _gone(self) -> bool:
-        """Ask the API server directly (the watches may be behind or not started); an
-        unreachable server means: not known to be gone yet."""
-        run = self.run_
-        try:
-            if run.res.get(run.kind, run.name) is not None:
-                return False
-            pods = run.res.list(kind_of("v1", "Pod"), label_selector=job_selector(self.ctx.job.id))
-        except KubeError as exc:
-            DELETE_FAILURES.failed(f"check that {run.name} is gone", exc)
-            return False
-        return not pods
-
-    def _settle_ranks(self, outcome: Outcome) -> None:
-        """Ranks that did not finish were stopped by us (fail-fast, cancel, timeout)."""
-        now = time.time()
-        for rank in range(self.spec.workers):
-            state = RankState(self.written.get(rank, {}).get("state", RankState.PENDING))
-            if not state.final:
-                self._rank_update(rank, {"state": RankState.CANCELLED, "finished": now})
-        self._flush(force=True)
