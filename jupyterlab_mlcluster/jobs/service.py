@@ -205,8 +205,16 @@ class JobService:
         self.store.insert_job(record, data, files)
         try:
             # What the ranks' environment will be (their inherited one, then --env): the warm
-            # pool serves the job from a generation that imported with the same values.
-            job_env = {**(os.environ if environ is None else environ), **spec.env}
+            # pool serves the job from a generation that imported with the same values. Only
+            # where the ranks are this machine's processes: a cluster's pods get the job's
+            # variables themselves, and a generation keyed by them would start a process here
+            # with a variable the user chose (LD_PRELOAD on a shared server: its code as the
+            # server). Such a job's supervisor comes from a generation of the pool's own values.
+            job_env = (
+                {**(os.environ if environ is None else environ), **spec.env}
+                if backend.ranks_inherit_environment
+                else None
+            )
             self._start_supervisor(job_id, preload or [], job_env)
         except Exception as exc:
             # If even this cannot be written (a full disk), the reaper fails the unclaimed

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.backends.kubernetes.payload import split_payload
@@ -167,4 +169,63 @@ def test_attack_kubernetes_job_keeps_no_copy_of_the_servers_environment(
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "WANTED", "value": "1"} in env
     assert not any(e["name"] == "MLCLUSTER_TEST_SERVER_SECRET" for e in env)
+    service.cancel(record.id)
+
+
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void attacker(void) {
+    FILE *f = fopen(MARK, "a");
+    if (f) { fprintf(f, "%d\n", (int)getpid()); fclose(f); }
+}
+"""
+
+
+def test_attack_a_kubernetes_jobs_env_starts_no_process_on_the_server(
+    k8s, kube, kube_namespace, monkeypatch, tmp_path
+):
+    """Bob's Kubernetes job names LD_PRELOAD (a library he got onto the server's disk) in its
+    env. His pods get it; the server must start nothing with it. The warm pool used to
+    prepare a generation keyed by the job's variables for every backend, a zygote started
+    here with Bob's LD_PRELOAD: his constructor ran as the server (found by a red team)."""
+    import shutil
+    import subprocess
+
+    from jupyterlab_mlcluster.jobs import warmpool
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the attacker's preload library")
+    mark = tmp_path / "ran-as-the-server"
+    library = tmp_path / "libattacker.so"
+    source = tmp_path / "attacker.c"
+    source.write_text(PRELOAD_C)
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", f'-DMARK="{mark}"', "-o", str(library), str(source)],
+        check=True,
+    )
+    monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
+    service = k8s()
+    record = service.submit(
+        spec_of(workers=1, env={"LD_PRELOAD": str(library)}), code("6 * 7")
+    )
+    job = wait_for(
+        lambda: (items := kube.list("batch/v1", "Job", kube_namespace)) and items[0],
+        timeout=60,
+        message="the job object (its supervisor runs)",
+    )
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "LD_PRELOAD", "value": str(library)} in env  # the pods get what he named
+    # A keyed generation is started within the submit: give a vulnerable pool time to show.
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and not mark.exists():
+        time.sleep(0.1)
+    assert not mark.exists(), f"the attacker's library ran in process {mark.read_text()}"
+    keyed = [
+        g
+        for g in warmpool.pool_status(service.config)["generations"]
+        if "LD_PRELOAD" in str(g.get("keyed_by") or g.get("overlay") or "")
+    ]
+    assert keyed == []
     service.cancel(record.id)
