@@ -126,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.faults.fulldisk import Disk, Figures, mounted
 
-    with tempfile.TemporaryDirectory(prefix="bench-full-disk-") as tmp, mounted(
-        Path(tmp), args.size
-    ) as mount_point:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-full-disk-") as tmp,
+        mounted(Path(tmp), args.size) as mount_point,
+    ):
         if isinstance(mount_point, str):
             print(mount_point, file=sys.stderr)
             return 2

@@ -147,6 +147,7 @@ def magic_case(runs: int, workers: int, watch: JobWatch) -> dict[str, list[float
     km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
     samples: dict[str, list[float]] = {"submit": [], "created": [], "ready": []}
     try:
+
         def quiet(msg):
             return None
 

@@ -141,7 +141,11 @@ async def event_latencies(server: LiveServer) -> dict[str, list[float]]:
     await asyncio.gather(events(), follow_logs(base_url, headers, job["id"], on_chunk, 120))
     ws.close()
     status, page = server.request("GET", f"jobs/{job['id']}/logs")
-    printed = [float(entry["line"].split()[1]) for entry in page["lines"] if entry["line"].startswith("tick ")]
+    printed = [
+        float(entry["line"].split()[1])
+        for entry in page["lines"]
+        if entry["line"].startswith("tick ")
+    ]
     assert len(printed) == PRINTS, page
     # Each print is announced by the first hint after it (prints are PRINT_EVERY apart).
     to_hint = []

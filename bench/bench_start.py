@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 # What a notebook has imported before the cell (its kernel's setup) and what the cell does on

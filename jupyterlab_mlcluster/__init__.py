@@ -13,7 +13,8 @@ Importing this package is cheap on purpose: ranks import it for `progress()`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .runtime.reporting import progress
@@ -33,7 +34,7 @@ def submit(
     push: dict[str, Any] | None = None,
     pull: list[str] | None = None,
     **options: Any,
-) -> "Job":
+) -> Job:
     """Run Python source (on every rank, as __main__) or a function (on every rank, with
     `args`/`kwargs`) as a distributed job; returns a Job handle at once.
 
@@ -74,7 +75,7 @@ def submit(
     return Job(service, record.id)
 
 
-def get_job(id_or_name: str) -> "Job":
+def get_job(id_or_name: str) -> Job:
     """A handle on an existing job (by id, or the newest job of that name)."""
     from .jobs.handle import Job
 

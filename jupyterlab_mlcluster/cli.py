@@ -124,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
 
-    session = sub.add_parser("session", help="your sessions: live ranks that %%%%distributed "
-                             "--session cells run on")
+    session = sub.add_parser(
+        "session", help="your sessions: live ranks that %%%%distributed --session cells run on"
+    )
     session.add_argument("action", choices=["list", "stop", "restart"])
     session.add_argument("name", nargs="?", help="the session (stop, restart)")
     session.add_argument("--json", action="store_true", help="list: print JSON")
@@ -548,7 +549,7 @@ def _when(ts: float | None) -> str:
 
     if ts is None:
         return "-"
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -338,11 +338,9 @@ class MLClusterConfig(Configurable):
         help="Seconds a single Kubernetes API request (not a watch or log stream) may take.",
     ).tag(config=True)
 
-
     slurm_partition = Unicode(
         "",
-        help="Slurm partition of jobs that pass no --queue ('' = the cluster's default "
-        "partition).",
+        help="Slurm partition of jobs that pass no --queue ('' = the cluster's default partition).",
     ).tag(config=True)
 
     slurm_account = Unicode(

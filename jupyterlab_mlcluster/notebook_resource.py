@@ -104,7 +104,7 @@ def is_stopped(notebook: Mapping[str, Any]) -> bool:
 
 
 def rfc3339(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def stop_patch(now: datetime.datetime) -> dict[str, Any]:

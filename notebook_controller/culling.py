@@ -45,7 +45,7 @@ def _parse(value: Any) -> datetime.datetime | None:
         moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def judge_activity(
@@ -57,7 +57,7 @@ def judge_activity(
     moments += [_parse(k.get("last_activity")) for k in kernels]
     moments += [_parse(t.get("last_activity")) for t in terminals]
     known = [m for m in moments if m is not None]
-    last = max(known) if known else datetime.datetime.now(datetime.timezone.utc)
+    last = max(known) if known else datetime.datetime.now(datetime.UTC)
     connections = int(
         status.get("connections") or sum(int(k.get("connections") or 0) for k in kernels)
     )
@@ -114,7 +114,7 @@ async def probe_activity(session: aiohttp.ClientSession, base_url: str, timeout:
             _get_json(session, base + "api/kernels", timeout),
             _get_json(session, base + "api/terminals", timeout),
         )
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         raise ProbeError(f"cannot read activity at {base}: {exc!r}") from exc
     if not isinstance(status, dict):
         raise ProbeError(f"{base}api/status did not answer with a status")

@@ -68,7 +68,7 @@ INDEX_NAMES = ("notebooks", *_INDEX_OF_KIND.values(), "owned_pods")
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _raw(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def cluster_rules(watched_per_namespace: bool) -> list[dict[str, Any]]:
 def user_namespace_rules(watched_per_namespace: bool) -> list[dict[str, Any]]:
     return [*USER_NAMESPACE_RULES, *(WATCH_RULES if watched_per_namespace else [])]
 
+
 OWN_NAMESPACE_RULES: list[dict[str, Any]] = [_rule("", ["pods"], ["get"])]
 
 # Calls the server makes knowing they may be refused, and copes (deliberately not granted).

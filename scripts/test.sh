@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: the sidebar's lint (eslint + prettier, stylelint on its
 # CSS) and unit tests (jest, which also checks src/model/api-types.ts against the API document),
-# hadolint on the images' Containerfiles, the layers' import contracts (lint-imports), then
+# hadolint on the images' Containerfiles, the layers' import contracts (lint-imports), the
+# Python's lint and types (ruff check, ruff format --check, mypy), then
 # every Python test (engine, kernel, server, Kubernetes emulator, controller, real-browser
 # sidebar). Fails loudly.
 set -euo pipefail
@@ -34,6 +35,11 @@ hadolint deploy/images/*.Containerfile
 # The layers (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md): an import that reaches
 # up a layer, lazy ones inside functions included, fails. No cache file left in the tree.
 lint-imports --no-cache
+# The Python's lint, style and types (pyproject.toml [tool.ruff], [tool.mypy]; versions pinned
+# in the test extra): any finding fails, before a single test runs.
+ruff check .
+ruff format --check .
+mypy
 # Test files run in parallel worker processes, a file's tests together in one (their
 # module-scoped servers and emulators are shared): most tests wait on processes, kernels and
 # servers rather than compute, so two workers on two cores cut the wall time well below a

@@ -4,13 +4,12 @@ commands are in test_engine)."""
 from __future__ import annotations
 
 import signal
-import time
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
-
 from helpers import assert_no_job_processes, run_cli
 
 

@@ -12,8 +12,8 @@ import time
 
 import psutil
 import pytest
-
 from helpers import assert_no_job_processes, job_processes, run_cli, wait_for
+
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState, SpecError
 from jupyterlab_mlcluster.runtime.payload import Payload
 
@@ -361,7 +361,10 @@ def test_stdout_and_stderr_are_kept_apart_with_timestamps(service):
     job_id = submit(service, "import sys\nprint('out')\nprint('err', file=sys.stderr)", workers=1)
     assert service.wait(job_id, timeout=60).state == JobState.SUCCEEDED
     lines = service.logs(job_id)[0]
-    assert {(entry["stream"], entry["line"]) for entry in lines} == {("stdout", "out"), ("stderr", "err")}
+    assert {(entry["stream"], entry["line"]) for entry in lines} == {
+        ("stdout", "out"),
+        ("stderr", "err"),
+    }
     assert all(entry["ts"].endswith("Z") for entry in lines)
 
 
@@ -379,7 +382,10 @@ def test_the_submitters_settings_govern_its_job(store_dir):
     record = svc.cancel(job_id)
     assert record.state == JobState.CANCELLED
     assert time.monotonic() - started < 2.5, "the default 30 s grace period was used"
-    assert record.reason == "cancelled by user; rank 0 had not exited 0.3 s after SIGTERM and was killed"
+    assert (
+        record.reason
+        == "cancelled by user; rank 0 had not exited 0.3 s after SIGTERM and was killed"
+    )
     assert_no_job_processes(svc, timeout=5)
 
 

@@ -6,11 +6,10 @@ import json
 import os
 import re
 import textwrap
-import time
 
 import pytest
-
 from helpers import process_gone, wait_for
+
 from jupyterlab_mlcluster.jobs import warmpool
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload

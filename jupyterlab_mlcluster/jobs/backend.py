@@ -39,11 +39,11 @@ class Backend(abc.ABC):
     # the option is refused rather than ignored.
     honours_grace: bool = False
 
-    def __init__(self, config: "MLClusterConfig"):
+    def __init__(self, config: MLClusterConfig):
         self.config = config
 
     @abc.abstractmethod
-    def validate(self, spec: "JobSpec") -> None:
+    def validate(self, spec: JobSpec) -> None:
         """Raise SpecError if this backend could never run `spec`."""
 
     @abc.abstractmethod
@@ -56,27 +56,27 @@ class Backend(abc.ABC):
         more keys to add to the reply); None: computed from the store's allocations."""
         return None
 
-    def in_namespace(self, namespace: str) -> "Backend":
+    def in_namespace(self, namespace: str) -> Backend:
         """This backend placing jobs in `namespace` (a server that maps each user to their own
         namespace passes the caller's); SpecError where the backend has no namespaces."""
         from .model import SpecError
 
         raise SpecError(f"the {self.name} backend does not place jobs in namespaces")
 
-    def prepare(self, spec: "JobSpec") -> dict[str, Any]:
+    def prepare(self, spec: JobSpec) -> dict[str, Any]:
         """Backend-private data fixed at submit time (e.g. namespace, image); stored."""
         return {}
 
     @abc.abstractmethod
-    def run(self, ctx: "JobContext") -> None:
+    def run(self, ctx: JobContext) -> None:
         """Drive the job to a final state. Runs in the job's supervisor process."""
 
-    def supervisor_lost(self, store: "JobStore", job: "JobRecord") -> str:
+    def supervisor_lost(self, store: JobStore, job: JobRecord) -> str:
         """'fail' (the job died with its supervisor) or 'respawn' (it lives on elsewhere,
         e.g. in a cluster, and a new supervisor can adopt it)."""
         return "fail"
 
-    def cleanup_orphans(self, store: "JobStore", job: "JobRecord") -> None:
+    def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """Stop whatever a dead supervisor may have left behind."""
 
     # Schedules (jobs/scheduler.py). Locally, schedulers in the store fire them; a backend
@@ -94,15 +94,15 @@ class Backend(abc.ABC):
 
 
 # name -> factory(config) -> Backend; filled by `jupyterlab_mlcluster.backends` on import.
-_REGISTRY: dict[str, Callable[["MLClusterConfig"], Backend]] = {}
+_REGISTRY: dict[str, Callable[[MLClusterConfig], Backend]] = {}
 
 
-def register_backend(name: str, factory: Callable[["MLClusterConfig"], Backend]) -> None:
+def register_backend(name: str, factory: Callable[[MLClusterConfig], Backend]) -> None:
     """Make `get_backend(name, config)` return `factory(config)`."""
     _REGISTRY[name] = factory
 
 
-def get_backend(name: str, config: "MLClusterConfig") -> Backend:
+def get_backend(name: str, config: MLClusterConfig) -> Backend:
     factory = _REGISTRY.get(name)
     if factory is None:
         if not _REGISTRY:  # a program that never imported the backends package

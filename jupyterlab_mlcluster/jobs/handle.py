@@ -38,7 +38,7 @@ class Job:
     def done(self) -> bool:
         return self._service.get(self.id).final
 
-    def wait(self, timeout: float | None = None) -> "Job":
+    def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends. Raises JobFailed / JobCancelled if it did not succeed,
         TimeoutError if `timeout` seconds pass first."""
         record = self._service.wait(self.id, timeout=timeout)
@@ -63,7 +63,7 @@ class Job:
         lines, _ = self._service.logs(self.id, rank)
         return "".join(f"[rank {entry['rank']}] {entry['line']}\n" for entry in lines)
 
-    def cancel(self) -> "Job":
+    def cancel(self) -> Job:
         self._service.cancel(self.id)
         return self
 

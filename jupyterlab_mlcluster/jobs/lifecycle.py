@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable, overload
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, overload
 
 from ..runtime.errors import read_error_file
 from .model import JobState

@@ -13,7 +13,8 @@ import sqlite3
 import subprocess
 import threading
 import time
-from typing import Any, BinaryIO, Mapping
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 import psutil
 

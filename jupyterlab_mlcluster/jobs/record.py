@@ -19,7 +19,7 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds -> RFC 3339 UTC with milliseconds ('2026-11-22T01:02:03.123Z')."""
     if ts is None:
         return None
-    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
+    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 

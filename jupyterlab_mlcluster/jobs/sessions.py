@@ -335,14 +335,10 @@ def submit_cell(
         holder = start_session(
             service, name, cell_spec, origin=origin, environ=environ, cwd=cwd, preload=preload
         )
-    spec = dataclasses.replace(
-        holder.spec, name=cell_spec.name or name, timeout=cell_spec.timeout
-    )
+    spec = dataclasses.replace(holder.spec, name=cell_spec.name or name, timeout=cell_spec.timeout)
     cell_id = new_job_id()
     inherit = service.backend(holder.spec.backend).ranks_inherit_environment
-    data, files = service.job_files(
-        cell_id, payload, environ, cwd, inherit_environment=inherit
-    )
+    data, files = service.job_files(cell_id, payload, environ, cwd, inherit_environment=inherit)
     record = JobRecord(
         id=cell_id,
         name=spec.name or name,

@@ -29,8 +29,9 @@ import shutil
 import sqlite3
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import store_logs
 from .database import Database

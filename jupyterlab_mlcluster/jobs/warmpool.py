@@ -1251,9 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(ValueError, TypeError):
         # (kept in our environment: a re-execution without a refused package needs it too)
         loaded = json.loads(os.environ.get(OVERLAY_VARIABLE) or "{}")
-        overlay = {
-            str(k): v for k, v in dict(loaded).items() if v is None or isinstance(v, str)
-        }
+        overlay = {str(k): v for k, v in dict(loaded).items() if v is None or isinstance(v, str)}
     zygote = Zygote(path, modules, idle, fp, env_fp, overlay)
     zygote.preload()
     zygote.serve()

@@ -312,7 +312,7 @@ class CellRun:
         when = next_tick(row["cron"], row["timezone"], row["last_tick"])
         import datetime
 
-        next_run = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+        next_run = datetime.datetime.fromtimestamp(when, datetime.UTC)
         print(
             f"schedule {row['name']} registered: {row['cron']} ({row['timezone']}), "
             f"next run {next_run:%Y-%m-%d %H:%M} UTC; "

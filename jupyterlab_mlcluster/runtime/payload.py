@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PAYLOAD_VERSION = 1
 CHUNK_PREFIX = "payload-"
@@ -62,7 +63,7 @@ class Payload:
             ) from None
 
     @staticmethod
-    def loads(data: bytes) -> "Payload":
+    def loads(data: bytes) -> Payload:
         import cloudpickle
 
         obj = cloudpickle.loads(data)

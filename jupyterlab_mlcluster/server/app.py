@@ -29,13 +29,13 @@ from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
 from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
 from .handlers import REST_HANDLERS
-from .sessions import SESSION_HANDLERS
 from .identity import calling_user
 from .metrics import ServerMetrics
 from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
+from .sessions import SESSION_HANDLERS
 from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
 from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, NamespaceTaken, check_template
 
@@ -259,7 +259,8 @@ class MLClusterApp(ExtensionApp):
         "MLCLUSTER_TENSORBOARD_DIR in their env), `{user}` being the caller's identity, e.g. "
         "'/mnt/tensorboard/{user}' on a volume the ranks share. Checked by realpath (no symlink "
         "or '..' leads out, nor any symlink inside the directory: its tree is walked, bounded), "
-        "at submit (400, nothing stored) and again whenever TensorBoard is opened (403). '': only the job's own directory in the store, the operator's "
+        "at submit (400, nothing stored) and again whenever TensorBoard is opened (403). "
+        "'': only the job's own directory in the store, the operator's "
         "MLClusterConfig.tensorboard_dir and tensorboard_allowed_uris. A server not shared "
         "reads whatever its user names.",
     ).tag(config=True)

@@ -35,7 +35,6 @@ from .notebooks import (
     notebook_name_error,
 )
 from .openapi import API_PREFIX, RequestError
-from .user_namespace import NamespaceTaken
 from .tensorboard import ENV_NAME as TENSORBOARD_ENV
 from .tensorboard import (
     NoTensorBoardData,
@@ -45,6 +44,7 @@ from .tensorboard import (
     tensorboard_installed,
     tensorboard_location,
 )
+from .user_namespace import NamespaceTaken
 
 if TYPE_CHECKING:
     from ..jobs.record import JobRecord

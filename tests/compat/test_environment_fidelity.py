@@ -111,7 +111,9 @@ def test_a_variable_torch_reads_natively_is_reapplied_in_a_warm_rank(service, tm
     workdir = probe_dir(tmp_path / "w")
     reference = torchrun(workdir, "torchrun", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     ours(workdir, "warmup", {"MLCLUSTER_WARM_POOL": "1"})
-    detail = ours(workdir, "ours", {"MLCLUSTER_WARM_POOL": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    detail = ours(
+        workdir, "ours", {"MLCLUSTER_WARM_POOL": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    )
     assert [r["debug_level"] for r in detail] == [r["debug_level"] for r in reference]
     assert cold_notes(service) == []
 
@@ -188,9 +190,7 @@ def test_a_variable_read_at_import_by_a_preloaded_module_has_the_cold_value(
         monkeypatch.delenv(name, raising=False)
     runs = iter(range(1_000_000))
 
-    @settings(
-        max_examples=examples(8), suppress_health_check=list(HealthCheck), deadline=None
-    )
+    @settings(max_examples=examples(8), suppress_health_check=list(HealthCheck), deadline=None)
     @given(
         values=st.dictionaries(
             st.sampled_from(PROBED), st.text("abcXYZ019_-./ ", max_size=6), max_size=3

@@ -30,7 +30,6 @@ while True:
 """
 
 
-
 @contextlib.contextmanager
 def mounted(parent: Path, size: str) -> Iterator[Path | str]:
     """A tmpfs of `size` at a fresh directory under `parent` (unique: two test workers never

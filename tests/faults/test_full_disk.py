@@ -69,7 +69,9 @@ def test_submission_is_all_or_nothing(disk, service):
         disk.fill(leave=rng.choice([0, rng.randint(0, 600_000)]))
         figures.injected += 1
         try:
-            accepted.append(service.submit(JobSpec.from_options({"workers": 1}), random_payload(rng)).id)
+            accepted.append(
+                service.submit(JobSpec.from_options({"workers": 1}), random_payload(rng)).id
+            )
             figures.accepted += 1
         except Exception as exc:  # noqa: BLE001 - which error a full disk raises varies
             text = str(exc).lower()
@@ -116,8 +118,8 @@ def test_running_job_fails_saying_the_disk_is_full(disk, service):
     # into the WAL's already allocated pages.
     for job_id in victims:
         wait_for(
-            lambda job_id=job_id: not any(
-                r.pid for r in service.store.get_job(job_id).ranks if alive(r.pid)
+            lambda job_id=job_id: (
+                not any(r.pid for r in service.store.get_job(job_id).ranks if alive(r.pid))
             ),
             message="the ranks stopped",
         )
@@ -234,9 +236,9 @@ def test_a_rank_whose_error_report_meets_a_full_disk(disk, service):
     ballast.unlink()  # the supervisor's final word may be waiting for space
     record = service.wait(job.id, timeout=60)
     assert record.state == JobState.FAILED
-    assert record.error == "rank 0 failed: ValueError: boom" or (
-        record.reason or ""
-    ).startswith("no space left on"), (record.error, record.reason)
+    assert record.error == "rank 0 failed: ValueError: boom" or (record.reason or "").startswith(
+        "no space left on"
+    ), (record.error, record.reason)
     assert not list(service.store.job_dir(job.id).glob("error-*"))
     print(f"\nfull disk: a rank's error report without a file: {record.error!r} (lost: 0)")
 

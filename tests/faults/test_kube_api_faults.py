@@ -28,6 +28,7 @@ from tests.kube.player import objects_of
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.mark.parametrize("fault", ["refuse", "hang"])
 def test_an_api_outage_mid_job_costs_little_and_loses_nothing(
     fault, k8s, player, kube, kube_namespace, proxy

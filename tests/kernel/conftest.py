@@ -6,7 +6,6 @@ import os
 
 import pytest
 from jupyter_client.manager import start_new_kernel
-
 from kernel_session import KernelSession
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 
 import pytest
-
 from helpers import assert_no_job_processes, run_cli, wait_for
 from kernel_session import outputs, rank_texts
 

@@ -38,4 +38,3 @@ def test_a_quiet_rank_is_never_resent(capsys):
     for i in range(1, 100):
         assert outputs.flush("j1", now=i * 0.25) == set()
     capsys.readouterr()
-

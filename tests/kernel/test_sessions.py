@@ -11,9 +11,8 @@ import os
 import time
 
 import pytest
-from jupyter_client.manager import start_new_kernel
-
 from helpers import assert_no_job_processes, run_cli, wait_for
+from jupyter_client.manager import start_new_kernel
 from kernel_session import KernelSession, outputs, rank_texts
 
 from jupyterlab_mlcluster.jobs import sessions
@@ -39,7 +38,9 @@ def _error(reply) -> str:
 def _cells(service, name="s"):
     holder = service.store.session_rows(name=name)[0]["job_id"]
     return [
-        j for j in service.store.list_jobs(newest_first=False)[0] if j.origin.get("session_job") == holder
+        j
+        for j in service.store.list_jobs(newest_first=False)[0]
+        if j.origin.get("session_job") == holder
     ]
 
 
@@ -143,9 +144,7 @@ def test_interrupt_raises_keyboardinterrupt_on_every_rank_and_keeps_the_state(
     msgs, reply = kernel.execute("%%distributed --session s\n(x, caught)")
     assert reply["status"] == "ok" and _value(msgs) == "(3, 1)"
     # every rank caught it: rank 1's `caught` went up too
-    msgs, reply = kernel.execute(
-        "%%distributed --session s\nimport os\nprint('caught', caught)"
-    )
+    msgs, reply = kernel.execute("%%distributed --session s\nimport os\nprint('caught', caught)")
     assert rank_texts(msgs) == {0: "[rank 0] caught 1", 1: "[rank 1] caught 1"}
     lines = [entry["line"] for entry in service.logs(cell.id)[0]]
     assert sum("KeyboardInterrupt" in line for line in lines) >= 2
@@ -213,10 +212,7 @@ def test_idle_timeout_ends_the_session_and_frees_its_slots(kernel, service, tmp_
 
     _config(tmp_path, session_idle_timeout=2.0, kill_grace_period=1.0, cpu_slots=2)
     service = JobService()  # with the settings above
-    kernel.execute(
-        "import atexit, os\n"
-        f"marker = {str(tmp_path / 'atexit-')!r}\n"
-    )
+    kernel.execute(f"import atexit, os\nmarker = {str(tmp_path / 'atexit-')!r}\n")
     msgs, reply = kernel.execute(
         "%%distributed --session s --workers 2 --push marker\n"
         "import atexit, os\n"
@@ -225,9 +221,7 @@ def test_idle_timeout_ends_the_session_and_frees_its_slots(kernel, service, tmp_
     assert reply["status"] == "ok", _error(reply)
     holder_id = service.store.session_rows(name="s")[0]["job_id"]
     assert service.cluster()["capacity"]["cpus"]["free"] == 0  # the session holds them
-    record = wait_for(
-        lambda: (r := service.store.get_job(holder_id)).final and r, timeout=30
-    )
+    record = wait_for(lambda: (r := service.store.get_job(holder_id)).final and r, timeout=30)
     assert record.state == "succeeded"
     assert "without a cell" in record.reason
     # its ranks ended as interpreters do: atexit handlers ran on every rank
@@ -370,7 +364,11 @@ def test_list_restart_and_stop_from_the_magic_and_the_cli(kernel, service, quick
     kernel.execute("%%distributed --session s --workers 2\nx = 1")
     msgs, reply = kernel.execute("%distributed_session list")
     text = "".join(o["text"] for o in outputs(msgs, "stream"))
-    assert reply["status"] == "ok" and text.splitlines()[0].split()[:3] == ["NAME", "STATE", "RANKS"]
+    assert reply["status"] == "ok" and text.splitlines()[0].split()[:3] == [
+        "NAME",
+        "STATE",
+        "RANKS",
+    ]
     assert text.splitlines()[1].split()[:3] == ["s", "running", "2/2"]
     msgs, reply = kernel.execute("%distributed_session restart s")
     assert reply["status"] == "ok"
@@ -415,10 +413,16 @@ def test_a_rank_runs_only_signed_fresh_commands(kernel, service, quick):
         pipe.write(b'{"type": "cell", "seq": 99}\n')  # no signature at all
         pipe.write(encode_record({**command, "seq": 100}, b"k" * 32, 0))  # another key
         pipe.write(encode_record({**command, "seq": 1}, key, 0))  # the right key, replayed
-    msgs, reply = kernel.execute("%%distributed --session s\nimport os\n(x, os.environ.get('PWNED'))")
+    msgs, reply = kernel.execute(
+        "%%distributed --session s\nimport os\n(x, os.environ.get('PWNED'))"
+    )
     assert reply["status"] == "ok" and _value(msgs) == "('kept', None)"
     # (said between cells or as the next one starts: in the session's or that cell's log)
-    logs = [line["line"] for job in (holder.id, _cells(service)[-1].id) for line in service.logs(job, 0)[0]]
+    logs = [
+        line["line"]
+        for job in (holder.id, _cells(service)[-1].id)
+        for line in service.logs(job, 0)[0]
+    ]
     assert sum("ignored a command that was not signed" in line for line in logs) == 3, logs
     assert not marker.exists()
 

@@ -29,7 +29,7 @@ class LogLine:
 
 
 def rfc3339_nano(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
 def parse_time(text: str) -> datetime.datetime:
@@ -51,7 +51,7 @@ class LogQuery:
         if params.get("sinceTime"):
             since = parse_time(params["sinceTime"])
         elif params.get("sinceSeconds"):
-            since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+            since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(
                 seconds=int(params["sinceSeconds"])
             )
         return cls(
@@ -83,7 +83,7 @@ class PodLogs:
         return list(self._lines.get(key, ()))
 
     async def append(self, key: LogKey, text: str, when: datetime.datetime | None = None) -> None:
-        moment = when or datetime.datetime.now(datetime.timezone.utc)
+        moment = when or datetime.datetime.now(datetime.UTC)
         text = self._partial.pop(key, "") + text
         *complete, rest = text.split("\n")
         self._lines[key].extend(LogLine(moment, line + "\n") for line in complete)
@@ -169,7 +169,7 @@ class PodLogEndpoint:
                 async with self._logs.changed:
                     try:
                         await asyncio.wait_for(self._logs.changed.wait(), timeout=1.0)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
             await response.write_eof()
         except (ConnectionError, RuntimeError):

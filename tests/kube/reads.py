@@ -178,7 +178,7 @@ class Reads:
             try:
                 wait = min(1.0, max(0.0, deadline - loop.time()))
                 event: Event | None = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if bookmarks and loop.time() - last_sent >= self.bookmark_interval:
                     await send(self._bookmark(rtype))
                     last_sent = loop.time()

@@ -207,9 +207,7 @@ def test_attack_a_kubernetes_jobs_env_starts_no_process_on_the_server(
     )
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
     service = k8s()
-    record = service.submit(
-        spec_of(workers=1, env={"LD_PRELOAD": str(library)}), code("6 * 7")
-    )
+    record = service.submit(spec_of(workers=1, env={"LD_PRELOAD": str(library)}), code("6 * 7"))
     job = wait_for(
         lambda: (items := kube.list("batch/v1", "Job", kube_namespace)) and items[0],
         timeout=60,

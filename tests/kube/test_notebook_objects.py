@@ -22,7 +22,7 @@ from tests.kube.istio import SPEC_SCHEMAS, strict_json_schema
 from tests.kube.istio_upstream import validate_istio_upstream
 from tests.kube.validation import prune_and_default
 
-NOW = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.UTC)
 OWNER_REF = {
     "apiVersion": "mlcluster.io/v1alpha1",
     "kind": "Notebook",
@@ -710,7 +710,7 @@ def test_judge_activity_takes_the_latest_of_everything() -> None:
         [{"name": "1", "last_activity": "2026-03-01T11:00:00.000000Z"}],
     )
     assert activity == Activity(
-        last_activity=datetime.datetime(2026, 3, 1, 11, tzinfo=datetime.timezone.utc),
+        last_activity=datetime.datetime(2026, 3, 1, 11, tzinfo=datetime.UTC),
         busy=False,
         connections=0,
         kernels=1,

@@ -82,7 +82,7 @@ class Caller:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 await self.next_message(left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     def saw(self, text: str) -> bool:

@@ -10,12 +10,12 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
 import tornado.httpclient
 import tornado.websocket
 from tornado.ioloop import PeriodicCallback
-from typing_extensions import Self
 
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.service import JobService
@@ -227,7 +227,9 @@ async def test_follow_streams_until_the_job_ends(api, mlc, jp_fetch):
     lines, arrivals = await follow(jp_fetch, job["id"])
     out = [entry for entry in lines if entry["stream"] == "stdout"]
     for rank in (0, 1):
-        assert [entry["line"] for entry in out if entry["rank"] == rank] == [f"{rank}:{i}" for i in range(5)]
+        assert [entry["line"] for entry in out if entry["rank"] == rank] == [
+            f"{rank}:{i}" for i in range(5)
+        ]
     _status, job_now, _ = await api("GET", "jobs", job["id"])
     assert job_now["state"] == "succeeded", "the stream ends only when the job is final"
     finished = datetime.datetime.fromisoformat(

@@ -9,10 +9,9 @@ import os
 import threading
 
 from jupyter_client.manager import start_new_kernel
-
 from kernel_session import KernelSession, outputs, rank_texts
 
-from .helpers import submit, wait_final
+from .helpers import submit
 
 
 async def in_kernel(*cells: str) -> list[tuple[list, dict]]:

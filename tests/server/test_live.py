@@ -62,7 +62,9 @@ def test_sigkill_the_server_while_a_job_runs_then_restart(live_server):
     assert [r["exit_code"] for r in final["ranks"]] == [0, 0]
     assert final["started"] == running["started"], "the same run, not a restart of the job"
     status, page = second.request("GET", f"jobs/{job['id']}/logs")
-    lines = [(entry["rank"], entry["line"]) for entry in page["lines"] if entry["stream"] == "stdout"]
+    lines = [
+        (entry["rank"], entry["line"]) for entry in page["lines"] if entry["stream"] == "stdout"
+    ]
     for rank in (0, 1):
         assert [t for r, t in lines if r == rank] == [f"rank {rank} line {i}" for i in range(30)]
 

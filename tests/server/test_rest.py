@@ -198,14 +198,18 @@ async def test_submit_list_get_logs_result(api, mlc, jp_base_url):
 
     status, page, _ = await api("GET", "jobs", job["id"], "logs")
     assert status == 200
-    texts = sorted((entry["rank"], entry["line"]) for entry in page["lines"] if entry["stream"] == "stdout")
+    texts = sorted(
+        (entry["rank"], entry["line"]) for entry in page["lines"] if entry["stream"] == "stdout"
+    )
     assert texts == [(r, f"line {i} of rank {r}") for r in (0, 1) for i in range(3)]
     status, again, _ = await api("GET", "jobs", job["id"], "logs", params={"since": page["cursor"]})
     assert again["lines"] == [] and again["cursor"] == page["cursor"]
     status, one_rank, _ = await api(
         "GET", "jobs", job["id"], "logs", params={"rank": "1", "tail": "1"}
     )
-    assert [(entry["rank"], entry["line"]) for entry in one_rank["lines"]] == [(1, "line 2 of rank 1")]
+    assert [(entry["rank"], entry["line"]) for entry in one_rank["lines"]] == [
+        (1, "line 2 of rank 1")
+    ]
 
     status, result, _ = await api("GET", "jobs", job["id"], "result")
     assert status == 200 and result == {"kind": "pull", "value": {"answer": 42}}
@@ -532,9 +536,8 @@ async def test_notebooks_refused_by_the_api_server_are_502(api, tmp_path, monkey
 
 
 def test_installed_config_enables_the_extension():
-    from pathlib import Path
-
     import tomllib
+    from pathlib import Path
 
     import jupyterlab_mlcluster
 

@@ -306,9 +306,7 @@ class SessionGang(_Gang):
         why = f"session ended: {text}"
         self.ctx.set_state(JobState.FAILED, error=why, reason=text, failed_rank=proc.rank)
         if self.cell is not None:
-            self.finish_cell(
-                failed=(proc.rank, f"{text}; the session ended (its state is lost)")
-            )
+            self.finish_cell(failed=(proc.rank, f"{text}; the session ended (its state is lost)"))
         self.server.end_waiting_cells(f"the session ended before the cell ran: {text}")
         return "end"
 
@@ -455,14 +453,13 @@ class SessionGang(_Gang):
         elif cell.failed_rank is not None:
             outcome = Outcome(
                 "failed",
-                None if cell.done.get(cell.failed_rank) == "error" else
-                f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",
+                None
+                if cell.done.get(cell.failed_rank) == "error"
+                else f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",
                 failed_rank=cell.failed_rank,
             )
             error = lifecycle.failure_text(store, cell.id, outcome) + suffix
-            cctx.set_state(
-                JobState.FAILED, error=error, failed_rank=cell.failed_rank, reason=lost
-            )
+            cctx.set_state(JobState.FAILED, error=error, failed_rank=cell.failed_rank, reason=lost)
         elif cell.stop is not None:
             kind, why = cell.stop
             state = JobState.CANCELLED if kind == "cancelled" else JobState.FAILED
@@ -503,4 +500,3 @@ def _mark_ended(store, job_id: str) -> None:
     """Wake the cell's followers (the kernel's monitor) at once, as a job's supervisor does."""
     with contextlib.suppress(OSError):
         (store.job_dir(job_id) / ENDED).touch()
-

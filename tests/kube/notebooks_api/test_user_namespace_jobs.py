@@ -140,9 +140,10 @@ def test_attack_rest_jobs_land_in_the_callers_namespace_and_stay_out_of_reach(
     status, listed, _ = run(bob.call("GET", "jobs"))
     assert [j["id"] for j in listed["jobs"]] == [b_id]
     assert not store.get_job(a_id).final and not store.cancel_requested(a_id)
-    assert kube.get("batch/v1", "Job", a_obj["metadata"]["name"], alice_ns)["metadata"][
-        "uid"
-    ] == a_obj["metadata"]["uid"]
+    assert (
+        kube.get("batch/v1", "Job", a_obj["metadata"]["name"], alice_ns)["metadata"]["uid"]
+        == a_obj["metadata"]["uid"]
+    )
 
     # Bob, naming alice's namespace: the body's field is refused (the API takes no namespace),
     # nothing stored; a query parameter is ignored: his job lands in his own namespace.

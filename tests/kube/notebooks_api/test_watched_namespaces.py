@@ -106,9 +106,7 @@ def test_the_notebook_watch_reads_only_the_user_namespaces(
         assert not can(printed, account, "watch", group, plural, "elsewhere")
     # Alice's notebook planted elsewhere is not followed (nor would it be shown to her).
     kube.create(
-        objects.notebook_resource(
-            "planted", "elsewhere", ALICE, labels={"mlcluster.io/owner": "x"}
-        )
+        objects.notebook_resource("planted", "elsewhere", ALICE, labels={"mlcluster.io/owner": "x"})
     )
     messages = run(alice.notebook_messages())
     assert all(m.get("notebook", {}).get("name") != "planted" for m in messages)
