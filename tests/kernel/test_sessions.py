@@ -160,9 +160,15 @@ def test_a_rank_stuck_in_a_collective_restarts_the_session_and_says_state_was_lo
         "x = 1\n"
     )
     # Rank 1 fails; rank 0 waits in an all_reduce rank 1 never joins (C++: no interrupt).
+    # Both pass a barrier first and rank 1 fails 2 s after it, so rank 0 is surely inside
+    # the collective when the interrupt comes: on a loaded machine rank 0 could otherwise
+    # still be in Python, where the interrupt rightly stops it and the session stays.
     msgs, reply = kernel.execute(
         "%%distributed --session s\n"
+        "import time\n"
+        "dist.barrier()\n"
         "if dist.get_rank() == 1:\n"
+        "    time.sleep(2)\n"
         "    raise RuntimeError('diverged')\n"
         "dist.all_reduce(torch.ones(1))\n",
         timeout=120,
