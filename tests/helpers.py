@@ -133,3 +133,26 @@ def wait_for(
         if time.monotonic() > deadline:
             raise error(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def start_kernel(kernel_name: str = "python3", startup_timeout: float = 60, **kwargs: Any):
+    """jupyter_client's start_new_kernel, over IPC sockets in a directory of its own. Over TCP
+    the client picks free ports and the kernel binds them later: two test workers starting
+    kernels at once can pick the same port, and the second kernel dies ('Address already in
+    use', seen in a fresh-clone CI run)."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+
+    sockets = tempfile.mkdtemp(prefix="mlcluster-kernel-")
+    km = KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(sockets, "k"))
+    km.start_kernel(**kwargs)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=startup_timeout)
+    except RuntimeError:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc

@@ -204,10 +204,10 @@ def test_what_a_kernel_or_script_may_teach_the_pool(tmp_path):
 def test_a_cell_teaches_the_pool_what_its_kernel_imported(pool):
     """The real path: a kernel imports a package, its %%distributed cell's rank has it
     already (the first cell waits for the generation: no older one to serve it)."""
-    from jupyter_client.manager import start_new_kernel
+    from helpers import start_kernel
     from kernel_session import KernelSession, rank_texts
 
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
     try:
         kernel = KernelSession(km, kc)
         _, reply = kernel.execute("import warmprobe, threadstarter")
@@ -242,10 +242,10 @@ def test_the_pool_learns_a_kernels_import_before_the_first_cell_that_uses_it(poo
     """The kernel imports a package after the pool is running: the pool learns it right
     after that cell (not at the next %%distributed cell), so the first cell that uses it is
     served by a generation that has it, instead of importing it in every rank."""
-    from jupyter_client.manager import start_new_kernel
+    from helpers import start_kernel
     from kernel_session import KernelSession, rank_texts
 
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
     try:
         kernel = KernelSession(km, kc)
         kernel.execute("import warmprobe")

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
-from jupyter_client.manager import start_new_kernel
+from helpers import run_cli, start_kernel
 from kernel_session import KernelSession
 
 pytestmark = pytest.mark.compat
@@ -78,7 +77,7 @@ def compat_store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def kernel(compat_store):
     root, env = compat_store
-    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(root))
+    km, kc = start_kernel(kernel_name="python3", env=env, cwd=str(root))
     try:
         yield KernelSession(km, kc)
     finally:

@@ -264,12 +264,12 @@ def zygote_rounds(service, rng: random.Random, rounds: int, piddir: Path):
 def kernel_rounds(service, rng: random.Random, rounds: int, piddir: Path, env: dict[str, str]):
     """A real kernel runs a `%%distributed` cell; the kernel is SIGKILLed at a random moment
     after it submitted the job (the job is attached to it: cancelled, or already done)."""
-    from jupyter_client.manager import start_new_kernel
+    from helpers import start_kernel
 
     tally = Tally("kernel")
     began = time.monotonic()
     for _ in range(rounds):
-        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        km, kc = start_kernel(kernel_name="python3", env=env)
         try:
             kc.wait_for_ready(timeout=60)  # %%distributed is loaded with the kernel
             before = {r.id for r in service.store.list_jobs()[0]}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from jupyter_client.manager import start_new_kernel
+from helpers import start_kernel
 from kernel_session import KernelSession
 
 
 @pytest.fixture
 def kernel(store_dir):
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
     session = KernelSession(km, kc)
     try:
         yield session

@@ -11,8 +11,7 @@ import os
 import time
 
 import pytest
-from helpers import assert_no_job_processes, run_cli, wait_for
-from jupyter_client.manager import start_new_kernel
+from helpers import assert_no_job_processes, run_cli, start_kernel, wait_for
 from kernel_session import KernelSession, outputs, rank_texts
 
 from jupyterlab_mlcluster.jobs import sessions
@@ -288,7 +287,7 @@ def test_fresh_interpreter_promises_hold_for_each_cell(kernel, service, quick, t
 
 def test_a_session_outlives_its_kernel_and_another_kernel_uses_it(service, quick):
     def start():
-        km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+        km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
         return km, kc, KernelSession(km, kc)
 
     km, kc, first = start()

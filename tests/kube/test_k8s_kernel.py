@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import wait_for
-from jupyter_client.manager import start_new_kernel
+from helpers import start_kernel, wait_for
 from kernel_session import KernelSession, outputs, rank_texts
 
 from tests.kube.player import objects_of
@@ -21,9 +20,7 @@ x + int(os.environ["RANK"]) + 1
 
 @pytest.fixture
 def kernel(store_dir):
-    km, kc = start_new_kernel(
-        kernel_name="python3", env=dict(os.environ)
-    )  # $KUBECONFIG: the emulator
+    km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))  # $KUBECONFIG: the emulator
     try:
         yield KernelSession(km, kc)
     finally:

@@ -8,7 +8,7 @@ import json
 import os
 import threading
 
-from jupyter_client.manager import start_new_kernel
+from helpers import start_kernel
 from kernel_session import KernelSession, outputs, rank_texts
 
 from .helpers import submit
@@ -20,7 +20,7 @@ async def in_kernel(*cells: str) -> list[tuple[list, dict]]:
 
     def work():
         asyncio.set_event_loop(asyncio.new_event_loop())
-        km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+        km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
         try:
             session = KernelSession(km, kc)
             return [session.execute(cell) for cell in cells]

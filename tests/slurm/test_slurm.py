@@ -376,10 +376,10 @@ y = t.item() * x
 
 
 def test_the_magic_runs_the_cell_on_slurm_with_push_and_pull(slurm_store, slurm):
-    from jupyter_client.manager import start_new_kernel
+    from helpers import start_kernel
     from kernel_session import KernelSession, outputs, rank_texts
 
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    km, kc = start_kernel(kernel_name="python3", env=dict(os.environ))
     try:
         kernel = KernelSession(km, kc)
         kernel.execute("x = 3")
