@@ -27,15 +27,15 @@ from ..jobs.service import JobService
 from ..kubeconn import KubeConnection
 from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
-from .experiments import EXPERIMENT_HANDLERS, ServerScheduler
-from .handlers import REST_HANDLERS
+from .handlers import cluster, experiments, job_outputs, jobs, notebooks, sessions
+from .handlers.base import MLClusterHandler
 from .identity import calling_user
 from .metrics import ServerMetrics
 from .notebook_feed import NotebookFeed
 from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
-from .sessions import SESSION_HANDLERS
+from .scheduling import ServerScheduler
 from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
 from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, NamespaceTaken, check_template
 
@@ -51,11 +51,41 @@ def route_pattern(api_path: str) -> str:
     return API_PREFIX + "/".join(parts)
 
 
+# Every route the extension serves, by resource (each handler names its OpenAPI path).
+ROUTE_HANDLERS: list[type[MLClusterHandler]] = [
+    # jobs
+    jobs.JobsHandler,  # /jobs
+    jobs.JobHandler,  # /jobs/{id}
+    job_outputs.LogsHandler,  # /jobs/{id}/logs
+    job_outputs.MetricsHandler,  # /jobs/{id}/metrics
+    job_outputs.TensorBoardHandler,  # /jobs/{id}/tensorboard
+    job_outputs.ResultHandler,  # /jobs/{id}/result
+    # sweeps and schedules
+    experiments.SweepsHandler,  # /sweeps
+    experiments.SweepHandler,  # /sweeps/{id}
+    experiments.SchedulesHandler,  # /schedules
+    experiments.ScheduleHandler,  # /schedules/{name}
+    experiments.SchedulePauseHandler,  # /schedules/{name}/pause
+    experiments.ScheduleResumeHandler,  # /schedules/{name}/resume
+    experiments.ScheduleRunsHandler,  # /schedules/{name}/runs
+    # sessions
+    sessions.SessionsHandler,  # /sessions
+    sessions.SessionHandler,  # /sessions/{name}
+    sessions.SessionRestartHandler,  # /sessions/{name}/restart
+    # notebook servers (Kubernetes)
+    notebooks.NotebooksHandler,  # /notebooks
+    notebooks.NotebookHandler,  # /notebooks/{name}
+    notebooks.NotebookStopHandler,  # /notebooks/{name}/stop
+    notebooks.NotebookStartHandler,  # /notebooks/{name}/start
+    # the server itself
+    cluster.ClusterHandler,  # /cluster
+    cluster.OpenAPIHandler,  # /openapi.json
+]
+
+
 def routes() -> list[tuple[str, type]]:
     """(OpenAPI path, handler) of every route the extension serves."""
-    return [(h.api_path, h) for h in REST_HANDLERS + EXPERIMENT_HANDLERS + SESSION_HANDLERS] + [
-        ("/events", EventsHandler)
-    ]
+    return [(h.api_path, h) for h in ROUTE_HANDLERS] + [("/events", EventsHandler)]
 
 
 def _belongs(namespace_of: UserNamespaces, owner: str, namespace: str) -> bool:

@@ -1,5 +1,5 @@
-"""REST handlers for sweeps and schedules (`/mlcluster/api/sweeps`, `/schedules`), and the
-server's share of firing schedules (a periodic pass in the executor).
+"""REST handlers for sweeps and schedules (`/mlcluster/api/sweeps`, `/schedules`); the
+server's share of firing schedules is server/scheduling.py.
 
 Scoped like jobs: with a trusted identity header a caller sees and touches only its own
 sweeps and schedules; another user's looks exactly like a missing one (404).
@@ -7,27 +7,19 @@ sweeps and schedules; another user's looks exactly like a missing one (404).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from .. import patterns
-from ..jobs.experiment_store import UnknownSchedule, UnknownSweep
-from ..jobs.scheduler import Scheduler, experiments, pass_backoff, run_json, schedule_json
-from ..jobs.scheduler import delete as delete_schedule
-from ..jobs.scheduler import pause as pause_schedule
-from ..jobs.sweep import Sweep
-from .handlers import MLClusterHandler
-
-if TYPE_CHECKING:
-    from .app import MLClusterApp
-
-log = logging.getLogger("jupyterlab_mlcluster.server")
+from ... import patterns
+from ...jobs.experiment_store import UnknownSchedule, UnknownSweep
+from ...jobs.scheduler import delete as delete_schedule
+from ...jobs.scheduler import experiments, run_json, schedule_json
+from ...jobs.scheduler import pause as pause_schedule
+from ...jobs.sweep import Sweep
+from .base import MLClusterHandler
 
 
 class ExperimentHandler(MLClusterHandler):
@@ -188,58 +180,3 @@ class ScheduleRunsHandler(ExperimentHandler):
             return {"runs": [run_json(r) for r in experiments(self.app.service).runs(name)]}
 
         await self.send_encoded(runs)
-
-
-EXPERIMENT_HANDLERS: list[type[MLClusterHandler]] = [
-    SweepsHandler,
-    SweepHandler,
-    SchedulesHandler,
-    ScheduleHandler,
-    SchedulePauseHandler,
-    ScheduleResumeHandler,
-    ScheduleRunsHandler,
-]
-
-
-class ServerScheduler:
-    """This server's share of firing schedules: one pass every `interval` seconds, its
-    blocking work in the extension's executor (never on tornado's loop), one pass at a time;
-    a failing pass is logged and the next waits longer (jitter, capped)."""
-
-    MAX_BACKOFF = 300.0
-
-    def __init__(self, app: MLClusterApp, interval: float):
-        self.app = app
-        self.interval = interval
-        self.scheduler = Scheduler(app.service)
-        self._task: asyncio.Task | None = None
-        self.passes = 0
-
-    def start(self) -> None:
-        if self.interval > 0 and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def _loop(self) -> None:
-        failures = 0
-        while True:
-            try:
-                fired = await self.app.run(self.scheduler.fire_due)
-                self.passes += 1
-                for item in fired:
-                    log.info("mlcluster: schedule %s", item)
-                failures = 0
-                wait = self.interval
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                failures += 1
-                log.exception("mlcluster: scheduler pass failed (%d in a row)", failures)
-                wait = pass_backoff(self.interval, self.MAX_BACKOFF, 8).delay(failures)
-            await asyncio.sleep(wait)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None

@@ -14,9 +14,9 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from .. import patterns
-from ..jobs import sessions
-from .handlers import MLClusterHandler
+from ... import patterns
+from ...jobs import sessions
+from .base import MLClusterHandler
 
 
 class SessionHandlerBase(MLClusterHandler):
@@ -63,10 +63,3 @@ class SessionRestartHandler(SessionHandlerBase):
     @authorized("write")
     async def post(self, name: str) -> None:
         self.send((await self.call(sessions.restart_session, name)).to_json())
-
-
-SESSION_HANDLERS: list[type[MLClusterHandler]] = [
-    SessionsHandler,
-    SessionHandler,
-    SessionRestartHandler,
-]
