@@ -31,7 +31,7 @@ from tornado.websocket import websocket_connect
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
 from jupyterlab_mlcluster.jobs.record import JobRecord
-from jupyterlab_mlcluster.jobs.store import JobStore
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
 from tests.server.live import TOKEN, LiveServer
 from tests.server.stream_client import follow_logs
 

@@ -1,4 +1,4 @@
-"""Time of finding where a log's tail starts: the old algorithm against jobs/logfiles.py's.
+"""Time of finding where a log's tail starts: the old algorithm against jobs/storage/logfiles.py's.
 
     python bench/bench_tail.py [--sizes 10,20,40] [--runs 3]
 
@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from jupyterlab_mlcluster.jobs import logfiles
+from jupyterlab_mlcluster.jobs.storage import logfiles
 
 
 def old_tail_offset(f, lines: int) -> int:

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return print_manifests(argv[1:])
     args = build_parser().parse_args(argv)
-    from .jobs.store import UnsafeStore
+    from .jobs.storage.store import UnsafeStore
 
     try:
         return {
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # A full disk under the store is the user's to fix, not a traceback to read.
         from .config import get_config
-        from .jobs.fsinfo import is_storage_full, no_space_text
+        from .jobs.storage.fsinfo import is_storage_full, no_space_text
 
         store = get_config().store_dir
         if not is_storage_full(exc, store):
@@ -237,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     attach = None if args.no_wait else os.getpid()
     preload = _script_preload(service.config, payload)
     if sweep is not None:
-        from .jobs.sweep import submit_sweep
+        from .jobs.experiments.sweep import submit_sweep
 
         handle = submit_sweep(
             service,
@@ -510,7 +510,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
 
-    from .jobs.sweep import experiments, sweep_handle
+    from .jobs.experiments.sweep import experiments, sweep_handle
 
     service = _service()
     store = experiments(service)
@@ -554,8 +554,8 @@ def _when(ts: float | None) -> str:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
 
-    from .jobs import scheduler as sched
-    from .jobs.schedules import next_tick
+    from .jobs.experiments import scheduler as sched
+    from .jobs.experiments.schedules import next_tick
 
     service = _service()
     store = sched.experiments(service)
@@ -625,8 +625,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_schedule_submit(args: argparse.Namespace, service) -> int:
     """One run of a schedule from its stored spec and payload (a CronJob's pod): an ordinary
     job named <schedule>-<time>, followed to its end (the pod's exit status is the run's)."""
+    from .jobs.experiments.schedules import check_name, check_timezone, run_name
     from .jobs.model import JobSpec
-    from .jobs.schedules import check_name, check_timezone, run_name
     from .runtime.payload import Payload
 
     handle_interrupts()
@@ -659,7 +659,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .jobs.scheduler import Clock, Scheduler
+    from .jobs.experiments.scheduler import Clock, Scheduler
 
     scheduler = Scheduler(_service(), Clock(args.clock))
     if args.once:

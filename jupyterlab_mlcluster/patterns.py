@@ -40,7 +40,7 @@ MEMORY_QUANTITY = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # A notebook's persistent workspace size (the CRD's rule).
 WORKSPACE_SIZE = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 
-# A sweep's id ("s" and ten hex digits, jobs/sweep.py).
+# A sweep's id ("s" and ten hex digits, jobs/experiments/sweep.py).
 SWEEP_ID = r"^s[0-9a-f]{10}$"
 # A schedule's name: its runs are named <schedule>-YYYYMMDDHHMM, a job name of at most 53.
 SCHEDULE_NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"

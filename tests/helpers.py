@@ -42,7 +42,7 @@ def scenario_seed() -> int:
 
 def job_processes(service, job_id: str) -> list[psutil.Process]:
     """Live processes (supervisor and ranks) of a job, matched by pid and start time."""
-    from jupyterlab_mlcluster.jobs.processes import process_is
+    from jupyterlab_mlcluster.jobs.running.processes import process_is
 
     found = []
     record = service.store.get_job(job_id)

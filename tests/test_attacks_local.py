@@ -274,7 +274,7 @@ def test_attack_a_job_flooding_its_log_is_truncated_and_goes_on(service, store_d
 def test_attack_store_root_precreated_by_another_user_is_refused(tmp_path):
     """Another user makes the store's directory first (a shared machine, a guessable path):
     opening it is refused, saying why, and nothing of ours is written there."""
-    from jupyterlab_mlcluster.jobs.store import JobStore, UnsafeStore
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore, UnsafeStore
 
     root = tmp_path / "store"
     root.mkdir(mode=0o700)
@@ -287,7 +287,7 @@ def test_attack_store_root_precreated_by_another_user_is_refused(tmp_path):
 
 
 def test_attack_store_root_others_may_write_is_refused(tmp_path):
-    from jupyterlab_mlcluster.jobs.store import JobStore, UnsafeStore
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore, UnsafeStore
 
     root = tmp_path / "store"
     root.mkdir()

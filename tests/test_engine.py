@@ -395,7 +395,7 @@ def test_a_store_of_an_older_version_is_migrated(tmp_path):
     table from before the idle-GPU flag gets its column, its jobs unflagged."""
     import sqlite3
 
-    from jupyterlab_mlcluster.jobs.store import SCHEMA, JobStore
+    from jupyterlab_mlcluster.jobs.storage.store import SCHEMA, JobStore
 
     root = tmp_path / "old-store"
     root.mkdir()

@@ -1,4 +1,4 @@
-"""The idle-GPU rule (jobs/gpu_idle.py) over hand-made samples; the real path (ranks, store,
+"""The idle-GPU rule (jobs/running/gpu_idle.py) over hand-made samples; the real path (ranks, store,
 REST, /metrics) is tests/server/test_metrics.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jupyterlab_mlcluster.jobs.gpu_idle import IdleGpuWatch
+from jupyterlab_mlcluster.jobs.running.gpu_idle import IdleGpuWatch
 from jupyterlab_mlcluster.runtime import nvml
 
 

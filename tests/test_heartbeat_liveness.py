@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from jupyterlab_mlcluster.config import MLClusterConfig
-from jupyterlab_mlcluster.jobs import processes
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState, RankState
-from jupyterlab_mlcluster.jobs.processes import HEARTBEAT_STALE, holder_alive, this_host
 from jupyterlab_mlcluster.jobs.record import JobRecord
+from jupyterlab_mlcluster.jobs.running import processes
+from jupyterlab_mlcluster.jobs.running.processes import HEARTBEAT_STALE, holder_alive, this_host
 from jupyterlab_mlcluster.jobs.service import JobService, new_job_id
-from jupyterlab_mlcluster.jobs.store import JobStore
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
 OTHER = {"pid": 4242, "create_time": 1_700_000_000.0, "host": "gpu-node-7.cluster"}
 

@@ -6,7 +6,7 @@ import json
 import signal
 
 from jupyterlab_mlcluster.jobs.lifecycle import Outcome, failure_text, format_duration
-from jupyterlab_mlcluster.jobs.store import JobStore
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
 
 def test_failure_text_prefers_the_ranks_own_report(tmp_path):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from jupyterlab_mlcluster.jobs import logfiles
+from jupyterlab_mlcluster.jobs.storage import logfiles
 
 
 def naive_tail_offset(data: bytes, lines: int) -> int:

@@ -18,10 +18,14 @@ import time
 import pytest
 from helpers import assert_no_job_processes, run_cli, wait_for
 
-from jupyterlab_mlcluster.jobs.experiment_store import SUBMIT_STALE_AFTER, ExperimentStore
+from jupyterlab_mlcluster.jobs.experiments.scheduler import Scheduler, create_schedule
+from jupyterlab_mlcluster.jobs.experiments.schedules import (
+    ScheduleError,
+    due_tick,
+    schedule_options,
+)
+from jupyterlab_mlcluster.jobs.experiments.store import SUBMIT_STALE_AFTER, ExperimentStore
 from jupyterlab_mlcluster.jobs.model import JobSpec
-from jupyterlab_mlcluster.jobs.scheduler import Scheduler, create_schedule
-from jupyterlab_mlcluster.jobs.schedules import ScheduleError, due_tick, schedule_options
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 

@@ -11,10 +11,10 @@ import pytest
 from traitlets import TraitError
 
 from jupyterlab_mlcluster.config import MLClusterConfig
-from jupyterlab_mlcluster.jobs import fsinfo
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.jobs.store import JobStore
+from jupyterlab_mlcluster.jobs.storage import fsinfo
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 LOCAL = (

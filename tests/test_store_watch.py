@@ -14,10 +14,16 @@ import time
 import pytest
 from helpers import wait_for
 
-from jupyterlab_mlcluster.jobs import watch
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
-from jupyterlab_mlcluster.jobs.store import JobStore
-from jupyterlab_mlcluster.jobs.watch import CREATED, ENDED, IDLE_BELLS_KEPT, StoreBell, StoreWatcher
+from jupyterlab_mlcluster.jobs.storage import watch
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
+from jupyterlab_mlcluster.jobs.storage.watch import (
+    CREATED,
+    ENDED,
+    IDLE_BELLS_KEPT,
+    StoreBell,
+    StoreWatcher,
+)
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 LONG = 600.0  # a wait that only a write can end within the test's time
@@ -25,7 +31,7 @@ LONG = 600.0  # a wait that only a write can end within the test's time
 
 def write_from_another_process(root) -> None:
     code = (
-        "import sys; from jupyterlab_mlcluster.jobs.store import JobStore; "
+        "import sys; from jupyterlab_mlcluster.jobs.storage.store import JobStore; "
         "JobStore(sys.argv[1]).notify('jabcdef0123', 'logs')"
     )
     subprocess.run([sys.executable, "-c", code, str(root)], check=True, timeout=120)

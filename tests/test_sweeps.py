@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import assert_no_job_processes, run_cli
 
-from jupyterlab_mlcluster.jobs.sweeps import (
+from jupyterlab_mlcluster.jobs.experiments.sweeps import (
     SweepError,
     best_index,
     expand,

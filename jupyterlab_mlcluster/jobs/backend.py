@@ -5,7 +5,7 @@ reaper) while the backends (backends/) implement it: jobs/ never imports a backe
 ends fill the registry by importing `jupyterlab_mlcluster.backends`, which registers each
 backend under its name (a factory that imports the backend's module only when first asked,
 so a front end pays for no backend it does not use); so do the program entries of a cold
-supervisor (`python -m jupyterlab_mlcluster.jobs.supervisor`) and of the warm pool's zygote.
+supervisor (`python -m jupyterlab_mlcluster.jobs.running.supervisor`) and of the warm pool's zygote.
 
 A backend is used in two places:
 - in the submitting process: `validate` (refuse the impossible before anything is stored),
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from ..config import MLClusterConfig
     from .model import JobSpec
     from .record import JobRecord
-    from .store import JobStore
-    from .supervisor import JobContext
+    from .running.supervisor import JobContext
+    from .storage.store import JobStore
 
 
 class Backend(abc.ABC):
@@ -79,8 +79,8 @@ class Backend(abc.ABC):
     def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """Stop whatever a dead supervisor may have left behind."""
 
-    # Schedules (jobs/scheduler.py). Locally, schedulers in the store fire them; a backend
-    # whose cluster fires them itself (a Kubernetes CronJob) registers them there.
+    # Schedules (jobs/experiments/scheduler.py). Locally, schedulers in the store fire them;
+    # a backend whose cluster fires them itself (a Kubernetes CronJob) registers them there.
     fires_schedules = False
 
     def register_schedule(self, row: dict[str, Any], payload: bytes) -> None:

@@ -19,8 +19,8 @@ from ..runtime.errors import read_error_file
 from .model import JobState
 
 if TYPE_CHECKING:
-    from .store import JobStore
-    from .supervisor import JobContext
+    from .running.supervisor import JobContext
+    from .storage.store import JobStore
 
 # Written into the ranks' logs before a restart; log readers split attempts on it.
 RESTART_MARKER = "restarting all ranks"

@@ -135,7 +135,7 @@ def grace_from_args(args: argparse.Namespace) -> float | None:
     return parse_duration(getattr(args, "grace", None), option="grace")
 
 
-# The sweep options (`%%distributed` and `mlcluster run`); see jobs/sweeps.py.
+# The sweep options (`%%distributed` and `mlcluster run`); see jobs/experiments/sweeps.py.
 SWEEP_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (
         ("--sweep",),
@@ -178,7 +178,7 @@ SCHEDULE_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 def schedule_options_from_args(args, spec) -> dict[str, Any]:
     """The schedule settings of --schedule/--timezone/... (name: --schedule-name, else --name)."""
-    from .schedules import ScheduleError
+    from .experiments.schedules import ScheduleError
 
     name = args.schedule_name or spec.name
     if not name:
@@ -201,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser, arguments) -> None:
 
 def sweep_from_args(args: argparse.Namespace):
     """The SweepSpec of --sweep/--trials/..., or None (SweepError if inconsistent)."""
-    from .sweeps import parse_sweep
+    from .experiments.sweeps import parse_sweep
 
     return parse_sweep(
         args.sweep,

@@ -73,7 +73,7 @@ class JobRecord:
     has_result: bool = False
     queue_position: int | None = None
     # Since when every GPU of the running job has been idle, once that lasted
-    # MLClusterConfig.idle_gpu_after (jobs/gpu_idle.py); None otherwise.
+    # MLClusterConfig.idle_gpu_after (jobs/running/gpu_idle.py); None otherwise.
     gpu_idle_since: float | None = None
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.

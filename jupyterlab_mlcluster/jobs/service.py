@@ -26,7 +26,6 @@ from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
 from .backend import Backend, get_backend
-from .fsinfo import is_storage_full
 from .model import (
     TENSORBOARD_ENV,
     JobSpec,
@@ -36,7 +35,8 @@ from .model import (
     tensorboard_dir_for,
 )
 from .owner import current_user
-from .processes import (
+from .record import JobRecord, new_job_id
+from .running.processes import (
     heartbeat_age,
     holder_alive,
     process_is,
@@ -46,9 +46,9 @@ from .processes import (
     supervisor_lost_reason,
     this_host,
 )
-from .record import JobRecord, new_job_id
 from .sessions import is_session_cell, poke_session
-from .store import JobStore, UnknownJob
+from .storage.fsinfo import is_storage_full
+from .storage.store import JobStore, UnknownJob
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
 
@@ -288,7 +288,7 @@ class JobService:
             [
                 sys.executable,
                 "-m",
-                "jupyterlab_mlcluster.jobs.supervisor",
+                "jupyterlab_mlcluster.jobs.running.supervisor",
                 str(self.store.root),
                 job_id,
             ],

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..runtime.payload import Payload
     from .record import JobRecord
     from .service import JobService
-    from .store import JobStore
+    from .storage.store import JobStore
 
 FIFO_NAME = "session.fifo"
 # Options that shape a session's gang: fixed when it starts. A later cell may repeat them
@@ -227,7 +227,7 @@ def restart_session(
 def _supervised(holder: JobRecord) -> bool:
     """The session's supervisor is alive (a process check on this host; a fresh heartbeat
     elsewhere), or has not started yet."""
-    from .processes import holder_alive
+    from .running.processes import holder_alive
 
     return not holder.supervisor or holder_alive(holder.supervisor, holder.heartbeat)
 

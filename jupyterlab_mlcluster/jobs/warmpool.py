@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from .processes import start_detached
+from .running.processes import start_detached
 
 _IN_ZYGOTE_CHILD = False
 _ENV_KEYS = (
@@ -65,7 +65,7 @@ _ENV_KEYS = (
 )
 START_TIMEOUT = 60.0
 _OWN_MODULES = (
-    "jupyterlab_mlcluster.jobs.supervisor",
+    "jupyterlab_mlcluster.jobs.running.supervisor",
     "jupyterlab_mlcluster.backends.local.backend",
     "jupyterlab_mlcluster.runtime.worker",
     "jupyterlab_mlcluster.config",
@@ -1111,7 +1111,7 @@ def _run_forked_supervisor(
         os.dup2(fd, 2)
         os.closerange(3, _max_fd())
         _fresh_stdio()
-        from .supervisor import main as supervisor_main
+        from .running.supervisor import main as supervisor_main
 
         status = supervisor_main([store_root, job_id])
     except BaseException:  # noqa: BLE001

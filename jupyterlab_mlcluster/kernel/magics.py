@@ -276,7 +276,7 @@ class CellRun:
         return Job(service, record.id)
 
     def submit_sweep(self, spec, payload, sweep, grace=None):
-        from ..jobs.sweep import submit_sweep
+        from ..jobs.experiments.sweep import submit_sweep
         from .sweep_monitor import SweepMonitor
 
         self.sweep = submit_sweep(
@@ -295,8 +295,8 @@ class CellRun:
         return self.sweep
 
     def register_schedule(self, spec, payload):
-        from ..jobs.scheduler import create_schedule
-        from ..jobs.schedules import next_tick
+        from ..jobs.experiments.scheduler import create_schedule
+        from ..jobs.experiments.schedules import next_tick
 
         args = self.args
         origin = _kernel_origin()
@@ -578,7 +578,7 @@ class DistributedMagics(Magics):
         return value
 
     def _find(self, job: str):
-        from ..jobs.store import UnknownJob
+        from ..jobs.storage.store import UnknownJob
 
         try:
             return self.service.get(job)
@@ -668,7 +668,7 @@ def load_ipython_extension(ipython) -> None:
 _FIRST_CELL_MODULES = (
     "cloudpickle",
     "jupyterlab_mlcluster.jobs.service",
-    "jupyterlab_mlcluster.jobs.watch",
+    "jupyterlab_mlcluster.jobs.storage.watch",
     "jupyterlab_mlcluster.backends.local.backend",
     "jupyterlab_mlcluster.kernel.monitor",
 )

@@ -27,7 +27,7 @@ from typing import Any
 from ..jobs.model import JobState
 from ..jobs.record import JobRecord
 from ..jobs.service import JobService
-from ..jobs.watch import CREATED, StoreWatcher
+from ..jobs.storage.watch import CREATED, StoreWatcher
 
 POLL_INTERVAL = 0.05
 MAX_REDRAWS_PER_SECOND = 4

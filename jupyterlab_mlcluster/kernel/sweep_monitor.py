@@ -11,9 +11,9 @@ import asyncio
 import time
 import uuid
 
+from ..jobs.experiments.sweep import Sweep, format_trials_html, format_trials_text
 from ..jobs.model import JobState
-from ..jobs.sweep import Sweep, format_trials_html, format_trials_text
-from ..jobs.watch import StoreWatcher
+from ..jobs.storage.watch import StoreWatcher
 from .monitor import POLL_INTERVAL
 
 MAX_REDRAWS_PER_SECOND = 4

@@ -102,7 +102,7 @@ def complete_environment(env: os._Environ | dict[str, str]) -> None:
 def tie_to_supervisor() -> None:
     """Die with the supervisor (Linux PR_SET_PDEATHSIG), so no rank outlives its job; join
     the job's cgroup first, if it has one, so that nothing this rank starts is born outside
-    it (jobs/proctree.py)."""
+    it (jobs/running/proctree.py)."""
     expected = os.environ.get("MLCLUSTER_SUPERVISOR_PID")
     if not expected or not sys.platform.startswith("linux"):
         return

@@ -33,8 +33,8 @@ from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
-from ..jobs.store import UnknownJob
-from ..jobs.watch import StoreWatcher
+from ..jobs.storage.store import UnknownJob
+from ..jobs.storage.watch import StoreWatcher
 from .identity import IdentityError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The server's share of firing schedules: a periodic pass of jobs/scheduler.py's
+"""The server's share of firing schedules: a periodic pass of jobs/experiments/scheduler.py's
 `Scheduler` in the extension's executor (the REST handlers of schedules are
 handlers/experiments.py)."""
 
@@ -9,7 +9,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from ..jobs.scheduler import Scheduler, pass_backoff
+from ..jobs.experiments.scheduler import Scheduler, pass_backoff
 
 if TYPE_CHECKING:
     from .app import MLClusterApp

@@ -31,7 +31,7 @@ from .identity import IdentityError
 
 if TYPE_CHECKING:
     from ..jobs.record import JobRecord
-    from ..jobs.store import JobStore
+    from ..jobs.storage.store import JobStore
 
 log = logging.getLogger(__name__)
 

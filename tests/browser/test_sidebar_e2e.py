@@ -388,7 +388,7 @@ def test_delete_from_the_panel_forgets_the_job(server, page, jobs):
     page.locator(f"{SIDEBAR} .jp-mlc-sections").wait_for()  # back to the list
     scratch.wait_for(state="detached")
     assert api(server, f"jobs/{job_id}")[0] == 404
-    from jupyterlab_mlcluster.jobs.store import UnknownJob
+    from jupyterlab_mlcluster.jobs.storage.store import UnknownJob
 
     with pytest.raises(UnknownJob):
         jobs.store.get_job(job_id)

@@ -116,7 +116,7 @@ def run_cell(kernel: KernelSession, script: Path, store: Path) -> tuple[int, lis
 
 
 def run_cell_source(kernel: KernelSession, source: str, store: Path) -> tuple[int, list[str], str]:
-    from jupyterlab_mlcluster.jobs.store import JobStore
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
     _, reply = kernel.execute(f"%%distributed --workers {WORKERS}\n{source}", timeout=300)
     jobs = JobStore(store)

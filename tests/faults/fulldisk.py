@@ -17,7 +17,7 @@ from pathlib import Path
 from helpers import run_cli
 
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.jobs.store import STAGING_PREFIX, JobStore
+from jupyterlab_mlcluster.jobs.storage.store import STAGING_PREFIX, JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 CHATTY_RANK = """\

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 from helpers import WAIT_SCALE
 
-from jupyterlab_mlcluster.jobs import proctree
 from jupyterlab_mlcluster.jobs.model import JobSpec, RankState
-from jupyterlab_mlcluster.jobs.processes import process_is
+from jupyterlab_mlcluster.jobs.running import proctree
+from jupyterlab_mlcluster.jobs.running.processes import process_is
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 RANK_CODE = """\

@@ -29,7 +29,7 @@ from helpers import assert_no_job_processes, scenario_seed, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
-from jupyterlab_mlcluster.jobs.store import RESERVE_BYTES, RESERVE_NAME, JobStore
+from jupyterlab_mlcluster.jobs.storage.store import RESERVE_BYTES, RESERVE_NAME, JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 from tests.faults.fulldisk import (
     CHATTY_RANK,
@@ -270,7 +270,7 @@ def test_a_dead_submitters_staging_directory_is_swept(service):
     is old enough that no live submission can own it."""
     import time
 
-    from jupyterlab_mlcluster.jobs.store import STAGING_PREFIX, STAGING_STALE
+    from jupyterlab_mlcluster.jobs.storage.store import STAGING_PREFIX, STAGING_STALE
 
     jobs_dir = service.store.root / "jobs"
     old = jobs_dir / f"{STAGING_PREFIX}j0123456789"
@@ -367,7 +367,7 @@ def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
     import errno
     import shutil
 
-    from jupyterlab_mlcluster.jobs import supervisor
+    from jupyterlab_mlcluster.jobs.running import supervisor
 
     store = JobStore(tmp_path / "store")
     tries = []

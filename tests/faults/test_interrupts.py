@@ -19,25 +19,30 @@ from pathlib import Path
 import psutil
 from helpers import assert_no_job_processes
 
+from jupyterlab_mlcluster.jobs.experiments.sweep import submit_sweep
+from jupyterlab_mlcluster.jobs.experiments.sweeps import parse_sweep
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
-from jupyterlab_mlcluster.jobs.processes import CLAIM_GRACE, this_host
 from jupyterlab_mlcluster.jobs.record import JobRecord
-from jupyterlab_mlcluster.jobs.store import STAGING_PREFIX, JobStore
-from jupyterlab_mlcluster.jobs.sweep import submit_sweep
-from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
+from jupyterlab_mlcluster.jobs.running.processes import CLAIM_GRACE, this_host
+from jupyterlab_mlcluster.jobs.storage.store import STAGING_PREFIX, JobStore
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 # The modules whose lines an interrupt may land on (the job store's are store*.py, database.py).
 # contextlib: an interrupt can land in a `with` statement's own machinery, after a COMMIT.
 STORE_FILES = (
-    "jobs/store.py",
-    "jobs/store_rows.py",
-    "jobs/store_schema.py",
-    "jobs/store_logs.py",
-    "jobs/database.py",
+    "jobs/storage/store.py",
+    "jobs/storage/rows.py",
+    "jobs/storage/schema.py",
+    "jobs/storage/logs.py",
+    "jobs/storage/database.py",
     "/contextlib.py",
 )
-SUBMIT_FILES = (*STORE_FILES, "jobs/service.py", "jobs/sweep.py", "jobs/experiment_store.py")
+SUBMIT_FILES = (
+    *STORE_FILES,
+    "jobs/service.py",
+    "jobs/experiments/sweep.py",
+    "jobs/experiments/store.py",
+)
 
 
 @contextlib.contextmanager

@@ -146,7 +146,7 @@ def test_the_reaper_kills_only_what_is_the_jobs(tmp_path):
 
     import psutil
 
-    from jupyterlab_mlcluster.jobs import proctree
+    from jupyterlab_mlcluster.jobs.running import proctree
 
     victim = f"victim-{uuid.uuid4().hex[:8]}"  # other test sessions may run this at once
     other = proctree.job_cgroup_path(f"bystander-{uuid.uuid4().hex[:8]}")

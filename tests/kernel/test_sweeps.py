@@ -8,8 +8,8 @@ import pytest
 from helpers import assert_no_job_processes, wait_for
 from kernel_session import outputs
 
-from jupyterlab_mlcluster.jobs.experiment_store import ExperimentStore
-from jupyterlab_mlcluster.jobs.sweeps import expand, parse_sweep
+from jupyterlab_mlcluster.jobs.experiments.store import ExperimentStore
+from jupyterlab_mlcluster.jobs.experiments.sweeps import expand, parse_sweep
 
 # Every rank must have `x`: the all-reduced sum over 2 ranks, halved, is x only if both had it.
 GRID_CELL = """%%distributed --workers 2 --sweep x=1,2,3 --parallel 2
@@ -175,7 +175,7 @@ def test_interrupt_cancels_every_trial(kernel, service):
 
 
 def test_schedule_registers_the_cell_and_its_pushed_variables(kernel, service):
-    from jupyterlab_mlcluster.jobs.scheduler import Scheduler
+    from jupyterlab_mlcluster.jobs.experiments.scheduler import Scheduler
 
     kernel.execute("factor = 7")
     msgs, reply = kernel.execute(

@@ -24,7 +24,7 @@ from jupyterlab_mlcluster.backends.kubernetes.schedules import (
     schedule_cronjob,
     schedule_secret,
 )
-from jupyterlab_mlcluster.jobs.experiment_store import ExperimentStore
+from jupyterlab_mlcluster.jobs.experiments.store import ExperimentStore
 from jupyterlab_mlcluster.jobs.model import SpecError
 from tests.kube.jobs_fixtures import log_text
 
@@ -122,7 +122,7 @@ def test_schedule_add_creates_a_cronjob_whose_pod_really_submits_the_job(
     )
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
     # local schedulers leave it to the cluster
-    from jupyterlab_mlcluster.jobs.scheduler import Scheduler
+    from jupyterlab_mlcluster.jobs.experiments.scheduler import Scheduler
 
     assert Scheduler(service).fire_due(now=4_000_000_000.0) == []
 
@@ -206,8 +206,8 @@ def test_a_sweep_on_kubernetes_creates_a_trial_only_when_a_slot_is_free(
 ):
     from helpers import wait_for
 
-    from jupyterlab_mlcluster.jobs.sweep import submit_sweep
-    from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
+    from jupyterlab_mlcluster.jobs.experiments.sweep import submit_sweep
+    from jupyterlab_mlcluster.jobs.experiments.sweeps import parse_sweep
     from tests.kube.jobs_fixtures import code, spec_of
     from tests.kube.player import objects_of
 

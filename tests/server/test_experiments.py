@@ -10,11 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from jupyterlab_mlcluster.jobs.experiment_store import ExperimentStore
+from jupyterlab_mlcluster.jobs.experiments.scheduler import create_schedule
+from jupyterlab_mlcluster.jobs.experiments.store import ExperimentStore
+from jupyterlab_mlcluster.jobs.experiments.sweep import submit_sweep
+from jupyterlab_mlcluster.jobs.experiments.sweeps import parse_sweep
 from jupyterlab_mlcluster.jobs.model import JobSpec
-from jupyterlab_mlcluster.jobs.scheduler import create_schedule
-from jupyterlab_mlcluster.jobs.sweep import submit_sweep
-from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
 from jupyterlab_mlcluster.runtime.payload import Payload
 from jupyterlab_mlcluster.server.openapi import build_document
 

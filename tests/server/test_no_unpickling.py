@@ -29,13 +29,13 @@ ALLOWED = {
     # Firing a local schedule submits its stored payload as a local job, whose code runs as
     # this server's Unix user anyway: only where local jobs run here (one user's server, or
     # allow_local_jobs_when_shared); a shared server fires none (test_no_local_schedule_is_fired).
-    "jobs/scheduler.py:Scheduler._submit",
+    "jobs/experiments/scheduler.py:Scheduler._submit",
     # A local job's rank, forked from the warm pool: the process that runs the job's own code
     # (local backend, the same places as above).
     "jobs/warmpool.py:become_rank",
 }
 # Processes the server starts run as its user too: the walk starts from them as well.
-STARTED_PROCESSES = ("jobs/supervisor.py:<module>",)
+STARTED_PROCESSES = ("jobs/running/supervisor.py:<module>",)
 
 
 class Definition:
@@ -383,9 +383,9 @@ async def test_attack_sweep_trial_value_that_runs_code_is_not_unpickled_by_the_s
     """The sweep listing shows each trial's metric, read from the trial's result: as data."""
     import asyncio
 
+    from jupyterlab_mlcluster.jobs.experiments.sweep import submit_sweep
+    from jupyterlab_mlcluster.jobs.experiments.sweeps import parse_sweep
     from jupyterlab_mlcluster.jobs.model import JobSpec
-    from jupyterlab_mlcluster.jobs.sweep import submit_sweep
-    from jupyterlab_mlcluster.jobs.sweeps import parse_sweep
     from jupyterlab_mlcluster.runtime.payload import Payload
 
     marker = tmp_path / "ran-as-the-server"

@@ -577,9 +577,9 @@ def orphaned_job(store_dir):
     import psutil
 
     from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
-    from jupyterlab_mlcluster.jobs.processes import this_host
     from jupyterlab_mlcluster.jobs.record import JobRecord
-    from jupyterlab_mlcluster.jobs.store import JobStore
+    from jupyterlab_mlcluster.jobs.running.processes import this_host
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
     gone = subprocess.Popen(["true"])
     created = psutil.Process(gone.pid).create_time()

@@ -268,7 +268,7 @@ def test_a_sweep_of_three_trials_two_at_a_time(slurm_store, slurm, tmp_path):
 
 
 def test_a_scheduled_run_goes_to_slurm(service, tmp_path):
-    from jupyterlab_mlcluster.jobs.scheduler import Scheduler, create_schedule
+    from jupyterlab_mlcluster.jobs.experiments.scheduler import Scheduler, create_schedule
 
     path = tmp_path / "nightly.py"
     path.write_text("print('nightly ran')\n")

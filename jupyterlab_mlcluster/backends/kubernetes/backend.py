@@ -24,7 +24,7 @@ from .plan import JobPlan, make_plan
 from .trainjob import runtime_missing_message
 
 if TYPE_CHECKING:
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 

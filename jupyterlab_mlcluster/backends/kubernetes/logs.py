@@ -26,7 +26,7 @@ from typing import Any
 # RESTART_MARKER is in the system line written to every rank's log before a restart: lines
 # after the last one came from the current attempt's pods (what a resumed stream skips).
 from ...jobs.lifecycle import RESTART_MARKER
-from ...jobs.store import JobStore
+from ...jobs.storage.store import JobStore
 from ...runtime.protocol import OutputParser
 from .client import Connection, kind_of
 from .objects import split_packed_line

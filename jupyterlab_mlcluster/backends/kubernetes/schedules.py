@@ -99,7 +99,7 @@ def schedule_cronjob(
     service_account: str | None = None,
     mount_path: str = MOUNT_PATH,
 ) -> dict[str, Any]:
-    """The CronJob of a schedule row (jobs/experiment_store.py), its policies one for one;
+    """The CronJob of a schedule row (jobs/experiments/store.py), its policies one for one;
     `secret` is the created Secret holding its job (its name and uid are recorded)."""
     secret_name = secret["metadata"]["name"]
     name = object_name(row["name"])

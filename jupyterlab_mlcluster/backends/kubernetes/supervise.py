@@ -34,7 +34,7 @@ from ... import kubeconn
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState
-from ...jobs.store import JobStore
+from ...jobs.storage.store import JobStore
 from ...runtime.protocol import job_key, key_path
 from . import supervise_logs, supervise_objects
 from .client import (
@@ -65,7 +65,7 @@ from .supervise_logs import LOOP_TICK
 from .volcano import PodGroupView
 
 if TYPE_CHECKING:
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute

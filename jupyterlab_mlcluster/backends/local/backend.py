@@ -15,8 +15,8 @@ from ...jobs import lifecycle
 from ...jobs.backend import Backend
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
-from ...jobs.processes import supervisor_alive
-from ...jobs.proctree import (
+from ...jobs.running.processes import supervisor_alive
+from ...jobs.running.proctree import (
     START_SLACK,
     Containment,
     Sentinel,
@@ -24,13 +24,13 @@ from ...jobs.proctree import (
     kill_orphaned_tree,
 )
 from ...jobs.sessions import is_session_holder
-from ...jobs.store import JobStore
+from ...jobs.storage.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ...runtime.samplers import RankSampler
 from . import launcher, pool
 
 if TYPE_CHECKING:
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -70,7 +70,7 @@ class LocalBackend(Backend):
 
     def cleanup_orphans(self, store: JobStore, job) -> None:
         """Kill whatever a dead supervisor's ranks left: their groups, the job's cgroup,
-        what they started elsewhere (jobs/proctree.py)."""
+        what they started elsewhere (jobs/running/proctree.py)."""
         kill_orphaned_tree(store.job_dir(job.id), job.id, store.rank_processes(job.id))
 
     # -- inside the supervisor -------------------------------------------------------------
@@ -536,7 +536,7 @@ def _after_supervisor_death(ctx: JobContext, since: float) -> None:
     os.dup2(devnull, 1)
     os.execv(
         sys.executable,
-        [sys.executable, "-m", "jupyterlab_mlcluster.jobs.supervisor", "--settle"]
+        [sys.executable, "-m", "jupyterlab_mlcluster.jobs.running.supervisor", "--settle"]
         + [str(ctx.store.root), ctx.job.id],
     )
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ...jobs.model import JobSpec
-from ...jobs.proctree import our_group
+from ...jobs.running.proctree import our_group
 
 # Variables of the submitting process that must not leak into ranks: ipykernel's inline
 # matplotlib backend has no frontend in a rank, and stale launcher variables would lie.

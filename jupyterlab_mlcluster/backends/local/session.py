@@ -36,14 +36,14 @@ from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobState, RankState
 from ...jobs.sessions import FIFO_NAME
-from ...jobs.store import UnknownJob
-from ...jobs.watch import ENDED
+from ...jobs.storage.store import UnknownJob
+from ...jobs.storage.watch import ENDED
 from ...runtime.protocol import encode_record, job_key, key_path
 from . import launcher
 from .backend import LOOP_TICK, _Gang, _read_launch
 
 if TYPE_CHECKING:
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -313,7 +313,7 @@ class SessionGang(_Gang):
     # -- cells ---------------------------------------------------------------------------
 
     def begin_cell(self, cell_id: str) -> None:
-        from ...jobs.supervisor import JobContext, claim
+        from ...jobs.running.supervisor import JobContext, claim
 
         store, holder = self.store, self.ctx.job
         try:

@@ -33,8 +33,8 @@ from . import script
 from .commands import SlurmCommands, SlurmError
 
 if TYPE_CHECKING:
-    from ...jobs.store import JobStore
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.store import JobStore
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 

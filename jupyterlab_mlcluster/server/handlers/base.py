@@ -17,7 +17,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ... import patterns
-from ...jobs.store import UnknownJob
+from ...jobs.storage.store import UnknownJob
 from ..identity import IdentityError
 from ..openapi import API_PREFIX, RequestError
 

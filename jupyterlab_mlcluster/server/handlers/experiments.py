@@ -14,11 +14,11 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ... import patterns
-from ...jobs.experiment_store import UnknownSchedule, UnknownSweep
-from ...jobs.scheduler import delete as delete_schedule
-from ...jobs.scheduler import experiments, run_json, schedule_json
-from ...jobs.scheduler import pause as pause_schedule
-from ...jobs.sweep import Sweep
+from ...jobs.experiments.scheduler import delete as delete_schedule
+from ...jobs.experiments.scheduler import experiments, run_json, schedule_json
+from ...jobs.experiments.scheduler import pause as pause_schedule
+from ...jobs.experiments.store import UnknownSchedule, UnknownSweep
+from ...jobs.experiments.sweep import Sweep
 from .base import MLClusterHandler
 
 

@@ -16,7 +16,7 @@ from tornado.iostream import StreamClosedError
 
 from ...jobs.model import JobState, tensorboard_dir_for
 from ...jobs.service import NoJSONForm
-from ...jobs.store import UnknownJob
+from ...jobs.storage.store import UnknownJob
 from ..tensorboard import ENV_NAME as TENSORBOARD_ENV
 from ..tensorboard import (
     NoTensorBoardData,

@@ -15,7 +15,7 @@ from tornado import web
 
 from ...jobs.model import JobSpec, SpecError
 from ...jobs.service import JobStillRunning
-from ...jobs.store import UnknownJob
+from ...jobs.storage.store import UnknownJob
 from ...kubeconn import ClusterUnavailable, KubeError, configuration_problem
 from ...runtime.payload import Payload, PayloadError
 from ..tensorboard import ENV_NAME as TENSORBOARD_ENV

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .experiment_store import ExperimentStore
-from .model import JobSpec, JobState
-from .record import iso
+from ..model import JobSpec, JobState
+from ..record import iso
+from .store import ExperimentStore
 from .sweeps import SweepSpec, best_index, expand, format_value, is_score, metric_of
 
 SLOT_POLL = 0.2
@@ -57,7 +57,7 @@ def submit_sweep(
 ) -> Sweep:
     """Store the sweep and submit its trials. SpecError/PayloadError before the first
     submit: nothing stored."""
-    from .owner import current_user
+    from ..owner import current_user
 
     clash = sorted(set(payload.push) & {p.name for p in sweep.params})
     if clash:

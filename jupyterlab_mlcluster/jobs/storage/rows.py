@@ -8,8 +8,8 @@ import json
 import sqlite3
 from typing import Any
 
-from .model import JobSpec, JobState, RankState
-from .record import JobRecord, RankRecord
+from ..model import JobSpec, JobState, RankState
+from ..record import JobRecord, RankRecord
 
 _JSON_COLUMNS = ("origin", "supervisor", "allocation", "capacity", "backend_state")
 JOB_COLUMNS = {

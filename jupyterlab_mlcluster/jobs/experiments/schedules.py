@@ -13,8 +13,8 @@ from typing import Any
 
 from croniter import croniter
 
-from .. import patterns
-from .model import SpecError, parse_duration
+from ... import patterns
+from ..model import SpecError, parse_duration
 
 CONCURRENCY = ("Allow", "Forbid", "Replace")
 _NAME_RE = patterns.regex(patterns.SCHEDULE_NAME)  # + "-YYYYMMDDHHMM" <= 53

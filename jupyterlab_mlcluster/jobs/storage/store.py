@@ -14,7 +14,7 @@ transaction, so readers can follow changes by sequence number instead of diffing
 
 What is where: `JobStore` (here) holds every SQL statement on jobs, ranks, metrics, sessions
 and the change feed, and the paths of a job's files; the schema, migrations and journal mode
-are in store_schema.py, rows <-> JobRecord in store_rows.py, log reads in store_logs.py.
+are in schema.py, rows <-> JobRecord in rows.py, log reads in logs.py.
 Why this module is still over 500 lines: the SQL stays in one class on purpose (issue 24:
 "all SQL in the store"), each write with its change event in the same transaction.
 """
@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import store_logs
+from ..model import JOB_ID_RE, JobState, RankState
+from ..record import JobRecord
+from . import logs as store_logs
 from .database import Database
-from .model import JOB_ID_RE, JobState, RankState
-from .record import JobRecord
-from .store_rows import JOB_COLUMNS, RANK_COLUMNS, job_from_row, to_column
-from .store_schema import JOURNAL_MODES, choose_journal_mode, ensure_schema
-from .store_schema import SCHEMA as SCHEMA  # re-exported: tests build older stores from it
+from .rows import JOB_COLUMNS, RANK_COLUMNS, job_from_row, to_column
+from .schema import JOURNAL_MODES, choose_journal_mode, ensure_schema
+from .schema import SCHEMA as SCHEMA  # re-exported: tests build older stores from it
 
 log = logging.getLogger("jupyterlab_mlcluster.store")
 

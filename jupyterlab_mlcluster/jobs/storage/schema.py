@@ -1,6 +1,6 @@
 """The job store's schema: its tables (SCHEMA), bringing a store written by an older version
 up to it (`_migrate`), and SQLite's journal mode (WAL, or the rollback journal on a network
-filesystem). Run once when a JobStore opens (jobs/store.py)."""
+filesystem). Run once when a JobStore opens (jobs/storage/store.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading a job's rank logs (jobs/<id>/logs/rank-<r>.log, written by jobs/logfiles.py's
+"""Reading a job's rank logs (jobs/<id>/logs/rank-<r>.log, written by jobs/storage/logfiles.py's
 writers) from a cursor: whole lines only, ranks merged by time, a byte budget, a tail.
 `JobStore.read_logs` is this."""
 

@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backoff import Backoff
-from .experiment_store import ExperimentStore, UnknownSchedule
-from .model import JobSpec, JobState
-from .record import iso
+from ..backoff import Backoff
+from ..model import JobSpec, JobState
+from ..record import iso
 from .schedules import (
     ScheduleError,
     due_tick,
@@ -26,6 +25,7 @@ from .schedules import (
     run_name,
     schedule_options,
 )
+from .store import ExperimentStore, UnknownSchedule
 
 log = logging.getLogger("jupyterlab_mlcluster.scheduler")
 
@@ -157,7 +157,7 @@ class Scheduler:
         return {"schedule": name, "tick": tick, "outcome": "submitted", "job_id": job_id}
 
     def _submit(self, row: dict[str, Any], tick: float) -> str:
-        from ..runtime.payload import Payload
+        from ...runtime.payload import Payload
 
         spec = JobSpec.from_dict(row["spec"])
         spec.name = run_name(row["name"], tick, row["timezone"])

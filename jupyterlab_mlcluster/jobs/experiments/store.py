@@ -5,7 +5,7 @@ answered atomically join experiment rows with job rows in ONE transaction —
 "may this trial start? (fewer than K of its sweep's trials hold a slot and are not final)"
 and "may this tick fire? (claim it; Forbid: no run of this schedule still active)". SQLite
 cannot lock two files in one transaction. The tables are created here (CREATE IF NOT
-EXISTS) and only this module writes them; jobs/store.py knows nothing of them.
+EXISTS) and only this module writes them; jobs/storage/store.py knows nothing of them.
 
     sweeps         one row per sweep (options, owner)
     sweep_trials   trial index -> job id, params; `admitted` once it holds a parallel slot
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .database import Database
-from .model import FINAL_STATES, SpecError
+from ..model import FINAL_STATES, SpecError
+from ..storage.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (

@@ -1,4 +1,6 @@
-"""The per-job supervisor process: `python -m jupyterlab_mlcluster.jobs.supervisor ROOT JOB`.
+"""The per-job supervisor process.
+
+Run as `python -m jupyterlab_mlcluster.jobs.running.supervisor ROOT JOB`.
 
 It claims the job, keeps a heartbeat, turns cancel requests (a store flag or SIGTERM) and
 the death of an attached submitter into `ctx.cancelled`, and runs the job's backend. It is
@@ -20,18 +22,18 @@ from typing import Any
 
 import psutil
 
-from ..config import get_config
-from .backend import get_backend
-from .backoff import Backoff
-from .fsinfo import is_storage_full, no_space_text
+from ...config import get_config
+from ..backend import get_backend
+from ..backoff import Backoff
+from ..experiments.sweep import wait_for_slot
+from ..model import JobState, RankState
+from ..record import JobRecord
+from ..storage.fsinfo import is_storage_full, no_space_text
+from ..storage.logfiles import format_log_line
+from ..storage.store import JobStore
+from ..storage.watch import ENDED
 from .gpu_idle import IdleGpuWatch
-from .logfiles import format_log_line
-from .model import JobState, RankState
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
-from .record import JobRecord
-from .store import JobStore
-from .sweep import wait_for_slot
-from .watch import ENDED
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -242,7 +244,7 @@ def claim(store: JobStore, job_id: str) -> bool:
 
 
 def _launch(root: Path, job_id: str) -> dict[str, Any]:
-    from .store import check_job_id
+    from ..storage.store import check_job_id
 
     try:
         return json.loads((root / "jobs" / check_job_id(job_id) / "launch.json").read_text())
@@ -255,7 +257,7 @@ def _submitter_config(root: Path, job_id: str):
     resolved it (its config files included), so the files need not be read again."""
     from traitlets.config import Config
 
-    from ..config import MLClusterConfig
+    from ...config import MLClusterConfig
 
     snapshot = _launch(root, job_id).get("config")
     if not snapshot:
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         return settle_after_death(Path(argv[1]), argv[2])
     if len(argv) != 2:
         print(
-            "usage: python -m jupyterlab_mlcluster.jobs.supervisor STORE_DIR JOB_ID",
+            "usage: python -m jupyterlab_mlcluster.jobs.running.supervisor STORE_DIR JOB_ID",
             file=sys.stderr,
         )
         return 2
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 def settle_after_death(root: Path, job_id: str) -> int:
     """`--settle ROOT JOB`: what a dead supervisor's sentinel runs (proctree.Sentinel) once
     it has killed what the ranks left: the job is settled as any reaper would."""
-    from .service import JobService
+    from ..service import JobService
 
     config = _submitter_config(root, job_id)
     mode = _launch(root, job_id).get("store_journal_mode") or config.store_journal_mode
@@ -407,6 +409,6 @@ if __name__ == "__main__":
     # A cold supervisor (or a dead one's sentinel, --settle) is a program of its own: like a
     # front end, its entry fills the backend registry (a supervisor forked from the warm pool
     # has it from the zygote's entry). Allowed by name in pyproject.toml's import contracts.
-    from .. import backends  # noqa: F401
+    from ... import backends  # noqa: F401
 
     sys.exit(main())

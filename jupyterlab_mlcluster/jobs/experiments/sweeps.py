@@ -1,5 +1,5 @@
 """Hyperparameter sweeps, the pure part: parse `--sweep` options, expand them into trials,
-pick the best trial. No I/O; `jobs/sweep.py` submits the trials as ordinary jobs.
+pick the best trial. No I/O; `jobs/experiments/sweep.py` submits the trials as ordinary jobs.
 
     --sweep lr=0.1,0.01 --sweep batch=32,64          grid: every combination (4 trials)
     --sweep lr=loguniform(1e-4,1e-1) --trials 20     random search: 20 draws
@@ -17,7 +17,7 @@ import random
 import re
 from typing import Any
 
-from .model import SpecError
+from ..model import SpecError
 
 MAX_TRIALS = 1000
 MODES = ("min", "max")
