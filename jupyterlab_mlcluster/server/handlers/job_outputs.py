@@ -44,8 +44,11 @@ class LogsHandler(MLClusterHandler):
         record = await self.job(ref)
         rank = q.get("rank")
         if rank is not None and rank >= record.spec.workers:
+            # A well-formed rank this job does not have: missing, as a path would be (the
+            # document's 404), not a malformed request.
             raise web.HTTPError(
-                400, f"rank must be between 0 and {record.spec.workers - 1}, got {rank}"
+                404,
+                f"job {record.id} has no rank {rank}: its ranks are 0 to {record.spec.workers - 1}",
             )
         if q["follow"]:
             await self._follow(record.id, rank, q.get("since"), q.get("tail"))
