@@ -2,17 +2,21 @@
 
     python bench/bench_monitor.py [--reps 5] [--workers 4] [--steps 300]
 
-One real kernel (jupyter_client) runs the same training cell three ways, interleaved
-(monitor, quiet, launcher, monitor, quiet, ...) so that a busy moment of the machine hurts
-every method alike:
-  monitor   `%%distributed --workers N`: the live monitor (widgets, rank table, log tabs)
-  quiet     `%%distributed --workers N --quiet`: no monitor at all
-  launcher  accelerate's notebook_launcher(fn, num_processes=N) called in the same kernel
+One real kernel (jupyter_client) runs the same training five ways, interleaved (monitor,
+quiet, launcher, session, session-quiet, monitor, ...) so that a busy moment of the machine
+hurts every method alike:
+  monitor        `%%distributed --workers N`: the live monitor (widgets, rank table, log tabs)
+  quiet          `%%distributed --workers N --quiet`: no monitor at all
+  launcher       accelerate's notebook_launcher(fn, num_processes=N) called in the same kernel
+  session        `%%distributed --session monitor`: the loop alone, on a session's live ranks
+                 (a first cell set up the process group and the model), with the live monitor
+  session-quiet  the same session cell with --quiet
 
 The cell trains a small MLP with DistributedDataParallel (gloo, CPU) and, like a real
 training loop, every rank prints a line every 10 steps. Rank 0 times steps 20..20+steps
-and writes steps/s to a file (--quiet shows no output). The table shows medians over --reps and the ratios to `quiet`,
-and the kernel process's own CPU seconds per cell (what the monitor itself spends).
+and writes steps/s to a file (--quiet shows no output). The table shows medians over --reps
+and the ratios to `quiet` (a session's: to `session-quiet`), and the kernel process's own CPU
+seconds per cell (what the monitor itself spends).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-TRAIN = textwrap.dedent(
+SETUP = textwrap.dedent(
     """
     import os as _os, time as _t
     import torch, torch.distributed as dist
@@ -41,6 +45,13 @@ TRAIN = textwrap.dedent(
         torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)))
     _opt = torch.optim.SGD(_model.parameters(), lr=0.01)
     _x, _y = torch.randn(32, 64), torch.randn(32, 64)
+    """
+)
+
+# The timed loop: a job's cell runs SETUP first; a session's cells run it alone, on ranks
+# that ran SETUP once.
+LOOP = textwrap.dedent(
+    """
     _WARM, _STEPS = 20, {steps}
     for _step in range(_WARM + _STEPS):
         if _step == _WARM:
@@ -55,22 +66,27 @@ TRAIN = textwrap.dedent(
     if _rank == 0:  # a file, not output: --quiet shows none
         with open(_os.environ["MLCB_RESULT"], "w") as _f:
             _f.write(str(_STEPS / (_t.perf_counter() - _t0)))
-    dist.destroy_process_group()
     """
 )
+
+METHODS = ("monitor", "quiet", "launcher", "session", "session-quiet")
+# What each method's monitor cost is measured against (the others: `quiet`).
+QUIET = {"session": "session-quiet", "session-quiet": "session-quiet"}
 
 DRIVER = """
 import json, os, sys
 from jupyter_client.manager import start_new_kernel
 workers, reps, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-TRAIN = sys.argv[4]
+SETUP, LOOP = sys.argv[4], sys.argv[5]
+ONLY = sys.argv[6].split(",")
+TRAIN = SETUP + LOOP + "dist.destroy_process_group()\\n"
 import psutil
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
 kernel = psutil.Process(km.provisioner.process.pid)
 def kernel_cpu():
     times = kernel.cpu_times()
     return times.user + times.system
-SETUP = (
+KERNEL_SETUP = (
     "import os, socket, tempfile, torch\\n"
     "from accelerate import notebook_launcher\\n"
     f"TRAIN = {TRAIN!r}\\n"
@@ -93,6 +109,9 @@ CELLS = {
         "        os.dup2(_saved, 1); os.close(_saved)\\n"
         "    _cap.seek(0); print(_cap.read())\\n"
     ),
+    # The same loop on a session's live ranks (SETUP ran once, below), monitor and not.
+    "session": "%%distributed --session monitor\\n" + LOOP,
+    "session-quiet": "%%distributed --session monitor --quiet\\n" + LOOP,
 }
 def execute(code):
     msg_id = kc.execute(code)
@@ -112,9 +131,14 @@ def execute(code):
     assert reply["content"]["status"] == "ok", reply["content"]
     return "\\n".join(text)
 try:
-    execute(SETUP)
+    execute(KERNEL_SETUP)
+    sessions = any(method.startswith("session") for method in ONLY)
+    if sessions:
+        execute(f"%%distributed --session monitor --workers {workers} --quiet\\n" + SETUP)
     for rep in range(reps + 1):  # the first round warms up (imports, pool) and is not counted
         for method, cell in CELLS.items():
+            if method not in ONLY:
+                continue
             if os.path.exists(RESULT):
                 os.remove(RESULT)
             cpu = kernel_cpu()
@@ -124,7 +148,9 @@ try:
                 raise SystemExit(f"{method}: rank 0 wrote no result; the cell said:\\n{out[-2000:]}")
             if rep:
                 with open(RESULT) as f:
-                    print(json.dumps({"method": method, "steps_per_s": float(f.read()), "kernel_cpu": cpu}), flush=True)
+                    print(json.dumps({"method": method, "rep": rep, "steps_per_s": float(f.read()), "kernel_cpu": cpu}), flush=True)
+    if sessions:
+        execute("%distributed_session stop monitor")
 finally:
     kc.stop_channels()
     km.shutdown_kernel(now=True)
@@ -138,10 +164,28 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument(
+        "--only",
+        default=",".join(METHODS),
+        help="the methods to run, comma-separated (each one's `vs quiet` needs its quiet one)",
+    )
     args = parser.parse_args()
-    train = TRAIN.format(steps=args.steps)
+    unknown = set(args.only.split(",")) - set(METHODS)
+    if unknown:
+        parser.error(f"--only: no method {', '.join(sorted(unknown))} (of {', '.join(METHODS)})")
+    loop = LOOP.format(steps=args.steps)
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(args.workers), str(args.reps), str(args.steps), train],
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            str(args.workers),
+            str(args.reps),
+            str(args.steps),
+            SETUP,
+            loop,
+            args.only,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -159,25 +203,34 @@ def main() -> int:
     if proc.returncode != 0:
         print(stderr[-3000:], file=sys.stderr)
         return 1
-    results: dict[str, list[float]] = {}
+    results: dict[str, dict[int, float]] = {}
     kernel_cpu: dict[str, list[float]] = {}
     for line in stdout.splitlines():
         if line.startswith("{"):
             item = json.loads(line)
-            results.setdefault(item["method"], []).append(item["steps_per_s"])
+            results.setdefault(item["method"], {})[item["rep"]] = item["steps_per_s"]
             kernel_cpu.setdefault(item["method"], []).append(item["kernel_cpu"])
-    quiet = statistics.median(results["quiet"])
     print(f"{args.workers} ranks, {args.steps} timed steps, {args.reps} interleaved reps, "
-          f"{os.cpu_count()} cores")  # fmt: skip
+          f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    # `vs quiet`: the ratio of the medians; `paired`: the median of each round's ratio to its
+    # quiet method's run of the same round (the two ran seconds apart: less of the machine's
+    # other load between them).
     print(
-        f"{'method':<10} {'median steps/s':>15} {'min':>8} {'max':>8} {'vs quiet':>9} "
-        f"{'kernel CPU s/cell':>18}"
+        f"{'method':<14} {'median steps/s':>15} {'min':>8} {'max':>8} {'vs quiet':>9} "
+        f"{'paired':>8} {'kernel CPU s/cell':>18}"
     )
-    for method, values in results.items():
+    for method, by_rep in results.items():
+        values = list(by_rep.values())
         median = statistics.median(values)
+        against = results.get(QUIET.get(method, "quiet"))
+        if against:
+            ratio = f"{median / statistics.median(against.values()):>8.3f}x"
+            paired = f"{statistics.median(v / against[r] for r, v in by_rep.items()):>7.3f}x"
+        else:
+            ratio, paired = f"{'–':>9}", f"{'–':>8}"
         print(
-            f"{method:<10} {median:>15.1f} {min(values):>8.1f} {max(values):>8.1f} "
-            f"{median / quiet:>8.3f}x {statistics.median(kernel_cpu[method]):>18.3f}"
+            f"{method:<14} {median:>15.1f} {min(values):>8.1f} {max(values):>8.1f} {ratio} "
+            f"{paired} {statistics.median(kernel_cpu[method]):>18.3f}"
         )
     return 0
 

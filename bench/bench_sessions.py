@@ -11,13 +11,18 @@ One real kernel (jupyter_client) on a fresh job store runs, in this order:
   launcher   --cells cells calling accelerate's notebook_launcher(fn, num_processes=N), fn
              building the model and running the steps (its processes are forked per call)
 
-Each cell's time is the kernel's execute request to its reply (what the user waits). For the
-session's cells it also reports how soon after submit every rank runs the cell's first line:
-`submit` is the moment the cell's job record is made (JobRecord.created, in the magic), and
-each rank's first line writes time.time() to a file; the figure is the latest rank's start
-minus submit (and, as seen from the kernel, minus the execute request's send time). The
+Each cell's time is the kernel's execute request to its reply (what the user waits). The
 kernel imports transformers first, so the warm pool serves plain cells' ranks with it
 preloaded: the comparison is against plain cells at their best.
+
+Start latency of a session's cell (the goal: every rank running the cell's code within 20 ms
+of submit, median): `submit` is the moment the kernel enters the `%%distributed` magic (a
+wrapper the bench puts around the magic's entry in the kernel records time.time(); before
+the magic parses its options), and each rank's first line writes time.time() to a file (one
+machine, one clock); the figure is the latest rank's start minus submit. It is measured
+over the session's training cells (--quiet) and over --latency-cells more cells that only
+run that line, alternately with the live monitor and --quiet, after the loop; the table also
+gives it from the cell's job record (JobRecord.created) and from the execute request's send.
 """
 
 from __future__ import annotations
@@ -74,11 +79,12 @@ import json, os, sys, time
 from jupyter_client.manager import start_new_kernel
 workers, cells, BUILD, STEPS, PROBE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 METHODS = sys.argv[6].split(",")
+latency_cells = int(sys.argv[7])
 PROBE_DIR = os.environ["MLCB_DIR"]
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
-def execute(code):
+def execute(code, user_expressions=None):
     sent = time.time()
-    msg_id = kc.execute(code)
+    msg_id = kc.execute(code, user_expressions=user_expressions or {})
     text = []
     while True:
         msg = kc.get_iopub_msg(timeout=900)
@@ -94,7 +100,17 @@ def execute(code):
     reply = kc.get_shell_msg(timeout=60)
     if reply["content"]["status"] != "ok":
         raise SystemExit("cell failed: " + "".join(text)[-3000:])
-    return sent, time.time() - sent
+    return sent, time.time() - sent, reply["content"].get("user_expressions", {})
+ENTERED = {"entered": "repr(_mlcb_entered[0])"}
+def session_cell(code):  # a session cell whose first line is PROBE: (seconds, its start latencies)
+    sent, took, expressions = execute(code, ENTERED)
+    entered = float(expressions["entered"]["data"]["text/plain"].strip("'"))
+    cell = service.store.list_jobs(limit=1)[0][0]
+    starts = [float(open(os.path.join(PROBE_DIR, f"{cell.id}-{r}")).read()) for r in range(workers)]
+    if not sent <= entered <= cell.created <= max(starts):
+        raise SystemExit(f"timestamps out of order: {sent} {entered} {cell.created} {starts}")
+    return took, dict(start_after_entry=max(starts) - entered, start_after_submit=max(starts) - cell.created,
+                      start_after_send=max(starts) - sent)
 def emit(**item):
     print(json.dumps(item), flush=True)
 import jupyterlab_mlcluster.backends  # fills the backend registry
@@ -102,7 +118,7 @@ from jupyterlab_mlcluster.jobs.service import JobService
 service = JobService()
 try:
     execute(
-        "import os, socket, tempfile, torch, transformers\\n"
+        "import os, socket, tempfile, time, torch, transformers\\n"
         "from accelerate import notebook_launcher\\n"
         f"BUILD, STEPS = {BUILD!r}, {STEPS!r}\\n"
         "def _fn():\\n"
@@ -111,17 +127,26 @@ try:
         "def _port():\\n"
         "    with socket.socket() as s:\\n"
         "        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]\\n"
+        # submit = the magic entered: the awaited call a %%distributed cell becomes (autoawait)
+        "_mlcb_entered = [0.0]\\n"
+        "_mlcb_magics = get_ipython().magics_manager.registry['DistributedMagics']\\n"
+        "_mlcb_enter = _mlcb_magics.distributed_async\\n"
+        "async def _mlcb_timed(line, cell):\\n"
+        "    _mlcb_entered[0] = time.time()\\n"
+        "    return await _mlcb_enter(line, cell)\\n"
+        "_mlcb_magics.distributed_async = _mlcb_timed\\n"
     )
     # A plain cell first: imports, the pool learning transformers; not counted.
     execute(f"%%distributed --workers {workers} --quiet\\n" + BUILD + STEPS)
-    _, first = execute(f"%%distributed --session bench --workers {workers} --quiet\\n" + BUILD)
+    _, first, _ = execute(f"%%distributed --session bench --workers {workers} --quiet\\n" + BUILD)
     emit(method="session-build", seconds=first)
     for n in range(cells):
-        sent, took = execute("%%distributed --session bench --quiet\\n" + PROBE + STEPS)
-        cell = service.store.list_jobs(limit=1)[0][0]
-        starts = [float(open(os.path.join(PROBE_DIR, f"{cell.id}-{r}")).read()) for r in range(workers)]
-        emit(method="session", seconds=took, start_after_submit=max(starts) - cell.created,
-             start_after_send=max(starts) - sent)
+        took, start = session_cell("%%distributed --session bench --quiet\\n" + PROBE + STEPS)
+        emit(method="session", seconds=took, **start)
+    for n in range(latency_cells):
+        quiet = n % 2 == 1
+        took, start = session_cell("%%distributed --session bench" + (" --quiet" if quiet else "") + "\\n" + PROBE)
+        emit(method="latency-quiet" if quiet else "latency-monitor", seconds=took, **start)
     for n in range(cells if "plain" in METHODS else 0):
         emit(method="plain", seconds=execute(f"%%distributed --workers {workers} --quiet\\n" + BUILD + STEPS)[1])
     for n in range(cells if "launcher" in METHODS else 0):
@@ -148,12 +173,19 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument(
+        "--latency-cells",
+        type=int,
+        default=20,
+        help="cells that only time their start on the session (half with the monitor)",
+    )
+    parser.add_argument(
         "--only",
         default="session,plain,launcher",
         help="the methods to run besides the session (comma-separated; the session always runs)",
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
+    load_before = os.getloadavg()
     (work / "probe").mkdir()
     env = {
         **os.environ,
@@ -171,6 +203,7 @@ def main() -> int:
             STEPS.format(steps=args.steps),
             PROBE,
             args.only,
+            str(args.latency_cells),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -211,14 +244,39 @@ def main() -> int:
         )
     for method in [m for m in ("plain", "launcher") if m in by]:
         print(f"session loop vs {method}: {totals[method] / totals['session']:.1f}x faster")
-    submit = [i["start_after_submit"] * 1000 for i in by["session"]]
-    send = [i["start_after_send"] * 1000 for i in by["session"]]
     print(
-        "session cell: every rank running the cell's code, after submit (job record made): "
-        f"median {statistics.median(submit):.1f} ms (min {min(submit):.1f}, max {max(submit):.1f});"
-        f" after the kernel's execute request: median {statistics.median(send):.1f} ms"
+        "session cell: every rank running the cell's first line, ms after submit (the magic"
+        " entered)\n"
+        f"{'cells':<26} {'n':>3} {'median':>7} {'p90':>7} {'min':>7} {'max':>7}"
+        f" {'from record':>12} {'from request':>13}"
+    )
+    for method, label in (
+        ("session", "training loop, --quiet"),
+        ("latency-monitor", "start only, monitor"),
+        ("latency-quiet", "start only, --quiet"),
+    ):
+        if method not in by:
+            continue
+        entry = sorted(i["start_after_entry"] * 1000 for i in by[method])
+        record = [i["start_after_submit"] * 1000 for i in by[method]]
+        send = [i["start_after_send"] * 1000 for i in by[method]]
+        print(
+            f"{label:<26} {len(entry):>3} {statistics.median(entry):>7.1f} {_p90(entry):>7.1f}"
+            f" {entry[0]:>7.1f} {entry[-1]:>7.1f} {statistics.median(record):>12.1f}"
+            f" {statistics.median(send):>13.1f}"
+        )
+    print(
+        "load average (1, 5, 15 min) before: "
+        + " ".join(f"{x:.2f}" for x in load_before)
+        + "; after: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
     )
     return 0
+
+
+def _p90(ordered: list[float]) -> float:
+    """The 90th percentile of sorted values (nearest rank)."""
+    return ordered[max(0, -(-len(ordered) * 9 // 10) - 1)]
 
 
 if __name__ == "__main__":

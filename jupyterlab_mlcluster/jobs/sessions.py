@@ -28,6 +28,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import patterns
@@ -297,12 +298,13 @@ def submit_cell(
     origin: dict[str, Any],
     environ: dict[str, str] | None = None,
     cwd: str | None = None,
-    preload: list[str] | None = None,
+    preload: list[str] | Callable[[], list[str]] | None = None,
 ) -> tuple[JobRecord, str | None]:
     """Run a cell in the session `name` of the origin's user, starting the session (with
     `options`) when it has none by that name. Returns (the cell's job record, a note to show
     the user or None). SessionEnded: the session failed since its last cell (said once; the
-    next cell starts a fresh one)."""
+    next cell starts a fresh one). `preload` (or a function returning it, called only when
+    the session starts): what the warm pool should preload for its ranks."""
     from .record import JobRecord, new_job_id
 
     check_session_name(name)
@@ -313,13 +315,14 @@ def submit_cell(
     cell_spec = JobSpec.from_options(options, default_backend=default_backend)
     note = None
     live = store.session_rows(owner, name, live_only=True)
-    if live and not _supervised(store.get_job(live[0]["job_id"])):
+    holder = store.get_job(live[0]["job_id"]) if live else None
+    if holder is not None and not _supervised(holder):
         # Its supervisor died (killed, its machine rebooted): settle it now, so this cell
         # says the session ended instead of waiting for a supervisor that will never come.
         service.reap(force=True)
         live = store.session_rows(owner, name, live_only=True)
-    if live:
-        holder = store.get_job(live[0]["job_id"])
+        holder = store.get_job(live[0]["job_id"]) if live else None
+    if holder is not None:
         check_unchanged(name, options, holder.spec, default_backend)
     else:
         ended = store.session_rows(owner, name)
@@ -333,7 +336,13 @@ def submit_cell(
                 )
             note = f"session {name!r} had ended ({why}); starting a new one"
         holder = start_session(
-            service, name, cell_spec, origin=origin, environ=environ, cwd=cwd, preload=preload
+            service,
+            name,
+            cell_spec,
+            origin=origin,
+            environ=environ,
+            cwd=cwd,
+            preload=preload() if callable(preload) else preload,
         )
     spec = dataclasses.replace(holder.spec, name=cell_spec.name or name, timeout=cell_spec.timeout)
     cell_id = new_job_id()

@@ -248,7 +248,8 @@ class CellRun:
             spec_options(args),
             payload,
             origin=_kernel_origin(),
-            preload=_kernel_preload(service.config),
+            # Only a session that starts asks (a live one's ranks are running already).
+            preload=lambda: _kernel_preload(service.config),
         )
         if note:
             print(note, file=sys.stderr)

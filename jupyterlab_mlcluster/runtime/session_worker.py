@@ -61,6 +61,11 @@ class SessionRank:
         self.applied_env: dict[str, str] = {}
         self.local_modules: dict[str, tuple[str, int]] = {}  # name -> (file, mtime_ns)
         self.local_dirs: list[str] = []
+        # Modules already judged local or not (name -> id of the module object then), for
+        # these local directories: once each, not after every cell (a rank that imported
+        # torch has thousands of modules).
+        self.looked_at: dict[str, int] = {}
+        self.looked_at_for: list[str] = []
 
     # -- commands ------------------------------------------------------------------------
 
@@ -128,15 +133,27 @@ class SessionRank:
             if changed:
                 sys.modules.pop(name, None)
                 del self.local_modules[name]
+                self.looked_at.pop(name, None)
 
     def remember_local_modules(self) -> None:
+        """The notebook-local modules the cell imported: under a local directory, and not
+        an installed package's (a project's own .venv often lies inside the notebook's
+        directory: its thousand modules would be looked at before every cell)."""
         if not self.local_dirs:
             return
+        if self.local_dirs != self.looked_at_for:  # other directories: judge them all again
+            self.looked_at.clear()
+            self.looked_at_for = list(self.local_dirs)
         for name, module in list(sys.modules.items()):
+            if self.looked_at.get(name) == id(module) or name in self.local_modules:
+                continue
+            self.looked_at[name] = id(module)
             path = getattr(module, "__file__", None)
-            if not path or name in self.local_modules or name == "__main__":
+            if not path or name == "__main__":
                 continue
             path = os.path.abspath(path)
+            if _installed(path):
+                continue
             if any(path.startswith(d + os.sep) for d in self.local_dirs):
                 with contextlib.suppress(OSError):
                     self.local_modules[name] = (path, os.stat(path).st_mtime_ns)
@@ -203,17 +220,21 @@ class SessionRank:
         return ("value", value) if value is not None else ("none", None)
 
 
+def _installed(path: str) -> bool:
+    """`path` (absolute) lies in this interpreter's installation or an installed package's
+    directory: not the notebook's own."""
+    prefixes = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(path == p or path.startswith(p + os.sep) for p in prefixes):
+        return True
+    return "site-packages" in path or "dist-packages" in path
+
+
 def _local_dirs(payload: Payload) -> list[str]:
     """The directories whose modules are the notebook's own (not installed packages)."""
-    installed = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     dirs = []
     for entry in [payload.cwd or "", *payload.sys_path]:
         path = os.path.abspath(entry or payload.cwd or os.getcwd())
-        if any(path == p or path.startswith(p + os.sep) for p in installed):
-            continue
-        if "site-packages" in path or "dist-packages" in path:
-            continue
-        if path not in dirs:
+        if not _installed(path) and path not in dirs:
             dirs.append(path)
     return dirs
 
