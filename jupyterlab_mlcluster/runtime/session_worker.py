@@ -23,12 +23,14 @@ shuts down as an interpreter would: atexit handlers run.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import os
 import signal
 import sys
 import types
+import zlib
 from typing import Any
 
 from . import reporting, worker
@@ -41,6 +43,7 @@ _RANK_OWN_PREFIXES = ("MLCLUSTER_REPORT", "MLCLUSTER_SUPERVISOR_PID", "MLCLUSTER
 
 class _CellState:
     running = False  # SIGINT raises KeyboardInterrupt only while a cell's code runs
+    job: str | None = None  # the cell running (a pod's interrupt names it)
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -49,11 +52,12 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 class SessionRank:
-    def __init__(self, commands: int):
+    def __init__(self, commands: int | None):
         self.rank = int(os.environ.get("RANK", "0"))
         payload = os.environ.get("MLCLUSTER_PAYLOAD", "")
         self.key = read_key_file(key_path(payload)) if payload else None
-        self.commands = os.fdopen(commands, "rb")
+        # A pod's rank: its commands come over the network instead (session_channel.py).
+        self.commands: Any = os.fdopen(commands, "rb") if commands is not None else None
         self.seq = 0
         self.main = types.ModuleType("__main__")
         self.main.__dict__["__builtins__"] = builtins
@@ -158,16 +162,24 @@ class SessionRank:
                 with contextlib.suppress(OSError):
                     self.local_modules[name] = (path, os.stat(path).st_mtime_ns)
 
+    def interrupt(self, job: str | None) -> None:
+        """A pod's interrupt (session_channel.py): only the cell it names is stopped."""
+        if _CellState.running and job == _CellState.job:
+            os.kill(os.getpid(), signal.SIGINT)
+
     def run_cell(self, command: dict[str, Any]) -> str:
         self.apply_environment(dict(command.get("env") or {}))
         os.environ["MLCLUSTER_JOB_CELL"] = str(command.get("job"))
-        os.environ["MLCLUSTER_ERROR_FILE"] = str(command.get("error"))
-        os.environ["TORCHELASTIC_ERROR_FILE"] = str(command.get("error"))
+        if command.get("error"):
+            os.environ["MLCLUSTER_ERROR_FILE"] = str(command.get("error"))
+            os.environ["TORCHELASTIC_ERROR_FILE"] = str(command.get("error"))
+        # (A pod's rank gets no files: its result and errors go on the report channel.)
         if command.get("result"):
             os.environ["MLCLUSTER_RESULT_PATH"] = str(command["result"])
         try:
             try:
-                payload = Payload.loads(read_payload_bytes(command["payload"]))
+                payload = Payload.loads(_payload_bytes(command))
+                _CellState.job = str(command.get("job"))
                 _CellState.running = True
                 kind, value = self.run_payload(payload)
             finally:
@@ -229,6 +241,13 @@ def _installed(path: str) -> bool:
     return "site-packages" in path or "dist-packages" in path
 
 
+def _payload_bytes(command: dict[str, Any]) -> bytes:
+    """The cell's payload: a file the supervisor wrote (local), or inline (a pod's)."""
+    if "payload_data" in command:
+        return zlib.decompress(base64.b64decode(command["payload_data"]))
+    return read_payload_bytes(command["payload"])
+
+
 def _local_dirs(payload: Payload) -> list[str]:
     """The directories whose modules are the notebook's own (not installed packages)."""
     dirs = []
@@ -241,8 +260,16 @@ def _local_dirs(payload: Payload) -> list[str]:
 
 def serve() -> int:
     """Entry point, once the rank is set up (environment, supervisor tie, report channel)."""
-    commands = os.dup(0)
+    in_pod = os.environ.get("MLCLUSTER_REPORT") == "stdout"
+    commands = None if in_pod else os.dup(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the user's code reads an empty stdin, as a job's does
     os.close(devnull)
-    return SessionRank(commands).serve()
+    rank = SessionRank(commands)
+    if in_pod:
+        from .session_channel import CommandChannel
+
+        if rank.key is None:
+            sys.exit("mlcluster session: no job key beside the payload; refusing to listen")
+        rank.commands = CommandChannel(rank.key, rank.rank, rank.interrupt)
+    return rank.serve()

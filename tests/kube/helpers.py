@@ -252,6 +252,7 @@ class Kube:
         exit_code: int = 0,
         reason: str | None = None,
         message: str | None = None,
+        pod_ip: str = "10.244.0.10",
     ) -> dict[str, Any]:
         """Report a pod's phase as a kubelet would: Running (ready), Succeeded or Failed."""
         pod = self.get("v1", "Pod", name, namespace)
@@ -295,7 +296,7 @@ class Kube:
             "conditions": conditions,
             "containerStatuses": statuses,
             "hostIP": "10.0.0.1",
-            "podIP": "10.244.0.10",
+            "podIP": pod_ip,
             "startTime": now,
         }
         if message:

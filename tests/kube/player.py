@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import os
 import secrets as pysecrets
@@ -411,10 +412,13 @@ class ClusterPlayer:
         *,
         extra_env: dict[str, str] | None = None,
         python_env: Path | None = None,
+        pod_ip: str | None = None,
     ) -> RankRun:
         """Start the pod's container: Running, the real worker, output into the pod log as
         it is written. `python_env`: the image's Python environment (a venv) - then the
-        container's own command runs, with `python` that environment's interpreter."""
+        container's own command runs, with `python` that environment's interpreter.
+        `pod_ip`: the pod's IP in its status (127.0.0.1: reachable here, as a session's
+        supervisor reaches its pods)."""
         pod = self.kube.get("v1", "Pod", pod_name, self.namespace)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SYSTEMROOT")}
         command = [sys.executable, "-m", "jupyterlab_mlcluster.runtime.worker"]
@@ -428,7 +432,10 @@ class ClusterPlayer:
         env["MLCLUSTER_PAYLOAD"] = str(self.payload_dir(pod))
         env["MASTER_ADDR"] = "127.0.0.1"  # pod DNS names do not resolve here
         env.update(extra_env or {})
-        self.kube.set_pod_phase(self.namespace, pod_name, "Running")
+        if pod_ip is None:
+            self.kube.set_pod_phase(self.namespace, pod_name, "Running")
+        else:
+            self.kube.set_pod_phase(self.namespace, pod_name, "Running", pod_ip=pod_ip)
         process = subprocess.Popen(
             command,
             env=env,
@@ -464,6 +471,18 @@ class ClusterPlayer:
             if exc.status != 404:
                 raise
         return code
+
+    def end_when_exited(self, run: RankRun) -> threading.Thread:
+        """The kubelet's part while the container lives on (a session's rank): once it
+        exits, however and whenever, its pod says so."""
+
+        def wait() -> None:
+            with contextlib.suppress(KeyError, KubeApiError, subprocess.TimeoutExpired):
+                self.end_rank(run, timeout=3600)
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        return thread
 
     def kill_deleted(self) -> None:
         """What a kubelet does for a deleted pod: stop its container."""

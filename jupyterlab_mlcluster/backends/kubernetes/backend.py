@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ... import environment
 from ...jobs.backend import Backend
 from ...jobs.model import JobSpec, SpecError
+from ...jobs.sessions import is_session_holder
 from . import client
 from .packages import PackageSync, find_cache_volume, index_settings
 from .plan import JobPlan, make_plan
@@ -410,12 +411,19 @@ class KubernetesBackend(Backend):
         )
         log.debug("connected to %s", conn.host)
         try:
+            if is_session_holder(ctx.job):
+                from .session import SessionRun
+
+                SessionRun(ctx, plan, conn).run()
+                return
             JobRun(ctx, plan, conn).run()
         finally:
             conn.api.close()
 
     def supervisor_lost(self, store, job) -> str:
-        return "respawn"
+        # A session's cells and channels live in its supervisor: without it the session
+        # ends (the reaper deletes its objects: cleanup_orphans). A job lives on.
+        return "fail" if is_session_holder(job) else "respawn"
 
     def cleanup_orphans(self, store, job) -> None:
         """The supervisor died (the job is cancelled), or a final job still has a pending

@@ -451,11 +451,15 @@ class _Attempt:
             output = self.outputs.get(pod)
             if output is not None:
                 for rank, kind, value in output.feed(data):
-                    supervise_logs.rank_item(self, rank, kind, value)
+                    self.rank_item(rank, kind, value)
         elif what == "log_end":
             supervise_logs.log_ended(self, item[1], item[2])
         elif what == "watch_error":
             self._watch_error(item[1], item[2])
+
+    def rank_item(self, rank: int, kind: str, value: Any) -> None:
+        """A rank's line or record from its pod log (a session's attempt serves cells)."""
+        supervise_logs.rank_item(self, rank, kind, value)
 
     def _watch_error(self, what: str, exc: BaseException) -> None:
         text = message_of(exc)

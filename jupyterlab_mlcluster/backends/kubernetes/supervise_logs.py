@@ -71,7 +71,7 @@ def log_ended(attempt: _Attempt, pod_name: str, error: BaseException | None) -> 
     if output is None:
         return
     for rank, kind, value in output.finish():
-        rank_item(attempt, rank, kind, value)
+        attempt.rank_item(rank, kind, value)
     pod = attempt.pods.get(pod_name)
     if pod is None or (error is None and container_phase(pod, attempt.container) == "terminated"):
         attempt.log_done.add(pod_name)
