@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import JobState, RankState
-from ...jobs.store import UnknownJob
+from ...jobs.storage.store import UnknownJob
 from ..local.session import _mark_ended, _Server
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
@@ -53,7 +53,7 @@ from .supervise import JobRun, _Attempt
 from .supervise_logs import LOOP_TICK, write_atomically
 
 if TYPE_CHECKING:
-    from ...jobs.supervisor import JobContext
+    from ...jobs.running.supervisor import JobContext
     from .client import Connection
     from .plan import JobPlan
 
@@ -323,7 +323,7 @@ class _SessionAttempt(_Attempt):
     # -- cells ------------------------------------------------------------------------------
 
     def _begin_cell(self, cell_id: str) -> None:
-        from ...jobs.supervisor import JobContext, claim
+        from ...jobs.running.supervisor import JobContext, claim
 
         store, holder = self.store, self.ctx.job
         try:
