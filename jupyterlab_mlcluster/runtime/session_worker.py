@@ -2,8 +2,9 @@
 
 Started like any rank (cold, or forked warm from the pool; runtime/worker.py and
 jobs/warmpool.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
-stdin, a pipe only its supervisor holds (backends/local/session.py). Each command is one
-line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256 with the
+stdin, a pipe only its supervisor holds (backends/local/session.py); in a Kubernetes pod,
+from a connection that proved the job's key (session_channel.py), cells inline. Each
+command is one line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256 with the
 session's key over this rank's number and the JSON, with a sequence number that only goes
 up), so nothing else can make it run code, nor replay an old cell:
 
