@@ -67,11 +67,11 @@ def run(mode: str, runs: int, freeze: bool) -> tuple[int, int, float]:
 
 
 def stop_pool(pool: Path) -> None:
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     for sock in pool.glob("zygote-*.sock"):
         try:
-            warmpool.request(sock, {"op": "stop"}, timeout=2)
+            warm.request(sock, {"op": "stop"}, timeout=2)
         except (OSError, ValueError, RuntimeError):
             pass  # already gone
 

@@ -245,9 +245,9 @@ def main() -> None:
         ]
         print(f"{name:<20} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
     from jupyterlab_mlcluster.config import get_config
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
-    warmpool.stop(get_config())  # the zygote this benchmark started
+    warm.stop(get_config())  # the zygote this benchmark started
     emulator.communicate("")
 
 

@@ -83,7 +83,7 @@ def main() -> int:
     )
     import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
     from jupyterlab_mlcluster.config import MLClusterConfig
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
     from jupyterlab_mlcluster.jobs.service import JobService
     from tests.faults import kill9
 
@@ -138,7 +138,7 @@ def main() -> int:
         print(tally.row(), flush=True)
         for note in tally.notes[:11]:
             print("   ", note)
-    warmpool.stop(light)
+    warm.stop(light)
     bad = sum(t.bad for t in tallies)
     print(
         f"total: {sum(t.injected for t in tallies)} faults injected, "

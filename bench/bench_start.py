@@ -385,11 +385,11 @@ def main() -> int:
 
 def _stop_pools(pool_dir: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     for sock in pool_dir.glob("zygote-*.sock"):
         try:
-            warmpool.request(sock, {"op": "stop"}, timeout=2)
+            warm.request(sock, {"op": "stop"}, timeout=2)
         except Exception:  # noqa: BLE001 - already gone
             pass
 

@@ -266,7 +266,7 @@ def _script_preload(config, payload) -> list[str]:
     """What the warm pool may learn from the script: its top imports (read, never run)."""
     if not (config.warm_pool and config.warm_pool_learn):
         return []
-    from .jobs import preload
+    from .jobs.warm import preload
 
     path = payload.filename
     if payload.kind == "module":
@@ -454,20 +454,20 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 def cmd_pool(args: argparse.Namespace) -> int:
     from .config import get_config
-    from .jobs import warmpool
+    from .jobs import warm
 
     config = get_config()
     if args.action == "start":
-        if warmpool.ensure_zygote(config) is None:
+        if warm.ensure_zygote(config) is None:
             print(
                 "mlcluster: the warm pool did not come up (see its log in the pool directory)",
                 file=sys.stderr,
             )
             return EXIT_FAILED
     elif args.action == "stop":
-        print("stopped" if warmpool.stop(config) else "no warm pool is running")
+        print("stopped" if warm.stop(config) else "no warm pool is running")
         return 0
-    report = warmpool.pool_status(config)
+    report = warm.pool_status(config)
     generations = report["generations"]
     if not generations:
         print(

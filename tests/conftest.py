@@ -32,12 +32,12 @@ def warm_pool_dir(tmp_path_factory):
     old = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(path)
     yield path
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     for sock in path.glob("zygote-*.sock"):
         try:
-            info = warmpool.request(sock, {"op": "ping"}, timeout=2)
-            warmpool.request(sock, {"op": "stop"}, timeout=2)
+            info = warm.request(sock, {"op": "ping"}, timeout=2)
+            warm.request(sock, {"op": "stop"}, timeout=2)
             psutil.Process(info["pid"]).wait(10)
         except Exception:  # noqa: BLE001 - already gone
             pass

@@ -52,7 +52,7 @@ def default_pool_dirs(monkeypatch):
     """The pool's default places, under a fresh short directory (a socket path must fit in
     108 bytes): $TMPDIR, no $XDG_RUNTIME_DIR, and a home directory. Any zygote started there
     is stopped, and everything removed, after."""
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     base = Path(tempfile.mkdtemp(prefix="mlc-", dir="/tmp"))
     tmp, home = base / "tmp", base / "home"
@@ -68,7 +68,7 @@ def default_pool_dirs(monkeypatch):
     yield tmp / f"mlcluster-{os.getuid()}", home / ".cache" / "jupyterlab-mlcluster" / "warm-pool"
     from jupyterlab_mlcluster.config import get_config
 
-    warmpool.stop(get_config())
+    warm.stop(get_config())
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -138,14 +138,14 @@ def test_attack_another_user_talks_to_the_zygote(tmp_path, monkeypatch):
     """The zygote's socket is reachable by another user (a careless chmod): the zygote checks
     the caller's uid (SO_PEERCRED) and hangs up without a word."""
     from jupyterlab_mlcluster.config import get_config
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     uid = attacker_uid()
     pool = Path(tempfile.mkdtemp(prefix="mlc-pool-", dir="/tmp"))  # reachable by that user
     monkeypatch.setenv("MLCLUSTER_WARM_POOL_DIR", str(pool))
     config = get_config()
     try:
-        sock = warmpool.ensure_zygote(config)
+        sock = warm.ensure_zygote(config)
         assert sock is not None
         os.chmod(pool, 0o711)
         os.chmod(sock, 0o666)
@@ -160,10 +160,10 @@ def test_attack_another_user_talks_to_the_zygote(tmp_path, monkeypatch):
         assert heard.returncode == 0, heard.stderr
         assert heard.stdout.strip() in ("b''", "BrokenPipeError", "ConnectionResetError")
         os.chmod(pool, 0o700)
-        assert warmpool.request(sock, {"op": "status"})["children"] == 0  # still ours, idle
+        assert warm.request(sock, {"op": "status"})["children"] == 0  # still ours, idle
     finally:
         os.chmod(pool, 0o700)
-        warmpool.stop(config)
+        warm.stop(config)
         shutil.rmtree(pool, ignore_errors=True)
 
 
@@ -196,7 +196,7 @@ def test_attack_zygote_socket_served_by_another_user(service, tmp_path, monkeypa
     """A socket file of ours in the pool directory (lstat passes), but the process listening
     behind it is another user's: the submitter checks the peer's uid (SO_PEERCRED) and sends
     it nothing, not even a ping; the job runs anyway."""
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     uid = attacker_uid()
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
@@ -213,12 +213,12 @@ def test_attack_zygote_socket_served_by_another_user(service, tmp_path, monkeypa
     try:
         assert server.stdout.readline().strip() == "listening"
         config = service.config
-        target = warmpool.socket_path(warmpool.fingerprint(list(config.warm_pool_modules)))
-        warmpool.stop(config)
+        target = warm.socket_path(warm.fingerprint(list(config.warm_pool_modules)))
+        warm.stop(config)
         os.chown(lair / "s.sock", os.getuid(), -1)  # looks like ours to lstat
         os.replace(lair / "s.sock", target)
         with pytest.raises(ConnectionRefusedError, match="another user's process"):
-            warmpool.request(target, {"op": "ping"})
+            warm.request(target, {"op": "ping"})
         record = service.submit(JobSpec.from_options({"workers": 1}), Payload(source="6 * 7"))
         final = service.wait(record.id, timeout=120)
         assert final.state == "succeeded", final.error

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from helpers import process_gone, wait_for
 
-from jupyterlab_mlcluster.jobs import warmpool
+from jupyterlab_mlcluster.jobs import warm as warm_pool
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
 
@@ -37,7 +37,7 @@ def test_ranks_come_warm_and_cold(store_dir, monkeypatch):
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
     # A generation left by an earlier test of the session that preloads less (the kill -9
     # tests pin ["json"]) would serve this job while torch's is built: start from none.
-    warmpool.stop(JobService().config)
+    warm_pool.stop(JobService().config)
     assert run(JobService(), code) == {0: ["True"], 1: ["True"]}
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
     assert run(JobService(), code) == {0: ["False"], 1: ["False"]}
@@ -45,7 +45,7 @@ def test_ranks_come_warm_and_cold(store_dir, monkeypatch):
 
 def test_zygote_is_cuda_clean_and_ranks_can_use_cuda(service, warm):
     run(service, "pass", workers=1)  # makes sure the zygote is up
-    status = warmpool.status(service.config)
+    status = warm_pool.status(service.config)
     assert status is not None and "torch" in status["modules"]
     assert status["cuda_initialized"] is False  # asked of the zygote process itself
     assert status["threads"] == 1
@@ -106,13 +106,13 @@ def test_warm_ranks_skip_only_the_inherited_torch_teardown(service, warm, tmp_pa
 
 def test_pool_is_replaced_when_the_environment_changes(service, warm, tmp_path, monkeypatch):
     run(service, "pass", workers=1)
-    first = warmpool.status(service.config)
+    first = warm_pool.status(service.config)
     # imports may now resolve differently: add an entry, keeping the caller's PYTHONPATH (so
     # the checkout under test stays importable) and guaranteeing the value really changes.
     extended = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*extended, str(tmp_path)]))
     run(service, "pass", workers=1)
-    second = warmpool.status(service.config)
+    second = warm_pool.status(service.config)
     assert second["pid"] != first["pid"] and second["fingerprint"] != first["fingerprint"]
     # the outdated zygote was asked to go
     wait_for(
@@ -131,17 +131,17 @@ def test_zygote_notices_installed_packages_and_exits(store_dir, warm, tmp_path, 
 
     service = JobService()
     run(service, "pass", workers=1)
-    before = warmpool.status(service.config)
+    before = warm_pool.status(service.config)
     (target / "newpkg").mkdir()  # what `pip install --target extra-site newpkg` does to the dir
     (target / "newpkg" / "__init__.py").write_text("VALUE = 42\n")
     wait_for(
         lambda: process_gone(before["pid"]),
-        timeout=warmpool.SELF_CHECK_INTERVAL + 10,
+        timeout=warm_pool.SELF_CHECK_INTERVAL + 10,
         message="the outdated zygote to exit",
     )
     out = run(service, "import newpkg, sys\nprint(newpkg.VALUE, 'torch' in sys.modules)", workers=1)
     assert out == {0: ["42 True"]}
-    assert warmpool.status(service.config)["pid"] != before["pid"]
+    assert warm_pool.status(service.config)["pid"] != before["pid"]
 
 
 def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
@@ -157,8 +157,8 @@ def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
 
     config = get_config()
     assert config.warm_pool_idle_timeout == 2
-    path = warmpool.ensure_zygote(config)
-    pid = warmpool.request(path, {"op": "ping"})["pid"]
+    path = warm_pool.ensure_zygote(config)
+    pid = warm_pool.request(path, {"op": "ping"})["pid"]
     wait_for(lambda: not path.exists(), timeout=15, message="idle zygote to exit")
     wait_for(
         lambda: process_gone(pid),
@@ -180,7 +180,7 @@ def test_disabled_pool_starts_nothing(store_dir, monkeypatch, tmp_path):
 
 def test_idle_pool_memory_is_reported(service, warm):
     run(service, "pass", workers=1)
-    status = warmpool.status(service.config)
+    status = warm_pool.status(service.config)
     assert status["rss_bytes"] > 50 * 1024**2  # torch is in there
     assert status["uss_bytes"] is None or 0 < status["uss_bytes"] <= status["rss_bytes"]
 

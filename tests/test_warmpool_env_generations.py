@@ -19,7 +19,7 @@ import time
 import pytest
 from helpers import process_gone, run_cli, wait_for
 
-from jupyterlab_mlcluster.jobs import warmpool
+from jupyterlab_mlcluster.jobs import warm
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
 
@@ -65,8 +65,8 @@ def pool(store_dir, tmp_path, monkeypatch):
 
     service = JobService()
     yield service
-    pids = [g["pid"] for g in warmpool.pool_status(service.config)["generations"]]
-    warmpool.stop(service.config)
+    pids = [g["pid"] for g in warm.pool_status(service.config)["generations"]]
+    warm.stop(service.config)
     for pid in pids:
         wait_for(lambda pid=pid: process_gone(pid), timeout=15)
     shutil.rmtree(directory, ignore_errors=True)
@@ -90,9 +90,7 @@ def run(service, env: dict[str, str] | None = None) -> tuple[dict, list[str], fl
 
 def keyed(service, overlay: dict) -> list[dict]:
     return [
-        g
-        for g in warmpool.pool_status(service.config)["generations"]
-        if g.get("overlay") == overlay
+        g for g in warm.pool_status(service.config)["generations"] if g.get("overlay") == overlay
     ]
 
 
@@ -159,8 +157,8 @@ def test_env_keyed_generations_are_capped(pool):
     assert "no generation is prepared for its values" in note
     assert "warm_pool_max_env_generations = 1" in note
     # (the build, had one started, would have been started before the submit returned)
-    assert not warmpool._build_underway()
-    overlays = [g["overlay"] for g in warmpool.pool_status(pool.config)["generations"]]
+    assert not warm.client._build_underway()
+    overlays = [g["overlay"] for g in warm.pool_status(pool.config)["generations"]]
     assert sorted(overlays, key=len) == [{}, {VARIABLE: "one"}]
     # `mlcluster pool status` names what a generation is keyed by, never the values.
     (generation,) = keyed(pool, {VARIABLE: "one"})

@@ -15,8 +15,9 @@ import textwrap
 import pytest
 from helpers import process_gone, run_cli, wait_for
 
-from jupyterlab_mlcluster.jobs import preload, warmpool
+from jupyterlab_mlcluster.jobs import warm
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.jobs.warm import preload
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 PACKAGES = {
@@ -70,8 +71,8 @@ def pool(store_dir, tmp_path, monkeypatch):
 
     service = JobService()
     yield service
-    pids = [g["pid"] for g in warmpool.pool_status(service.config)["generations"]]
-    warmpool.stop(service.config)
+    pids = [g["pid"] for g in warm.pool_status(service.config)["generations"]]
+    warm.stop(service.config)
     for pid in pids:
         wait_for(lambda pid=pid: process_gone(pid), timeout=15)
     shutil.rmtree(directory, ignore_errors=True)
@@ -94,14 +95,14 @@ def test_unsafe_packages_are_refused_and_the_rest_preloaded(pool):
     loaded, zygote, elsewhere = run(pool, ["warmprobe", "cudamarker", "threadstarter", "json"])
     # inside the rank, before its code ran: imported, and by another process (the zygote)
     assert loaded == "warmprobe" and elsewhere
-    refused = warmpool.refused_modules()
+    refused = warm.refused_modules()
     assert refused["cudamarker"] == "it initialised CUDA on import"
     assert refused["threadstarter"].startswith("it started a thread (ticker)")
-    status = warmpool.status(pool.config)  # asked of the zygote process itself
+    status = warm.status(pool.config)  # asked of the zygote process itself
     assert status["pid"] == zygote and status["modules"] == ["warmprobe"]
     assert status["cuda_initialized"] is False and status["threads"] == 1
     # a refused package is never asked for again
-    assert warmpool.requested_modules(pool.config, ["warmprobe", "cudamarker"]) == ["warmprobe"]
+    assert warm.requested_modules(pool.config, ["warmprobe", "cudamarker"]) == ["warmprobe"]
 
 
 def test_old_generation_serves_while_the_new_one_builds(pool):
@@ -110,12 +111,12 @@ def test_old_generation_serves_while_the_new_one_builds(pool):
     loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
     assert loaded == "warmprobe" and served_by == first
     # ... the next one starts from the new generation, and the old one retires
-    wait_for(lambda: len(warmpool.pool_status(pool.config)["generations"]) == 2, timeout=60)
+    wait_for(lambda: len(warm.pool_status(pool.config)["generations"]) == 2, timeout=60)
     loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
     assert loaded == "warmprobe,slowprobe" and served_by != first
     wait_for(lambda: process_gone(first), timeout=15, message="the superseded generation to go")
 
-    report = warmpool.pool_status(pool.config)
+    report = warm.pool_status(pool.config)
     (generation,) = report["generations"]
     assert generation["pid"] == served_by
     assert 0 < generation["uss_bytes"] <= generation["pss_bytes"] <= generation["rss_bytes"]
@@ -126,9 +127,9 @@ def test_old_generation_serves_while_the_new_one_builds(pool):
     # over the memory bound: the pool learns no more (and says so), the old one serves on
     pool.config.warm_pool_max_memory = 1
     with pytest.warns(RuntimeWarning, match="not learning more modules"):
-        path = warmpool.serving_generation(pool.config, ["warmprobe", "slowprobe", "lateprobe"])
-    assert warmpool.request(path, {"op": "ping"})["pid"] == served_by
-    assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [served_by]
+        path = warm.serving_generation(pool.config, ["warmprobe", "slowprobe", "lateprobe"])
+    assert warm.request(path, {"op": "ping"})["pid"] == served_by
+    assert [g["pid"] for g in warm.pool_status(pool.config)["generations"]] == [served_by]
 
 
 def test_the_next_cell_goes_straight_to_the_generation_that_served_it(pool, monkeypatch):
@@ -140,10 +141,10 @@ def test_the_next_cell_goes_straight_to_the_generation_that_served_it(pool, monk
         raise AssertionError("every generation was asked again for the same wish")
 
     with monkeypatch.context() as patched:
-        patched.setattr(warmpool, "_generations", asked)
+        patched.setattr(warm.serving, "_generations", asked)
         loaded, served_by, _ = run(pool, ["warmprobe"])
     assert loaded == "warmprobe" and served_by == first
-    warmpool.stop(pool.config)
+    warm.stop(pool.config)
     wait_for(lambda: process_gone(first), timeout=15, message="the stopped generation to go")
     loaded, served_by, _ = run(pool, ["warmprobe"])  # still warm, from a new generation
     assert loaded == "warmprobe" and served_by != first
@@ -217,7 +218,7 @@ def test_a_cell_teaches_the_pool_what_its_kernel_imported(pool):
         loaded, zygote, elsewhere = rank_texts(msgs)[0].removeprefix("[rank 0] ").split()
         assert loaded == "warmprobe" and elsewhere == "True"
         # the thread-starting package was refused; the kernel says so, in one line, once
-        assert "threadstarter" in warmpool.refused_modules()
+        assert "threadstarter" in warm.refused_modules()
         notes = []
         for _ in range(2):
             msgs, reply = kernel.execute("%%distributed --workers 1 --quiet\npass")
@@ -235,7 +236,7 @@ def test_a_cell_teaches_the_pool_what_its_kernel_imported(pool):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    assert [g["pid"] for g in warmpool.pool_status(pool.config)["generations"]] == [int(zygote)]
+    assert [g["pid"] for g in warm.pool_status(pool.config)["generations"]] == [int(zygote)]
 
 
 def test_the_pool_learns_a_kernels_import_before_the_first_cell_that_uses_it(pool):
@@ -257,7 +258,7 @@ def test_the_pool_learns_a_kernels_import_before_the_first_cell_that_uses_it(poo
         assert reply["status"] == "ok", reply
 
         def learned() -> bool:
-            generations = warmpool.pool_status(pool.config)["generations"]
+            generations = warm.pool_status(pool.config)["generations"]
             return any("slowprobe" in (g.get("modules") or []) for g in generations)
 
         wait_for(learned, timeout=60, message="a generation with slowprobe, with no job asking")

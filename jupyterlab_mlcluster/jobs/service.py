@@ -148,7 +148,7 @@ class JobService:
 
         `attach_to_pid`: cancel the job if that process dies (the foreground CLI).
         `environ`/`cwd`: what the ranks inherit (default: this process's).
-        `preload`: modules the warm pool should learn (jobs/preload.py chose them).
+        `preload`: modules the warm pool should learn (jobs/warm/preload.py chose them).
         `namespace`: where the job's objects go, for a backend with namespaces (a server that
         maps each user to their own namespace passes the caller's; never a user's option).
         None: the backend's configured one.
@@ -278,11 +278,9 @@ class JobService:
         job_env: dict[str, str] | None = None,
     ) -> None:
         if self.config.warm_pool:
-            from . import warmpool
+            from . import warm
 
-            if warmpool.spawn_supervisor(
-                self.config, str(self.store.root), job_id, preload, job_env
-            ):
+            if warm.spawn_supervisor(self.config, str(self.store.root), job_id, preload, job_env):
                 return
         start_detached(
             [

@@ -105,10 +105,11 @@ def _kernel_preload(config) -> list[str]:
     a package the pool refused is said once, in one line."""
     if not (config.warm_pool and config.warm_pool_learn):
         return []
-    from ..jobs import preload, warmpool
+    from ..jobs import warm
+    from ..jobs.warm import preload
 
     learned = preload.kernel_modules()
-    refused = warmpool.refused_modules()
+    refused = warm.refused_modules()
     for top in sorted({name.partition(".")[0] for name in learned} & set(refused)):
         if top not in _noted_refusals:
             _noted_refusals.add(top)
@@ -639,10 +640,11 @@ class _ImportLearner:
 
     @staticmethod
     def _learn(config) -> None:
-        from ..jobs import preload, warmpool
+        from ..jobs import warm
+        from ..jobs.warm import preload
 
         try:
-            warmpool.learn_ahead(config, preload.kernel_modules())
+            warm.learn_ahead(config, preload.kernel_modules())
         except Exception:  # noqa: BLE001 - never in the user's way; the next job learns
             logging.getLogger("jupyterlab_mlcluster").debug("not learned", exc_info=True)
 

@@ -1,7 +1,7 @@
 """A session's rank: a long-lived worker that runs cell after cell in the same globals.
 
 Started like any rank (cold, or forked warm from the pool; runtime/worker.py and
-jobs/warmpool.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
+jobs/warm/rank.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
 stdin, a pipe only its supervisor holds (backends/local/session.py); in a Kubernetes pod,
 from a connection that proved the job's key (session_channel.py), cells inline. Each
 command is one line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256 with the

@@ -521,10 +521,10 @@ class MLClusterApp(ExtensionApp):
         )
         self.metrics.start()
         if self.warm_pool_prestart and self.mlconfig.warm_pool and not self.refuses_local_jobs:
-            from ..jobs import warmpool
+            from ..jobs import warm
 
             # Fire and forget: it takes seconds (import torch) in its own process.
-            self.executor.submit(warmpool.ensure_zygote, self.mlconfig, False)
+            self.executor.submit(warm.ensure_zygote, self.mlconfig, False)
         from .. import environment
 
         # What this pod's image holds, once per pod: jobs' pods install what is added later.

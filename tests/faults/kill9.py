@@ -228,13 +228,13 @@ def supervisor_rounds(service, rng: random.Random, rounds: int, piddir: Path, ba
 def zygote_rounds(service, rng: random.Random, rounds: int, piddir: Path):
     """The warm pool's zygote is SIGKILLed at a random moment while two jobs are submitted
     around it (forked warm before, started cold or from a new zygote after)."""
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     tally = Tally("zygote")
     began = time.monotonic()
     for _ in range(rounds):
-        warmpool.ensure_zygote(service.config)
-        info = warmpool.status(service.config) or {}
+        warm.ensure_zygote(service.config)
+        info = warm.status(service.config) or {}
         zygote = info.get("pid")
         started = psutil.Process(zygote).create_time() if zygote else None
         kill_at = rng.uniform(0.0, 1.0)

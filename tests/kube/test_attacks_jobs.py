@@ -192,7 +192,7 @@ def test_attack_a_kubernetes_jobs_env_starts_no_process_on_the_server(
     import shutil
     import subprocess
 
-    from jupyterlab_mlcluster.jobs import warmpool
+    from jupyterlab_mlcluster.jobs import warm
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -222,7 +222,7 @@ def test_attack_a_kubernetes_jobs_env_starts_no_process_on_the_server(
     assert not mark.exists(), f"the attacker's library ran in process {mark.read_text()}"
     keyed = [
         g
-        for g in warmpool.pool_status(service.config)["generations"]
+        for g in warm.pool_status(service.config)["generations"]
         if "LD_PRELOAD" in str(g.get("keyed_by") or g.get("overlay") or "")
     ]
     assert keyed == []

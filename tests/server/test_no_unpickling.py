@@ -32,7 +32,7 @@ ALLOWED = {
     "jobs/experiments/scheduler.py:Scheduler._submit",
     # A local job's rank, forked from the warm pool: the process that runs the job's own code
     # (local backend, the same places as above).
-    "jobs/warmpool.py:become_rank",
+    "jobs/warm/rank.py:become_rank",
 }
 # Processes the server starts run as its user too: the walk starts from them as well.
 STARTED_PROCESSES = ("jobs/running/supervisor.py:<module>",)

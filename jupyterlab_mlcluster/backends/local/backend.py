@@ -542,20 +542,20 @@ def _after_supervisor_death(ctx: JobContext, since: float) -> None:
 
 
 def _running_warm() -> bool:
-    from ...jobs import warmpool
+    from ...jobs import warm
 
-    return warmpool.in_zygote_child()
+    return warm.in_zygote_child()
 
 
 def _stale_for_warm(env: dict[str, str]) -> list[str]:
-    """The variables a warm rank would see stale (jobs/warmpool.py): the job starts cold."""
-    from ...jobs import warmpool
+    """The variables a warm rank would see stale (jobs/warm/environment.py): the job starts cold."""
+    from ...jobs import warm
 
-    return warmpool.stale_variables(env)
+    return warm.stale_variables(env)
 
 
 def _preparing_note() -> str | None:
-    """What the warm pool does for later jobs with this job's values (jobs/warmpool.py)."""
-    from ...jobs import warmpool
+    """What the warm pool does for later jobs with this job's values (jobs/warm/zygote.py)."""
+    from ...jobs import warm
 
-    return warmpool.preparing_note()
+    return warm.preparing_note()

@@ -4,7 +4,7 @@ Two ways to start a rank, same result (own session and process group, stdio on p
 report pipe, death with the supervisor):
 - cold: a fresh `python -m jupyterlab_mlcluster.runtime.worker` (fork + exec);
 - warm: a fork of the supervisor, when the supervisor itself is a child of the warm pool's
-  CUDA-clean zygote (so torch is already imported; see jobs/warmpool.py).
+  CUDA-clean zygote (so torch is already imported; see jobs/warm/).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def spawn_forked(
             child_env = dict(env)
             child_env["MLCLUSTER_REPORT"] = f"fd:{control_w}"
             child_env["MLCLUSTER_SUPERVISOR_PID"] = str(supervisor)
-            from ...jobs.warmpool import become_rank
+            from ...jobs.warm.rank import become_rank
 
             status = become_rank(child_env, cwd, payload_path)
         except BaseException:  # noqa: BLE001

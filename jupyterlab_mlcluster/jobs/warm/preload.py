@@ -1,8 +1,8 @@
 """What the warm pool may preload: the modules a kernel has imported, or a script imports at
 its top, that are safe to import in the zygote.
 
-Pure choices from names and paths; asking the pool is jobs/warmpool.py's concern. A module is
-proposed only when its top-level package is
+Pure choices from names and paths; asking the pool is serving.py's and client.py's concern.
+A module is proposed only when its top-level package is
 
 - installed: it comes from site-packages or a PYTHONPATH entry (both part of the pool's
   environment fingerprint). Never the notebook's own `utils.py` next to it: the zygote's
@@ -13,7 +13,7 @@ proposed only when its top-level package is
 - not refused before: the zygote itself checks every package it preloads (CUDA initialised,
   a Python thread started) and records a failure, which this module then honours.
 
-The deny list is a shortcut, not the proof: the zygote's check is (jobs/warmpool.py).
+The deny list is a shortcut, not the proof: the zygote's check is (zygote.py).
 """
 
 from __future__ import annotations
