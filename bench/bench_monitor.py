@@ -74,7 +74,7 @@ METHODS = ("monitor", "quiet", "launcher", "session", "session-quiet")
 QUIET = {"session": "session-quiet", "session-quiet": "session-quiet"}
 
 DRIVER = """
-import json, os, sys
+import json, os, sys, time
 from jupyter_client.manager import start_new_kernel
 workers, reps, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 SETUP, LOOP = sys.argv[4], sys.argv[5]
@@ -141,14 +141,14 @@ try:
                 continue
             if os.path.exists(RESULT):
                 os.remove(RESULT)
-            cpu = kernel_cpu()
+            cpu, wall = kernel_cpu(), time.monotonic()
             out = execute(cell)
-            cpu = kernel_cpu() - cpu
+            cpu, wall = kernel_cpu() - cpu, time.monotonic() - wall
             if not os.path.exists(RESULT):
                 raise SystemExit(f"{method}: rank 0 wrote no result; the cell said:\\n{out[-2000:]}")
             if rep:
                 with open(RESULT) as f:
-                    print(json.dumps({"method": method, "rep": rep, "steps_per_s": float(f.read()), "kernel_cpu": cpu}), flush=True)
+                    print(json.dumps({"method": method, "rep": rep, "steps_per_s": float(f.read()), "kernel_cpu": cpu, "wall": wall}), flush=True)
     if sessions:
         execute("%distributed_session stop monitor")
 finally:
@@ -205,32 +205,43 @@ def main() -> int:
         return 1
     results: dict[str, dict[int, float]] = {}
     kernel_cpu: dict[str, list[float]] = {}
+    wall: dict[str, list[float]] = {}
     for line in stdout.splitlines():
         if line.startswith("{"):
             item = json.loads(line)
             results.setdefault(item["method"], {})[item["rep"]] = item["steps_per_s"]
             kernel_cpu.setdefault(item["method"], []).append(item["kernel_cpu"])
+            wall.setdefault(item["method"], []).append(item["wall"])
     print(f"{args.workers} ranks, {args.steps} timed steps, {args.reps} interleaved reps, "
           f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     # `vs quiet`: the ratio of the medians; `paired`: the median of each round's ratio to its
     # quiet method's run of the same round (the two ran seconds apart: less of the machine's
-    # other load between them).
+    # other load between them). `monitor CPU`: what the kernel spent per cell beyond its quiet
+    # method's, as a share of the machine's CPU time over the cell: all the monitor can take
+    # from the ranks, a bound that the machine's other load does not blur as it does steps/s.
     print(
         f"{'method':<14} {'median steps/s':>15} {'min':>8} {'max':>8} {'vs quiet':>9} "
-        f"{'paired':>8} {'kernel CPU s/cell':>18}"
+        f"{'paired':>8} {'kernel CPU s/cell':>18} {'monitor CPU':>12}"
     )
+    cores = os.cpu_count() or 1
     for method, by_rep in results.items():
         values = list(by_rep.values())
         median = statistics.median(values)
-        against = results.get(QUIET.get(method, "quiet"))
+        quiet = QUIET.get(method, "quiet")
+        against = results.get(quiet)
+        cpu = statistics.median(kernel_cpu[method])
         if against:
             ratio = f"{median / statistics.median(against.values()):>8.3f}x"
             paired = f"{statistics.median(v / against[r] for r, v in by_rep.items()):>7.3f}x"
+            extra = (cpu - statistics.median(kernel_cpu[quiet])) / (
+                statistics.median(wall[method]) * cores
+            )
+            share = f"{extra * 100:>11.2f}%"
         else:
-            ratio, paired = f"{'–':>9}", f"{'–':>8}"
+            ratio, paired, share = f"{'–':>9}", f"{'–':>8}", f"{'–':>12}"
         print(
             f"{method:<14} {median:>15.1f} {min(values):>8.1f} {max(values):>8.1f} {ratio} "
-            f"{paired} {statistics.median(kernel_cpu[method]):>18.3f}"
+            f"{paired} {cpu:>18.3f} {share}"
         )
     return 0
 

@@ -98,12 +98,16 @@ def execute(code, user_expressions=None):
         elif msg["msg_type"] == "status" and content["execution_state"] == "idle":
             break
     reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
     if reply["content"]["status"] != "ok":
         raise SystemExit("cell failed: " + "".join(text)[-3000:])
     return sent, time.time() - sent, reply["content"].get("user_expressions", {})
 ENTERED = {"entered": "repr(_mlcb_entered[0])"}
 def session_cell(code):  # a session cell whose first line is PROBE: (seconds, its start latencies)
     sent, took, expressions = execute(code, ENTERED)
+    if "entered" not in expressions or expressions["entered"].get("status") != "ok":
+        raise SystemExit(f"the magic's entry time did not come back: {expressions}")
     entered = float(expressions["entered"]["data"]["text/plain"].strip("'"))
     cell = service.store.list_jobs(limit=1)[0][0]
     starts = [float(open(os.path.join(PROBE_DIR, f"{cell.id}-{r}")).read()) for r in range(workers)]
