@@ -333,6 +333,13 @@ class MLClusterConfig(Configurable):
         "pods to be gone from the cluster (foreground deletion) before it stops waiting.",
     ).tag(config=True)
 
+    kubernetes_session_channel_timeout = Float(
+        60.0,
+        help="Seconds a Kubernetes `--session`'s supervisor keeps trying to reach a rank's pod "
+        "over the session channel (reconnecting with backoff after a drop) before the session "
+        "ends, failed, saying which rank could not be reached.",
+    ).tag(config=True)
+
     kubernetes_request_timeout = Float(
         10.0,
         help="Seconds a single Kubernetes API request (not a watch or log stream) may take.",

@@ -298,3 +298,109 @@ def test_attack_forged_or_replayed_commands_to_a_pod_are_refused(
     assert not marker.exists()
     sessions.stop_session(service, None, "llm")
     wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+# What a rank's own code can do to its end of the session channel (played from inside the
+# rank, the only place that holds it): drop the supervisor's connection, or stop listening.
+DROP_CHANNEL = """
+import gc, os, socket
+if os.environ["RANK"] == "1":
+    (channel,) = [o for o in gc.get_objects() if type(o).__name__ == "CommandChannel"]
+    if {stop_listening}:
+        channel.server.shutdown(socket.SHUT_RDWR)
+        channel.server.close()
+    channel.current.shutdown(socket.SHUT_RDWR)
+"""
+
+
+def test_a_dropped_channel_is_reconnected_and_the_session_goes_on(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    session = start(service, player)
+    session.run("kept = 'still here'\n")
+    dropped = session.run(DROP_CHANNEL.format(stop_listening=False))
+    assert dropped.state == "succeeded", dropped.error
+    wait_for(
+        lambda: any(
+            "the channel to rank 1 is back" in e["line"] for e in service.logs(session.holder_id)[0]
+        ),
+        timeout=30,
+        message="the supervisor reconnecting",
+    )
+    system = [e["line"] for e in service.logs(session.holder_id)[0] if e["stream"] == "system"]
+    assert any("the channel to rank 1 dropped" in line for line in system), system
+    after = session.run("import os\n(kept, int(os.environ['RANK']))")
+    assert service.result(after.id) == ("value", ("still here", 0))
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_a_rank_that_cannot_be_reached_ends_the_session_saying_so(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s(kubernetes_session_channel_timeout=3)
+    session = start(service, player)
+    session.run(DROP_CHANNEL.format(stop_listening=True))
+    holder = service.wait(session.holder_id, timeout=60)  # no hang: it ends
+    assert holder.state == "failed" and holder.failed_rank == 1
+    assert "rank 1 could not be reached for 3 s" in holder.error, holder.error
+    wait_for(lambda: objects_of(kube, kube_namespace, holder.id) == {}, timeout=60)
+    player.kill_deleted()
+    with pytest.raises(sessions.SessionEnded, match="rank 1 could not be reached"):
+        session.cell("1")
+
+
+def fresh_pods(session: Session, player: ClusterPlayer) -> None:
+    """The pods of the session's next attempt, played as the first ones were."""
+    player.kill_deleted()
+    job = player.resumed(session.holder_id)
+    for rank, pod in player.create_pods(job).items():
+        player.schedule(pod)
+        session.runs[rank] = player.run_rank(pod, pod_ip="127.0.0.1")
+        player.end_when_exited(session.runs[rank])
+
+
+def test_restart_gives_the_session_fresh_pods_and_its_state_is_lost(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    session = start(service, player)
+    session.run("x = 1\n")
+    old = dict(session.runs)
+    info = sessions.restart_session(service, None, "llm")
+    assert info.holder.restarts == 1 and info.live
+    for run in old.values():
+        assert run.wait(30) == 0  # asked to stop first: atexit ran
+    fresh_pods(session, player)
+    after = session.run("'x' in globals()")
+    assert after.state == "succeeded", after.error
+    assert service.result(after.id) == ("value", False)
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_a_rank_that_ignores_the_interrupt_restarts_the_session_and_the_cell_says_so(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s(session_interrupt_grace=2)
+    session = start(service, player)
+    cell = session.cell(
+        "import time\nprint('stubborn', flush=True)\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(100)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass\n"
+    )
+    wait_for(lambda: len(log_text(service, cell.id)) == 2, timeout=60, message="ranks running")
+    final = service.cancel(cell.id, wait=True)
+    assert final.state == "cancelled"
+    assert "did not return within 2 s of the interrupt" in final.reason, final.reason
+    assert "state was lost" in final.reason
+    wait_for(lambda: session.holder.restarts == 1, timeout=60, message="the restart")
+    fresh_pods(session, player)
+    after = session.run("'time' in globals()")
+    assert service.result(after.id) == ("value", False)
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)

@@ -9,7 +9,8 @@ the same deletion at the end. What differs: the pods run runtime/session_worker.
 - each rank listens on a port it names in a signed record of its pod log; a `RankLink`
   (session_link.py) connects to the pod's IP there, both sides proving the job's key, and
   carries the signed, sequence-numbered commands; dropped, it reconnects with backoff, and
-  a rank unreachable for `session_link.GIVE_UP_AFTER` ends the session, saying so;
+  a rank unreachable for `MLClusterConfig.kubernetes_session_channel_timeout` ends the
+  session, saying so;
 - a cell (a job stored `starting` naming this session; the local session's FIFO and store
   scan find it: backends/local/session.py's `_Server`) is claimed and sent to every rank
   with its payload inline; the ranks' output streams back through the pod logs into the
@@ -130,7 +131,8 @@ class _SessionAttempt(_Attempt):
         super().__init__(run, number)
         self.session = run
         self.server = run.server
-        self.links = {r: RankLink(r, run.key) for r in range(self.spec.workers)}
+        give_up = self.ctx.config.kubernetes_session_channel_timeout
+        self.links = {r: RankLink(r, run.key, give_up) for r in range(self.spec.workers)}
         self.ports: dict[int, int] = {}
         self.seq = 0
         self.cell: _Cell | None = None

@@ -4,7 +4,8 @@ The rank says which port it listens on in a signed record of its pod log; the po
 in its status. The link connects there, and both sides prove they hold the job's key
 (session_channel.py's handshake) before any command goes out. A connection that fails or
 drops is tried again with kubeconn's backoff (jitter, a cap); the session gives up on a
-rank that stays unreachable for `GIVE_UP_AFTER` seconds (session.py ends it, saying so).
+rank that stays unreachable for `give_up_after` seconds
+(`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
 Commands are lines signed by the sender with the job's key and a sequence number; a line
 sent again after a reconnect carries its old number: the link keeps the lines of the
 current cell (`forget` drops them once it is over) and sends them all again on a new
@@ -29,7 +30,6 @@ log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CONNECT_TIMEOUT = 5.0
 SEND_TIMEOUT = 60.0  # one cell's payload to one rank
-GIVE_UP_AFTER = 60.0
 BACKOFF = kubeconn.Backoff(first=kubeconn.backoff_from_env().first, cap=5.0)
 
 
@@ -38,7 +38,7 @@ class LinkError(Exception):
 
 
 class RankLink:
-    def __init__(self, rank: int, key: bytes, give_up_after: float = GIVE_UP_AFTER):
+    def __init__(self, rank: int, key: bytes, give_up_after: float):
         self.rank, self.key, self.give_up_after = rank, key, give_up_after
         self.host: str | None = None
         self.port: int | None = None
