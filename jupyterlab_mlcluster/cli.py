@@ -325,40 +325,32 @@ def follow_sweep(handle, *, quiet: bool = False) -> int:
 def _cancel_and_follow(service, job_id: str, cursor, *, by: str, quiet: bool) -> int:
     """Cancel the job, printing what its ranks print while they stop (a SIGTERM handler
     saving a checkpoint says so), until it is final; then why it ended."""
+    from .jobs.follow import JobFollower
+
     service.cancel(job_id, wait=False, by=by)
     deadline = time.monotonic() + service.job_grace(job_id) + 10.0
-    while True:
-        record = service.store.get_job(job_id)
-        lines, cursor = service.logs(job_id, cursor=cursor)
+    follower = JobFollower(service.store, job_id, cursor=cursor, reap=service.reap)
+    for step in follower.steps():
         if not quiet:
-            _print_lines(lines)
-        if record.final and not lines:
-            break
+            _print_lines(step.lines)
         if time.monotonic() > deadline:  # a wedged supervisor: the waiting cancel kills it
             service.cancel(job_id, by=by)
+            follower.changed_here()
             deadline = float("inf")
-            continue
-        if not lines:
-            time.sleep(0.05)
-            service.reap()
+    record = step.record
     print(f"mlcluster: job {job_id} {record.reason or record.state}", file=sys.stderr)
     return EXIT_CANCELLED
 
 
 def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     """Stream rank-prefixed output until the job ends; Ctrl-C cancels it."""
-    cursor = None
+    from .jobs.follow import JobFollower
+
+    follower = JobFollower(service.store, job_id, reap=service.reap)
     try:
-        while True:
-            record = service.store.get_job(job_id)
-            lines, cursor = service.logs(job_id, cursor=cursor)
+        for step in follower.steps():
             if not quiet:
-                _print_lines(lines)
-            if record.final and not lines:
-                break
-            if not lines:
-                time.sleep(0.05)
-                service.reap()
+                _print_lines(step.lines)
     except KeyboardInterrupt as interrupt:
         # A second signal while cancelling must not leave the job behind: ignore them now.
         for signum in (signal.SIGINT, *_TERMINATING):
@@ -370,7 +362,7 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
             if isinstance(interrupt, _Terminated)
             else "user (Ctrl-C of mlcluster run)"
         )
-        return _cancel_and_follow(service, job_id, cursor, by=by, quiet=quiet)
+        return _cancel_and_follow(service, job_id, follower.cursor, by=by, quiet=quiet)
     record = service.store.get_job(job_id)
     if record.state == JobState.SUCCEEDED:
         return 0

@@ -26,6 +26,7 @@ from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
 from .backend import Backend, get_backend
+from .follow import JobFollower
 from .model import (
     TENSORBOARD_ENV,
     JobSpec,
@@ -319,15 +320,11 @@ class JobService:
         self, job_id: str, rank: int | None = None, cursor: str | None = None, poll: float = 0.1
     ) -> Iterator[dict[str, Any]]:
         """Yield log lines as they come, until the job is final and everything is read."""
-        while True:
-            final = self.store.get_job(job_id).final
-            lines, cursor = self.store.read_logs(job_id, rank, cursor)
-            yield from lines
-            if final and not lines:
-                return
-            if not lines:
-                time.sleep(poll)
-                self.reap()
+        follower = JobFollower(
+            self.store, job_id, rank=rank, cursor=cursor, reap=self.reap, backstop=poll
+        )
+        for step in follower.steps():
+            yield from step.lines
 
     def error_report(self, job_id: str) -> dict[str, Any] | None:
         record = self.store.get_job(job_id)
@@ -414,21 +411,8 @@ class JobService:
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        version = None
-        while True:
-            current = self.store.data_version()
-            if current != version:
-                version = current
-                record = self.store.get_job(job_id)
-                if record.final:
-                    return record
-            if deadline is not None and time.monotonic() > deadline:
-                return self.store.get_job(job_id)
-            time.sleep(WAIT_POLL)
-            if time.monotonic() - self._last_reap > 2.0:
-                self.reap()
-                version = None
+        follower = JobFollower(self.store, job_id, logs=False, reap=self.reap, backstop=WAIT_POLL)
+        return follower.until_final(timeout)
 
     def raise_for_state(self, record: JobRecord) -> None:
         if record.state == JobState.FAILED:

@@ -24,10 +24,12 @@ import time
 import uuid
 from typing import Any
 
+from ..jobs.follow import JobFollower
 from ..jobs.model import JobState
 from ..jobs.record import JobRecord
 from ..jobs.service import JobService
-from ..jobs.storage.watch import CREATED, StoreWatcher
+from ..jobs.storage.store import UnknownJob
+from ..jobs.storage.watch import CREATED
 
 POLL_INTERVAL = 0.05
 MAX_REDRAWS_PER_SECOND = 4
@@ -386,10 +388,13 @@ class JobMonitor:
         # Woken when a file appears in the job's directory (its supervisor makes one once
         # the job is final), not by every write to the store: while the job runs, polling
         # every POLL_INTERVAL costs the kernel less than waking for each log batch.
-        self.watcher = StoreWatcher(
-            service.store, {job_id}, since=0, wake_on=(service.store.job_dir(job_id), CREATED)
+        self.follower = JobFollower(
+            service.store,
+            job_id,
+            wake_on=(service.store.job_dir(job_id), CREATED),
+            reap=service.reap,
+            backstop=POLL_INTERVAL,
         )
-        self.cursor: str | None = None
         self.outputs = RankOutputs(
             self.record.spec.workers, enabled=rank_output and not terminal and not quiet
         )
@@ -454,29 +459,19 @@ class JobMonitor:
 
     def step(self) -> bool:
         """Pull news from the store, redraw if due. True once the job is final and all
-        of its output has been shown."""
-        changes = self.watcher.poll()
-        new_lines: list[dict[str, Any]] = []
-        if changes.jobs or changes.resync:
-            self.record = self.service.store.get_job(self.job_id)
-        if changes.logs or changes.resync or self.cursor is None or self.record.final:
-            new_lines, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
-            # A final job's logs are complete (its supervisor drained the ranks first): read
-            # them to the end now, not one more store write (there will be none) later.
-            while self.record.final and new_lines:
-                more, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
-                if not more:
-                    break
-                new_lines += more
-        if new_lines:
-            if self.terminal and not self.quiet:
-                for line in new_lines:
-                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
-            self.outputs.add(new_lines)
-        self._redraw()
-        if changes.deleted:
+        of its output has been shown (or it was purged)."""
+        try:
+            step = self.follower.step()
+        except UnknownJob:
             return True
-        return self.record.final
+        self.record = step.record
+        if step.lines:
+            if self.terminal and not self.quiet:
+                for line in step.lines:
+                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
+            self.outputs.add(step.lines)
+        self._redraw()
+        return step.done
 
     def _redraw(self, force: bool = False) -> None:
         if self.quiet:
@@ -516,7 +511,9 @@ class JobMonitor:
         stopped early: the cell was interrupted, and the job has been stopped since)."""
         self.record = self.service.store.get_job(self.job_id)
         while drain:
-            lines, self.cursor = self.service.logs(self.job_id, cursor=self.cursor)
+            lines, self.follower.cursor = self.service.logs(
+                self.job_id, cursor=self.follower.cursor
+            )
             if not lines:
                 break
             if self.terminal and not self.quiet:
@@ -530,24 +527,18 @@ class JobMonitor:
     # -- following --------------------------------------------------------------------
 
     def follow_blocking(self) -> JobRecord:
-        try:
+        with self.follower:
             while not self.step():
-                self.watcher.wait(POLL_INTERVAL)  # (or when the job ends)
-                self.service.reap()
-        finally:
-            self.watcher.close()
+                self.follower.wait()  # (woken when the job ends)
         self.finish()
         return self.record
 
     async def follow_async(self) -> JobRecord:
         """Await the job without blocking the kernel's event loop, so widget messages
         (the Cancel button) are handled while the cell runs."""
-        try:
+        with self.follower:
             while not self.step():
-                await self.watcher.wait_async(POLL_INTERVAL)  # (or when the job ends)
-                self.service.reap()
-        finally:
-            self.watcher.close()
+                await self.follower.wait_async()  # (woken when the job ends)
         self.finish()
         return self.record
 

@@ -14,6 +14,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ...jobs.follow import JobFollower, Step
 from ...jobs.model import JobState, tensorboard_dir_for
 from ...jobs.service import NoJSONForm
 from ...jobs.storage.store import UnknownJob
@@ -66,40 +67,41 @@ class LogsHandler(MLClusterHandler):
         self, job_id: str, rank: int | None, cursor: str | None, tail: int | None
     ) -> None:
         """Newline-delimited JSON lines as they come, until the job is final and all is sent.
-        Woken by the store's change feed (no polling); waits for the client between writes."""
-        service, broadcaster = self.app.service, self.app.broadcaster
-
-        def read(cursor: str | None, tail: int | None) -> tuple[bytes, str, bool]:
-            final = service.store.get_job(job_id).final
-            lines, cursor = service.logs(
-                job_id, rank, cursor, max_bytes=FOLLOW_READ_BYTES, tail=tail
-            )
-            if lines:
-                # Where to resume after this batch, should the stream break: a client
-                # reconnects with `since=<cursor>` instead of reloading everything.
-                lines[-1] = {**lines[-1], "cursor": cursor}
-            return ndjson(lines), cursor, final
-
+        Woken by the store's change feed (the broadcaster's, no polling); waits for the
+        client between writes."""
         self.set_header("Content-Type", "application/x-ndjson")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")  # let reverse proxies stream it
-        with broadcaster.job_changed(job_id) as changed:
+        with self.app.broadcaster.job_changed(job_id) as changed:
             self._changed = changed
+            follower = JobFollower(
+                self.app.service.store,
+                job_id,
+                rank=rank,
+                cursor=cursor,
+                tail=tail,
+                max_bytes=FOLLOW_READ_BYTES,
+                wake=changed,
+            )
+
+            def step_encoded() -> Step:
+                step = follower.step()
+                if step.lines:
+                    # Where to resume after this batch, should the stream break: a client
+                    # reconnects with `since=<cursor>` instead of reloading everything.
+                    step.lines[-1] = {**step.lines[-1], "cursor": step.cursor}
+                    step.data = ndjson(step.lines)
+                return step
+
             try:
-                while not self._closed:
-                    changed.clear()
-                    try:
-                        data, cursor, final = await self.run(read, cursor, tail)
-                    except UnknownJob:
-                        break  # purged while we followed it
-                    tail = None
-                    if data:
-                        self.write(data)
-                        await self.flush()
-                        continue  # there may be more already
-                    if final:
+                async for step in follower.steps_async(run=lambda _: self.run(step_encoded)):
+                    if self._closed:
                         break
-                    await changed.wait()
+                    if step.data:
+                        self.write(step.data)
+                        await self.flush()
+            except UnknownJob:
+                pass  # purged while we followed it
             except StreamClosedError:
                 return
         if not self._closed:
