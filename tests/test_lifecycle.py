@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
+
 from jupyterlab_mlcluster.jobs.lifecycle import Outcome, failure_text, format_duration
 from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
@@ -39,3 +41,18 @@ def test_format_duration():
         "90m",
         "2h",
     ]
+
+
+def test_outcome_kinds_are_their_old_strings_and_an_unknown_one_is_refused():
+    from jupyterlab_mlcluster.jobs.lifecycle import OutcomeKind
+
+    assert Outcome("timeout").kind is OutcomeKind.TIMEOUT  # a backend's string still reads
+    assert [k.value for k in OutcomeKind] == [
+        "succeeded",
+        "failed",
+        "cancelled",
+        "timeout",
+        "restart",
+    ]
+    with pytest.raises(ValueError):
+        Outcome("faild")

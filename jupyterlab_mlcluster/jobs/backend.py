@@ -18,6 +18,7 @@ When a supervisor dies, `supervisor_lost` says what the reaper does about it.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,13 @@ if TYPE_CHECKING:
     from .record import JobRecord
     from .running.supervisor import JobContext
     from .storage.store import JobStore
+
+
+class SupervisorLost(enum.StrEnum):
+    """What the reaper does with a job whose supervisor died (Backend.supervisor_lost)."""
+
+    FAIL = "fail"  # the job died with its supervisor: settle it
+    RESPAWN = "respawn"  # it lives on elsewhere (a cluster): a new supervisor adopts it
 
 
 class Backend(abc.ABC):
@@ -71,10 +79,10 @@ class Backend(abc.ABC):
     def run(self, ctx: JobContext) -> None:
         """Drive the job to a final state. Runs in the job's supervisor process."""
 
-    def supervisor_lost(self, store: JobStore, job: JobRecord) -> str:
-        """'fail' (the job died with its supervisor) or 'respawn' (it lives on elsewhere,
+    def supervisor_lost(self, store: JobStore, job: JobRecord) -> SupervisorLost:
+        """FAIL (the job died with its supervisor) or RESPAWN (it lives on elsewhere,
         e.g. in a cluster, and a new supervisor can adopt it)."""
-        return "fail"
+        return SupervisorLost.FAIL
 
     def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """Stop whatever a dead supervisor may have left behind."""

@@ -10,6 +10,7 @@ keeps only what differs: how an attempt starts, is watched and is stopped.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import signal
 import time
 from collections.abc import Callable
@@ -27,16 +28,51 @@ RESTART_MARKER = "restarting all ranks"
 RANK_FLUSH_INTERVAL = 0.1
 
 
+class OutcomeKind(enum.StrEnum):
+    """How an attempt ended (its values are the strings the backends used to write)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    RESTART = "restart"  # a session's attempt only: fresh ranks, the same session
+
+
 @dataclasses.dataclass
 class Outcome:
     """How one attempt ended."""
 
-    kind: str  # "succeeded" | "failed" | "cancelled" | "timeout"
+    kind: OutcomeKind
     message: str | None = None  # the reason (cancel, timeout) or what the backend saw
     failed_rank: int | None = None
     failed_pod: str | None = None
     restartable: bool = True  # False: starting again would fail the same way
     exit_code: int | None = None  # of the failed rank's process, where there is one
+
+    def __post_init__(self) -> None:
+        self.kind = OutcomeKind(self.kind)  # a kind no backend knows fails here, not later
+
+    def with_reason(self, more: str) -> Outcome:
+        """The same outcome, its message followed by `more` (what stopping the ranks did)."""
+        return dataclasses.replace(self, message=(self.message or "") + more)
+
+
+def stop_requested(ctx: JobContext) -> Outcome | None:
+    """Must the running attempt stop now? A cancel request (its reason), or the job's
+    timeout past since its ranks started; None: go on. Every backend's watch loop asks
+    this at each turn (and stops its ranks its own way, saying so in the reason)."""
+    reason = ctx.cancelled()
+    if reason:
+        return Outcome(OutcomeKind.CANCELLED, reason)
+    timeout, started = ctx.job.spec.timeout, ctx.job.started
+    if timeout and started and time.time() > started + timeout:
+        return Outcome(OutcomeKind.TIMEOUT, timed_out(timeout))
+    return None
+
+
+def timed_out(timeout: float | None) -> str:
+    """The reason of a job stopped at its timeout."""
+    return f"timed out after {format_duration(timeout or 0)}"
 
 
 def run_attempts(
@@ -52,10 +88,14 @@ def run_attempts(
     while True:
         reason = ctx.cancelled()
         if reason:
-            finish(ctx, Outcome("cancelled", reason))
+            finish(ctx, Outcome(OutcomeKind.CANCELLED, reason))
             return
         outcome = attempt(number)
-        if outcome.kind == "failed" and outcome.restartable and number < spec.max_restarts:
+        if (
+            outcome.kind == OutcomeKind.FAILED
+            and outcome.restartable
+            and number < spec.max_restarts
+        ):
             number += 1
             ctx.logs.system(
                 f"[mlcluster] {failure_text(ctx.store, ctx.job.id, outcome)}; {RESTART_MARKER} "
@@ -82,12 +122,12 @@ def forget_attempt_outputs(ctx: JobContext) -> None:
 def finish(ctx: JobContext, outcome: Outcome) -> None:
     """The job's final state from the last attempt's outcome."""
     job_id = ctx.job.id
-    if outcome.kind == "succeeded":
+    if outcome.kind == OutcomeKind.SUCCEEDED:
         has_result = ctx.store.result_path(job_id).exists()
         ctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
-    elif outcome.kind == "cancelled":
+    elif outcome.kind == OutcomeKind.CANCELLED:
         ctx.set_state(JobState.CANCELLED, reason=outcome.message)
-    elif outcome.kind == "timeout":
+    elif outcome.kind == OutcomeKind.TIMEOUT:
         ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
     else:
         ctx.set_state(

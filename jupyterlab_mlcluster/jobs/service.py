@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
-from .backend import Backend, get_backend
+from .backend import Backend, SupervisorLost, get_backend
 from .follow import JobFollower
 from .model import (
     TENSORBOARD_ENV,
@@ -633,7 +633,10 @@ class JobService:
         job; True if it was finished here."""
         record = self.store.get_job(row["id"])
         backend = self.backend(record.backend)
-        if not row["cancel_requested"] and backend.supervisor_lost(self.store, record) == "respawn":
+        if (
+            not row["cancel_requested"]
+            and backend.supervisor_lost(self.store, record) == SupervisorLost.RESPAWN
+        ):
             self.store.update_job(record.id, supervisor=None)
             self._start_supervisor(record.id)
             return False

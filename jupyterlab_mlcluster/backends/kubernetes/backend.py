@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ... import environment
-from ...jobs.backend import Backend
+from ...jobs.backend import Backend, SupervisorLost
 from ...jobs.model import JobSpec, SpecError
 from ...jobs.sessions import is_session_holder
 from . import client
@@ -420,10 +420,10 @@ class KubernetesBackend(Backend):
         finally:
             conn.api.close()
 
-    def supervisor_lost(self, store, job) -> str:
+    def supervisor_lost(self, store, job) -> SupervisorLost:
         # A session's cells and channels live in its supervisor: without it the session
         # ends (the reaper deletes its objects: cleanup_orphans). A job lives on.
-        return "fail" if is_session_holder(job) else "respawn"
+        return SupervisorLost.FAIL if is_session_holder(job) else SupervisorLost.RESPAWN
 
     def cleanup_orphans(self, store, job) -> None:
         """The supervisor died (the job is cancelled), or a final job still has a pending

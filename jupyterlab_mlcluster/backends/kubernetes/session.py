@@ -41,7 +41,7 @@ import zlib
 from typing import TYPE_CHECKING, Any, cast
 
 from ...jobs import lifecycle
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
 from ...jobs.storage.store import UnknownJob
 from ..local.session import _mark_ended, _Server
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
-RESTART = "restart"  # an attempt's outcome kind: fresh pods, same session
+RESTART = OutcomeKind.RESTART  # fresh pods, same session
 
 
 class SessionRun(JobRun):
@@ -91,9 +91,9 @@ class SessionRun(JobRun):
                 )
             if ctx.job.state.final:
                 return  # said when it ended (a dead rank: before the cell's failure)
-            if outcome.kind == "succeeded":  # idle
+            if outcome.kind == OutcomeKind.SUCCEEDED:  # idle
                 ctx.set_state(JobState.SUCCEEDED, reason=outcome.message)
-            elif outcome.kind == "cancelled":
+            elif outcome.kind == OutcomeKind.CANCELLED:
                 reason = outcome.message or "stopped"
                 if reason.startswith("cancelled by user"):
                     reason = "stopped by user" + reason[len("cancelled by user") :]
@@ -157,7 +157,7 @@ class _SessionAttempt(_Attempt):
             if reason:
                 self._end_cell_now(f"the session was stopped ({reason})")
                 self._shut_down()
-                return Outcome("cancelled", reason)
+                return Outcome(OutcomeKind.CANCELLED, reason)
             if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
                 return self._died(
                     None, f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster"
@@ -190,7 +190,7 @@ class _SessionAttempt(_Attempt):
                 idle = lifecycle.format_duration(ctx.config.session_idle_timeout)
                 self._shut_down()
                 return Outcome(
-                    "succeeded",
+                    OutcomeKind.SUCCEEDED,
                     f"ended after {idle} without a cell (MLClusterConfig.session_idle_timeout)",
                 )
             supervise_logs.ensure_log_streams(self)
@@ -223,7 +223,7 @@ class _SessionAttempt(_Attempt):
         """The session ends, failed: final before its cell is (whoever reads the cell's
         failure and runs the next cell finds the session ended, never a dying one)."""
         ctx = self.ctx
-        outcome = Outcome("failed", text, rank, restartable=False)
+        outcome = Outcome(OutcomeKind.FAILED, text, rank, restartable=False)
         text = lifecycle.failure_text(self.store, ctx.job.id, outcome)
         set_pending_cleanup(self.store, ctx.job.id, True)  # the pods go after this
         if rank is not None:
@@ -444,7 +444,7 @@ class _SessionAttempt(_Attempt):
             cctx.set_state(JobState.FAILED, error=failed[1], failed_rank=failed[0], reason=None)
         elif cell.failed_rank is not None:
             outcome = Outcome(
-                "failed",
+                OutcomeKind.FAILED,
                 None
                 if cell.done.get(cell.failed_rank) == "error"
                 else f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kubeconn
 from ...jobs import lifecycle
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.storage.store import JobStore
 from ...runtime.protocol import job_key, key_path
@@ -183,7 +183,7 @@ class _Attempt:
             supervise_objects.create_or_adopt(self)
         except Exception as exc:
             outcome = Outcome(
-                "failed",
+                OutcomeKind.FAILED,
                 f"could not create the job's Kubernetes objects: {message_of(exc)}",
                 restartable=False,
             )
@@ -194,8 +194,8 @@ class _Attempt:
         try:
             outcome = self._follow()
             supervise_logs.drain_logs(self, outcome)
-            if outcome.kind == "succeeded" and self.result_refused:
-                outcome = Outcome("failed", self.result_refused, 0, restartable=False)
+            if outcome.kind == OutcomeKind.SUCCEEDED and self.result_refused:
+                outcome = Outcome(OutcomeKind.FAILED, self.result_refused, 0, restartable=False)
             supervise_logs.blame_packed_rank(self, outcome)
         finally:
             supervise_objects.delete_and_wait(self)
@@ -247,16 +247,12 @@ class _Attempt:
         ctx, spec = self.ctx, self.spec
         changed = True
         while True:
-            reason = ctx.cancelled()
-            if reason:
-                return Outcome("cancelled", reason)
-            if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
-                return Outcome(
-                    "timeout", f"timed out after {lifecycle.format_duration(spec.timeout)}"
-                )
+            stop = lifecycle.stop_requested(ctx)
+            if stop is not None:
+                return stop  # (the objects are deleted on the way out: run's finally)
             if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(
-                    "failed",
+                    OutcomeKind.FAILED,
                     f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster",
                     restartable=True,
                 )
@@ -265,13 +261,12 @@ class _Attempt:
                 self._report(obs)
                 if obs.failure is not None:
                     if obs.failure.deadline:
-                        return Outcome(
-                            "timeout",
-                            f"timed out after {lifecycle.format_duration(spec.timeout or 0)}",
-                        )
-                    return Outcome("failed", obs.failure.message, obs.failure.rank, obs.failure.pod)
+                        return Outcome(OutcomeKind.TIMEOUT, lifecycle.timed_out(spec.timeout))
+                    return Outcome(
+                        OutcomeKind.FAILED, obs.failure.message, obs.failure.rank, obs.failure.pod
+                    )
                 if obs.succeeded:
-                    return Outcome("succeeded")
+                    return Outcome(OutcomeKind.SUCCEEDED)
             else:
                 self._flush()
                 if self.held_reason is not None:

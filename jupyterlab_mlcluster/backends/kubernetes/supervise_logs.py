@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import kubeconn
 from ...jobs import lifecycle
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
 from .client import message_of
 from .logs import PodLogFollower, PodOutput
@@ -184,9 +184,9 @@ def result_chunk(attempt: _Attempt, record: dict[str, Any]) -> None:
 def drain_logs(attempt: _Attempt, outcome: Outcome) -> None:
     """The outcome is known; wait (a little) for the log lines that tell its story: all
     ranks' after a success (rank 0's result), the failing pod's after a failure."""
-    if outcome.kind == "succeeded":
+    if outcome.kind == OutcomeKind.SUCCEEDED:
         wanted = {n for n, p in attempt.pods.items() if attempt._mine(p)}
-    elif outcome.kind == "failed" and outcome.failed_pod:
+    elif outcome.kind == OutcomeKind.FAILED and outcome.failed_pod:
         wanted = {outcome.failed_pod}
     else:
         wanted = set()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.backend import Backend
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.running.processes import supervisor_alive
 from ...jobs.running.proctree import (
@@ -434,7 +434,7 @@ class _Gang:
         candidates = {r: t for r, t in when.items() if t <= stopping} or when
         culprit = min(candidates, key=lambda r: (candidates[r], r))
         outcome = Outcome(
-            "failed",
+            OutcomeKind.FAILED,
             lifecycle.reported_failure(culprit, self.reported_errors.get(culprit)),
             failed_rank=culprit,
             exit_code=self.ranks[culprit].returncode,
@@ -456,11 +456,7 @@ class _Gang:
         return outcome
 
     def watch(self) -> Outcome:
-        ctx, spec = self.ctx, self.spec
-        deadline = None
-        if spec.timeout:
-            assert ctx.job.started is not None  # stamped when the ranks started
-            deadline = ctx.job.started + spec.timeout
+        ctx = self.ctx
         finished = self.done
         while True:
             self.pump(LOOP_TICK)
@@ -469,13 +465,10 @@ class _Gang:
                 return self._fail_fast()
             if len(finished) == len(self.ranks):
                 log.debug("all ranks exited")
-                return Outcome("succeeded")
-            reason = ctx.cancelled()
-            if reason:
-                return Outcome("cancelled", reason + self.stop(reason))
-            if deadline is not None and time.time() > deadline:
-                why = f"timed out after {lifecycle.format_duration(spec.timeout)}"
-                return Outcome("timeout", why + self.stop(why))
+                return Outcome(OutcomeKind.SUCCEEDED)
+            stop = lifecycle.stop_requested(ctx)
+            if stop is not None:
+                return stop.with_reason(self.stop(stop.message or ""))
             self.flush()
 
     def stop(self, why: str) -> str:

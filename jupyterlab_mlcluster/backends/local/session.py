@@ -33,7 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
 from ...jobs.sessions import FIFO_NAME
 from ...jobs.storage.store import UnknownJob
@@ -292,7 +292,7 @@ class SessionGang(_Gang):
             )
 
     def rank_died(self, proc: launcher.RankProcess) -> str:
-        outcome = Outcome("failed", failed_rank=proc.rank, exit_code=proc.returncode)
+        outcome = Outcome(OutcomeKind.FAILED, failed_rank=proc.rank, exit_code=proc.returncode)
         text = lifecycle.failure_text(self.store, self.ctx.job.id, outcome)
         if proc.returncode == 0:
             text = f"rank {proc.rank} exited (status 0)"
@@ -452,7 +452,7 @@ class SessionGang(_Gang):
             cctx.set_state(JobState.FAILED, error=failed[1], failed_rank=failed[0], reason=None)
         elif cell.failed_rank is not None:
             outcome = Outcome(
-                "failed",
+                OutcomeKind.FAILED,
                 None
                 if cell.done.get(cell.failed_rank) == "error"
                 else f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ...jobs import lifecycle
 from ...jobs.backend import Backend
 from ...jobs.backoff import Backoff
-from ...jobs.lifecycle import Outcome
+from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...runtime.protocol import OutputParser, job_key, key_path
 from . import script
@@ -561,19 +561,16 @@ class _Attempt:
                 rank = min(failed, key=self._failure_time)
                 self.stop("a rank failed")
                 return Outcome(
-                    "failed",
+                    OutcomeKind.FAILED,
                     lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
                     failed_rank=rank,
                     exit_code=self.exits[rank],
                 )
             if len(self.exits) == spec.workers:
-                return Outcome("succeeded")
-            reason = ctx.cancelled()
-            if reason:
-                return Outcome("cancelled", reason + self.stop(reason))
-            if spec.timeout and ctx.job.started and time.time() > ctx.job.started + spec.timeout:
-                why = f"timed out after {lifecycle.format_duration(spec.timeout)}"
-                return Outcome("timeout", why + self.stop(why))
+                return Outcome(OutcomeKind.SUCCEEDED)
+            stop = lifecycle.stop_requested(ctx)
+            if stop is not None:
+                return stop.with_reason(self.stop(stop.message or ""))
             self.look()
             if self.slurm_state not in script.ACTIVE_STATES:
                 if ended_seen:  # one more turn read what the ranks left: still not all
@@ -595,7 +592,7 @@ class _Attempt:
         known = script.job_outcome(self.slurm_state)
         if known is not None:
             kind, message = known
-            return Outcome(kind, message, restartable=kind == "failed")
+            return Outcome(OutcomeKind(kind), message, restartable=kind == OutcomeKind.FAILED)
         batch_output = _tail(self.dir / "batch.out")
         culprit = script.srun_task_failure(batch_output)
         if culprit is not None:  # srun's word: "task 1: Killed"
@@ -603,13 +600,15 @@ class _Attempt:
             self.rank_updates.update(rank, state=RankState.FAILED)
             self.flush(force=True)
             return Outcome(
-                "failed", f"rank {rank} failed: srun: task {rank}: {how}", failed_rank=rank
+                OutcomeKind.FAILED,
+                f"rank {rank} failed: srun: task {rank}: {how}",
+                failed_rank=rank,
             )
         missing = [r for r in range(self.spec.workers) if r not in self.exits]
         first_missing = missing[0] if missing else None
         last = [line for line in batch_output.splitlines() if line.strip()][-1:]
         return Outcome(
-            "failed",
+            OutcomeKind.FAILED,
             f"Slurm job {self.slurm_id} ended ({self.slurm_state}) before rank {first_missing} "
             "did: " + (last[0].strip() if last else f"see {self.dir / 'batch.out'}"),
             failed_rank=first_missing,
@@ -715,12 +714,12 @@ class _Attempt:
         try:
             self.submit()
         except SlurmError as exc:
-            return Outcome("failed", f"sbatch: {exc}", restartable=False)
+            return Outcome(OutcomeKind.FAILED, f"sbatch: {exc}", restartable=False)
         try:
             outcome = self.watch()
         except _LostSlurm as exc:
             why = f"lost contact with Slurm: {exc}"
-            return Outcome("failed", why + self.stop(why), restartable=False)
+            return Outcome(OutcomeKind.FAILED, why + self.stop(why), restartable=False)
         except BaseException:
             self.stop("the supervisor failed")
             raise
