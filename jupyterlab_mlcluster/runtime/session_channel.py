@@ -18,6 +18,12 @@ replayed). A connection that fails the handshake, or stays silent, is closed; se
 try at once (a stranger's cannot hold the port), and the newest authenticated one is the
 channel (the supervisor reconnects after a drop; the sequence numbers carry on).
 
+A rank without its supervisor for `MLCLUSTER_SESSION_ORPHAN_TIMEOUT` seconds (none connected
+since it started, or since the last connection dropped: the supervisor died and nobody
+deleted the pods) ends as a stopped session's rank does (atexit runs, exit 0), so that its
+pod frees its node's GPUs and CPUs instead of idling forever; a live supervisor reconnects
+long before (it gives up on a rank sooner: MLClusterConfig.kubernetes_session_channel_timeout).
+
 `interrupt` commands are acted on here, at once, while the rank's main thread runs a cell:
 SIGINT to itself (KeyboardInterrupt in the cell's code, as the local supervisor's signal).
 Integrity and authenticity, not secrecy: see SECURITY.md (a cell's code crosses the pod
@@ -33,6 +39,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from . import reporting
@@ -52,14 +59,34 @@ class CommandChannel:
         self.lock = threading.Lock()
         self.current: socket.socket | None = None
         self.seen_seq = 0  # the highest sequence number of an authentic command
+        self.alone_since: float | None = time.monotonic()  # no supervisor connected since
+        self.orphan_timeout = float(os.environ.get("MLCLUSTER_SESSION_ORPHAN_TIMEOUT", "0") or 0)
         port = int(os.environ.get("MLCLUSTER_SESSION_PORT", "0") or 0)
         self.server = socket.create_server(("", port))
         self.port = self.server.getsockname()[1]
         threading.Thread(target=self._accept, name="session-channel", daemon=True).start()
+        if self.orphan_timeout > 0:
+            threading.Thread(target=self._watch, name="session-orphan", daemon=True).start()
         reporting.send({"type": "session_channel", "port": self.port})
 
     def readline(self) -> bytes:
+        """The next line; b"" (the end) once the rank was left without its supervisor."""
         return self.lines.get()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.orphan_timeout / 4))
+            with self.lock:
+                since = self.alone_since
+            if since is not None and time.monotonic() - since > self.orphan_timeout:
+                print(
+                    f"mlcluster session: rank {self.rank} heard from no supervisor for"
+                    f" {self.orphan_timeout:g} s: ending",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.lines.put(b"")
+                return
 
     def _accept(self) -> None:
         while True:
@@ -94,17 +121,22 @@ class CommandChannel:
             conn.settimeout(None)
             with self.lock:
                 old, self.current = self.current, conn
+                self.alone_since = None
             if old is not None:
                 with contextlib.suppress(OSError):
                     old.shutdown(socket.SHUT_RDWR)  # the supervisor reconnected: one channel
-            while True:
-                try:
+            try:
+                while True:
                     raw = reader.readline(MAX_COMMAND)
-                except OSError:
-                    return
-                if not raw:
-                    return
-                self._command(raw)
+                    if not raw:
+                        return
+                    self._command(raw)
+            except OSError:
+                return
+            finally:
+                with self.lock:
+                    if self.current is conn:
+                        self.current, self.alone_since = None, time.monotonic()
 
     def _command(self, raw: bytes) -> None:
         record = decode_record(raw.rstrip(b"\n"), self.key, self.rank)

@@ -243,7 +243,8 @@ def _installed(path: str) -> bool:
 
 
 def _payload_bytes(command: dict[str, Any]) -> bytes:
-    """The cell's payload: a file the supervisor wrote (local), or inline (a pod's)."""
+    """The cell's payload: a file the supervisor wrote (local), or inline (a pod's:
+    compressed as backends/kubernetes/payload.py's chunks are)."""
     if "payload_data" in command:
         return zlib.decompress(base64.b64decode(command["payload_data"]))
     return read_payload_bytes(command["payload"])

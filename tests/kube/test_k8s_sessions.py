@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import os
+import signal
 import socket
 import zlib
 
 import pytest
-from helpers import wait_for
+from helpers import process_gone, wait_for
 
 from jupyterlab_mlcluster.jobs import sessions
 from jupyterlab_mlcluster.jobs.service import JobService
@@ -402,5 +404,43 @@ def test_a_rank_that_ignores_the_interrupt_restarts_the_session_and_the_cell_say
     fresh_pods(session, player)
     after = session.run("'time' in globals()")
     assert service.result(after.id) == ("value", False)
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_a_session_whose_supervisor_dies_ends_and_leaves_nothing_running(
+    k8s, player, kube, kube_namespace
+):
+    # Its ranks wait max(10 s, twice this) for a supervisor before they end by themselves.
+    service = k8s(kubernetes_session_channel_timeout=1)
+    session = start(service, player)
+    session.run("x = 1\n")
+    pid = session.holder.supervisor["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: process_gone(pid), timeout=30, message="the supervisor gone")
+    # Nobody has looked yet (no reaper ran): the pods' ranks end on their own, atexit run,
+    # so their pods free the node instead of idling forever.
+    for run in session.runs.values():
+        assert run.wait(60) == 0
+        assert "heard from no supervisor for 10 s: ending" in run.text
+    # The next look settles the session (its supervisor is lost: a session is not adopted)
+    # and deletes its objects; the cell says the session ended.
+    with pytest.raises(sessions.SessionEnded, match="session 'llm' ended"):
+        session.cell("1")
+    assert session.holder.state == "failed"
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_a_cell_too_large_for_the_pods_fails_saying_so_and_the_session_stays(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    session = start(service, player)
+    big = os.urandom(2**20) * 97  # incompressible: more than a job's 96 MiB of payload
+    too_big = session.run("len(big)", big=big)
+    assert too_big.state == "failed"
+    assert "more than 96 MiB after compression" in too_big.error, too_big.error
+    after = session.run("import os\nint(os.environ['RANK'])")
+    assert service.result(after.id) == ("value", 0)
     sessions.stop_session(service, None, "llm")
     wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)

@@ -37,7 +37,6 @@ import logging
 import os
 import select
 import time
-import zlib
 from typing import TYPE_CHECKING, Any, cast
 
 from ...jobs import lifecycle
@@ -48,6 +47,7 @@ from ..local.session import _mark_ended, _Server
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
+from .payload import PayloadTooLarge, split_payload
 from .session_link import RankLink
 from .status import container_phase
 from .supervise import JobRun, _Attempt
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 RESTART = OutcomeKind.RESTART  # fresh pods, same session
+ORPHAN_FLOOR = 10.0  # seconds: the least a rank waits for a supervisor before it ends
 
 
 class SessionRun(JobRun):
@@ -68,10 +69,15 @@ class SessionRun(JobRun):
         super().__init__(ctx, plan, conn)
         # Same builders, same objects: the session's name in the pods' environment makes
         # their worker a session rank (runtime/worker.py hands over to session_worker.py).
-        session = str(ctx.job.origin.get("session"))
-        self.spec = dataclasses.replace(
-            self.spec, env={**self.spec.env, "MLCLUSTER_SESSION": session}
-        )
+        # A rank left without this supervisor (dead, and nobody deleted the pods) ends by
+        # itself after twice the time this supervisor would wait for it (session_channel.py).
+        orphan = max(ORPHAN_FLOOR, 2 * ctx.config.kubernetes_session_channel_timeout)
+        env = {
+            **self.spec.env,
+            "MLCLUSTER_SESSION": str(ctx.job.origin.get("session")),
+            "MLCLUSTER_SESSION_ORPHAN_TIMEOUT": f"{orphan:g}",
+        }
+        self.spec = dataclasses.replace(self.spec, env=env)
         self.server = _Server(ctx, None, None, None, None, None)  # FIFO, waiting cells, counts
 
     def run(self) -> None:
@@ -340,10 +346,20 @@ class _SessionAttempt(_Attempt):
         ):
             return  # not a waiting cell of this session: nothing to run
         self.server.last_activity = time.monotonic()
-        data = base64.b64encode(zlib.compress(store.payload_path(cell_id).read_bytes(), 1))
         cctx = JobContext(store, record, self.ctx.config)
         if not claim(store, cell_id):
             return  # settled meanwhile (cancelled before it ran): nothing to run
+        try:
+            # The cap a job's payload Secrets have: a cell crosses to the pods inline.
+            data = base64.b64encode(
+                b"".join(split_payload(store.payload_path(cell_id).read_bytes()))
+            )
+        except PayloadTooLarge as exc:
+            cctx.set_state(JobState.FAILED, error=str(exc), reason=None)
+            with contextlib.suppress(OSError):
+                cctx.logs.close()
+            _mark_ended(store, cell_id)
+            return
         self.cell = _Cell(cctx)
         for rank in self.links:
             self._send(
