@@ -529,8 +529,7 @@ def _after_supervisor_death(ctx: JobContext, since: float) -> None:
     os.dup2(devnull, 1)
     os.execv(
         sys.executable,
-        [sys.executable, "-m", "jupyterlab_mlcluster.jobs.running.supervisor", "--settle"]
-        + [str(ctx.store.root), ctx.job.id],
+        [sys.executable, "-m", "jupyterlab_mlcluster.jobs.settle", str(ctx.store.root), ctx.job.id],
     )
 
 

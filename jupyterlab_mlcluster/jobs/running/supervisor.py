@@ -243,7 +243,7 @@ def claim(store: JobStore, job_id: str) -> bool:
     return store.claim_supervisor(job_id, identity, holder_alive)
 
 
-def _launch(root: Path, job_id: str) -> dict[str, Any]:
+def launch_settings(root: Path, job_id: str) -> dict[str, Any]:
     from ..storage.store import check_job_id
 
     try:
@@ -252,14 +252,14 @@ def _launch(root: Path, job_id: str) -> dict[str, Any]:
         return {}
 
 
-def _submitter_config(root: Path, job_id: str):
+def submitter_config(root: Path, job_id: str):
     """The settings the job was submitted with: every MLClusterConfig trait as the submitter
     resolved it (its config files included), so the files need not be read again."""
     from traitlets.config import Config
 
     from ...config import MLClusterConfig
 
-    snapshot = _launch(root, job_id).get("config")
+    snapshot = launch_settings(root, job_id).get("config")
     if not snapshot:
         return get_config()
     return MLClusterConfig(config=Config({"MLClusterConfig": snapshot}))
@@ -325,7 +325,7 @@ def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
 
 def supervise(store: JobStore, job_id: str, config=None) -> int:
     log.debug("supervisor up for %s", job_id)
-    config = config or _submitter_config(store.root, job_id)
+    config = config or submitter_config(store.root, job_id)
     if not _until_written(store, lambda: claim(store, job_id), "the job's claim"):
         return 0
     log.debug("claimed")
@@ -360,8 +360,6 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[0] == "--settle":
-        return settle_after_death(Path(argv[1]), argv[2])
     if len(argv) != 2:
         print(
             "usage: python -m jupyterlab_mlcluster.jobs.running.supervisor STORE_DIR JOB_ID",
@@ -369,22 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     root = Path(argv[0])
-    config = _submitter_config(root, argv[1])
-    mode = _launch(root, argv[1]).get("store_journal_mode") or config.store_journal_mode
+    config = submitter_config(root, argv[1])
+    mode = launch_settings(root, argv[1]).get("store_journal_mode") or config.store_journal_mode
     store = JobStore(root, journal_mode=mode)
     _log_to_bounded_file(store, argv[1])
     return supervise(store, argv[1], config)
-
-
-def settle_after_death(root: Path, job_id: str) -> int:
-    """`--settle ROOT JOB`: what a dead supervisor's sentinel runs (proctree.Sentinel) once
-    it has killed what the ranks left: the job is settled as any reaper would."""
-    from ..service import JobService
-
-    config = _submitter_config(root, job_id)
-    mode = _launch(root, job_id).get("store_journal_mode") or config.store_journal_mode
-    JobService(config, JobStore(root, journal_mode=mode)).reap(force=True)
-    return 0
 
 
 def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
@@ -406,7 +393,7 @@ def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
 
 
 if __name__ == "__main__":
-    # A cold supervisor (or a dead one's sentinel, --settle) is a program of its own: like a
+    # A cold supervisor is a program of its own: like a
     # front end, its entry fills the backend registry (a supervisor forked from the warm pool
     # has it from the zygote's entry). Allowed by name in pyproject.toml's import contracts.
     from ... import backends  # noqa: F401
