@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -32,19 +33,44 @@ def warm_pool_dir(tmp_path_factory):
     old = os.environ.get("MLCLUSTER_WARM_POOL_DIR")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(path)
     yield path
-    from jupyterlab_mlcluster.jobs import warm
-
-    for sock in path.glob("zygote-*.sock"):
-        try:
-            info = warm.request(sock, {"op": "ping"}, timeout=2)
-            warm.request(sock, {"op": "stop"}, timeout=2)
-            psutil.Process(info["pid"]).wait(10)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    _stop_zygotes(path)
     if old is None:
         os.environ.pop("MLCLUSTER_WARM_POOL_DIR", None)
     else:
         os.environ["MLCLUSTER_WARM_POOL_DIR"] = old
+
+
+def _stop_zygotes(path: Path) -> None:
+    """Stop every zygote of this session's pool: those serving (asked to stop), and those
+    still importing (a background build a test's kernel or service started late: killed by
+    the pid file the build wrote). Again until the pool stays empty for a second, so a
+    build that started while we stopped the others is not left behind."""
+    from jupyterlab_mlcluster.jobs import warm
+
+    quiet_since = time.monotonic()
+    deadline = quiet_since + 30
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 1.0:
+        found = []
+        for sock in path.glob("zygote-*.sock"):
+            try:
+                info = warm.request(sock, {"op": "ping"}, timeout=2)
+                warm.request(sock, {"op": "stop"}, timeout=2)
+                found.append(psutil.Process(info["pid"]))
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        for pid_file in path.glob("zygote-*.pid"):
+            fp = pid_file.name[len("zygote-") : -len(".pid")]
+            try:
+                proc = psutil.Process(int(pid_file.read_text()[:32]))
+                if proc.uids().real == os.getuid() and fp in proc.cmdline():
+                    proc.kill()
+                    found.append(proc)
+            except (OSError, ValueError, psutil.Error):
+                pass
+        psutil.wait_procs(found, timeout=10)
+        if found:
+            quiet_since = time.monotonic()
+        time.sleep(0.1)
 
 
 @pytest.fixture(params=["warm", "cold"])
