@@ -62,7 +62,7 @@ class _Server:
         self.ctx = ctx
         self.store = ctx.store
         self.holder = ctx.job
-        self.gang_args = (spec, allocation, launch, sampler, tree)
+        self.gang_args: tuple[Any, Any, Any, Any, Any] = (spec, allocation, launch, sampler, tree)
         self.pending: collections.deque[str] = collections.deque()
         self.restart_requested = False
         self.last_activity = time.monotonic()

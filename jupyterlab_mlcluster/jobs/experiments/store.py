@@ -5,7 +5,10 @@ answered atomically join experiment rows with job rows in ONE transaction —
 "may this trial start? (fewer than K of its sweep's trials hold a slot and are not final)"
 and "may this tick fire? (claim it; Forbid: no run of this schedule still active)". SQLite
 cannot lock two files in one transaction. The tables are created here (CREATE IF NOT
-EXISTS) and only this module writes them; jobs/storage/store.py knows nothing of them.
+EXISTS) and only this module writes them; jobs/storage/store.py knows nothing of them. The
+jobs' side of those questions is asked through the store's own functions (`job_summaries`,
+`unfinished_among`, `sweep_job_ids`) on this module's connection, inside its transaction:
+no SQL here names the jobs table.
 
     sweeps         one row per sweep (options, owner)
     sweep_trials   trial index -> job id, params; `admitted` once it holds a parallel slot
@@ -23,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..model import FINAL_STATES, SpecError
+from ..model import SpecError
 from ..storage.database import Database
+from ..storage.store import job_summaries, sweep_job_ids, unfinished_among
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -68,7 +72,6 @@ CREATE TABLE IF NOT EXISTS schedule_runs (
 );
 """
 
-_FINAL = tuple(str(s) for s in FINAL_STATES)
 # A tick claimed this long ago and still 'submitting' was abandoned by a dead scheduler.
 SUBMIT_STALE_AFTER = 300.0
 
@@ -152,20 +155,22 @@ class ExperimentStore:
     def trials(self, sweep_id: str) -> list[dict[str, Any]]:
         """The sweep's trials in order, each with its job's state and times (one query, so
         a 1,000-trial table is cheap to redraw); a trial whose job was purged is left out."""
-        rows = self._db.execute(
-            "SELECT t.trial, t.job_id, t.params, t.admitted, j.state, j.started, j.finished,"
-            " j.error, j.reason FROM sweep_trials t JOIN jobs j ON j.id = t.job_id"
-            " WHERE t.sweep_id = ? ORDER BY t.trial",
+        db = self._db
+        rows = db.execute(
+            "SELECT trial, job_id, params, admitted FROM sweep_trials"
+            " WHERE sweep_id = ? ORDER BY trial",
             (sweep_id,),
         ).fetchall()
-        return [dict(r, params=json.loads(r["params"])) for r in rows]
+        jobs = job_summaries(db, [r["job_id"] for r in rows])
+        return [
+            dict(r, params=json.loads(r["params"]), **jobs[r["job_id"]])
+            for r in rows
+            if r["job_id"] in jobs
+        ]
 
     def jobs_of_sweep(self, sweep_id: str) -> list[str]:
         """Every stored job that says it is a trial of this sweep (registered or not yet)."""
-        rows = self._db.execute(
-            "SELECT id FROM jobs WHERE json_extract(origin, '$.sweep.id') = ?", (sweep_id,)
-        ).fetchall()
-        return [r[0] for r in rows]
+        return sweep_job_ids(self._db, sweep_id)
 
     def try_take_slot(self, sweep_id: str, job_id: str, parallel: int | None) -> str | None:
         """Atomically let a trial start if its sweep has a free slot and no earlier trial is
@@ -179,18 +184,17 @@ class ExperimentStore:
                 return "waiting for its sweep to register it"
             if me["admitted"] is not None:
                 return None
-            marks = ",".join("?" * len(_FINAL))
-            holding = db.execute(
-                "SELECT COUNT(*) FROM sweep_trials t JOIN jobs j ON j.id = t.job_id"
-                f" WHERE t.sweep_id = ? AND t.admitted IS NOT NULL AND j.state NOT IN ({marks})",
-                (sweep_id, *_FINAL),
-            ).fetchone()[0]
-            earlier = db.execute(
-                "SELECT COUNT(*) FROM sweep_trials t JOIN jobs j ON j.id = t.job_id"
-                " WHERE t.sweep_id = ? AND t.trial < ? AND t.admitted IS NULL"
-                f" AND j.state NOT IN ({marks})",
-                (sweep_id, me["trial"], *_FINAL),
-            ).fetchone()[0]
+            admitted = db.execute(
+                "SELECT job_id FROM sweep_trials WHERE sweep_id = ? AND admitted IS NOT NULL",
+                (sweep_id,),
+            ).fetchall()
+            holding = len(unfinished_among(db, [r[0] for r in admitted]))
+            waiting = db.execute(
+                "SELECT job_id FROM sweep_trials WHERE sweep_id = ? AND trial < ?"
+                " AND admitted IS NULL",
+                (sweep_id, me["trial"]),
+            ).fetchall()
+            earlier = len(unfinished_among(db, [r[0] for r in waiting]))
             if parallel is not None and holding >= parallel:
                 return f"waiting for a sweep slot ({holding} of {parallel} trials running)"
             if earlier:
@@ -290,7 +294,6 @@ class ExperimentStore:
         Returns (outcome, active job ids): "claimed" (go and submit), "skipped" (Forbid and a
         run is still active; the tick is recorded as skipped), or "taken" (another scheduler
         claimed it, or the schedule is gone/paused/already past this tick)."""
-        marks = ",".join("?" * len(_FINAL))
         with self._tx() as db:
             row = db.execute(
                 "SELECT suspended, last_tick FROM schedules WHERE name = ?", (name,)
@@ -301,14 +304,11 @@ class ExperimentStore:
                 or (row["last_tick"] is not None and row["last_tick"] >= tick)
             ):
                 return "taken", []
-            active = [
-                r[0]
-                for r in db.execute(
-                    "SELECT r.job_id FROM schedule_runs r JOIN jobs j ON j.id = r.job_id"
-                    f" WHERE r.schedule = ? AND j.state NOT IN ({marks})",
-                    (name, *_FINAL),
-                )
-            ]
+            runs = db.execute(
+                "SELECT job_id FROM schedule_runs WHERE schedule = ? AND job_id IS NOT NULL",
+                (name,),
+            ).fetchall()
+            active = unfinished_among(db, [r[0] for r in runs])
             # A run another scheduler is submitting right now counts as active too (unless
             # that scheduler died mid-submit long ago: its claim must not block forever).
             submitting = db.execute(
@@ -356,19 +356,20 @@ class ExperimentStore:
             return True
 
     def runs(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
-        rows = self._db.execute(
-            "SELECT r.tick, r.fired, r.job_id, r.outcome, j.state FROM schedule_runs r"
-            " LEFT JOIN jobs j ON j.id = r.job_id WHERE r.schedule = ? ORDER BY r.tick DESC"
-            + (f" LIMIT {int(limit)}" if limit else ""),
+        db = self._db
+        rows = db.execute(
+            "SELECT tick, fired, job_id, outcome FROM schedule_runs WHERE schedule = ?"
+            " ORDER BY tick DESC" + (f" LIMIT {int(limit)}" if limit else ""),
             (name,),
         ).fetchall()
+        jobs = job_summaries(db, [r["job_id"] for r in rows if r["job_id"]])
         return [
             {
                 "tick": r["tick"],
                 "fired": r["fired"],
                 "job_id": r["job_id"],
                 "outcome": r["outcome"],
-                "state": r["state"],
+                "state": jobs.get(r["job_id"], {}).get("state"),
             }
             for r in rows
         ]
