@@ -14,6 +14,8 @@ from pathlib import Path
 from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
 
+from .patterns import tensorboard_dir_problem
+
 CONFIG_FILE_BASENAME = "jupyter_mlcluster_config"
 
 
@@ -180,16 +182,13 @@ class MLClusterConfig(Configurable):
 
     @validate("tensorboard_dir")
     def _check_tensorboard_dir(self, proposal):
-        from .jobs.model import SpecError, parse_tensorboard_dir
-
-        if not proposal["value"]:
+        value = proposal["value"]
+        if not value:
             return ""
-        try:
-            return parse_tensorboard_dir(
-                proposal["value"], option="MLClusterConfig.tensorboard_dir"
-            )
-        except SpecError as exc:
-            raise TraitError(str(exc)) from None
+        problem = tensorboard_dir_problem(value, option="MLClusterConfig.tensorboard_dir")
+        if problem:
+            raise TraitError(problem)
+        return value.strip()
 
     warm_pool = Bool(
         help="Start ranks from a warm, CUDA-clean zygote process that has already imported "

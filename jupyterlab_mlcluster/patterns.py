@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import re
+import string
+from typing import Any
 
 # A job's name: it names Kubernetes objects (with a suffix), so a DNS label of at most 53.
 JOB_NAME = r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$"
@@ -102,3 +104,37 @@ def regex(pattern: str) -> re.Pattern[str]:
 
 def matches(pattern: str, text: str) -> bool:
     return regex(pattern).search(text) is not None
+
+
+# -- a TensorBoard directory template (the job option and MLClusterConfig.tensorboard_dir) --
+
+_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
+
+
+def tensorboard_dir_problem(value: Any, option: str = "tensorboard") -> str | None:
+    """What is wrong with a TensorBoard directory template (None: nothing): it must be an
+    absolute path or a URI TensorBoard reads (s3://, gs://, hdfs://), optionally with `{job}`
+    (the job id). Here, below both its users: the job model raises SpecError with it, the
+    engine's settings a TraitError."""
+    example = "an absolute path or a URI such as 's3://bucket/runs/{job}'"
+    if not isinstance(value, str):
+        return f"{option} must be {example}, got {value!r}"
+    text = value.strip()
+    if not text or len(text) > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return f"{option} must be {example}, got {value!r}"
+    if not (text.startswith("/") or _URI_RE.fullmatch(text)):
+        return f"{option} must be {example} (ranks may run elsewhere), got {value!r}"
+    try:
+        fields = [
+            (name, spec, conv)
+            for _, name, spec, conv in string.Formatter().parse(text)
+            if name is not None
+        ]
+    except ValueError:
+        fields = [("", None, None)]
+    if any(name != "job" or spec or conv for name, spec, conv in fields):
+        return (
+            f"{option} may only use the placeholder {{job}} (write {{{{ }}}} for a brace), "
+            f"got {value!r}"
+        )
+    return None

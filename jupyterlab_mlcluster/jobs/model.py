@@ -11,7 +11,6 @@ import decimal
 import enum
 import math
 import re
-import string
 from typing import Any
 
 from .. import bounds, patterns
@@ -313,34 +312,15 @@ class JobSpec:
 
 
 TENSORBOARD_ENV = "MLCLUSTER_TENSORBOARD_DIR"
-_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
 
 
 def parse_tensorboard_dir(value: Any, *, option: str = "tensorboard") -> str:
-    """A TensorBoard directory template: an absolute path or a URI TensorBoard reads
-    (s3://, gs://, hdfs://), optionally with `{job}` (the job id). SpecError otherwise."""
-    example = "an absolute path or a URI such as 's3://bucket/runs/{job}'"
-    if not isinstance(value, str):
-        raise SpecError(f"{option} must be {example}, got {value!r}")
-    text = value.strip()
-    if not text or len(text) > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise SpecError(f"{option} must be {example}, got {value!r}")
-    if not (text.startswith("/") or _URI_RE.fullmatch(text)):
-        raise SpecError(f"{option} must be {example} (ranks may run elsewhere), got {value!r}")
-    try:
-        fields = [
-            (name, spec, conv)
-            for _, name, spec, conv in string.Formatter().parse(text)
-            if name is not None
-        ]
-    except ValueError:
-        fields = [("", None, None)]
-    if any(name != "job" or spec or conv for name, spec, conv in fields):
-        raise SpecError(
-            f"{option} may only use the placeholder {{job}} (write {{{{ }}}} for a brace), "
-            f"got {value!r}"
-        )
-    return text
+    """A TensorBoard directory template (patterns.tensorboard_dir_problem says what may be
+    one), stripped. SpecError otherwise."""
+    problem = patterns.tensorboard_dir_problem(value, option)
+    if problem:
+        raise SpecError(problem)
+    return str(value).strip()
 
 
 def tensorboard_dir_for(template: str, job_id: str) -> str:
