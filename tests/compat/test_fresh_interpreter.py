@@ -156,7 +156,7 @@ def test_persistent_dataloader_workers_end_with_their_rank(service, pool_mode):
     the job does not wait out the supervisor's output drain for their pipes."""
     import psutil
 
-    from jupyterlab_mlcluster.backends.local.backend import DRAIN_TIMEOUT
+    from jupyterlab_mlcluster.backends.local.gang import DRAIN_TIMEOUT
     from jupyterlab_mlcluster.jobs.model import JobSpec
     from jupyterlab_mlcluster.runtime.payload import Payload
 

@@ -2,7 +2,7 @@
 
 The session's holder job was admitted like any job (its allocation holds the gang's slots
 and GPUs). Its supervisor starts the ranks once, as a job's (cold or forked warm, same
-environment, containment and report pipes: `_Gang`), each running
+environment, containment and report pipes: gang.py's `Gang`), each running
 runtime/session_worker.py with a private command pipe on its stdin, and then serves cells:
 
 - a cell (a job stored `starting`, naming this session) arrives by the session's FIFO or
@@ -40,7 +40,7 @@ from ...jobs.storage.store import UnknownJob
 from ...jobs.storage.watch import ENDED
 from ...runtime.protocol import encode_record, job_key, key_path
 from . import launcher
-from .backend import LOOP_TICK, _Gang, _read_launch
+from .gang import LOOP_TICK, Gang
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -154,7 +154,7 @@ class _Cell:
         self.stop: tuple[str, str] | None = None  # ("cancelled" | "timeout", why)
 
 
-class SessionGang(_Gang):
+class SessionGang(Gang):
     """One incarnation of the session's ranks."""
 
     def __init__(self, server: _Server, attempt: int):
@@ -328,7 +328,7 @@ class SessionGang(_Gang):
         ):
             return  # not a waiting cell of this session: nothing to run
         self.server.last_activity = time.monotonic()
-        launch = _read_launch(store, cell_id)
+        launch = store.read_launch(cell_id)
         base = launcher.base_environment(launch.get("env", {}))
         # The ranks get the cell first: the store's bookkeeping below (the claim, the
         # cell's state, its log files) is not on the path from submit to the user's code.

@@ -193,7 +193,7 @@ class SlurmBackend(Backend):
     # -- inside the supervisor -------------------------------------------------------------
 
     def run(self, ctx: JobContext) -> None:
-        launch = _read_launch(ctx.store, ctx.job.id)
+        launch = ctx.store.read_launch(ctx.job.id)
         attempts: list[_Attempt] = []
 
         def attempt(number: int) -> Outcome:
@@ -216,13 +216,6 @@ def current_slurm_user() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
-
-
-def _read_launch(store: JobStore, job_id: str) -> dict[str, Any]:
-    try:
-        return json.loads((store.job_dir(job_id) / "launch.json").read_text())
-    except FileNotFoundError:
-        return {"env": dict(os.environ), "cwd": os.getcwd()}
 
 
 def _set_backend_state(ctx: JobContext, **fields: Any) -> None:

@@ -172,6 +172,15 @@ class JobStore:
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / check_job_id(job_id)
 
+    def read_launch(self, job_id: str) -> dict[str, Any]:
+        """The job's launch.json (what its submitter settled: the ranks' environment and
+        working directory, its settings); a job stored without one runs with this
+        process's environment and directory."""
+        try:
+            return json.loads((self.job_dir(job_id) / "launch.json").read_text())
+        except FileNotFoundError:
+            return {"env": dict(os.environ), "cwd": os.getcwd()}
+
     def tensorboard_dir(self, job_id: str) -> Path:
         """Where a local job's ranks write TensorBoard data by default
         ($MLCLUSTER_TENSORBOARD_DIR, unless the job's env names another)."""
