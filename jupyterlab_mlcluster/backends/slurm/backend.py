@@ -8,6 +8,9 @@ the filesystem the notebook shares with the nodes), submits it, follows it with 
 files, and ends it with scancel: SIGTERM, then SIGKILL after `kill_grace_period`, as the
 other backends stop their ranks. The reaper cancels what a dead supervisor left, found by
 the comment every allocation of ours carries.
+
+Over 500 lines: the backend and its attempt (submit, follow, stop) share one Slurm job's
+state; the pure parts are script.py and commands.py.
 """
 
 from __future__ import annotations

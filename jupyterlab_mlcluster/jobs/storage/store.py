@@ -17,6 +17,9 @@ and the change feed, and the paths of a job's files; the schema, migrations and 
 are in schema.py, rows <-> JobRecord in rows.py, log reads in logs.py.
 Why this module is still over 500 lines: the SQL stays in one class on purpose (issue 24:
 "all SQL in the store"), each write with its change event in the same transaction.
+
+Over 500 lines on purpose: every SQL statement on the store's tables is here; its schema,
+rows and log reads are the modules beside it.
 """
 
 from __future__ import annotations
