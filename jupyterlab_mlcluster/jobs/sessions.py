@@ -42,23 +42,12 @@ if TYPE_CHECKING:
     from .storage.store import JobStore
 
 FIFO_NAME = "session.fifo"
-# Options that shape a session's gang: fixed when it starts. A later cell may repeat them
-# (same value) or leave them out; a different value is an error, never silently ignored.
-GANG_OPTIONS = (
-    "workers",
-    "gpus_per_worker",
-    "cpus",
-    "memory",
-    "framework",
-    "backend",
-    "image",
-    "env",
-    "max_restarts",
-    "queue",
-    "priority",
-    "tensorboard",
-    "sync_packages",
-)
+# Options a cell sets for itself; every other job option shapes the session's gang, fixed
+# when it starts: a later cell may repeat one (same value) or leave it out, and a different
+# value is an error, never silently ignored (a new job option is a gang option unless named
+# here).
+CELL_OPTIONS = ("name", "timeout")
+GANG_OPTIONS = tuple(f for f in JobSpec.FIELDS if f not in CELL_OPTIONS)
 RESTART_WAIT = 60.0
 
 
