@@ -3,7 +3,7 @@ import * as React from 'react';
 
 import { asSentence, formatAge } from '../model/format';
 import { NotebookServer } from '../model/types';
-import { usePanel } from './context';
+import { useAction, usePanel } from './context';
 
 /** Kubernetes object names: DNS-1123 labels. */
 const NAME_RE = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
@@ -34,26 +34,13 @@ const BADGE_COLOUR: Record<ReturnType<typeof notebookStatus>, string> = {
 
 function NotebookRow({ nb, now }: { nb: NotebookServer; now: number }) {
   const { api } = usePanel();
-  const [busy, setBusy] = React.useState(false);
-  const [error, setError] = React.useState<string | null>(null);
+  const { busy, error, act } = useAction();
   const status = notebookStatus(nb);
   // A stopped server can be started; any other can be stopped.
   const stopped = status === 'stopped';
   const toggleLabel = stopped ? 'Start' : 'Stop';
   const toggle = (name: string) =>
     stopped ? api.startNotebook(name) : api.stopNotebook(name);
-
-  const act = async (action: () => Promise<unknown>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await action();
-    } catch (e) {
-      setError(String((e as Error).message ?? e));
-    } finally {
-      setBusy(false);
-    }
-  };
   const remove = async () => {
     const result = await showDialog({
       title: `Delete notebook server ${nb.name}?`,
@@ -136,8 +123,7 @@ function SpawnForm() {
   const { api, store } = usePanel();
   const [name, setName] = React.useState('');
   const [image, setImage] = React.useState('');
-  const [busy, setBusy] = React.useState(false);
-  const [error, setError] = React.useState<string | null>(null);
+  const { busy, error, act } = useAction();
   const invalid = name !== '' && !NAME_RE.test(name);
 
   const submit = async (e: React.FormEvent) => {
@@ -145,19 +131,13 @@ function SpawnForm() {
     if (!name || invalid) {
       return;
     }
-    setBusy(true);
-    setError(null);
-    try {
+    await act(async () => {
       const nb = await api.spawnNotebook({ name, image: image || undefined });
       // Show it at once; its progress then comes from notebook events.
       store.dispatch({ type: 'notebook', notebook: nb });
       setName('');
       setImage('');
-    } catch (err) {
-      setError(String((err as Error).message ?? err));
-    } finally {
-      setBusy(false);
-    }
+    });
   };
 
   return (

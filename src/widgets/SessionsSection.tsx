@@ -2,7 +2,7 @@ import * as React from 'react';
 
 import { formatAge, formatBytes, rankSummary } from '../model/format';
 import { Job, Session } from '../model/types';
-import { usePanel } from './context';
+import { useAction, usePanel } from './context';
 
 /** How often the section asks for the sessions while it is shown (their cells, memory and
  * idle time change without a job event of their own). */
@@ -31,20 +31,7 @@ function SessionRow({
   onChange: () => void;
 }) {
   const { api } = usePanel();
-  const [busy, setBusy] = React.useState(false);
-  const [error, setError] = React.useState<string | null>(null);
-  const act = async (action: () => Promise<unknown>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await action();
-    } catch (e) {
-      setError(String((e as Error).message ?? e));
-    } finally {
-      setBusy(false);
-      onChange();
-    }
-  };
+  const { busy, error, act } = useAction(onChange);
   const ranks = rankSummary({
     state: session.state,
     workers: session.workers,

@@ -60,6 +60,32 @@ export function useNow(ms = 1000): number {
   return now;
 }
 
+/**
+ * A button's or a form's action: `busy` while it runs, the message of its error kept to
+ * show (null: none), `after` called once it is over either way.
+ */
+export function useAction(after?: () => void): {
+  busy: boolean;
+  error: string | null;
+  act: (action: () => Promise<unknown>) => Promise<void>;
+} {
+  const [busy, setBusy] = React.useState(false);
+  const [error, setError] = React.useState<string | null>(null);
+  const act = async (action: () => Promise<unknown>) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await action();
+    } catch (e) {
+      setError(String((e as Error).message ?? e));
+    } finally {
+      setBusy(false);
+      after?.();
+    }
+  };
+  return { busy, error, act };
+}
+
 /** Enter or Space on a focusable non-button element acts like a click. */
 export function onActivate(action: () => void) {
   return (event: React.KeyboardEvent) => {
