@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from .backend import SupervisorLost
 from .model import JobState, RankState
 from .running.processes import submitter_gone, supervisor_alive, supervisor_lost_reason
+from .sessions import ended_cell_error
 from .storage.fsinfo import is_storage_full
 from .storage.store import JobStore, UnknownJob
 
@@ -112,8 +113,7 @@ class Reaper:
             session = None
         if session is not None and not session.final:
             return False
-        said = session and (session.reason or session.error)
-        why = f"the session ended{f': {said}' if said else ''}; its state is lost"
+        why = ended_cell_error(session)
         moved = self.store.transition(row["id"], JobState.FAILED, error=why, reason=why)
         self.store.update_ranks(
             row["id"],

@@ -214,6 +214,14 @@ def restart_session(
 # -- running a cell -----------------------------------------------------------------------
 
 
+def ended_cell_error(session: JobRecord | None) -> str:
+    """What a cell of a session that ended before running it fails with (`session`: its
+    holder, None if gone): the same words whoever settles the cell (the reaper, or
+    submit_cell when the session ended while the cell was stored)."""
+    said = session and (session.reason or session.error)
+    return f"the session ended{f': {said}' if said else ''}; its state is lost"
+
+
 def _supervised(holder: JobRecord) -> bool:
     """The session's supervisor is alive (a process check on this host; a fresh heartbeat
     elsewhere), or has not started yet."""
@@ -352,11 +360,10 @@ def submit_cell(
     session_now = store.get_job(holder.id)
     if session_now.final:
         # The session ended while the cell was stored (its supervisor's last look at its
-        # waiting cells may have come first): the cell says so now, not after the reaper's
-        # claim grace.
-        why = (
-            "the session ended before the cell ran: "
-            f"{session_now.reason or session_now.error or session_now.state}"
-        )
+        # waiting cells may have come first, or a killed supervisor's sentinel settled it
+        # after the look above found it alive): the cell says so now, not after the
+        # reaper's claim grace, in the reaper's words (which of the two gets there first
+        # is a race).
+        why = ended_cell_error(session_now)
         store.transition(cell_id, JobState.FAILED, error=why, reason=why)
     return store.get_job(cell_id), note
