@@ -113,7 +113,7 @@ def test_a_failing_rank_fails_the_cell_with_its_traceback_and_the_session_stays(
     assert failed.state == "failed" and failed.failed_rank == 1
     # rank 0 was interrupted out of its sleep and came back: the state is intact
     msgs, reply = kernel.execute("%%distributed --session s\nx")
-    assert reply["status"] == "ok" and _value(msgs) == "7"
+    assert reply["status"] == "ok" and _value(msgs) == "7", reply
     assert service.store.get_job(_cells(service)[0].origin["session_job"]).restarts == 0
 
 

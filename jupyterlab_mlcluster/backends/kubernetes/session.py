@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any, cast
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
+from ...jobs.session_cells import SessionCell, mark_ended
 from ...jobs.storage.store import UnknownJob
-from ..local.session import _mark_ended, _Server
+from ..local.session import _Server
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
@@ -114,15 +115,9 @@ class SessionRun(JobRun):
             server.end_waiting_cells()
 
 
-class _Cell:
+class _Cell(SessionCell):
     def __init__(self, ctx: JobContext):
-        self.ctx = ctx
-        self.id = ctx.job.id
-        self.started = time.monotonic()
-        self.done: dict[int, str] = {}  # rank -> ok | error | interrupted
-        self.failed_rank: int | None = None
-        self.interrupted_at: float | None = None
-        self.stop: tuple[str, str] | None = None  # ("cancelled" | "timeout", why)
+        super().__init__(ctx)
         # rank 0's result chunks (supervise_logs.result_chunk reads these off an attempt)
         self.result_chunks: dict[str, dict[int, str]] = {}
         self.result_refused: str | None = None
@@ -358,7 +353,7 @@ class _SessionAttempt(_Attempt):
             cctx.set_state(JobState.FAILED, error=str(exc), reason=None)
             with contextlib.suppress(OSError):
                 cctx.logs.close()
-            _mark_ended(store, cell_id)
+            mark_ended(store, cell_id)
             return
         self.cell = _Cell(cctx)
         for rank in self.links:
@@ -380,24 +375,13 @@ class _SessionAttempt(_Attempt):
         cell = self.cell
         if cell is None or record.get("job") != cell.id:
             return
-        status = str(record.get("status"))
-        cell.done[rank] = status
-        state = {"ok": RankState.SUCCEEDED, "error": RankState.FAILED}.get(
-            status, RankState.CANCELLED
-        )
-        cell.ctx.set_ranks({rank: {"state": state, "finished": time.time()}})
-        asked = cell.interrupted_at is not None
-        if status == "error" or (status == "interrupted" and not asked):
-            if cell.failed_rank is None:
-                cell.failed_rank = rank
-            if not asked:
-                self._interrupt(f"rank {rank} failed")
+        if cell.rank_done(rank, str(record.get("status"))):
+            self._interrupt(f"rank {rank} failed")
 
     def _interrupt(self, why: str) -> None:
         cell = self.cell
         assert cell is not None  # called while a cell runs
-        cell.interrupted_at = time.monotonic()
-        cell.ctx.logs.system(f"[mlcluster] {why}: interrupting the cell on every rank")
+        cell.interrupting(why)
         for rank in self.links:
             if rank not in cell.done:
                 self._send(rank, {"type": "interrupt", "job": cell.id})
@@ -405,27 +389,15 @@ class _SessionAttempt(_Attempt):
     def _advance_cell(self) -> str | None:
         cell = self.cell
         assert cell is not None  # called while a cell runs
-        cctx = cell.ctx
-        cctx.tick()
-        if cell.interrupted_at is None:
-            reason = cctx.cancelled()
-            timeout = cctx.job.spec.timeout
-            if reason:
-                cell.stop = ("cancelled", reason)
-                self._interrupt(reason)
-            elif timeout and time.monotonic() - cell.started > timeout:
-                cell.stop = ("timeout", f"timed out after {lifecycle.format_duration(timeout)}")
-                self._interrupt(cell.stop[1])
+        why = cell.stop_reason()
+        if why:
+            self._interrupt(why)
         if len(cell.done) == len(self.links):
             self._finish_cell()
             return None
         grace = self.ctx.config.session_interrupt_grace
-        if cell.interrupted_at is not None and time.monotonic() - cell.interrupted_at > grace:
-            stuck = [str(r) for r in self.links if r not in cell.done]
-            self._finish_cell(
-                lost=f"rank {', '.join(stuck)} did not return within {grace:g} s of the"
-                " interrupt: the session was restarted and its state was lost"
-            )
+        if cell.past_grace(grace):
+            self._finish_cell(lost=cell.stuck_text(self.links, grace))
             self.stopping = True  # the attempt's deletion stops the stuck pods
             return RESTART
         return None
@@ -443,48 +415,10 @@ class _SessionAttempt(_Attempt):
         assert cell is not None  # called while a cell runs
         for link in self.links.values():
             link.forget()
-        cctx, store = cell.ctx, self.store
         self.rank_updates.flush(force=True)
-        now = time.time()
-        cctx.set_ranks(
-            {
-                r: {"state": RankState.CANCELLED, "finished": now}
-                for r in self.links
-                if r not in cell.done
-            }
-        )
-        suffix = f"; {lost}" if lost else ""
-        if lost:
-            cctx.logs.system(f"[mlcluster] {lost}")
-        if failed is not None:
-            cctx.set_state(JobState.FAILED, error=failed[1], failed_rank=failed[0], reason=None)
-        elif cell.failed_rank is not None:
-            outcome = Outcome(
-                OutcomeKind.FAILED,
-                None
-                if cell.done.get(cell.failed_rank) == "error"
-                else f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",
-                failed_rank=cell.failed_rank,
-            )
-            error = lifecycle.failure_text(store, cell.id, outcome) + suffix
-            cctx.set_state(JobState.FAILED, error=error, failed_rank=cell.failed_rank, reason=lost)
-        elif cell.stop is not None:
-            kind, why = cell.stop
-            state = JobState.CANCELLED if kind == "cancelled" else JobState.FAILED
-            fields = {"reason": why + suffix}
-            if state == JobState.FAILED:
-                fields["error"] = why + suffix
-            cctx.set_state(state, **fields)
-        elif cell.result_refused:
-            cctx.set_state(JobState.FAILED, error=cell.result_refused, failed_rank=0, reason=None)
-        else:
-            has_result = store.result_path(cell.id).exists()
-            cctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
-        try:
-            cctx.logs.close()
-        except OSError:
-            pass
-        _mark_ended(store, cell.id)
+        # The session's count first: whoever reads the cell's end (its kernel, at once)
+        # and then the session finds the cell counted.
         self.server.cells += 1
         self.server.last_activity = time.monotonic()
-        store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
+        self.store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
+        cell.finish(self.store, self.links, lost=lost, failed=failed, refused=cell.result_refused)

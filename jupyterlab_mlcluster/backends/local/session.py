@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
+from ...jobs.session_cells import SessionCell, mark_ended
 from ...jobs.sessions import FIFO_NAME
 from ...jobs.storage.store import UnknownJob
-from ...jobs.storage.watch import ENDED
 from ...runtime.protocol import encode_record, job_key, key_path
 from . import launcher
 from .gang import LOOP_TICK, Gang
@@ -139,19 +139,8 @@ class _Server:
         ):
             with contextlib.suppress(UnknownJob):
                 self.store.transition(cell_id, JobState.FAILED, error=why, reason=why)
-                _mark_ended(self.store, cell_id)
+                mark_ended(self.store, cell_id)
         self.pending.clear()
-
-
-class _Cell:
-    def __init__(self, ctx: JobContext):
-        self.ctx = ctx
-        self.id = ctx.job.id
-        self.started = time.monotonic()
-        self.done: dict[int, str] = {}  # rank -> ok | error | interrupted
-        self.failed_rank: int | None = None
-        self.interrupted_at: float | None = None
-        self.stop: tuple[str, str] | None = None  # ("cancelled" | "timeout", why)
 
 
 class SessionGang(Gang):
@@ -165,7 +154,7 @@ class SessionGang(Gang):
         self.rank_vars: dict[int, dict[str, str]] = {}
         self.key = job_key(key_path(self.store.payload_path(self.ctx.job.id)))
         self.seq = 0
-        self.cell: _Cell | None = None
+        self.cell: SessionCell | None = None
 
     # -- ranks ---------------------------------------------------------------------------
 
@@ -345,7 +334,7 @@ class SessionGang(Gang):
                 },
             )
         cctx = JobContext(store, record, self.ctx.config)
-        self.cell = _Cell(cctx)
+        self.cell = SessionCell(cctx)
         if not claim(store, cell_id):
             # Settled meanwhile (cancelled before it ran, and the reaper made it final):
             # the ranks stop it at once; its final state stays what it is.
@@ -366,24 +355,13 @@ class SessionGang(Gang):
         cell = self.cell
         if record.get("type") != "cell_done" or cell is None or record.get("job") != cell.id:
             return
-        status = str(record.get("status"))
-        cell.done[rank] = status
-        state = {"ok": RankState.SUCCEEDED, "error": RankState.FAILED}.get(
-            status, RankState.CANCELLED
-        )
-        cell.ctx.set_ranks({rank: {"state": state, "finished": time.time()}})
-        asked = cell.interrupted_at is not None
-        if status == "error" or (status == "interrupted" and not asked):
-            if cell.failed_rank is None:
-                cell.failed_rank = rank
-            if not asked:
-                self.interrupt(f"rank {rank} failed")
+        if cell.rank_done(rank, str(record.get("status"))):
+            self.interrupt(f"rank {rank} failed")
 
     def interrupt(self, why: str) -> None:
         cell = self.cell
         assert cell is not None  # called while a cell runs
-        cell.interrupted_at = time.monotonic()
-        cell.ctx.logs.system(f"[mlcluster] {why}: interrupting the cell on every rank")
+        cell.interrupting(why)
         for p in self.ranks:
             if p.rank not in cell.done and p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -392,29 +370,17 @@ class SessionGang(Gang):
     def advance_cell(self) -> str | None:
         cell = self.cell
         assert cell is not None  # called while a cell runs
-        cctx = cell.ctx
-        cctx.tick()
-        if cell.interrupted_at is None:
-            reason = cctx.cancelled()
-            timeout = cctx.job.spec.timeout
-            if reason:
-                cell.stop = ("cancelled", reason)
-                self.interrupt(reason)
-            elif timeout and time.monotonic() - cell.started > timeout:
-                cell.stop = ("timeout", f"timed out after {lifecycle.format_duration(timeout)}")
-                self.interrupt(cell.stop[1])
+        why = cell.stop_reason()
+        if why:
+            self.interrupt(why)
         if len(cell.done) == len(self.ranks):
             for p in self.ranks:
                 self.drain_rank(p.rank)  # their last output came before their report
             self.finish_cell()
             return None
         grace = self.ctx.config.session_interrupt_grace
-        if cell.interrupted_at is not None and time.monotonic() - cell.interrupted_at > grace:
-            stuck = [str(p.rank) for p in self.ranks if p.rank not in cell.done]
-            lost = (
-                f"rank {', '.join(stuck)} did not return within {grace:g} s of the interrupt:"
-                " the session was restarted and its state was lost"
-            )
+        if cell.past_grace(grace):
+            lost = cell.stuck_text((p.rank for p in self.ranks), grace)
             self.close_commands()
             launcher.stop_ranks(self.ranks, 0.0, pump=self.pump)
             for p in self.ranks:
@@ -433,49 +399,15 @@ class SessionGang(Gang):
     def finish_cell(self, *, lost: str | None = None, failed: tuple[int, str] | None = None):
         cell, self.cell = self.cell, None
         assert cell is not None  # called while a cell runs
-        cctx, store = cell.ctx, self.store
         # The gang's ranks' news (their "started" came before their reports) is in the store
         # before the cell's end is: whoever reads the end sees the session as it stands.
         self.rank_updates.flush(force=True)
-        now = time.time()
-        cctx.set_ranks(
-            {
-                p.rank: {"state": RankState.CANCELLED, "finished": now}
-                for p in self.ranks
-                if p.rank not in cell.done
-            }
-        )
-        suffix = f"; {lost}" if lost else ""
-        if lost:
-            cctx.logs.system(f"[mlcluster] {lost}")
-        if failed is not None:
-            cctx.set_state(JobState.FAILED, error=failed[1], failed_rank=failed[0], reason=None)
-        elif cell.failed_rank is not None:
-            outcome = Outcome(
-                OutcomeKind.FAILED,
-                None
-                if cell.done.get(cell.failed_rank) == "error"
-                else f"rank {cell.failed_rank} was interrupted (KeyboardInterrupt)",
-                failed_rank=cell.failed_rank,
-            )
-            error = lifecycle.failure_text(store, cell.id, outcome) + suffix
-            cctx.set_state(JobState.FAILED, error=error, failed_rank=cell.failed_rank, reason=lost)
-        elif cell.stop is not None:
-            kind, why = cell.stop
-            state = JobState.CANCELLED if kind == "cancelled" else JobState.FAILED
-            fields = {"reason": why + suffix}
-            if state == JobState.FAILED:
-                fields["error"] = why + suffix
-            cctx.set_state(state, **fields)
-        else:
-            has_result = store.result_path(cell.id).exists()
-            cctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
-        with contextlib.suppress(OSError):
-            cctx.logs.close()
-        _mark_ended(store, cell.id)
+        # The session's count first: whoever reads the cell's end (its kernel, at once)
+        # and then the session finds the cell counted.
         self.server.cells += 1
         self.server.last_activity = time.monotonic()
-        store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
+        self.store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
+        cell.finish(self.store, [p.rank for p in self.ranks], lost=lost, failed=failed)
 
     # -- output and figures ----------------------------------------------------------------
 
@@ -494,9 +426,3 @@ class SessionGang(Gang):
         super().flush(force)
         if self.cell is not None:
             self.cell.ctx.logs.maybe_notify()
-
-
-def _mark_ended(store, job_id: str) -> None:
-    """Wake the cell's followers (the kernel's monitor) at once, as a job's supervisor does."""
-    with contextlib.suppress(OSError):
-        (store.job_dir(job_id) / ENDED).touch()
