@@ -75,6 +75,21 @@ def test_spec_from_options_converts_and_validates():
     assert spec.env == {"A": "1", "B": "x=y"}
 
 
+def test_the_tensorboard_directory_is_the_one_engine_variable_a_user_may_set():
+    spec = JobSpec.from_options({"env": {"MLCLUSTER_TENSORBOARD_DIR": "/tb"}})
+    assert spec.env == {"MLCLUSTER_TENSORBOARD_DIR": "/tb"}
+
+
+def test_attack_a_plain_job_with_the_session_variable_is_refused():
+    """With MLCLUSTER_SESSION set, a plain job's rank became a session rank that waited for
+    commands, ran nothing and reported success (a pod on Kubernetes would have listened
+    until the job's timeout). Now the job's options are refused, by every front end (they
+    all build the spec with from_options) before anything is stored."""
+    for name in ("MLCLUSTER_SESSION", "MLCLUSTER_SESSION_ORPHAN_TIMEOUT", "MLCLUSTER_REPORT"):
+        with pytest.raises(SpecError, match=f"{name}: MLCLUSTER_"):
+            JobSpec.from_options({"workers": 1, "env": {name: "x"}})
+
+
 @pytest.mark.parametrize(
     "options,message",
     [
@@ -87,6 +102,8 @@ def test_spec_from_options_converts_and_validates():
         ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
         ({"env": {"RANK": "3"}}, "RANK is set by mlcluster"),
         ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
+        ({"env": {"MLCLUSTER_PAYLOAD": "/x"}}, "MLCLUSTER_PAYLOAD: MLCLUSTER_\\* names"),
+        ({"env": {"MLCLUSTER_SESSION_PORT": "1"}}, "only MLCLUSTER_TENSORBOARD_DIR may be set"),
         ({"name": "Bad_Name"}, "name must be"),
         ({"cpus": 0}, "cpus must be greater than 0"),
         ({"wrokers": 3}, "unknown option"),

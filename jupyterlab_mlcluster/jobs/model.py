@@ -79,6 +79,9 @@ RESERVED_ENV = frozenset(
     }
 )
 
+# Every MLCLUSTER_* variable a rank sees is the engine's, but the TensorBoard directory.
+ENGINE_ENV_PREFIX = "MLCLUSTER_"
+
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|[kKMGTPE]B?|B)?\s*$")
 _MEMORY_UNITS = {
     None: 1,
@@ -348,6 +351,14 @@ def parse_env(value: Any) -> dict[str, str]:
             raise SpecError(f"env name {key!r} is not a valid environment variable name")
         if key in RESERVED_ENV:
             raise SpecError(f"env {key} is set by mlcluster on every rank and cannot be overridden")
+        if key.startswith(ENGINE_ENV_PREFIX) and key != TENSORBOARD_ENV:
+            # The engine's own channel to its ranks (payload, report pipe, session, result
+            # paths...): a user's value would silently turn a job's rank into something else
+            # (a session rank that waits for commands and runs nothing, say).
+            raise SpecError(
+                f"env {key}: {ENGINE_ENV_PREFIX}* names are mlcluster's own "
+                f"(of them only {TENSORBOARD_ENV} may be set)"
+            )
         if isinstance(val, (dict, list)):
             raise SpecError(f"env {key} must be a string, got {type(val).__name__}")
         env[key] = "" if val is None else str(val)
