@@ -8,6 +8,10 @@ know which), then followed by a JobMonitor in the cell's output. In a kernel wit
 IPython's autoawait on, the cell is rewritten into an awaited call, so the kernel keeps
 handling widget messages (the monitor's Cancel button) while the job runs; elsewhere the
 plain blocking cell magic does the same work.
+
+Over 500 lines: one IPython Magics class, its cell magic and each line magic (jobs, logs,
+sessions, the pool) with their argument handling; what they print is presentation.py and
+kernel/tables.py, the monitor kernel/monitor.py.
 """
 
 from __future__ import annotations
