@@ -25,7 +25,7 @@ from .schedules import (
     run_name,
     schedule_options,
 )
-from .store import ExperimentStore, UnknownSchedule
+from .store import ExperimentStore, TickClaim, UnknownSchedule
 
 log = logging.getLogger("jupyterlab_mlcluster.scheduler")
 
@@ -142,7 +142,7 @@ class Scheduler:
             self.store.advance(name, tick, "missed: past its starting deadline")
             return {"schedule": name, "tick": tick, "outcome": "missed"}
         outcome, active = self.store.claim_tick(name, tick, row["concurrency"] == "Forbid")
-        if outcome != "claimed":
+        if outcome != TickClaim.CLAIMED:
             return {"schedule": name, "tick": tick, "outcome": outcome}
         if row["concurrency"] == "Replace":
             for job_id in active:

@@ -19,6 +19,7 @@ no SQL here names the jobs table.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import sqlite3
@@ -74,6 +75,14 @@ CREATE TABLE IF NOT EXISTS schedule_runs (
 
 # A tick claimed this long ago and still 'submitting' was abandoned by a dead scheduler.
 SUBMIT_STALE_AFTER = 300.0
+
+
+class TickClaim(enum.StrEnum):
+    """What claiming a schedule's tick found (ExperimentStore.claim_tick)."""
+
+    CLAIMED = "claimed"  # this process fires it: go and submit
+    SKIPPED = "skipped"  # Forbid, and a run is still active: recorded as skipped
+    TAKEN = "taken"  # another scheduler claimed it, or the schedule is gone, paused or past it
 
 
 class UnknownSweep(KeyError):
@@ -288,12 +297,11 @@ class ExperimentStore:
         with contextlib.suppress(OSError):
             directory.rmdir()
 
-    def claim_tick(self, name: str, tick: float, forbid_if_active: bool) -> tuple[str, list[str]]:
-        """Claim one tick of a schedule for this process, exactly once across processes.
-
-        Returns (outcome, active job ids): "claimed" (go and submit), "skipped" (Forbid and a
-        run is still active; the tick is recorded as skipped), or "taken" (another scheduler
-        claimed it, or the schedule is gone/paused/already past this tick)."""
+    def claim_tick(
+        self, name: str, tick: float, forbid_if_active: bool
+    ) -> tuple[TickClaim, list[str]]:
+        """Claim one tick of a schedule for this process, exactly once across processes:
+        (TickClaim, the schedule's active job ids)."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT suspended, last_tick FROM schedules WHERE name = ?", (name,)
@@ -303,7 +311,7 @@ class ExperimentStore:
                 or row["suspended"]
                 or (row["last_tick"] is not None and row["last_tick"] >= tick)
             ):
-                return "taken", []
+                return TickClaim.TAKEN, []
             runs = db.execute(
                 "SELECT job_id FROM schedule_runs WHERE schedule = ? AND job_id IS NOT NULL",
                 (name,),
@@ -317,7 +325,7 @@ class ExperimentStore:
                 (name, time.time() - SUBMIT_STALE_AFTER),
             ).fetchone()[0]
             busy = bool(active) or submitting > 0
-            outcome = "skipped" if forbid_if_active and busy else "claimed"
+            outcome = TickClaim.SKIPPED if forbid_if_active and busy else TickClaim.CLAIMED
             try:
                 db.execute(
                     "INSERT INTO schedule_runs (schedule, tick, fired, job_id, outcome) "
@@ -326,11 +334,13 @@ class ExperimentStore:
                         name,
                         tick,
                         time.time(),
-                        "skipped: a run is still active" if outcome == "skipped" else "submitting",
+                        "skipped: a run is still active"
+                        if outcome == TickClaim.SKIPPED
+                        else "submitting",
                     ),
                 )
             except sqlite3.IntegrityError:
-                return "taken", []
+                return TickClaim.TAKEN, []
             db.execute("UPDATE schedules SET last_tick = ? WHERE name = ?", (tick, name))
             return outcome, active
 
