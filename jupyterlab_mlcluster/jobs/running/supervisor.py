@@ -30,7 +30,7 @@ from ..model import JobState, RankState
 from ..record import JobRecord
 from ..storage.fsinfo import is_storage_full, no_space_text
 from ..storage.logfiles import format_log_line
-from ..storage.store import JobStore
+from ..storage.store import Change, JobStore
 from ..storage.watch import ENDED
 from .gpu_idle import IdleGpuWatch
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
@@ -103,7 +103,7 @@ class LogWriter:
     def maybe_notify(self, force: bool = False) -> None:
         now = time.monotonic()
         if self._dirty and (force or now - self._last_notify >= LOG_EVENT_INTERVAL):
-            self._store.notify(self._job_id, "logs")
+            self._store.notify(self._job_id, Change.LOGS)
             self._dirty = False
             self._last_notify = now
 
@@ -167,7 +167,7 @@ class JobContext:
         now = time.monotonic()
         if force or now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
             self._last_heartbeat = now
-            self.store.update_job(self.job.id, event="heartbeat", heartbeat=time.time())
+            self.store.update_job(self.job.id, event=Change.HEARTBEAT, heartbeat=time.time())
 
     def tick(self) -> None:
         """Housekeeping a backend's loop calls every turn (≤ 100 ms apart)."""

@@ -25,6 +25,7 @@ rows and log reads are the modules beside it.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -50,6 +51,19 @@ log = logging.getLogger("jupyterlab_mlcluster.store")
 # Keep this many change-feed rows; readers further behind resynchronise from a snapshot.
 EVENTS_KEPT = 20_000
 METRICS_KEPT_SECONDS = 3600.0
+
+
+class Change(enum.StrEnum):
+    """What a row of the change feed (the `events` table) says changed about a job."""
+
+    CREATED = "created"
+    JOB = "job"  # its row: state, reason, supervisor, ...
+    RANKS = "ranks"
+    METRICS = "metrics"
+    LOGS = "logs"  # new lines in its log files (written outside the database)
+    HEARTBEAT = "heartbeat"  # its supervisor is alive: nothing a follower shows
+    SESSION = "session"
+    DELETED = "deleted"
 
 
 class UnknownJob(KeyError):
@@ -290,7 +304,7 @@ class JobStore:
             "INSERT INTO ranks (job_id, rank, state) VALUES (?, ?, ?)",
             [(record.id, r, str(RankState.PENDING)) for r in range(record.spec.workers)],
         )
-        self._event(db, record.id, "created")
+        self._event(db, record.id, Change.CREATED)
 
     def remove_stale_staging(self, older_than: float = STAGING_STALE) -> list[str]:
         """Staging directories of submissions whose submitter died before finishing."""
@@ -446,7 +460,7 @@ class JobStore:
                 "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ? WHERE id = ?",
                 (json.dumps(me), now, now, job_id),
             )
-            self._event(db, job_id, "job")
+            self._event(db, job_id, Change.JOB)
         return True
 
     def pending_cleanups(self) -> list[str]:
@@ -457,7 +471,7 @@ class JobStore:
         ).fetchall()
         return [row["id"] for row in rows]
 
-    def update_job(self, job_id: str, *, event: str = "job", **fields: Any) -> None:
+    def update_job(self, job_id: str, *, event: Change = Change.JOB, **fields: Any) -> None:
         unknown = set(fields) - JOB_COLUMNS
         if unknown:
             raise ValueError(f"not job columns: {unknown}")
@@ -492,11 +506,11 @@ class JobStore:
                 [*cols, time.time(), job_id, *finals],
             )
             if cur.rowcount:
-                self._event(db, job_id, "job")
+                self._event(db, job_id, Change.JOB)
             return bool(cur.rowcount)
 
     def update_ranks(
-        self, job_id: str, changes: dict[int, dict[str, Any]], *, event: str = "ranks"
+        self, job_id: str, changes: dict[int, dict[str, Any]], *, event: Change = Change.RANKS
     ) -> None:
         """Several ranks in one transaction (one change event)."""
         if not changes:
@@ -543,7 +557,7 @@ class JobStore:
                 "DELETE FROM metrics WHERE job_id = ? AND ts < ?",
                 (job_id, ts - METRICS_KEPT_SECONDS),
             )
-            self._event(db, job_id, "metrics")
+            self._event(db, job_id, Change.METRICS)
 
     def metrics_history(
         self, job_id: str, since: float | None = None
@@ -585,7 +599,7 @@ class JobStore:
                     return self.get_job(job_id)  # asked before: the first asker's reason stays
             if cur.rowcount == 0:
                 raise UnknownJob(job_id)
-            self._event(db, job_id, "job")
+            self._event(db, job_id, Change.JOB)
         return self.get_job(job_id)
 
     def delete_job(self, job_id: str) -> None:
@@ -598,7 +612,7 @@ class JobStore:
             db.execute("DELETE FROM ranks WHERE job_id = ?", (job_id,))
             db.execute("DELETE FROM metrics WHERE job_id = ?", (job_id,))
             db.execute("DELETE FROM sessions WHERE job_id = ?", (job_id,))
-            self._event(db, job_id, "deleted")
+            self._event(db, job_id, Change.DELETED)
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
     # -- sessions (jobs/sessions.py) -----------------------------------------------------
@@ -626,7 +640,7 @@ class JobStore:
                 " VALUES (?, ?, ?, ?, ?)",
                 (job_id, owner, name, time.time(), time.time()),
             )
-            self._event(db, job_id, "session")
+            self._event(db, job_id, Change.SESSION)
             return job_id
 
     def session_rows(
@@ -661,7 +675,7 @@ class JobStore:
                 f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ?",
                 [*fields.values(), job_id],
             )
-            self._event(db, job_id, "session")
+            self._event(db, job_id, Change.SESSION)
 
     def session_row(self, job_id: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT * FROM sessions WHERE job_id = ?", (job_id,)).fetchone()
@@ -725,17 +739,17 @@ class JobStore:
                 "WHERE id = ?",
                 (str(JobState.STARTING), json.dumps(allocation), time.time(), job_id),
             )
-            self._event(db, job_id, "job")
+            self._event(db, job_id, Change.JOB)
             return allocation
 
     # -- change feed ---------------------------------------------------------------------
 
-    def notify(self, job_id: str, kind: str) -> None:
+    def notify(self, job_id: str, kind: Change) -> None:
         """A change that lives outside the database (new log lines) -> the change feed."""
         with self._tx() as db:
             self._event(db, job_id, kind)
 
-    def _event(self, db: sqlite3.Connection, job_id: str, kind: str) -> None:
+    def _event(self, db: sqlite3.Connection, job_id: str, kind: Change) -> None:
         cur = db.execute(
             "INSERT INTO events (ts, job_id, kind) VALUES (?, ?, ?)", (time.time(), job_id, kind)
         )

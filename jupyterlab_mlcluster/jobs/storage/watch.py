@@ -25,7 +25,7 @@ import time
 import weakref
 from pathlib import Path
 
-from .store import JobStore
+from .store import Change, JobStore
 
 log = logging.getLogger("jupyterlab_mlcluster.watch")
 
@@ -131,12 +131,12 @@ class StoreWatcher:
             self.seq = seq
             if self.job_ids is not None and job_id not in self.job_ids:
                 continue
-            if kind == "logs":
+            if kind == Change.LOGS:
                 changes.logs.add(job_id)
-            elif kind == "deleted":
+            elif kind == Change.DELETED:
                 changes.deleted.add(job_id)
                 changes.jobs.discard(job_id)
-            elif kind != "heartbeat":
+            elif kind != Change.HEARTBEAT:
                 changes.jobs.add(job_id)
         return changes
 
