@@ -62,7 +62,11 @@ class CommandChannel:
         self.alone_since: float | None = time.monotonic()  # no supervisor connected since
         self.orphan_timeout = float(os.environ.get("MLCLUSTER_SESSION_ORPHAN_TIMEOUT", "0") or 0)
         port = int(os.environ.get("MLCLUSTER_SESSION_PORT", "0") or 0)
-        self.server = socket.create_server(("", port))
+        # Both IPv4 and IPv6 where the pod has both (a pod IP may be either).
+        dual = socket.has_dualstack_ipv6()
+        self.server = socket.create_server(
+            ("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual
+        )
         self.port = self.server.getsockname()[1]
         threading.Thread(target=self._accept, name="session-channel", daemon=True).start()
         if self.orphan_timeout > 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import os
+import re
 import signal
 import socket
 import zlib
@@ -442,5 +443,44 @@ def test_a_cell_too_large_for_the_pods_fails_saying_so_and_the_session_stays(
     assert "more than 96 MiB after compression" in too_big.error, too_big.error
     after = session.run("import os\nint(os.environ['RANK'])")
     assert service.result(after.id) == ("value", 0)
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_api_faults_during_a_session_are_retried_and_nothing_is_left(
+    k8s, player, kube, kube_namespace
+):
+    """The API server fails once where a session leans on it: a pod's log stream (the
+    cells' output and reports) and the job's deletion at stop. Both are retried with
+    kubeconn's backoff: the cells' output is complete and the objects go."""
+    logs = re.compile(rf"/api/v1/namespaces/{kube_namespace}/pods/[^/]+/log")
+    jobs = re.compile(rf"/apis/batch/v1/namespaces/{kube_namespace}/jobs/[^/]+")
+    kube.on_emulator(lambda e: e["get", logs][:1] << 503)
+    kube.on_emulator(lambda e: e["delete", jobs][:1] << 503)
+    service = k8s()
+    session = start(service, player)
+    cell = session.run("import os\nprint('rank', os.environ['RANK'], 'here', flush=True)\n7")
+    assert cell.state == "succeeded", cell.error
+    assert sorted(log_text(service, cell.id)) == ["0:rank 0 here", "1:rank 1 here"]
+    assert service.result(cell.id) == ("value", 7)
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+    # Both faults were served (the retries are what got past them).
+    assert kube.on_emulator(lambda e: len(list(e["delete", jobs]))) >= 2
+    assert kube.on_emulator(lambda e: len(list(e["get", logs]))) >= 3  # 2 pods, 1 again
+
+
+def test_a_cell_past_its_timeout_is_interrupted_and_the_session_stays(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s()
+    session = start(service, player)
+    session.run("kept = 1\n")
+    slow = session.cell("import time\ntime.sleep(300)\n", {"timeout": 2})
+    final = service.wait(slow.id, timeout=60)
+    assert final.state == "failed" and "timed out after 2s" in final.error, final.error
+    assert "0:KeyboardInterrupt (rank 0)" in log_text(service, slow.id)
+    after = session.run("kept + 1")
+    assert service.result(after.id) == ("value", 2)
     sessions.stop_session(service, None, "llm")
     wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
