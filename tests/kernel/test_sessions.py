@@ -479,7 +479,8 @@ def test_a_cells_timeout_interrupts_it_and_keeps_the_session(kernel, service, qu
 def test_a_killed_supervisor_ends_the_session_and_the_next_cell_says_so(kernel, service, quick):
     import signal as signals
 
-    kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    msgs, reply = kernel.execute("%%distributed --session s --workers 2\nx = 1")
+    assert reply["status"] == "ok", _error(reply)
     holder = service.store.get_job(_cells(service)[0].origin["session_job"])
     os.kill(holder.supervisor["pid"], signals.SIGKILL)
     # The next cell says so: refused at once if the session is settled by then (its
