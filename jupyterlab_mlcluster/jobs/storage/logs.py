@@ -4,6 +4,7 @@ writers) from a cursor: whole lines only, ranks merged by time, a byte budget, a
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from . import logfiles
@@ -40,8 +41,14 @@ def read_logs(
             with open(path, "rb") as f:
                 if tail is not None and start == 0:
                     start = logfiles.tail_offset(f, tail)
-                f.seek(start)
-                chunk = f.read(budget)
+                # Nothing after an offset at or past the end. Not seeked to: past the file
+                # system's largest file (ext4: 16 TiB) lseek fails (EINVAL), and a cursor is
+                # the caller's say (a REST query's offset may have 18 digits).
+                if start < os.fstat(f.fileno()).st_size:
+                    f.seek(start)
+                    chunk = f.read(budget)
+                else:
+                    chunk = b""
         except FileNotFoundError:
             chunk = b""
         # Only whole lines: a writer may be mid-line.
