@@ -56,6 +56,8 @@ log = logging.getLogger("jupyterlab_mlcluster.service")
 WAIT_POLL = 0.02
 # How long a purge waits for a final job's processes to exit before refusing.
 PURGE_EXIT_WAIT = 5.0
+# How long a stop waits past its ranks' grace before it kills a wedged supervisor.
+STOP_SLACK = 10.0
 
 
 class DistributedJobFailed(RuntimeError):
@@ -474,7 +476,7 @@ class JobService:
             self.reap(force=True)
             if wait or purge:
                 # The job's own grace (its --grace, or its submitter's setting), then some.
-                grace = self.job_grace(job_id) + 10.0
+                grace = self.job_grace(job_id) + STOP_SLACK
                 record = self.wait(job_id, timeout=grace)
                 if not record.final:
                     # A wedged supervisor: kill it; its ranks die with it; then reap.

@@ -183,32 +183,59 @@ def get_session(service: JobService, owner: str | None, name: str) -> SessionInf
     return _info(service.store, rows[0])
 
 
-def stop_session(service: JobService, owner: str | None, name: str) -> SessionInfo:
-    """End the session: its ranks run their atexit handlers and exit, its slots are freed."""
+def stop_session(
+    service: JobService, owner: str | None, name: str, *, wait: bool = True
+) -> SessionInfo:
+    """End the session: its ranks run their atexit handlers and exit, its slots are freed.
+    `wait=False`: only ask (the REST server then waits on its event loop)."""
     info = get_session(service, owner, name)
-    service.cancel(info.holder.id, wait=True)
-    return _info(service.store, service.store.session_rows(owner, name)[0])
+    service.cancel(info.holder.id, wait=wait)
+    return session_info(service, owner, name)
+
+
+def request_restart(service: JobService, owner: str | None, name: str) -> tuple[str, int]:
+    """Ask the session's supervisor for fresh ranks; (holder id, its restarts before) for
+    `restarted`. Only a running session restarts: one still queued or starting would
+    carry the request into its start, and an ended one has nothing to restart."""
+    info = get_session(service, owner, name)
+    holder = info.holder
+    if holder.state != JobState.RUNNING:
+        raise SessionError(
+            f"session {name!r} has ended"
+            if holder.final
+            else f"session {name!r} is {holder.state}: only a running session restarts"
+        )
+    service.store.update_session(holder.id, restart_requested=1)
+    poke_session(service.store, holder.id, "restart")
+    return holder.id, holder.restarts
+
+
+def restarted(record: JobRecord, before: int) -> bool:
+    """The restart asked when the holder had `before` restarts is done (or the session ended)."""
+    return record.restarts > before or record.final
 
 
 def restart_session(
     service: JobService, owner: str | None, name: str, timeout: float = RESTART_WAIT
 ) -> SessionInfo:
     """Fresh ranks for the session (its state is lost), same gang and allocation; returns
-    once the supervisor has started them."""
-    info = get_session(service, owner, name)
-    before = info.holder.restarts
-    holder_id = info.holder.id
-    service.store.update_session(holder_id, restart_requested=1)
-    poke_session(service.store, holder_id, "restart")
+    once the supervisor has started them. Blocking: the REST server waits on its event
+    loop instead (server/handlers/sessions.py)."""
+    holder_id, before = request_restart(service, owner, name)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        record = service.store.get_job(holder_id)
-        if record.restarts > before or record.final:
-            break
+    while not restarted(service.store.get_job(holder_id), before):
+        if time.monotonic() >= deadline:
+            raise SessionError(f"session {name!r} did not restart within {timeout:g} s")
         time.sleep(0.02)
-    else:
-        raise SessionError(f"session {name!r} did not restart within {timeout:g} s")
-    return _info(service.store, service.store.session_rows(owner, name)[0])
+    return session_info(service, owner, name)
+
+
+def session_info(service: JobService, owner: str | None, name: str) -> SessionInfo:
+    """The session as it stands (ended ones too), UnknownSession if it has no row."""
+    rows = service.store.session_rows(owner, name)
+    if not rows:
+        raise UnknownSession(name)
+    return _info(service.store, rows[0])
 
 
 # -- running a cell -----------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .. import backends  # noqa: F401 - a front end fills the backend registry
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
 from ..kubeconn import KubeConnection
+from .caller_slots import CallerSlots
 from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
 from .handlers import cluster, experiments, job_outputs, jobs, notebooks, sessions
@@ -110,6 +111,19 @@ class MLClusterApp(ExtensionApp):
         "checks, Kubernetes calls) off the event loop. A cancel waits in one for up to the "
         "kill grace period.",
     ).tag(config=True)
+
+    executor_threads_per_caller = Int(
+        4,
+        help="On a server shared through the identity header: the most executor threads one "
+        "caller's requests hold at once (their further requests wait, holding none), so no "
+        "user's slow or repeated requests make the others wait. At least 1.",
+    ).tag(config=True)
+
+    @validate("executor_threads_per_caller")
+    def _valid_threads_per_caller(self, proposal: Any) -> int:
+        if proposal["value"] < 1:
+            raise TraitError("MLClusterApp.executor_threads_per_caller must be at least 1")
+        return proposal["value"]
 
     cancel_jobs_on_shutdown = Bool(
         False,
@@ -434,6 +448,7 @@ class MLClusterApp(ExtensionApp):
             self.mlconfig.default_backend = "kubernetes"
         self.service = JobService(config=self.mlconfig)
         self.executor = ThreadPoolExecutor(self.executor_threads, thread_name_prefix="mlcluster")
+        self.caller_slots = CallerSlots(self.executor_threads_per_caller)
         self.document = build_document(max_workers=self.mlconfig.max_workers)
         self.validators = Validators(self.document)
         self.broadcaster = EventBroadcaster(

@@ -8,6 +8,8 @@ in the extension's executor (`self.run(...)`), never on the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
     from ..app import MLClusterApp
 
 T = TypeVar("T")
+# The longest wait_for_job goes without looking at the job: a backstop for a change the
+# broadcaster's feed does not announce (a writer on another host of a shared store).
+WAIT_BACKSTOP = 1.0
 
 
 def body_too_large(limit: int) -> str:
@@ -73,7 +78,32 @@ class MLClusterHandler(APIHandler):
         return self.settings["mlcluster"]
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.app.run(fn, *args, **kwargs)
+        """Blocking work in the extension's executor. On a shared server a caller holds at
+        most `executor_threads_per_caller` threads at once (caller_slots.py)."""
+        scope = self.scope()
+        if scope is None:  # a personal server: its one user's requests are all there are
+            return await self.app.run(fn, *args, **kwargs)
+        async with self.app.caller_slots.hold(scope):
+            return await self.app.run(fn, *args, **kwargs)
+
+    async def wait_for_job(
+        self, job_id: str, done: Callable[[JobRecord], bool], timeout: float
+    ) -> JobRecord:
+        """The job's record once `done(record)`, or as it stands after `timeout` seconds.
+        Waits on the event loop, woken by the broadcaster's change feed (a look a second at
+        most otherwise), holding no executor thread between looks: a stop that takes its
+        ranks' grace costs the server nothing while it waits."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with self.app.broadcaster.job_changed(job_id) as changed:
+            while True:
+                changed.clear()
+                record = await self.run(self.app.service.store.get_job, job_id)
+                left = deadline - loop.time()
+                if done(record) or left <= 0:
+                    return record
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, WAIT_BACKSTOP))
 
     def user_name(self) -> str:
         user = self.current_user

@@ -14,7 +14,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ...jobs.model import JobSpec, SpecError
-from ...jobs.service import JobStillRunning
+from ...jobs.service import STOP_SLACK, JobStillRunning
 from ...jobs.storage.store import UnknownJob
 from ...kubeconn import ClusterUnavailable, KubeError, configuration_problem
 from ...runtime.payload import Payload, PayloadError
@@ -176,8 +176,16 @@ class JobHandler(MLClusterHandler):
     async def delete(self, ref: str) -> None:
         purge = self.query()["purge"]
         record = await self.job(ref)
+        service = self.app.service
         try:
-            after = await self.run(self.app.service.cancel, record.id, purge=purge, wait=True)
+            if not record.final:
+                # Asked in the executor, waited for on the event loop (the ranks' grace may
+                # be long); then the blocking cancel below finds the job final at once, or
+                # kills a wedged supervisor as it would have.
+                await self.run(service.cancel, record.id, wait=False)
+                grace = await self.run(service.job_grace, record.id) + STOP_SLACK
+                await self.wait_for_job(record.id, lambda r: r.final, grace)
+            after = await self.run(service.cancel, record.id, purge=purge, wait=True)
         except UnknownJob:  # purged by someone else meanwhile
             raise web.HTTPError(404, f"no job {ref!r}") from None
         except JobStillRunning as exc:  # e.g. its supervisor on another host still beats
