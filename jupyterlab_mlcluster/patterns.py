@@ -21,6 +21,8 @@ from typing import Any
 
 # A job's name: it names Kubernetes objects (with a suffix), so a DNS label of at most 53.
 JOB_NAME = r"^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$"
+# A job's id, as jobs/record.py's new_job_id makes them.
+JOB_ID = r"^j[0-9a-f]{10}$"
 # What `{id}` in a job URL may be: a job id ("j3fa9c21b0") or a job name.
 JOB_REF = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # An environment variable a job sets on its ranks.

@@ -32,6 +32,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from ... import patterns
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 SCAN_INTERVAL = 1.0  # the store scan behind the FIFO's wake-ups
+MAX_PENDING = 256  # wake-ups queued at most (a flood of them is dropped)
 FIFO_STREAM = "fifo"
 
 
@@ -117,7 +119,15 @@ class _Server:
             # "cancel": the loop polls the running cell's cancel flag below
 
     def add_pending(self, cell_id: str, current: str | None = None) -> None:
-        if cell_id and cell_id not in self.pending and cell_id != current:
+        # A wake-up is a hint (the store scan finds every waiting cell anyway): one that
+        # is no job id, or past MAX_PENDING, is dropped, so a flood of them neither grows
+        # this queue nor delays a real cell behind it.
+        if (
+            patterns.matches(patterns.JOB_ID, cell_id)
+            and cell_id != current
+            and len(self.pending) < MAX_PENDING
+            and cell_id not in self.pending
+        ):
             self.pending.append(cell_id)
 
     def scan(self, current: str | None = None, force: bool = False) -> None:
@@ -251,7 +261,9 @@ class SessionGang(Gang):
                 if self.advance_cell() == "restart":
                     return "restart"
             elif server.pending:
-                self.begin_cell(server.pending.popleft())
+                # Past ids that name no waiting cell of this session at once, to a real one.
+                while server.pending and not self.begin_cell(server.pending.popleft()):
+                    pass
             elif self.idle_expired():
                 idle = lifecycle.format_duration(ctx.config.session_idle_timeout)
                 why = f"ended after {idle} without a cell (MLClusterConfig.session_idle_timeout)"
@@ -301,21 +313,22 @@ class SessionGang(Gang):
 
     # -- cells ---------------------------------------------------------------------------
 
-    def begin_cell(self, cell_id: str) -> None:
+    def begin_cell(self, cell_id: str) -> bool:
+        """Start the cell on the ranks; False if `cell_id` is no waiting cell of this session."""
         from ...jobs.running.supervisor import JobContext, claim
 
         store, holder = self.store, self.ctx.job
         try:
             record = store.get_job(cell_id)
         except UnknownJob:
-            return
+            return False
         if (
             record.state != JobState.STARTING
             or record.origin.get("session_job") != holder.id
             or record.owner != holder.owner
             or record.spec.workers != holder.spec.workers
         ):
-            return  # not a waiting cell of this session: nothing to run
+            return False  # not a waiting cell of this session: nothing to run
         self.server.last_activity = time.monotonic()
         launch = store.read_launch(cell_id)
         base = launcher.base_environment(launch.get("env", {}))
@@ -340,7 +353,7 @@ class SessionGang(Gang):
             # the ranks stop it at once; its final state stays what it is.
             self.cell.stop = ("cancelled", "cancelled before it ran")
             self.interrupt("the cell was cancelled before it ran")
-            return
+            return True
         self.rank_updates.flush(force=True)  # the gang's ranks as they stand, with the cell
         now = time.time()
         cctx.set_state(JobState.RUNNING, started=now, reason=None)
@@ -350,6 +363,7 @@ class SessionGang(Gang):
                 for p in self.ranks
             }
         )
+        return True
 
     def on_record(self, rank: int, record: dict[str, Any]) -> None:
         cell = self.cell
