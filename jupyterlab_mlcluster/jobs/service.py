@@ -588,7 +588,7 @@ __all__ = [
 
 
 MIB = 1024 * 1024
-# How a stored JSON form with a value begins: what runtime/worker.result_json writes.
+# How a stored JSON form with a value begins: what runtime/outcome.result_json writes.
 JSON_FORM_HEAD = re.compile(rb'\{"kind": "[A-Za-z_]{1,32}", "value": ')
 JSON_FORM_HEAD_BYTES = 64
 

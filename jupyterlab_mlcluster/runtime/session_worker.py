@@ -34,7 +34,7 @@ import types
 import zlib
 from typing import Any
 
-from . import reporting, worker
+from . import outcome, reporting, user_code
 from .payload import Payload, read_payload_bytes
 from .protocol import decode_record, key_path, read_key_file
 
@@ -110,7 +110,7 @@ class SessionRank:
                     sys.stderr.flush()
                 # After the output: the supervisor drains the pipes when this arrives.
                 reporting.send({"type": "cell_done", "job": command.get("job"), "status": status})
-        worker.shut_down_like_an_interpreter()  # atexit handlers, as at interpreter exit
+        user_code.shut_down_like_an_interpreter()  # atexit handlers, as at interpreter exit
         return 0
 
     # -- one cell ------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class SessionRank:
                 _CellState.running = False
                 self.remember_local_modules()
             if self.rank == 0:
-                worker.write_result(kind, value)
+                outcome.write_result(kind, value)
             return "ok"
         except KeyboardInterrupt:
             print(f"KeyboardInterrupt (rank {self.rank})", file=sys.stderr)
@@ -195,21 +195,21 @@ class SessionRank:
         except SystemExit as exc:
             if exc.code is None or exc.code == 0:
                 return "ok"
-            worker.write_error(worker.exit_report(self.rank, exc.code))
+            outcome.write_error(outcome.exit_report(self.rank, exc.code))
             return "error"
         except BaseException as exc:  # noqa: BLE001 - every failure must be reported
-            report = worker.error_report(self.rank, exc)
+            report = outcome.error_report(self.rank, exc)
             sys.stderr.write(report["traceback"])
-            worker.write_error(report)
+            outcome.write_error(report)
             return "error"
 
     def run_payload(self, payload: Payload) -> tuple[str, Any]:
-        """worker.run_payload, in this rank's persistent `__main__`."""
+        """user_code.run_payload, in this rank's persistent `__main__`."""
         if payload.cwd:
             with contextlib.suppress(OSError):
                 os.chdir(payload.cwd)
         sys.path[:] = self.initial_path
-        sys.path[:] = worker.fresh_sys_path(payload)
+        sys.path[:] = user_code.fresh_sys_path(payload)
         self.local_dirs = _local_dirs(payload)
         self.forget_changed_local_modules()
         sys.argv = ["-c", *payload.argv] if payload.kind == "code" else [payload.filename]
@@ -219,13 +219,13 @@ class SessionRank:
         if payload.kind == "callable":
             value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
         elif payload.kind == "code":
-            value = worker._exec_cell(payload.source, payload.filename, namespace)
+            value = user_code._exec_cell(payload.source, payload.filename, namespace)
         else:
-            raise worker.ResultError(f"a session runs cells, not a {payload.kind}")
+            raise outcome.ResultError(f"a session runs cells, not a {payload.kind}")
         if payload.pull:
             missing = [name for name in payload.pull if name not in namespace]
             if missing:
-                raise worker.ResultError(
+                raise outcome.ResultError(
                     f"--pull {', '.join(missing)}: not defined on rank {self.rank} after the"
                     " cell ran"
                 )

@@ -1,6 +1,6 @@
 """A Kubernetes job's rank 0 sends a JSON form of its result bigger than servers serve.
 
-The rank's own cap (runtime/worker.JSON_FORM_MAX) is the job author's to change: his code
+The rank's own cap (runtime/outcome.JSON_FORM_MAX) is the job author's to change: his code
 runs in that process and holds the job's signing key. The supervisor, on the server's side,
 keeps at most MLClusterConfig.max_result_json_mib of the JSON form whatever the rank says:
 past it the chunks are dropped as they come, the job still succeeds with its pickle (for
