@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import time
 import zlib
 
 import pytest
@@ -484,3 +485,26 @@ def test_a_cell_past_its_timeout_is_interrupted_and_the_session_stays(
     assert service.result(after.id) == ("value", 2)
     sessions.stop_session(service, None, "llm")
     wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+
+
+def test_a_session_waiting_for_its_pods_is_not_idle_and_stops_at_once(
+    k8s, player, kube, kube_namespace
+):
+    service = k8s(session_idle_timeout=1)
+    first, _ = sessions.submit_cell(
+        service, "llm", {"backend": "kubernetes", "workers": 2}, code("1"), origin=ORIGIN
+    )
+    holder_id = first.origin["session_job"]
+    player.resumed(holder_id)  # created and resumed; no node runs its pods (yet)
+    deadline = time.monotonic() + 3  # three idle timeouts
+    while time.monotonic() < deadline:
+        assert not service.store.get_job(holder_id).final
+        assert service.store.get_job(first.id).state == "starting"
+        time.sleep(0.2)
+    started = time.monotonic()
+    info = sessions.stop_session(service, None, "llm")
+    assert info.holder.state == "cancelled"
+    assert time.monotonic() - started < 20  # no grace waited for ranks that never ran
+    cell = service.store.get_job(first.id)
+    assert cell.state == "failed" and "the session ended" in cell.error, cell.error
+    wait_for(lambda: objects_of(kube, kube_namespace, holder_id) == {}, timeout=60)

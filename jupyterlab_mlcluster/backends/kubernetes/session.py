@@ -98,14 +98,19 @@ class SessionRun(JobRun):
                 )
             if ctx.job.state.final:
                 return  # said when it ended (a dead rank: before the cell's failure)
+            # The cells still waiting fail first: whoever sees the session ended (stop
+            # returns then) finds none of its cells waiting for it.
             if outcome.kind == OutcomeKind.SUCCEEDED:  # idle
+                self.server.end_waiting_cells(f"the session ended: {outcome.message}")
                 ctx.set_state(JobState.SUCCEEDED, reason=outcome.message)
             elif outcome.kind == OutcomeKind.CANCELLED:
                 reason = outcome.message or "stopped"
                 if reason.startswith("cancelled by user"):
                     reason = "stopped by user" + reason[len("cancelled by user") :]
+                self.server.end_waiting_cells(f"the session ended: {reason}")
                 ctx.set_state(JobState.CANCELLED, reason=reason)
             else:
+                self.server.end_waiting_cells(f"the session ended: {outcome.message}")
                 lifecycle.finish(ctx, outcome)
         finally:
             server = self.server
@@ -138,6 +143,7 @@ class _SessionAttempt(_Attempt):
         self.seq = 0
         self.cell: _Cell | None = None
         self.stopping = False
+        self.ready = False  # every rank's channel came up once (the idle clock runs since)
         self.dropped: set[int] = set()  # ranks whose channel dropped (said once)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -202,6 +208,13 @@ class _SessionAttempt(_Attempt):
         return self.ctx.store
 
     def _idle_expired(self) -> bool:
+        """No cell for session_idle_timeout since the ranks were ready: a session whose
+        pods wait (for a node, in a queue) or whose cell waits for them is not idle."""
+        if self.server.pending or not all(link.up for link in self.links.values()):
+            return False
+        if not self.ready:
+            self.ready = True
+            self.server.last_activity = max(self.server.last_activity, time.monotonic())
         limit = self.ctx.config.session_idle_timeout
         return bool(limit) and time.monotonic() - self.server.last_activity > limit
 
@@ -242,9 +255,11 @@ class _SessionAttempt(_Attempt):
         """Ask every rank to end as an interpreter does (atexit), and wait a little for
         their pods to finish; the attempt's deletion stops what is left."""
         self.stopping = True
-        for rank, link in self.links.items():
-            if link.up:
-                self._send(rank, {"type": "stop"})
+        asked = [rank for rank, link in self.links.items() if link.up]
+        for rank in asked:
+            self._send(rank, {"type": "stop"})
+        if not asked:
+            return  # no rank to wait for (its pods not started yet): the deletion stops them
         deadline = time.monotonic() + self.ctx.config.kill_grace_period
         while time.monotonic() < deadline:
             mine = [p for p in self.pods.values() if self._mine(p)]
