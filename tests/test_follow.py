@@ -220,3 +220,40 @@ def test_an_async_follower_is_woken_by_the_end_not_its_backstop(store_dir):
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 30  # LONG would be 600 s
+
+
+@needs_inotify
+def test_the_services_followed_logs_and_wait_use_it(store_dir):
+    """`mlcluster logs --follow` (JobService.follow_logs) and JobService.wait: every line,
+    then the end, of a job whose supervisor (this process, alive) writes from elsewhere."""
+    import os
+
+    import psutil
+
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.running.processes import this_host
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    store = JobStore(store_dir)
+    job_id = new_job_id()
+    spec = JobSpec.from_options({"workers": 1})
+    store.insert_job(
+        JobRecord(id=job_id, name="followed", spec=spec, state=JobState.QUEUED, created=0.0),
+        b"payload",
+    )
+    me = {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": this_host()}
+    assert store.claim_supervisor(job_id, me, lambda *_: False)
+    store.transition(job_id, JobState.RUNNING, started=time.time())
+    service = JobService(MLClusterConfig(warm_pool=False), store)
+    sup = Supervisor(store.root, job_id)
+
+    def supervise():
+        for n in range(3):
+            sup.prints(0, f"line {n}")
+            time.sleep(0.05)
+        sup.ends()
+
+    threading.Timer(0.2, supervise).start()
+    lines = [line["line"] for line in service.follow_logs(job_id, poll=LONG)]
+    assert lines == ["line 0", "line 1", "line 2"]
+    assert service.wait(job_id, timeout=60).state == JobState.SUCCEEDED
