@@ -205,7 +205,12 @@ class Zygote:
         the cores more)."""
         if self.spare is not None or self.spare_due is None or not self.running:
             return
-        if time.monotonic() < self.spare_due or self.fork_problem() is not None:
+        if time.monotonic() < self.spare_due:
+            return
+        problem = self.fork_problem()  # proven before every fork, as for a job's
+        if problem is not None:
+            print(f"warm pool: retiring, no longer fork-safe: {problem}", flush=True)
+            self.running = False  # this generation can never be safe again
             return
         ranks = spares.read_hint(self.path.parent)
         job_r, job_w = os.pipe()
