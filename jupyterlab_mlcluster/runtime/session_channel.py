@@ -12,11 +12,26 @@ the environment), bound to fresh nonces of both:
     supervisor -> rank   signed {"type": "hello", "rank_nonce": <rank nonce>, "nonce": <n>}
     rank -> supervisor   signed {"type": "hello_ok", "nonce": <n>}
 
-Then the supervisor sends signed command lines (session_worker.py: key, this rank's number,
-a sequence number that only goes up, so a line recorded on the wire is refused when
-replayed). A connection that fails the handshake, or stays silent, is closed; several may
-try at once (a stranger's cannot hold the port), and the newest authenticated one is the
-channel (the supervisor reconnects after a drop; the sequence numbers carry on).
+Then the supervisor sends signed command lines (session_worker.py) with a sequence number
+that only goes up, signed not with the job's key but with the connection's own
+(`connection_key`: the job's key over both nonces), so a line recorded on the wire is
+refused when replayed on the same connection (its number) and on any other: another
+connection to this rank, or the pods of a restarted session, which keep the job's key
+while the supervisor's numbers start again. Several connections may try at once (a
+stranger's cannot hold the port), and the newest authenticated one is the channel (the
+supervisor reconnects after a drop; the sequence numbers carry on, the lines it sends
+again are signed for the new connection).
+
+Anyone on the pod network can connect, so what a connection that has not proved the key
+costs is bounded: one thread (`_listen`) accepts and runs every handshake without blocking
+(no thread per connection), each within `HANDSHAKE_TIMEOUT` by the clock (not per read:
+a byte now and then holds nothing), reading at most `MAX_HELLO` bytes; at most
+`MAX_PENDING` run at once, and past that (or when the process is out of file
+descriptors) the oldest handshake of the address holding the most is dropped, so one
+flooding pod never crowds out the supervisor's. A failing `accept` (no descriptors, no
+buffers) pauses listening briefly and goes on: only closing the listening socket ends it.
+Refused connections are said in the rank's output (its pod log, which is the running
+cell's log) once, then as a count at most every `REFUSAL_PERIOD` seconds.
 
 A rank without its supervisor for `MLCLUSTER_SESSION_ORPHAN_TIMEOUT` seconds (none connected
 since it started, or since the last connection dropped: the supervisor died and nobody
@@ -32,10 +47,16 @@ network as the payload Secrets' data does the API server's).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
+import errno
+import hashlib
+import hmac
 import os
 import queue
 import secrets
+import selectors
 import socket
 import sys
 import threading
@@ -46,36 +67,89 @@ from . import reporting
 from .protocol import decode_record, encode_record
 
 HELLO = b"MLCLUSTER-SESSION-HELLO "
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0  # a whole handshake, by the clock
+MAX_HELLO = 1024  # the supervisor's signed hello is about 200 bytes
+MAX_PENDING = 64  # handshakes in progress at once (each: a socket and <= MAX_HELLO bytes)
+REFUSAL_PERIOD = 60.0  # seconds between two counts of refused connections in the output
 MAX_COMMAND = 256 * 1024 * 1024  # one cell's code and pushed variables, base64
+ACCEPT_PAUSE = (0.05, 1.0)  # first and longest pause after a failing accept
+# accept() errors that mean the listening socket is gone (closed, shut down): the end.
+_LISTENING_GONE = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK}
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
+NOT_PROVEN = "a connection that did not prove the session's key"
+
+
+def connection_key(key: bytes, rank_nonce: str, supervisor_nonce: str) -> bytes:
+    """What one connection's commands are signed with: the job's key over both ends'
+    nonces of its handshake (fresh on each side), so a command holds on that connection
+    only."""
+    message = b"mlcluster-session-connection\x00%s\x00%s" % (
+        rank_nonce.encode(),
+        supervisor_nonce.encode(),
+    )
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+@dataclasses.dataclass(eq=False)
+class _Handshake:
+    sock: socket.socket
+    peer: str
+    nonce: str
+    deadline: float
+    data: bytes = b""
 
 
 class CommandChannel:
-    """`readline()` gives the next command line from the supervisor (blocking)."""
+    """`read()` gives the next command line from the supervisor and the key it must be
+    signed with (blocking); (b"", None) once the rank was left without its supervisor."""
 
-    def __init__(self, key: bytes, rank: int, on_interrupt: Callable[[str | None], None]):
+    def __init__(
+        self,
+        key: bytes,
+        rank: int,
+        on_interrupt: Callable[[str | None], None],
+        *,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        refusal_period: float = REFUSAL_PERIOD,
+    ):
         self.key, self.rank, self.on_interrupt = key, rank, on_interrupt
-        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.handshake_timeout = handshake_timeout
+        self.lines: queue.Queue[tuple[bytes, bytes | None]] = queue.Queue()
         self.lock = threading.Lock()
         self.current: socket.socket | None = None
         self.seen_seq = 0  # the highest sequence number of an authentic command
         self.alone_since: float | None = time.monotonic()  # no supervisor connected since
         self.orphan_timeout = float(os.environ.get("MLCLUSTER_SESSION_ORPHAN_TIMEOUT", "0") or 0)
+        self.refusals = Refusals(rank, refusal_period)
+        # Handshakes in progress: the listening thread's alone.
+        self.pending: dict[socket.socket, _Handshake] = {}
+        self.pause = 0.0  # how long listening pauses after a failing accept
+        self.paused_until: float | None = None
+        # Authenticated connections, newest last: one thread reads them in turn (a newer
+        # one shuts the one before down), so no thread is started after this.
+        self.authenticated: queue.Queue[tuple[socket.socket, bytes]] = queue.Queue()
         port = int(os.environ.get("MLCLUSTER_SESSION_PORT", "0") or 0)
         # Both IPv4 and IPv6 where the pod has both (a pod IP may be either).
         dual = socket.has_dualstack_ipv6()
         self.server = socket.create_server(
             ("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual
         )
+        self.server.setblocking(False)
         self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, name="session-channel", daemon=True).start()
+        self.selector = selectors.DefaultSelector()
+        threading.Thread(target=self._listen, name="session-channel", daemon=True).start()
+        threading.Thread(target=self._read, name="session-commands", daemon=True).start()
         if self.orphan_timeout > 0:
             threading.Thread(target=self._watch, name="session-orphan", daemon=True).start()
         reporting.send({"type": "session_channel", "port": self.port})
 
-    def readline(self) -> bytes:
-        """The next line; b"" (the end) once the rank was left without its supervisor."""
+    def read(self) -> tuple[bytes, bytes | None]:
         return self.lines.get()
+
+    def close(self) -> None:
+        """Stop listening (the listening thread ends within a second)."""
+        with contextlib.suppress(OSError):
+            self.server.close()
 
     def _watch(self) -> None:
         while True:
@@ -89,64 +163,187 @@ class CommandChannel:
                     file=sys.stderr,
                     flush=True,
                 )
-                self.lines.put(b"")
+                self.lines.put((b"", None))
                 return
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    # -- accepting and handshakes: one thread, never blocked by a peer ----------------------
 
-    def _handshake(self, conn: socket.socket, reader) -> bool:
-        nonce = secrets.token_hex(16)
-        conn.sendall(HELLO + nonce.encode() + b"\n")
-        hello = decode_record(reader.readline(65536).rstrip(b"\n"), self.key, self.rank)
-        if not hello or hello.get("type") != "hello" or hello.get("rank_nonce") != nonce:
-            return False
-        theirs = hello.get("nonce")
-        if not isinstance(theirs, str) or not theirs:
-            return False
-        conn.sendall(encode_record({"type": "hello_ok", "nonce": theirs}, self.key, self.rank))
+    def _listen(self) -> None:
+        self.selector.register(self.server, selectors.EVENT_READ)
+        try:
+            while self.server.fileno() != -1:
+                try:
+                    if not self._turn():
+                        return  # the listening socket is gone
+                except Exception:  # noqa: BLE001 - nothing a peer does ends the listening
+                    time.sleep(ACCEPT_PAUSE[0])
+        finally:
+            for handshake in list(self.pending.values()):
+                self._drop(handshake)
+            self.selector.close()
+
+    def _turn(self) -> bool:
+        """Wait for what comes (a connection, a hello, a deadline) and deal with it; False
+        once the listening socket is gone."""
+        now = time.monotonic()
+        if self.paused_until is not None and now >= self.paused_until:
+            self.paused_until = None
+            self.selector.register(self.server, selectors.EVENT_READ)
+        waits = [1.0] + [h.deadline - now for h in self.pending.values()]
+        if self.paused_until is not None:
+            waits.append(self.paused_until - now)
+        for selected, _ in self.selector.select(max(0.0, min(waits))):
+            if selected.fileobj is self.server:
+                accepted = self._accept()
+                if accepted is None:
+                    return False
+                if accepted:
+                    self.pause = 0.0
+                else:  # out of descriptors or buffers: pause, then go on
+                    self.pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], 2 * self.pause))
+                    self.paused_until = time.monotonic() + self.pause
+                    self.selector.unregister(self.server)
+            elif self.pending.get(selected.fileobj) is selected.data:  # type: ignore[call-overload]
+                self._advance(selected.data)
+        now = time.monotonic()
+        for handshake in [h for h in self.pending.values() if h.deadline <= now]:
+            self._refuse(handshake)
+        self.refusals.flush()
         return True
 
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(HANDSHAKE_TIMEOUT)
-            reader = conn.makefile("rb")
+    def _accept(self) -> bool | None:
+        """Accept what waits: True, False when accepting fails for now, None when the
+        listening socket is gone."""
+        for _ in range(MAX_PENDING):
             try:
-                if not self._handshake(conn, reader):
-                    _refused(self.rank, "a connection that did not prove the session's key")
-                    return
-            except OSError:
-                return
-            conn.settimeout(None)
-            with self.lock:
-                old, self.current = self.current, conn
-                self.alone_since = None
-            if old is not None:
+                conn, peer = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as exc:
+                if self.server.fileno() == -1 or exc.errno in _LISTENING_GONE:
+                    return None
+                if exc.errno == errno.ECONNABORTED:
+                    continue  # the peer gave up before we took it
+                if exc.errno in _OUT_OF_DESCRIPTORS and self.pending:
+                    self._refuse(self._crowding())  # a descriptor back, for this one
+                    continue
+                return False
+            try:
+                self._begin(conn, str(peer[0]) if isinstance(peer, tuple) else str(peer))
+            except Exception:  # noqa: BLE001 - a failing connection never ends the listening
                 with contextlib.suppress(OSError):
-                    old.shutdown(socket.SHUT_RDWR)  # the supervisor reconnected: one channel
+                    conn.close()
+        return True
+
+    def _crowding(self) -> _Handshake:
+        """The handshake to drop for room: the oldest of the address holding the most (a
+        flood from one pod never pushes out the supervisor's)."""
+        counts = collections.Counter(h.peer for h in self.pending.values())
+        most = max(counts.values())
+        return min(
+            (h for h in self.pending.values() if counts[h.peer] == most), key=lambda h: h.deadline
+        )
+
+    def _begin(self, conn: socket.socket, peer: str) -> None:
+        if len(self.pending) >= MAX_PENDING:
+            self._refuse(self._crowding())
+        conn.setblocking(False)
+        nonce = secrets.token_hex(16)
+        greeting = HELLO + nonce.encode() + b"\n"
+        if conn.send(greeting) != len(greeting):  # a fresh socket's buffer takes it whole
+            raise OSError("the greeting did not fit")
+        handshake = _Handshake(conn, peer, nonce, time.monotonic() + self.handshake_timeout)
+        self.selector.register(conn, selectors.EVENT_READ, handshake)
+        self.pending[conn] = handshake
+
+    def _advance(self, handshake: _Handshake) -> None:
+        try:
+            chunk = handshake.sock.recv(MAX_HELLO + 1 - len(handshake.data))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._refuse(handshake)
+            return
+        handshake.data += chunk
+        line, newline, rest = handshake.data.partition(b"\n")
+        if not newline:
+            if len(handshake.data) > MAX_HELLO:
+                self._refuse(handshake)
+            return
+        hello = decode_record(line, self.key, self.rank)
+        theirs = hello.get("nonce") if hello else None
+        if (
+            rest  # the supervisor says nothing more before hello_ok
+            or not hello
+            or hello.get("type") != "hello"
+            or hello.get("rank_nonce") != handshake.nonce
+            or not isinstance(theirs, str)
+            or not theirs
+            or len(theirs) > 128
+        ):
+            self._refuse(handshake)
+            return
+        reply = encode_record({"type": "hello_ok", "nonce": theirs}, self.key, self.rank)
+        try:
+            sent = handshake.sock.send(reply)
+        except OSError:
+            sent = 0
+        if sent != len(reply):
+            self._refuse(handshake)
+            return
+        self._forget(handshake)
+        handshake.sock.setblocking(True)
+        self._authenticated(handshake.sock, connection_key(self.key, handshake.nonce, theirs))
+
+    def _forget(self, handshake: _Handshake) -> None:
+        self.pending.pop(handshake.sock, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(handshake.sock)
+
+    def _drop(self, handshake: _Handshake) -> None:
+        self._forget(handshake)
+        with contextlib.suppress(OSError):
+            handshake.sock.close()
+
+    def _refuse(self, handshake: _Handshake) -> None:
+        self._drop(handshake)
+        self.refusals.note(NOT_PROVEN)
+
+    def _authenticated(self, conn: socket.socket, conn_key: bytes) -> None:
+        with self.lock:
+            old, self.current = self.current, conn
+            self.alone_since = None
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.shutdown(socket.SHUT_RDWR)  # the supervisor reconnected: one channel
+        self.authenticated.put((conn, conn_key))
+
+    # -- the authenticated connection's commands --------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            conn, conn_key = self.authenticated.get()
             try:
-                while True:
-                    raw = reader.readline(MAX_COMMAND)
-                    if not raw:
-                        return
-                    self._command(raw)
+                with conn, conn.makefile("rb") as reader:
+                    while True:
+                        raw = reader.readline(MAX_COMMAND)
+                        if not raw:
+                            break
+                        self._command(raw, conn_key)
             except OSError:
-                return
+                pass
             finally:
                 with self.lock:
                     if self.current is conn:
                         self.current, self.alone_since = None, time.monotonic()
 
-    def _command(self, raw: bytes) -> None:
-        record = decode_record(raw.rstrip(b"\n"), self.key, self.rank)
+    def _command(self, raw: bytes, conn_key: bytes) -> None:
+        record = decode_record(raw.rstrip(b"\n"), conn_key, self.rank)
         seq = record.get("seq") if record else None
         if record is None or not isinstance(seq, int):
-            self.lines.put(raw)  # session_worker says it was refused, as for a local rank
+            self.lines.put((raw, conn_key))  # session_worker says it was refused
             return
         with self.lock:
             fresh = seq > self.seen_seq
@@ -156,10 +353,44 @@ class CommandChannel:
                 job = record.get("job")
                 self.on_interrupt(job if isinstance(job, str) else None)
             else:
-                _refused(self.rank, "a replayed interrupt")
+                self.refusals.note("a replayed interrupt")
             return
-        self.lines.put(raw)
+        self.lines.put((raw, conn_key))
 
 
-def _refused(rank: int, what: str) -> None:
-    print(f"mlcluster session: rank {rank} refused {what}", file=sys.stderr, flush=True)
+class Refusals:
+    """What the rank refused, said in its output: the first of a kind at once, then at most
+    one count per `period` (a pod's output is its running cell's log, which a flood of
+    refused connections would otherwise fill)."""
+
+    def __init__(self, rank: int, period: float):
+        self.rank, self.period = rank, period
+        self.lock = threading.Lock()
+        self.said_at: dict[str, float] = {}
+        self.unsaid: dict[str, int] = {}
+
+    def note(self, what: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            said = self.said_at.get(what)
+            if said is None or (now - said >= self.period and not self.unsaid.get(what)):
+                self.said_at[what] = now
+                self._say(f"refused {what}")
+            else:
+                self.unsaid[what] = self.unsaid.get(what, 0) + 1
+        self.flush()
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for what, count in list(self.unsaid.items()):
+                if count and now - self.said_at[what] >= self.period:
+                    self._say(
+                        f"refused {what} {count} more time{'s' if count > 1 else ''}"
+                        f" in the last {self.period:g} s"
+                    )
+                    self.said_at[what], self.unsaid[what] = now, 0
+
+    def _say(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"mlcluster session: rank {self.rank} {text}", file=sys.stderr, flush=True)

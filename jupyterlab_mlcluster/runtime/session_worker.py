@@ -4,9 +4,12 @@ Started like any rank (cold, or forked warm from the pool; runtime/worker.py and
 jobs/warm/rank.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
 stdin, a pipe only its supervisor holds (backends/local/session.py); in a Kubernetes pod,
 from a connection that proved the job's key (session_channel.py), cells inline. Each
-command is one line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256 with the
-session's key over this rank's number and the JSON, with a sequence number that only goes
-up), so nothing else can make it run code, nor replay an old cell:
+command is one line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256
+over this rank's number and the JSON, with a sequence number that only goes up), so nothing
+else can make it run code, nor replay an old cell. The key: the session's own on the
+private pipe; on a pod's connection, that connection's (session_channel.connection_key,
+from the job's key and both ends' handshake nonces), so a line recorded on the network is
+refused on any other connection, a restarted session's pods included:
 
     {"type": "cell", "seq": n, "job": <cell job id>, "payload": <path>, "error": <path>,
      "result": <path, rank 0 only>, "env": {...}}
@@ -58,7 +61,7 @@ class SessionRank:
         payload = os.environ.get("MLCLUSTER_PAYLOAD", "")
         self.key = read_key_file(key_path(payload)) if payload else None
         # A pod's rank: its commands come over the network instead (session_channel.py).
-        self.commands: Any = os.fdopen(commands, "rb") if commands is not None else None
+        self.commands: Any = _Pipe(commands, self.key) if commands is not None else None
         self.seq = 0
         self.main = types.ModuleType("__main__")
         self.main.__dict__["__builtins__"] = builtins
@@ -78,12 +81,12 @@ class SessionRank:
         """The next authentic command; None once the supervisor is gone (end of file)."""
         while True:
             try:
-                raw = self.commands.readline()
+                raw, key = self.commands.read()
             except KeyboardInterrupt:  # a late interrupt between cells: nothing to stop
                 continue
             if not raw:
                 return None
-            record = decode_record(raw.rstrip(b"\n"), self.key, self.rank)
+            record = decode_record(raw.rstrip(b"\n"), key, self.rank)
             seq = record.get("seq") if record else None
             if not isinstance(seq, int) or seq <= self.seq:
                 print(
@@ -231,6 +234,20 @@ class SessionRank:
                 )
             return "pull", {name: namespace[name] for name in payload.pull}
         return ("value", value) if value is not None else ("none", None)
+
+
+class _Pipe:
+    """A local rank's commands: lines on its private pipe, signed with the session's key
+    (the same `read()` as a pod's session_channel.CommandChannel)."""
+
+    def __init__(self, fd: int, key: bytes | None):
+        self.file, self.key = os.fdopen(fd, "rb"), key
+
+    def read(self) -> tuple[bytes, bytes | None]:
+        return self.file.readline(), self.key
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _installed(path: str) -> bool:

@@ -2,15 +2,19 @@
 
 The rank says which port it listens on in a signed record of its pod log; the pod's IP is
 in its status. The link connects there, and both sides prove they hold the job's key
-(session_channel.py's handshake) before any command goes out. A connection that fails or
-drops is tried again with kubeconn's backoff (jitter, a cap); the session gives up on a
-rank that stays unreachable for `give_up_after` seconds
-(`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
-Commands are lines signed by the sender with the job's key and a sequence number; a line
-sent again after a reconnect carries its old number: the link keeps the lines of the
-current cell (`forget` drops them once it is over) and sends them all again on a new
-connection, so a rank that had one refuses it as a replay and one that had not runs it:
-each command runs once, none is lost with a dropped connection.
+(session_channel.py's handshake) before any command goes out. Connecting and the
+handshake (up to CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT against a pod that does not answer)
+run on a helper thread of the link's own (`_Dial`): the supervisor's loop only looks
+whether it is done, so one unreachable rank never holds up the others' output, a cancel
+or a cell's end. A connection that fails or drops is tried again with kubeconn's backoff
+(jitter, a cap); the session gives up on a rank that stays unreachable for `give_up_after`
+seconds (`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
+Commands are lines signed with the connection's key (session_channel.connection_key: the
+job's key over both handshake nonces) and carry a sequence number; a command sent again
+after a reconnect keeps its old number, signed for the new connection: the link keeps the
+commands of the current cell (`forget` drops them once it is over) and sends them all
+again on a new connection, so a rank that had one refuses it as a replay and one that had
+not runs it: each command runs once, none is lost with a dropped connection.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import contextlib
 import logging
 import secrets
 import socket
+import threading
 import time
 from typing import Any
 
 from ... import kubeconn
 from ...runtime.protocol import decode_record, encode_record
-from ...runtime.session_channel import HANDSHAKE_TIMEOUT, HELLO
+from ...runtime.session_channel import HANDSHAKE_TIMEOUT, HELLO, MAX_HELLO, connection_key
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -37,17 +42,88 @@ class LinkError(Exception):
     pass
 
 
+class _Dial:
+    """One connection attempt, on a thread of its own; the loop looks at `done`."""
+
+    def __init__(self, link: RankLink, host: str, port: int, now: float):
+        self.started = now
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.abandoned = False
+        self.result: tuple[socket.socket, bytes] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run,
+            args=(link.rank, link.key, host, port),
+            name=f"session-link-{link.rank}",
+            daemon=True,
+        )
+
+    def _run(self, rank: int, key: bytes, host: str, port: int) -> None:
+        result: tuple[socket.socket, bytes] | None = None
+        error: BaseException | None = None
+        try:
+            result = connect(rank, key, host, port)
+        except Exception as exc:  # noqa: BLE001 - every failure is the link's to retry
+            error = exc
+        with self.lock:
+            if self.abandoned and result is not None:
+                with contextlib.suppress(OSError):
+                    result[0].close()
+                result = None
+            self.result, self.error = result, error
+        self.done.set()
+
+    def abandon(self) -> None:
+        """Nobody wants this connection any more (closed, or the rank moved)."""
+        with self.lock:
+            self.abandoned = True
+            if self.result is not None:
+                with contextlib.suppress(OSError):
+                    self.result[0].close()
+                self.result = None
+
+
+def connect(rank: int, key: bytes, host: str, port: int) -> tuple[socket.socket, bytes]:
+    """A connection to the rank that proved the job's key, and its key (blocking)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+    try:
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT  # the whole handshake, by the clock
+        reader = sock.makefile("rb")
+
+        def line(limit: int) -> bytes:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            return reader.readline(limit).rstrip(b"\n")
+
+        greeting = line(256)
+        if not greeting.startswith(HELLO):
+            raise LinkError("the pod's port answered without the session's greeting")
+        rank_nonce, nonce = greeting[len(HELLO) :].decode(errors="replace"), secrets.token_hex(16)
+        hello = {"type": "hello", "rank_nonce": rank_nonce, "nonce": nonce}
+        sock.sendall(encode_record(hello, key, rank))
+        reply = decode_record(line(MAX_HELLO), key, rank)
+        if not reply or reply.get("type") != "hello_ok" or reply.get("nonce") != nonce:
+            raise LinkError("the pod's port did not prove the session's key")
+        sock.settimeout(SEND_TIMEOUT)
+        return sock, connection_key(key, rank_nonce, nonce)
+    except BaseException:
+        sock.close()
+        raise
+
+
 class RankLink:
     def __init__(self, rank: int, key: bytes, give_up_after: float):
         self.rank, self.key, self.give_up_after = rank, key, give_up_after
         self.host: str | None = None
         self.port: int | None = None
         self.sock: socket.socket | None = None
+        self.conn_key: bytes | None = None  # what this connection's commands are signed with
+        self.dial: _Dial | None = None  # the connection being made
         self.failures = 0
         self.retry_at = 0.0
         self.down_since: float | None = None  # since when a known address fails
         self.last_error: str | None = None
-        self.window: list[bytes] = []  # the current cell's lines: sent again on reconnect
+        self.window: list[dict[str, Any]] = []  # the current cell's commands: sent again
 
     @property
     def up(self) -> bool:
@@ -64,77 +140,75 @@ class RankLink:
         return self.sock.fileno()
 
     def close(self) -> None:
+        if self.dial is not None:
+            self.dial.abandon()
+            self.dial = None
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.close()
-            self.sock = None
+            self.sock, self.conn_key = None, None
 
     def gave_up(self, now: float) -> bool:
         return self.down_since is not None and now - self.down_since > self.give_up_after
 
     def ensure(self, now: float) -> bool:
-        """Connected (trying now when due); False while not."""
+        """Connected; False while not (a connection is made meanwhile, when due: this
+        never waits for it)."""
         if self.sock is not None:
             return True
+        dial = self.dial
+        if dial is not None:
+            if not dial.done.is_set():
+                return False
+            self.dial = None
+            if dial.result is None:
+                error = dial.error or LinkError("the connection was abandoned")
+                self._failed(now, error, since=dial.started)
+                return False
+            self.sock, self.conn_key = dial.result
+            self.failures, self.down_since, self.last_error = 0, None, None
+            try:
+                for command in self.window:
+                    self.sock.sendall(self._encode(command))
+            except OSError as exc:
+                self._failed(now, exc)
+            return self.sock is not None
         if self.host is None or self.port is None or now < self.retry_at:
             return False
+        dial = _Dial(self, self.host, self.port, now)
         try:
-            self.sock = self._connect()
-        except (OSError, LinkError) as exc:
+            dial.thread.start()
+        except RuntimeError as exc:  # no thread to be had: as a failed connection
             self._failed(now, exc)
             return False
-        self.failures, self.down_since, self.last_error = 0, None, None
-        try:
-            for line in self.window:
-                self.sock.sendall(line)
-        except OSError as exc:
-            self._failed(now, exc)
-        return self.sock is not None
+        self.dial = dial
+        return False
 
     def forget(self) -> None:
-        """The cell is over: its lines need no resending."""
+        """The cell is over: its commands need no resending."""
         self.window = []
 
-    def _failed(self, now: float, exc: BaseException) -> None:
+    def _failed(self, now: float, exc: BaseException, since: float | None = None) -> None:
+        """Down since `since` (when the failed try began; else now), tried again later."""
         self.close()
         self.failures += 1
         self.last_error = str(exc) or type(exc).__name__
         if self.down_since is None:
-            self.down_since = now
+            self.down_since = now if since is None else since
         self.retry_at = now + BACKOFF.delay(self.failures)
         log.debug("session link to rank %d: %s", self.rank, self.last_error)
 
-    def _connect(self) -> socket.socket:
-        assert self.host is not None and self.port is not None
-        sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT)
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            reader = sock.makefile("rb")
-            line = reader.readline(256).rstrip(b"\n")
-            if not line.startswith(HELLO):
-                raise LinkError("the pod's port answered without the session's greeting")
-            nonce = secrets.token_hex(16)
-            hello = {"type": "hello", "rank_nonce": line[len(HELLO) :].decode(), "nonce": nonce}
-            sock.sendall(encode_record(hello, self.key, self.rank))
-            reply = decode_record(reader.readline(65536).rstrip(b"\n"), self.key, self.rank)
-            if not reply or reply.get("type") != "hello_ok" or reply.get("nonce") != nonce:
-                raise LinkError("the pod's port did not prove the session's key")
-            sock.settimeout(SEND_TIMEOUT)
-            return sock
-        except BaseException:
-            sock.close()
-            raise
+    def _encode(self, command: dict[str, Any]) -> bytes:
+        assert self.conn_key is not None
+        return encode_record(command, self.conn_key, self.rank)
 
     def send(self, command: dict[str, Any]) -> bool:
         """Send a signed command (sent later, after a reconnect, if the link is down)."""
-        return self.send_line(encode_record(command, self.key, self.rank))
-
-    def send_line(self, line: bytes) -> bool:
-        self.window.append(line)
+        self.window.append(command)
         if self.sock is None:
             return False
         try:
-            self.sock.sendall(line)
+            self.sock.sendall(self._encode(command))
             return True
         except OSError as exc:
             self._failed(time.monotonic(), exc)
