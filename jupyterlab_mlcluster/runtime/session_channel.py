@@ -127,7 +127,7 @@ class CommandChannel:
         self.paused_until: float | None = None
         # Authenticated connections, newest last: one thread reads them in turn (a newer
         # one shuts the one before down), so no thread is started after this.
-        self.authenticated: queue.Queue[tuple[socket.socket, bytes]] = queue.Queue()
+        self.authenticated: queue.Queue[tuple[socket.socket, bytes] | None] = queue.Queue()
         port = int(os.environ.get("MLCLUSTER_SESSION_PORT", "0") or 0)
         # Both IPv4 and IPv6 where the pod has both (a pod IP may be either).
         dual = socket.has_dualstack_ipv6()
@@ -147,9 +147,15 @@ class CommandChannel:
         return self.lines.get()
 
     def close(self) -> None:
-        """Stop listening (the listening thread ends within a second)."""
+        """Stop listening and reading (the listening thread ends within a second)."""
         with contextlib.suppress(OSError):
             self.server.close()
+        with self.lock:
+            current = self.current
+        if current is not None:
+            with contextlib.suppress(OSError):
+                current.shutdown(socket.SHUT_RDWR)
+        self.authenticated.put(None)
 
     def _watch(self) -> None:
         while True:
@@ -188,7 +194,8 @@ class CommandChannel:
         now = time.monotonic()
         if self.paused_until is not None and now >= self.paused_until:
             self.paused_until = None
-            self.selector.register(self.server, selectors.EVENT_READ)
+            with contextlib.suppress(KeyError):  # (registered already)
+                self.selector.register(self.server, selectors.EVENT_READ)
         waits = [1.0] + [h.deadline - now for h in self.pending.values()]
         if self.paused_until is not None:
             waits.append(self.paused_until - now)
@@ -202,7 +209,8 @@ class CommandChannel:
                 else:  # out of descriptors or buffers: pause, then go on
                     self.pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], 2 * self.pause))
                     self.paused_until = time.monotonic() + self.pause
-                    self.selector.unregister(self.server)
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.selector.unregister(self.server)
             elif self.pending.get(selected.fileobj) is selected.data:  # type: ignore[call-overload]
                 self._advance(selected.data)
         now = time.monotonic()
@@ -324,7 +332,10 @@ class CommandChannel:
 
     def _read(self) -> None:
         while True:
-            conn, conn_key = self.authenticated.get()
+            item = self.authenticated.get()
+            if item is None:
+                return  # closed
+            conn, conn_key = item
             try:
                 with conn, conn.makefile("rb") as reader:
                     while True:

@@ -355,6 +355,58 @@ def test_a_rank_that_cannot_be_reached_ends_the_session_saying_so(
         session.cell("1")
 
 
+# Rank 1's own code makes its port a tarpit (it accepts, and never greets): the
+# supervisor's reconnect hangs there up to its connect and handshake timeouts (~15 s).
+# Rank 0 prints on until cancelled.
+TARPIT = """
+import gc, os, socket, threading, time
+if os.environ["RANK"] == "1":
+    (channel,) = [o for o in gc.get_objects() if type(o).__name__ == "CommandChannel"]
+    channel.server.shutdown(socket.SHUT_RDWR)
+    channel.server.close()
+    tarpit = socket.create_server(("", channel.port))
+    held = []
+
+    def hold():
+        while True:
+            held.append(tarpit.accept()[0])
+            open({mark!r}, "a").write("dialled")
+
+    threading.Thread(target=hold, daemon=True).start()
+    channel.current.shutdown(socket.SHUT_RDWR)
+else:
+    while True:
+        print("tick", flush=True)
+        time.sleep(0.1)
+"""
+
+
+def test_a_rank_that_never_answers_its_reconnect_holds_up_no_output_and_no_cancel(
+    k8s, player, kube, kube_namespace, tmp_path
+):
+    service = k8s(kill_grace_period=2)
+    session = start(service, player)
+    mark = tmp_path / "dialled"
+    cell = session.cell(TARPIT.format(mark=str(mark)))
+    wait_for(mark.exists, timeout=60, message="the supervisor dialling rank 1's tarpit")
+
+    def ticks() -> int:
+        return sum(line == "0:tick" for line in log_text(service, cell.id))
+
+    # While that dial hangs (10 s, the handshake's timeout), rank 0's output streams on and
+    # a cancel is acted on at once: a dial inside the supervisor's loop held both.
+    now, since = ticks(), time.monotonic()
+    wait_for(lambda: ticks() >= now + 5, timeout=30, message="rank 0's output")
+    assert time.monotonic() - since < 6, "rank 0's output waited for rank 1's dial"
+    asked = time.monotonic()
+    final = service.cancel(cell.id, wait=True)
+    assert final.state == "cancelled", final.error
+    assert time.monotonic() - asked < 6, "the cancel waited for rank 1's dial"
+    sessions.stop_session(service, None, "llm")
+    wait_for(lambda: objects_of(kube, kube_namespace, session.holder_id) == {}, timeout=60)
+    player.kill_deleted()
+
+
 def fresh_pods(session: Session, player: ClusterPlayer) -> None:
     """The pods of the session's next attempt, played as the first ones were."""
     player.kill_deleted()
