@@ -31,7 +31,12 @@ from helpers import wait_for
 from jupyterlab_mlcluster.backends.kubernetes.session_link import RankLink
 from jupyterlab_mlcluster.runtime import session_channel
 from jupyterlab_mlcluster.runtime.payload import Payload
-from jupyterlab_mlcluster.runtime.protocol import KEY_FILE, OutputParser, encode_record
+from jupyterlab_mlcluster.runtime.protocol import (
+    KEY_FILE,
+    OutputParser,
+    decode_record,
+    encode_record,
+)
 from jupyterlab_mlcluster.runtime.session_channel import HELLO, CommandChannel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,7 +142,7 @@ def connected(link: RankLink, timeout: float = 30) -> bool:
     while time.monotonic() < deadline:
         if link.ensure(time.monotonic()):
             return True
-        if getattr(link, "dial", None) is None and link.failures:  # (no dial: failed)
+        if getattr(link, "wire", None) is None and link.failures:  # (no dial: failed)
             return False
         time.sleep(0.01)
     return False
@@ -362,6 +367,29 @@ def test_a_dropped_connections_commands_are_sent_again_signed_for_the_next(rank_
     wait_for(lambda: "RAN next" in rank.stdout, timeout=30, message="the next cell")
     assert rank.stdout.count("RAN once") == 1
     link.close()
+
+
+def test_a_rank_that_stops_reading_holds_up_no_send():
+    # A partitioned pod, or one whose reading is stuck: once its buffers are full, a
+    # blocking send of a cell (megabytes) held the supervisor's loop up to SEND_TIMEOUT.
+    key = secrets.token_bytes(32)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        link = link_to(server.getsockname()[1], key)
+        assert not link.ensure(time.monotonic())  # dialling, on the link's own thread
+        conn, _ = server.accept()
+        with conn:
+            nonce = secrets.token_hex(16)
+            conn.sendall(HELLO + nonce.encode() + b"\n")
+            hello = decode_record(conn.makefile("rb").readline().rstrip(b"\n"), key, 0)
+            assert hello and hello["rank_nonce"] == nonce
+            conn.sendall(encode_record({"type": "hello_ok", "nonce": hello["nonce"]}, key, 0))
+            assert connected(link)
+            big = {**cell("x = 1", "c1"), "pushed": "p" * 2**25, "seq": 1}
+            started = time.monotonic()
+            assert link.send(big)
+            assert link.send({"type": "interrupt", "job": "c1", "seq": 2})
+            assert time.monotonic() - started < 3
+            link.close()
 
 
 def test_a_forged_hello_or_one_for_another_nonce_gets_no_channel():

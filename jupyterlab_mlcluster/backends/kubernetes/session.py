@@ -7,11 +7,11 @@ the same deletion at the end. What differs: the pods run runtime/session_worker.
 ($MLCLUSTER_SESSION in their environment) and serve cells instead of running one payload:
 
 - each rank listens on a port it names in a signed record of its pod log; a `RankLink`
-  (session_link.py) connects to the pod's IP there (on a helper thread: this loop never
-  waits for a rank), both sides proving the job's key, and carries the sequence-numbered
-  commands signed for that connection; dropped, it reconnects with backoff, and
-  a rank unreachable for `MLClusterConfig.kubernetes_session_channel_timeout` ends the
-  session, saying so;
+  (session_link.py) connects to the pod's IP there (connecting and writing on a thread
+  of its own: this loop never waits for a rank), both sides proving the job's key, and
+  carries the sequence-numbered commands signed for that connection; dropped, it
+  reconnects with backoff, and a rank unreachable for
+  `MLClusterConfig.kubernetes_session_channel_timeout` ends the session, saying so;
 - a cell (a job stored `starting` naming this session; the local session's FIFO and store
   scan find it: backends/local/session.py's `_Server`) is claimed and sent to every rank
   with its payload inline; the ranks' output streams back through the pod logs into the

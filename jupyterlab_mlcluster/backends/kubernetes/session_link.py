@@ -3,12 +3,14 @@
 The rank says which port it listens on in a signed record of its pod log; the pod's IP is
 in its status. The link connects there, and both sides prove they hold the job's key
 (session_channel.py's handshake) before any command goes out. Connecting and the
-handshake (up to CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT against a pod that does not answer)
-run on a helper thread of the link's own (`_Dial`): the supervisor's loop only looks
-whether it is done, so one unreachable rank never holds up the others' output, a cancel
-or a cell's end. A connection that fails or drops is tried again with kubeconn's backoff
-(jitter, a cap); the session gives up on a rank that stays unreachable for `give_up_after`
-seconds (`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
+handshake (up to CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT against a pod that does not answer),
+then writing the commands (a cell's payload is megabytes, and a pod that stopped reading
+takes none: up to SEND_TIMEOUT), run on a thread of the link's own (`_Wire`): the
+supervisor's loop only looks whether it is connected and queues what it sends, so one
+unreachable rank never holds up the others' output, a cancel or a cell's end. A
+connection that fails or drops is tried again with kubeconn's backoff (jitter, a cap); the
+session gives up on a rank that stays unreachable for `give_up_after` seconds
+(`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
 Commands are lines signed with the connection's key (session_channel.connection_key: the
 job's key over both handshake nonces) and carry a sequence number; a command sent again
 after a reconnect keeps its old number, signed for the new connection: the link keeps the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import secrets
 import socket
 import threading
@@ -42,16 +45,21 @@ class LinkError(Exception):
     pass
 
 
-class _Dial:
-    """One connection attempt, on a thread of its own; the loop looks at `done`."""
+class _Wire:
+    """One connection to the rank, on a thread of its own: made (connect, the handshake),
+    then writing what `send` queued, so that the supervisor's loop waits on no rank: not
+    on a dial to a pod that does not answer, nor on a send to one that stopped reading
+    (a cell's payload is megabytes). `ready` is set once connected or failed; `error`
+    says why it failed or stopped writing. Only this thread closes the socket (the loop
+    may be reading it: check_closed), once `close` was called."""
 
     def __init__(self, link: RankLink, host: str, port: int, now: float):
         self.started = now
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.abandoned = False
-        self.result: tuple[socket.socket, bytes] | None = None
+        self.ready = threading.Event()
+        self.sock: socket.socket | None = None
+        self.key: bytes | None = None  # the connection's (session_channel.connection_key)
         self.error: BaseException | None = None
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.thread = threading.Thread(
             target=self._run,
             args=(link.rank, link.key, host, port),
@@ -60,28 +68,32 @@ class _Dial:
         )
 
     def _run(self, rank: int, key: bytes, host: str, port: int) -> None:
-        result: tuple[socket.socket, bytes] | None = None
-        error: BaseException | None = None
         try:
-            result = connect(rank, key, host, port)
+            sock, conn_key = connect(rank, key, host, port)
         except Exception as exc:  # noqa: BLE001 - every failure is the link's to retry
-            error = exc
-        with self.lock:
-            if self.abandoned and result is not None:
-                with contextlib.suppress(OSError):
-                    result[0].close()
-                result = None
-            self.result, self.error = result, error
-        self.done.set()
+            self.error = exc
+            self.ready.set()
+            return
+        self.sock, self.key = sock, conn_key
+        self.ready.set()
+        try:
+            while (data := self.outbox.get()) is not None:
+                if self.error is None:
+                    try:
+                        sock.sendall(data)
+                    except OSError as exc:
+                        self.error = exc  # the loop sees it; what follows is dropped
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
 
-    def abandon(self) -> None:
-        """Nobody wants this connection any more (closed, or the rank moved)."""
-        with self.lock:
-            self.abandoned = True
-            if self.result is not None:
-                with contextlib.suppress(OSError):
-                    self.result[0].close()
-                self.result = None
+    def send(self, data: bytes) -> None:
+        self.outbox.put(data)
+
+    def close(self) -> None:
+        """Nobody wants this connection any more: what was queued is written, then it is
+        closed (a dial still going is closed when it ends)."""
+        self.outbox.put(None)
 
 
 def connect(rank: int, key: bytes, host: str, port: int) -> tuple[socket.socket, bytes]:
@@ -116,9 +128,9 @@ class RankLink:
         self.rank, self.key, self.give_up_after = rank, key, give_up_after
         self.host: str | None = None
         self.port: int | None = None
-        self.sock: socket.socket | None = None
+        self.wire: _Wire | None = None  # the connection, made or being made
+        self.sock: socket.socket | None = None  # the wire's, once made
         self.conn_key: bytes | None = None  # what this connection's commands are signed with
-        self.dial: _Dial | None = None  # the connection being made
         self.failures = 0
         self.retry_at = 0.0
         self.down_since: float | None = None  # since when a known address fails
@@ -127,7 +139,7 @@ class RankLink:
 
     @property
     def up(self) -> bool:
-        return self.sock is not None
+        return self.sock is not None and self.wire is not None and self.wire.error is None
 
     def address(self, host: str | None, port: int | None) -> None:
         if (host, port) != (self.host, self.port):
@@ -140,13 +152,9 @@ class RankLink:
         return self.sock.fileno()
 
     def close(self) -> None:
-        if self.dial is not None:
-            self.dial.abandon()
-            self.dial = None
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.close()
-            self.sock, self.conn_key = None, None
+        if self.wire is not None:
+            self.wire.close()
+        self.wire, self.sock, self.conn_key = None, None, None
 
     def gave_up(self, now: float) -> bool:
         return self.down_since is not None and now - self.down_since > self.give_up_after
@@ -154,34 +162,30 @@ class RankLink:
     def ensure(self, now: float) -> bool:
         """Connected; False while not (a connection is made meanwhile, when due: this
         never waits for it)."""
-        if self.sock is not None:
-            return True
-        dial = self.dial
-        if dial is not None:
-            if not dial.done.is_set():
+        wire = self.wire
+        if wire is not None:
+            if not wire.ready.is_set():
                 return False
-            self.dial = None
-            if dial.result is None:
-                error = dial.error or LinkError("the connection was abandoned")
-                self._failed(now, error, since=dial.started)
+            if wire.error is not None:
+                # Down since the dial began, or now for a connection that stopped writing.
+                since = wire.started if self.sock is None else None
+                self._failed(now, wire.error, since=since)
                 return False
-            self.sock, self.conn_key = dial.result
-            self.failures, self.down_since, self.last_error = 0, None, None
-            try:
+            if self.sock is None:  # just made: what the cell sent so far goes again
+                self.sock, self.conn_key = wire.sock, wire.key
+                self.failures, self.down_since, self.last_error = 0, None, None
                 for command in self.window:
-                    self.sock.sendall(self._encode(command))
-            except OSError as exc:
-                self._failed(now, exc)
-            return self.sock is not None
+                    wire.send(self._encode(command))
+            return True
         if self.host is None or self.port is None or now < self.retry_at:
             return False
-        dial = _Dial(self, self.host, self.port, now)
+        wire = _Wire(self, self.host, self.port, now)
         try:
-            dial.thread.start()
+            wire.thread.start()
         except RuntimeError as exc:  # no thread to be had: as a failed connection
             self._failed(now, exc)
             return False
-        self.dial = dial
+        self.wire = wire
         return False
 
     def forget(self) -> None:
@@ -203,31 +207,27 @@ class RankLink:
         return encode_record(command, self.conn_key, self.rank)
 
     def send(self, command: dict[str, Any]) -> bool:
-        """Send a signed command (sent later, after a reconnect, if the link is down)."""
+        """Queue a signed command for the rank (sent again after a reconnect, and first
+        then if the link is down); never waits for the rank."""
         self.window.append(command)
-        if self.sock is None:
+        if not self.up:
             return False
-        try:
-            self.sock.sendall(self._encode(command))
-            return True
-        except OSError as exc:
-            self._failed(time.monotonic(), exc)
-            return False
+        assert self.wire is not None
+        self.wire.send(self._encode(command))
+        return True
 
     def check_closed(self) -> None:
-        """The rank never writes after the handshake: readable means closed (or garbage)."""
+        """The rank never writes after the handshake: readable means closed (or garbage).
+        Called for a link select() found readable: this recv does not wait (and leaves the
+        socket as the writing thread has it)."""
         if self.sock is None:
             return
         try:
-            self.sock.setblocking(False)
-            data = self.sock.recv(4096)
+            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._failed(time.monotonic(), exc)
             return
-        finally:
-            if self.sock is not None:
-                self.sock.settimeout(SEND_TIMEOUT)
         if not data:
             self._failed(time.monotonic(), LinkError("the rank closed the connection"))
