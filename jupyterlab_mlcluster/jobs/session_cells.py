@@ -1,4 +1,5 @@
-"""One cell running in a session, whichever backend's ranks run it (jobs/sessions.py).
+"""A session's cells, whichever backend's ranks run them (jobs/sessions.py): the ones
+waiting (`SessionInbox`) and the one running (`SessionCell`).
 
 The session's supervisor (backends/local/session.py: ranks on this machine;
 backends/kubernetes/session.py: ranks in pods) delivers the cell to its ranks and hears back
@@ -12,19 +13,27 @@ ranks that never reported are cancelled, and the cell's followers are woken at o
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .. import patterns
 from . import lifecycle
 from .lifecycle import Outcome, OutcomeKind
 from .model import JobState, RankState
+from .sessions import FIFO_NAME
+from .storage.store import UnknownJob
 from .storage.watch import ENDED
 
 if TYPE_CHECKING:
     from .running.supervisor import JobContext
     from .storage.store import JobStore
+
+SCAN_INTERVAL = 1.0  # the store scan behind the FIFO's wake-ups
+MAX_PENDING = 256  # wake-ups queued at most (a flood of them is dropped)
 
 
 class SessionCell:
@@ -140,3 +149,89 @@ def mark_ended(store: JobStore, job_id: str) -> None:
     """Wake the cell's followers (the kernel's monitor) at once, as a job's supervisor does."""
     with contextlib.suppress(OSError):
         (store.job_dir(job_id) / ENDED).touch()
+
+
+class SessionInbox:
+    """The cells waiting for a session's supervisor, across the session's incarnations:
+    woken by one line in the FIFO in the holder's job directory (sessions.poke_session: a
+    hint, checked against the store), backed by a scan of the store every SCAN_INTERVAL;
+    a restart request; the cells run and the idle clock; at the end, no cell left waiting."""
+
+    def __init__(self, ctx: JobContext):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.holder = ctx.job
+        self.pending: collections.deque[str] = collections.deque()
+        self.restart_requested = False
+        self.last_activity = time.monotonic()
+        self.last_scan = 0.0
+        row = self.store.session_row(self.holder.id) or {}
+        self.cells = int(row.get("cells") or 0)
+        path = self.store.job_dir(self.holder.id) / FIFO_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a previous supervisor's (this one respawned)
+        os.mkfifo(path, 0o600)
+        # Read-write: the FIFO never reads as closed between writers.
+        self.fifo = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.fifo_path = path
+        self.fifo_buffer = b""
+
+    def close(self) -> None:
+        os.close(self.fifo)
+        with contextlib.suppress(OSError):
+            self.fifo_path.unlink()
+
+    # -- news --------------------------------------------------------------------------
+
+    def read_fifo(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fifo, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.fifo_buffer += data
+        *lines, self.fifo_buffer = self.fifo_buffer.split(b"\n")
+        self.fifo_buffer = self.fifo_buffer[-4096:]
+        for line in lines:
+            what, _, arg = line.decode("utf-8", "replace").partition(" ")
+            if what == "cell":
+                self.add_pending(arg.strip())
+            elif what == "restart":
+                self.scan(force=True)
+            # "cancel": the loop polls the running cell's cancel flag below
+
+    def add_pending(self, cell_id: str, current: str | None = None) -> None:
+        # A wake-up is a hint (the store scan finds every waiting cell anyway): one that
+        # is no job id, or past MAX_PENDING, is dropped, so a flood of them neither grows
+        # this queue nor delays a real cell behind it.
+        if (
+            patterns.matches(patterns.JOB_ID, cell_id)
+            and cell_id != current
+            and len(self.pending) < MAX_PENDING
+            and cell_id not in self.pending
+        ):
+            self.pending.append(cell_id)
+
+    def scan(self, current: str | None = None, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_scan < SCAN_INTERVAL:
+            return
+        self.last_scan = now
+        for cell_id in self.store.session_cells(self.holder.id, [str(JobState.STARTING)]):
+            self.add_pending(cell_id, current)
+        row = self.store.session_row(self.holder.id) or {}
+        if row.get("restart_requested"):
+            self.restart_requested = True
+
+    def end_waiting_cells(self, why: str | None = None) -> None:
+        """No cell of an ended session stays waiting or running."""
+        why = why or f"the session ended: {self.ctx.job.reason or self.ctx.job.error or 'stopped'}"
+        for cell_id in self.store.session_cells(
+            self.holder.id, [str(JobState.STARTING), str(JobState.RUNNING)]
+        ):
+            with contextlib.suppress(UnknownJob):
+                self.store.transition(cell_id, JobState.FAILED, error=why, reason=why)
+                mark_ended(self.store, cell_id)
+        self.pending.clear()

@@ -12,8 +12,8 @@ the same deletion at the end. What differs: the pods run runtime/session_worker.
   carries the sequence-numbered commands signed for that connection; dropped, it
   reconnects with backoff, and a rank unreachable for
   `MLClusterConfig.kubernetes_session_channel_timeout` ends the session, saying so;
-- a cell (a job stored `starting` naming this session; the local session's FIFO and store
-  scan find it: backends/local/session.py's `_Server`) is claimed and sent to every rank
+- a cell (a job stored `starting` naming this session; the session's FIFO and store scan
+  find it, as locally: jobs/session_cells.py's `SessionInbox`) is claimed and sent to every rank
   with its payload inline; the ranks' output streams back through the pod logs into the
   cell's logs, and each rank's signed `cell_done` (after its output, in the same stream)
   finishes the cell as locally: succeeded with rank 0's result (its signed chunks), failed
@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import select
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -43,9 +42,8 @@ from typing import TYPE_CHECKING, Any, cast
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
-from ...jobs.session_cells import SessionCell, mark_ended
+from ...jobs.session_cells import SessionCell, SessionInbox, mark_ended
 from ...jobs.storage.store import UnknownJob
-from ..local.session import _Server
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
@@ -80,7 +78,7 @@ class SessionRun(JobRun):
             "MLCLUSTER_SESSION_ORPHAN_TIMEOUT": f"{orphan:g}",
         }
         self.spec = dataclasses.replace(self.spec, env=env)
-        self.server = _Server(ctx, None, None, None, None, None)  # FIFO, waiting cells, counts
+        self.server = SessionInbox(ctx)  # the FIFO, the waiting cells, the counts
 
     def run(self) -> None:
         ctx = self.ctx
@@ -114,11 +112,8 @@ class SessionRun(JobRun):
                 self.server.end_waiting_cells(f"the session ended: {outcome.message}")
                 lifecycle.finish(ctx, outcome)
         finally:
-            server = self.server
-            os.close(server.fifo)
-            with contextlib.suppress(OSError):
-                server.fifo_path.unlink()
-            server.end_waiting_cells()
+            self.server.close()
+            self.server.end_waiting_cells()
 
 
 class _Cell(SessionCell):

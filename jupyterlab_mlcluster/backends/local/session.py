@@ -23,7 +23,6 @@ runtime/session_worker.py with a private command pipe on its stdin, and then ser
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -32,12 +31,10 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from ... import patterns
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobState, RankState
-from ...jobs.session_cells import SessionCell, mark_ended
-from ...jobs.sessions import FIFO_NAME
+from ...jobs.session_cells import SessionCell, SessionInbox
 from ...jobs.storage.store import UnknownJob
 from ...runtime.protocol import encode_record, job_key, key_path
 from . import launcher
@@ -48,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
-SCAN_INTERVAL = 1.0  # the store scan behind the FIFO's wake-ups
-MAX_PENDING = 256  # wake-ups queued at most (a flood of them is dropped)
 FIFO_STREAM = "fifo"
 
 
@@ -57,28 +52,12 @@ def serve_session(ctx: JobContext, spec, allocation, launch, sampler, tree) -> N
     _Server(ctx, spec, allocation, launch, sampler, tree).run()
 
 
-class _Server:
+class _Server(SessionInbox):
     """The session across its incarnations (a restart starts fresh ranks, same allocation)."""
 
     def __init__(self, ctx: JobContext, spec, allocation, launch, sampler, tree):
-        self.ctx = ctx
-        self.store = ctx.store
-        self.holder = ctx.job
+        super().__init__(ctx)
         self.gang_args: tuple[Any, Any, Any, Any, Any] = (spec, allocation, launch, sampler, tree)
-        self.pending: collections.deque[str] = collections.deque()
-        self.restart_requested = False
-        self.last_activity = time.monotonic()
-        self.last_scan = 0.0
-        row = self.store.session_row(self.holder.id) or {}
-        self.cells = int(row.get("cells") or 0)
-        path = self.store.job_dir(self.holder.id) / FIFO_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a previous supervisor's (this one respawned)
-        os.mkfifo(path, 0o600)
-        # Read-write: the FIFO never reads as closed between writers.
-        self.fifo = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        self.fifo_path = path
-        self.fifo_buffer = b""
 
     def run(self) -> None:
         attempt = self.holder.restarts
@@ -92,65 +71,8 @@ class _Server:
                 self.ctx.job.restarts = attempt
                 self.ctx.logs.system("[mlcluster] session restarted: fresh ranks, state lost")
         finally:
-            os.close(self.fifo)
-            with contextlib.suppress(OSError):
-                self.fifo_path.unlink()
+            self.close()
             self.end_waiting_cells()
-
-    # -- news --------------------------------------------------------------------------
-
-    def read_fifo(self) -> None:
-        while True:
-            try:
-                data = os.read(self.fifo, 65536)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            self.fifo_buffer += data
-        *lines, self.fifo_buffer = self.fifo_buffer.split(b"\n")
-        self.fifo_buffer = self.fifo_buffer[-4096:]
-        for line in lines:
-            what, _, arg = line.decode("utf-8", "replace").partition(" ")
-            if what == "cell":
-                self.add_pending(arg.strip())
-            elif what == "restart":
-                self.scan(force=True)
-            # "cancel": the loop polls the running cell's cancel flag below
-
-    def add_pending(self, cell_id: str, current: str | None = None) -> None:
-        # A wake-up is a hint (the store scan finds every waiting cell anyway): one that
-        # is no job id, or past MAX_PENDING, is dropped, so a flood of them neither grows
-        # this queue nor delays a real cell behind it.
-        if (
-            patterns.matches(patterns.JOB_ID, cell_id)
-            and cell_id != current
-            and len(self.pending) < MAX_PENDING
-            and cell_id not in self.pending
-        ):
-            self.pending.append(cell_id)
-
-    def scan(self, current: str | None = None, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_scan < SCAN_INTERVAL:
-            return
-        self.last_scan = now
-        for cell_id in self.store.session_cells(self.holder.id, [str(JobState.STARTING)]):
-            self.add_pending(cell_id, current)
-        row = self.store.session_row(self.holder.id) or {}
-        if row.get("restart_requested"):
-            self.restart_requested = True
-
-    def end_waiting_cells(self, why: str | None = None) -> None:
-        """No cell of an ended session stays waiting or running."""
-        why = why or f"the session ended: {self.ctx.job.reason or self.ctx.job.error or 'stopped'}"
-        for cell_id in self.store.session_cells(
-            self.holder.id, [str(JobState.STARTING), str(JobState.RUNNING)]
-        ):
-            with contextlib.suppress(UnknownJob):
-                self.store.transition(cell_id, JobState.FAILED, error=why, reason=why)
-                mark_ended(self.store, cell_id)
-        self.pending.clear()
 
 
 class SessionGang(Gang):
