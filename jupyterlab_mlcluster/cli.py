@@ -489,12 +489,9 @@ def cmd_pool(args: argparse.Namespace) -> int:
         uss = f", {g['uss_bytes'] / mib:.0f} MiB of its own (USS)" if g.get("uss_bytes") else ""
         # (names only: an env-keyed generation's values may be a token)
         keyed = f" keyed by {', '.join(sorted(g['overlay']))}" if g.get("overlay") else ""
-        spares = g.get("spare_ranks", 0)
-        spare = f" (with its spare supervisor and {spares} spare rank(s))" if spares else ""
         print(
             f"generation pid {g['pid']}{'' if g['current'] else ' (outdated environment)'}"
-            f"{keyed}: modules {modules}; memory {pss}{g['rss_bytes'] / mib:.0f} MiB RSS{uss}"
-            f"{spare}; "
+            f"{keyed}: modules {modules}; memory {pss}{g['rss_bytes'] / mib:.0f} MiB RSS{uss}; "
             f"CUDA initialised: {g['cuda_initialized']}; up {g['uptime']:.0f}s, "
             f"idle {g['idle']:.0f}s"
         )

@@ -21,7 +21,6 @@ from typing import Any
 
 from ...jobs.model import JobSpec
 from ...jobs.running.proctree import our_group
-from ...jobs.warm import spares
 
 # Variables of the submitting process that must not leak into ranks: ipykernel's inline
 # matplotlib backend has no frontend in a rank, and stale launcher variables would lie.
@@ -183,7 +182,6 @@ def spawn_cold(
     rank: int, env: dict[str, str], cwd: str | None, stdin: int | None = None
 ) -> RankProcess:
     """`stdin`: a pipe for the rank's fd 0 (a session rank's commands), else /dev/null."""
-    spares.release()  # a warm supervisor's spare ranks, not needed by a cold start
     control_r, control_w = os.pipe()
     env = dict(env)
     env["MLCLUSTER_REPORT"] = f"fd:{control_w}"
@@ -212,11 +210,6 @@ def spawn_forked(
 ) -> RankProcess:
     """Fork this (warm, CUDA-clean, single-threaded) process into a rank (`stdin`: as for
     spawn_cold)."""
-    if stdin is None:
-        spare = spares.take(env, cwd, payload_path)  # forked before the job came
-        if spare is not None:
-            return RankProcess(rank, spare.pid, spare.stdout, spare.stderr, spare.control)
-    spares.release()  # a session's rank reads its stdin: not a spare's
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     control_r, control_w = os.pipe()

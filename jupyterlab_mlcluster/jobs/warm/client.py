@@ -236,25 +236,18 @@ def _retire_other_environments(keep_env: str) -> None:
                 request(Path(info["socket"]), {"op": "stop"}, timeout=1.0)
 
 
-def _memory(pid: int, spare: int | None = None) -> dict[str, int | None]:
-    """A zygote's memory, with its spares' (`spare`: its spare supervisor's pid, whose
-    children are the spare ranks): PSS counts shared pages pro rata, USS only its own."""
+def _memory(pid: int) -> dict[str, int | None]:
+    """A zygote's memory: PSS counts shared pages pro rata, USS only its own."""
     import psutil
 
     try:
-        mems = [psutil.Process(pid).memory_full_info()]
+        mem = psutil.Process(pid).memory_full_info()
     except psutil.Error:
         return {"rss_bytes": None, "pss_bytes": None, "uss_bytes": None}
-    if spare is not None:
-        with contextlib.suppress(psutil.Error):
-            top = psutil.Process(spare)
-            for process in [top, *top.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):  # (one may just have exited)
-                    mems.append(process.memory_full_info())
     return {
-        "rss_bytes": sum(m.rss for m in mems),
-        "pss_bytes": sum(m.pss for m in mems) if hasattr(mems[0], "pss") else None,
-        "uss_bytes": sum(m.uss for m in mems) if hasattr(mems[0], "uss") else None,
+        "rss_bytes": mem.rss,
+        "pss_bytes": getattr(mem, "pss", None),
+        "uss_bytes": getattr(mem, "uss", None),
     }
 
 

@@ -30,7 +30,7 @@ def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str,
     limit = config.warm_pool_max_memory
     if not limit:
         return True
-    sizes = {g["pid"]: _memory(g["pid"], g.get("spare"))["pss_bytes"] or 0 for g in generations}
+    sizes = {g["pid"]: _memory(g["pid"])["pss_bytes"] or 0 for g in generations}
     total = sum(sizes.values())
     for old in list(generations):  # oldest first
         if total <= limit:

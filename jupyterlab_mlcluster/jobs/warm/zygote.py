@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import spares
 from .client import REQUEST_TIMEOUT, _record_refusal, refused_modules
 from .environment import (
     _IMPORT_READS,
@@ -43,9 +42,6 @@ _OWN_MODULES = (
     "psutil",
 )
 SELF_CHECK_INTERVAL = 5.0
-# Seconds after handing its spare supervisor to a job before the zygote forks the next (or
-# as soon as that job's supervisor exits): the job's ranks have the cores first.
-SPARE_AFTER = 1.0
 # In a forked supervisor: what the submitter did about a job it could not serve warm (a
 # generation with the job's values being prepared, or why not); its cold-start note says it.
 _PREPARING: str | None = None
@@ -85,10 +81,6 @@ class Zygote:
         self.last_used = time.monotonic()
         self.running = True
         self.started = time.time()
-        # The spare supervisor (spares.py): its pid and the write end of its job pipe.
-        self.spare: tuple[int, int] | None = None
-        self.spare_due: float | None = 0.0  # when to fork the next one (None: once handed)
-        self.selector = selectors.DefaultSelector()
 
     def preload(self) -> None:
         """Import our own modules, then the requested ones package by package, proving each
@@ -162,21 +154,12 @@ class Zygote:
         os.chmod(tmp, 0o600)
         listener.listen(64)
         os.replace(tmp, self.path)  # appear only when ready
-        self.listener = listener
-        self.selector.register(listener, selectors.EVENT_READ)
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
         last_check = time.monotonic()
         try:
             while self.running:
-                self._keep_spare()
-                wait = 1.0
-                if self.spare_due is not None:
-                    wait = min(wait, max(0.0, self.spare_due - time.monotonic()))
-                for key, _ in self.selector.select(timeout=wait):
-                    if key.fileobj is not listener:  # a supervisor made of a spare exited
-                        self.selector.unregister(key.fileobj)
-                        os.close(key.fd)
-                        self.spare_due = time.monotonic()
-                        continue
+                for _key, _ in selector.select(timeout=1.0):
                     conn, _ = listener.accept()
                     with conn:
                         # Only this user's processes may ask; others are hung up on.
@@ -194,85 +177,6 @@ class Zygote:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             listener.close()
-            self._drop_spare()
-
-    # -- the spare supervisor (spares.py) ------------------------------------------------
-
-    def _keep_spare(self) -> None:
-        """Fork the next spare supervisor when it is due: at once when the zygote starts
-        serving, else once the supervisor made of the last one has exited or SPARE_AFTER
-        seconds after it was handed out (never while a job's ranks are starting: they need
-        the cores more)."""
-        if self.spare is not None or self.spare_due is None or not self.running:
-            return
-        if time.monotonic() < self.spare_due:
-            return
-        problem = self.fork_problem()  # proven before every fork, as for a job's
-        if problem is not None:
-            print(f"warm pool: retiring, no longer fork-safe: {problem}", flush=True)
-            self.running = False  # this generation can never be safe again
-            return
-        ranks = spares.read_hint(self.path.parent)
-        job_r, job_w = os.pipe()
-        zygote = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            os.close(job_w)
-            _spare_supervisor(job_r, ranks, zygote, self.path.parent)
-        os.close(job_r)
-        self.spare = (pid, job_w)
-        self.spare_due = None
-
-    def _hand_to_spare(self, message: dict[str, Any]) -> int | None:
-        """Give a job's message to the spare supervisor; its pid, or None (no spare, or it
-        died): fork one instead."""
-        if self.spare is None:
-            return None
-        pid, job_w = self.spare
-        self.spare = None
-        self.spare_due = time.monotonic() + SPARE_AFTER
-        try:
-            spares.write_all(job_w, json.dumps(message).encode())
-        except OSError:
-            os.close(job_w)
-            self._end_spare(pid)
-            return None
-        os.close(job_w)
-        with contextlib.suppress(OSError):  # (no pidfd: the next spare comes SPARE_AFTER)
-            self.selector.register(os.pidfd_open(pid), selectors.EVENT_READ)
-        return pid
-
-    def _drop_spare(self) -> None:
-        """The zygote stops: its spare supervisor reads end of file and exits (its spare
-        ranks, seeing theirs, too)."""
-        if self.spare is not None:
-            pid, job_w = self.spare
-            self.spare = None
-            os.close(job_w)
-            self._end_spare(pid)
-
-    def _spare_ranks(self) -> int:
-        """How many spare ranks wait now (the spare supervisor's children)."""
-        import psutil
-
-        try:
-            return len(psutil.Process(self.spare[0]).children()) if self.spare else 0
-        except psutil.Error:
-            return 0
-
-    @staticmethod
-    def _end_spare(pid: int) -> None:
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    time.sleep(0.01)
-                    continue
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
 
     def _reap(self) -> None:
         for pid in list(self.children):
@@ -311,7 +215,6 @@ class Zygote:
                 "size": len(self.wanted),
                 "tops": self.tops,
                 "overlay": self.overlay,
-                "spare": self.spare[0] if self.spare else None,
             }
             env = message.get("env")
             if isinstance(env, dict):
@@ -328,9 +231,9 @@ class Zygote:
                 )
             return reply
         if op == "status":
-            from .client import _memory
+            import psutil
 
-            mem = _memory(os.getpid(), self.spare[0] if self.spare else None)
+            mem = psutil.Process().memory_full_info()
             return {
                 "ok": True,
                 "pid": os.getpid(),
@@ -338,8 +241,9 @@ class Zygote:
                 "modules": self.imported,
                 "cuda_initialized": self.cuda_initialized(),
                 "threads": self.thread_count(),
-                **mem,
-                "spare_ranks": self._spare_ranks(),
+                "rss_bytes": mem.rss,
+                "pss_bytes": getattr(mem, "pss", None),
+                "uss_bytes": getattr(mem, "uss", None),
                 "children": len(self.children),
                 "uptime": time.time() - self.started,
                 "idle": time.monotonic() - self.last_used,
@@ -353,13 +257,8 @@ class Zygote:
             if problem is not None:
                 self.running = False  # this generation can never be safe again: retire
                 raise RuntimeError(f"zygote is no longer fork-safe: {problem}")
-            spare = self._hand_to_spare(message)
-            if spare is not None:
-                self.children.add(spare)
-                return {"ok": True, "pid": spare, "watched": _watched_names()}
             pid = os.fork()
             if pid == 0:
-                spares.set_pool(self.path.parent, spares.read_hint(self.path.parent))
                 _run_forked_supervisor(
                     message["store"],
                     message["job"],
@@ -371,68 +270,19 @@ class Zygote:
         raise ValueError(f"unknown op {op!r}")
 
 
-def _spare_supervisor(job_r: int, ranks: int, zygote: int, pool: Path) -> None:
-    """In the fork: a spare supervisor (spares.py). Fork `ranks` spare ranks, wait for a job
-    on `job_r`, become its supervisor; exit at end of file (the zygote stopped or died)."""
-    status = 0
-    try:
-        gc.freeze()  # what the zygote had is not ours to collect (see Zygote.preload)
-        os.setsid()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        _close_fds_except([job_r])  # the zygote's socket and connections among them
-        if os.getppid() == zygote:  # (else the zygote died before the fork returned)
-            spares.fork_ranks(ranks, job_r)
-            data = spares.read_all(job_r)
-            if data:
-                os.close(job_r)
-                message = json.loads(data)
-                spares.set_pool(pool, ranks)
-                _run_forked_supervisor(
-                    message["store"],
-                    message["job"],
-                    message.get("env") or {},
-                    message.get("preparing"),
-                    spare=True,
-                )
-        spares.release()
-    except BaseException:  # noqa: BLE001 - in the zygote's log (fds 1 and 2)
-        import traceback
-
-        traceback.print_exc()
-        status = 1
-    finally:
-        os._exit(status)
-
-
-def _close_fds_except(keep: list[int]) -> None:
-    """Close every descriptor from 3 up but those in `keep`."""
-    low = 3
-    for fd in sorted(k for k in keep if k >= 3):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, _max_fd())
-
-
 def _run_forked_supervisor(
-    store_root: str,
-    job_id: str,
-    env: dict[str, str],
-    preparing: str | None = None,
-    spare: bool = False,
+    store_root: str, job_id: str, env: dict[str, str], preparing: str | None = None
 ) -> None:
     """In the fork: become the job's supervisor, then exit without running any of the
     zygote's exit handlers. `preparing`: what the submitter did for a job no generation
-    fits (said in the job's log if its ranks start cold). `spare`: this is a spare
-    supervisor, in a session of its own already, holding its spare ranks."""
+    fits (said in the job's log if its ranks start cold)."""
     global _IN_ZYGOTE_CHILD, _PREPARING
     status = 1
     try:
         gc.freeze()  # what the zygote had is not ours to collect (see Zygote.preload)
         _IN_ZYGOTE_CHILD = True
         _PREPARING = preparing if isinstance(preparing, str) else None
-        if not spare:
-            os.setsid()
+        os.setsid()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.clear()
@@ -444,7 +294,7 @@ def _run_forked_supervisor(
         os.dup2(devnull, 0)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-        _close_fds_except(spares.held_fds())
+        os.closerange(3, _max_fd())
         _fresh_stdio()
         from ..running.supervisor import main as supervisor_main
 
