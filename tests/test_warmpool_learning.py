@@ -132,6 +132,18 @@ def test_old_generation_serves_while_the_new_one_builds(pool):
     assert [g["pid"] for g in warm.pool_status(pool.config)["generations"]] == [served_by]
 
 
+def test_a_job_waits_for_the_generation_being_built_for_its_wish(pool):
+    """The kernel learned an import and its generation is still being built when the cell
+    comes (slowprobe takes 3 s): the cell waits for that generation rather than start from
+    the nearest one, whose every rank would import what it lacks at once on the cores the
+    build is using."""
+    _, first, _ = run(pool, ["warmprobe"])
+    learned = preload.candidates(["warmprobe", "slowprobe"])
+    assert warm.learn_ahead(pool.config, learned)  # the build starts, in the background
+    loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
+    assert loaded == "warmprobe,slowprobe" and served_by != first
+
+
 def test_the_next_cell_goes_straight_to_the_generation_that_served_it(pool, monkeypatch):
     """A submitter remembers which generation covered its wish: the same wish is sent there
     without asking every generation again; once that one is gone, it chooses afresh."""

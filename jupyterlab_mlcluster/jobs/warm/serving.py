@@ -5,11 +5,13 @@ time, and for a job's own values: an env-keyed generation); learning ahead of th
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .client import (
+    START_TIMEOUT,
     _build_underway,
     _building,
     _generations,
@@ -109,11 +111,32 @@ def _serving(
             return path, False, _prepare_for(config, want, env or {}, [first], first)
         return path, path is not None, None
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
+    built = _await_build(want, nearest.get("overlay"))
+    if built is not None:
+        return built, True, None
     # One build at a time: the next cell's slightly different wish waits for this one's
     # generation (which may cover it) rather than start a second build on the same cores.
     if not _build_underway() and _within_memory(config, current, nearest):
         ensure_zygote(config, wait=False, modules=want, overlay=nearest.get("overlay"))
     return Path(nearest["socket"]), False, None
+
+
+def _await_build(want: list[str], overlay: Mapping[str, str | None] | None) -> Path | None:
+    """The generation for exactly this wish is being built (the kernel learned its import
+    ahead, or an earlier job asked for it): wait for it (until it serves, dies, or
+    START_TIMEOUT). Its socket, or None (no such build, or it never served). Waiting costs
+    the rest of one import; the nearest generation's ranks would each import what it lacks,
+    all at once, on the cores the build is using (a first transformers cell under load:
+    14 s against the build's rest)."""
+    fp = fingerprint(want, overlay=overlay)
+    directory = pool_dir()
+    path = directory / f"zygote-{fp}.sock"
+    deadline = time.monotonic() + START_TIMEOUT
+    while _building(directory, fp) and time.monotonic() < deadline:
+        if _ping(path) is not None:
+            return path
+        time.sleep(0.05)
+    return path if _ping(path) is not None else None
 
 
 def _prepare_for(
