@@ -771,9 +771,9 @@ def test_builder_refuses_an_empty_chunk_list():
             "queue must be a Kubernetes object name",
         ),
         (
-            {"env": {"MLCLUSTER_PAYLOAD": "/x"}},
+            {"env": {"TORCHELASTIC_MAX_RESTARTS": "3"}},
             {"engine": "indexed-job"},
-            "MLCLUSTER_PAYLOAD is set by mlcluster",
+            "TORCHELASTIC_MAX_RESTARTS is set by mlcluster",
         ),
         ({"workers": 6}, {"engine": "pytorchjob", "ranks_per_pod": 4}, "must divide workers"),
         (

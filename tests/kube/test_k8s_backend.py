@@ -479,7 +479,9 @@ def test_submit_refuses_what_cannot_run(k8s, kube_namespace):
         k8s(kubernetes_engine="pytorchjob").submit(spec_of(workers=1), code("1"))
     with pytest.raises(SpecError, match="workers must be at most 256"):
         service.submit(spec_of(workers=1000), code("1"))
-    with pytest.raises(SpecError, match="env MLCLUSTER_PAYLOAD is set by mlcluster"):
+    with pytest.raises(SpecError, match="env TORCHELASTIC_MAX_RESTARTS is set by mlcluster"):
+        service.submit(spec_of(workers=1, env={"TORCHELASTIC_MAX_RESTARTS": "3"}), code("1"))
+    with pytest.raises(SpecError, match="env MLCLUSTER_PAYLOAD: MLCLUSTER_"):
         service.submit(spec_of(workers=1, env={"MLCLUSTER_PAYLOAD": "x"}), code("1"))
     assert service.store.list_jobs() == ([], 0)
 

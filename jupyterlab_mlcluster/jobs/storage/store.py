@@ -789,7 +789,7 @@ class JobStore:
         max_bytes: int = 4 * 1024 * 1024,
         tail: int | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        """See store_logs.read_logs."""
+        """See logs.read_logs (this package)."""
         return store_logs.read_logs(self, job_id, rank, cursor, max_bytes=max_bytes, tail=tail)
 
 
