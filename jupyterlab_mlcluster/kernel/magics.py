@@ -617,6 +617,36 @@ def _shell():
     return get_ipython()
 
 
+# The extension's background threads in the kernel (the first cell's imports, the import
+# learner). A fork of the kernel (accelerate's notebook_launcher, multiprocessing's 'fork')
+# waits for them first, at most FORK_WAIT: a thread caught importing holds that module's
+# import lock, which the forked child finds held forever (CPython re-creates only the global
+# import lock in a child), so a child importing the same module would hang.
+_BACKGROUND: list[threading.Thread] = []
+FORK_WAIT = 5.0
+
+
+def _start_background(target, *args: Any, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    _BACKGROUND[:] = [t for t in _BACKGROUND if t.is_alive()]
+    _BACKGROUND.append(thread)
+    thread.start()
+    return thread
+
+
+def _before_fork() -> None:
+    import time
+
+    deadline = time.monotonic() + FORK_WAIT
+    me = threading.current_thread()
+    for thread in list(_BACKGROUND):
+        if thread is not me:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+os.register_at_fork(before=_before_fork)
+
+
 class _ImportLearner:
     """After each cell: if the kernel imported something since the last look, the warm pool
     may build a generation with it now, in a thread (a cell's reply never waits for it), so
@@ -637,10 +667,7 @@ class _ImportLearner:
         config = magics.service.config
         if not (config.warm_pool and config.warm_pool_learn):
             return
-        self.thread = threading.Thread(
-            target=self._learn, args=(config,), name="mlcluster-learn", daemon=True
-        )
-        self.thread.start()
+        self.thread = _start_background(self._learn, config, name="mlcluster-learn")
 
     @staticmethod
     def _learn(config) -> None:
@@ -664,7 +691,7 @@ def load_ipython_extension(ipython) -> None:
         ipython._last_traceback = None
     # The kernel's environment as its pod started (if no one recorded it yet): Kubernetes
     # jobs' pods install what is pip-installed into it later (environment.py).
-    threading.Thread(target=_record_environment, name="mlcluster-baseline", daemon=True).start()
+    _start_background(_record_environment, name="mlcluster-baseline")
     if transform_cell not in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.append(transform_cell)
 
