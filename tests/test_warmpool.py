@@ -166,6 +166,28 @@ def test_idle_zygote_exits(service, warm, tmp_path, monkeypatch):
     )
 
 
+def test_a_zygote_whose_socket_another_start_took_exits_and_leaves_that_one(
+    service, warm, tmp_path
+):
+    """Two starts of one generation raced (seen in a CI run): the second put its socket
+    where the first's was, and the first listened, unreachable, until its idle timeout
+    (30 min), then removed the second's socket as it left."""
+    import socket
+
+    path = warm_pool.ensure_zygote(service.config, modules=["json"])
+    pid = warm_pool.request(path, {"op": "ping"})["pid"]
+    usurper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = tmp_path / "usurper.sock"
+    usurper.bind(str(tmp))
+    os.replace(tmp, path)  # as a second zygote's start does
+    try:
+        wait_for(lambda: process_gone(pid), timeout=30, message="the unreachable zygote to exit")
+        assert path.exists(), "the leaving zygote removed the other start's socket"
+    finally:
+        usurper.close()
+        path.unlink(missing_ok=True)
+
+
 def test_disabled_pool_starts_nothing(store_dir, monkeypatch, tmp_path):
     from jupyterlab_mlcluster.jobs.service import JobService
 

@@ -81,6 +81,7 @@ class Zygote:
         self.last_used = time.monotonic()
         self.running = True
         self.started = time.time()
+        self.inode: int | None = None  # of the socket file this zygote listens through
 
     def preload(self) -> None:
         """Import our own modules, then the requested ones package by package, proving each
@@ -154,6 +155,7 @@ class Zygote:
         os.chmod(tmp, 0o600)
         listener.listen(64)
         os.replace(tmp, self.path)  # appear only when ready
+        self.inode = os.stat(self.path).st_ino
         selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ)
         last_check = time.monotonic()
@@ -171,12 +173,25 @@ class Zygote:
                     break
                 if now - last_check > SELF_CHECK_INTERVAL:
                     last_check = now
+                    if not self._at_its_path():
+                        # Another start of this generation put its socket where ours was
+                        # (or ours was removed): nobody can reach us any more. Leave now,
+                        # not after the idle timeout.
+                        break
                     if env_fingerprint() != self.env_fp:  # packages changed under us
                         break
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if self._at_its_path():  # never another generation's socket
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
             listener.close()
+
+    def _at_its_path(self) -> bool:
+        """The socket at this generation's path is still the one this zygote listens on."""
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
 
     def _reap(self) -> None:
         for pid in list(self.children):
