@@ -46,6 +46,7 @@ def _stop_zygotes(path: Path) -> None:
     the pid file the build wrote). Again until the pool stays empty for a second, so a
     build that started while we stopped the others is not left behind."""
     from jupyterlab_mlcluster.jobs import warm
+    from jupyterlab_mlcluster.jobs.warm.client import building_pid
 
     quiet_since = time.monotonic()
     deadline = quiet_since + 30
@@ -59,13 +60,13 @@ def _stop_zygotes(path: Path) -> None:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         for pid_file in path.glob("zygote-*.pid"):
-            fp = pid_file.name[len("zygote-") : -len(".pid")]
+            pid = building_pid(path, pid_file.name[len("zygote-") : -len(".pid")])
             try:
-                proc = psutil.Process(int(pid_file.read_text()[:32]))
-                if proc.uids().real == os.getuid() and fp in proc.cmdline():
+                if pid is not None:
+                    proc = psutil.Process(pid)
                     proc.kill()
                     found.append(proc)
-            except (OSError, ValueError, psutil.Error):
+            except psutil.Error:
                 pass
         psutil.wait_procs(found, timeout=10)
         if found:

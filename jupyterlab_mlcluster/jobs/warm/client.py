@@ -170,8 +170,9 @@ def ensure_zygote(
     return None
 
 
-def _building(directory: Path, fp: str) -> bool:
-    """A zygote for this generation is still importing (started, not yet listening)."""
+def building_pid(directory: Path, fp: str) -> int | None:
+    """The pid of this generation's zygote as its pid file names it, while that process is
+    this user's zygote of this generation (started, perhaps still importing); else None."""
     import psutil
 
     try:
@@ -179,9 +180,16 @@ def _building(directory: Path, fp: str) -> bool:
         with os.fdopen(fd) as f:
             pid = int(f.read(32))
         proc = psutil.Process(pid)
-        return proc.uids().real == os.getuid() and fp in proc.cmdline()
+        if proc.uids().real == os.getuid() and fp in proc.cmdline():
+            return pid
     except (OSError, ValueError, psutil.Error):
-        return False
+        pass
+    return None
+
+
+def _building(directory: Path, fp: str) -> bool:
+    """A zygote for this generation is still importing (started, not yet listening)."""
+    return building_pid(directory, fp) is not None
 
 
 def _build_underway() -> bool:
