@@ -270,7 +270,13 @@ def test_attack_forged_or_replayed_commands_to_a_pod_are_refused(
                 1,
             )
         )
-        assert reader.readline() == b""  # closed without a word
+        try:
+            answer = reader.readline()
+        except ConnectionResetError:
+            # Closed while our bytes were still unread: the kernel sends a reset, not an
+            # end of stream (a fresh-clone CI run saw it). Either way, not a word came back.
+            answer = b""
+        assert answer == b""  # closed without a word
 
     # Someone on the wire inside the authenticated stream (played here by completing the
     # handshake with the key, as the supervisor does): a command signed with another key,
