@@ -5,6 +5,7 @@ is, which index settings travel (never credentials), the baseline recorded once.
 from __future__ import annotations
 
 import json
+import os
 
 from jupyterlab_mlcluster import environment
 from jupyterlab_mlcluster.backends.kubernetes.packages import find_cache_volume, index_settings
@@ -186,3 +187,57 @@ def test_only_a_wheel_of_the_notebooks_own_files_is_trusted_from_the_shared_cach
             notes[0]
             == f"the wheel cache's {wheel.name} is not what the notebook has installed: not used"
         )
+
+
+def test_attack_a_wheel_planted_in_the_shared_cache_neither_fails_the_job_nor_is_installed(
+    tmp_path,
+):
+    """Someone who may write the shared wheel cache puts their own tinypkg 0.1 beside the one
+    the notebook checked, under a tag pip prefers (py311 over py3). The pod's first step, run
+    for real in a fresh environment with pip, installs the checked wheel (its private copy)
+    and runs the rank; the planted one is said, never offered to pip, never installed (before,
+    pip got the cache itself, picked the planted wheel, failed its hash check: every job
+    syncing from the cache failed)."""
+    import hashlib
+    import subprocess
+
+    from tests.kube.test_package_sync import REPO, build_wheel, image_env
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    checked = build_wheel(cache, "tinypkg", "0.1", "genuine")
+    digest = hashlib.sha256(checked.read_bytes()).hexdigest()
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    planted = cache / "tinypkg-0.1-py311-none-any.whl"
+    build_wheel(attacker, "tinypkg", "0.1", "planted").rename(planted)
+    pod = image_env(tmp_path / "pod")
+    done = subprocess.run(
+        [
+            str(pod / "bin" / "python"),
+            "-m",
+            "jupyterlab_mlcluster.runtime.sync_packages",
+            str(pod / "bin" / "python"),
+            "-c",
+            "import tinypkg; print('rank imports', tinypkg.VALUE)",
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+            "PYTHONPATH": str(REPO),
+            "PIP_NO_INDEX": "1",  # nothing but the cache: no index to fall back on
+            "MLCLUSTER_SYNC_PACKAGES": json.dumps(["tinypkg==0.1"]),
+            "MLCLUSTER_WHEEL_CACHE": str(cache),
+            "MLCLUSTER_WHEEL_HASHES": json.dumps({"tinypkg==0.1": [digest]}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "rank imports genuine" in out, out
+    installed = next((pod / "lib").glob("python3.*/site-packages/tinypkg/__init__.py"))
+    assert installed.read_text() == "VALUE = 'genuine'\n"
+    assert "installed 1 package (tinypkg==0.1) from the wheel cache" in out, out
+    assert f"the wheel cache's {planted.name} is not the one the notebook checked" in out, out

@@ -9,7 +9,8 @@ COMMAND (the rank's worker, or torchrun). Where from:
 - `$MLCLUSTER_WHEEL_CACHE`, a directory on a volume the pods share, holding wheels the
   notebook put there and checked at submit (`$MLCLUSTER_WHEEL_HASHES`: their sha256): used
   alone (`--no-index --require-hashes`) when it holds such a wheel for every requirement.
-  Others may write that volume: a wheel whose hash differs is never installed (and said);
+  Others may write that volume: pip reads only copies in a private directory whose sha256
+  is the checked one; a wheel whose hash differs is never copied nor installed (and said);
 - else the package index the notebook uses (pip's own configuration: the image's pip.conf,
   and `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`/`PIP_TRUSTED_HOST` the job carries over), without
   the cache.
@@ -86,40 +87,62 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def checked_cache(
-    cache: Path | None, requirements: list[str], hashes: dict[str, list[str]]
+def verified_copies(
+    cache: Path | None, requirements: list[str], hashes: dict[str, list[str]], private: Path
 ) -> tuple[bool, list[str]]:
-    """Whether the cache holds, for every requirement, a wheel the notebook checked at submit
-    (same sha256); and what to say about wheels there that are not (the cache is on a
-    volume others may write: such a wheel is never installed)."""
+    """Copy into `private` (a directory of ours, 0700) the cache's wheels whose copies hash
+    to what the notebook checked at submit; whether every requirement has one, and what to
+    say of the wheels that do not. pip reads the copies alone: a wheel someone planted or
+    swapped in the shared cache is never offered to it (it would pick one with a better
+    tag, then fail its hash check), and what is hashed is what pip installs."""
     if cache is None or not hashes:
         return False, []
     complete, notes = True, []
     for req in requirements:
-        wheels = cache_wheels(cache, req)
-        good = [w for w in wheels if _safe_hash(w) in set(hashes.get(req) or ())]
-        notes += [
-            f"the wheel cache's {w.name} is not the one the notebook checked: not used"
-            for w in wheels
-            if w not in good
-        ]
-        complete = complete and bool(good)
+        allowed = set(hashes.get(req) or ())
+        good = False
+        for wheel in cache_wheels(cache, req):
+            copy = private / wheel.name
+            if _copy_hashed(wheel, copy) in allowed:
+                good = True
+                continue
+            copy.unlink(missing_ok=True)
+            notes.append(
+                f"the wheel cache's {wheel.name} is not the one the notebook checked: not used"
+            )
+        complete = complete and good
     return complete, notes
 
 
-def _safe_hash(path: Path) -> str | None:
+def _copy_hashed(source: Path, target: Path) -> str | None:
+    """Copy a regular file (no link followed, no FIFO waited on) to `target`, new; the
+    sha256 of what was copied, or None where it could not be read."""
+    digest = hashlib.sha256()
     try:
-        return file_sha256(path)
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(out, "wb") as w:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+                    w.write(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def pip_command(
     requirements: list[str], cache: Path | None, hashes: dict[str, list[str]], workdir: Path
 ) -> tuple[list[str], str, list[str]]:
     """The pip invocation, where it installs from ('the wheel cache', 'the package index')
-    and notes. The cache only with every wheel pinned by the hash the notebook saw
-    (`--require-hashes`, so pip checks again as it reads them); else the index alone."""
+    and notes. The cache's verified copies in `workdir` (private) only, with every wheel
+    pinned by the hash the notebook saw (`--require-hashes`, so pip checks again as it reads
+    them), where there is one for every requirement; else the index alone."""
     command = [
         sys.executable,
         "-m",
@@ -132,7 +155,9 @@ def pip_command(
         "--progress-bar",
         "off",
     ]
-    use_cache, notes = checked_cache(cache, requirements, hashes)
+    copies = workdir / "wheels"
+    copies.mkdir(mode=0o700)
+    use_cache, notes = verified_copies(cache, requirements, hashes, copies)
     if not use_cache:
         return command + requirements, "the package index", notes
     lines = [
@@ -141,7 +166,7 @@ def pip_command(
     ]
     pinned = workdir / "requirements.txt"
     pinned.write_text("\n".join(lines) + "\n")
-    command += ["--require-hashes", "--no-index", "--find-links", str(cache), "-r", str(pinned)]
+    command += ["--require-hashes", "--no-index", "--find-links", str(copies), "-r", str(pinned)]
     return command, "the wheel cache", notes
 
 
