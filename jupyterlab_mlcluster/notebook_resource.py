@@ -80,6 +80,67 @@ def owner_error(owner: Any) -> str | None:
     return None
 
 
+# --- whose namespace it is -------------------------------------------------------------------
+
+# Whose namespace it is, written by the platform (`mlcluster manifests --namespace-owner`): the
+# controller refuses notebooks there for anyone else, and no Profile overrides it.
+OWNER_ANNOTATION = "mlcluster.io/owner"
+# What Kubeflow's profile controller writes on the namespace it makes for a Profile (the
+# Profile's owner). It refuses to adopt a namespace that exists without it, but the Profile
+# object stays: only this annotation, or a Ready Profile, says the namespace is the Profile's.
+KUBEFLOW_OWNER_ANNOTATION = "owner"
+
+
+def profile_owner(profile: Mapping[str, Any]) -> str | None:
+    """The user a Kubeflow Profile names as its owner (None: a group, a service account, or
+    a Profile being deleted)."""
+    if profile["metadata"].get("deletionTimestamp"):
+        return None
+    owner = (profile.get("spec") or {}).get("owner") or {}
+    if owner.get("kind") != "User" or not owner.get("name"):
+        return None
+    return str(owner["name"])
+
+
+def _ready(profile: Mapping[str, Any]) -> bool:
+    conditions = (profile.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | None) -> str | None:
+    """Why the Profile does not make its owner the owner of the namespace of its name, or
+    None when it does.
+
+    A Profile is a claim anyone allowed to create Profiles can make, on any name; the
+    Namespace is the platform's. The claim counts only when the Namespace agrees: Kubeflow's
+    owner annotation names the Profile's owner (or the Profile is Ready), and no
+    `mlcluster.io/owner` annotation names someone else (that one always wins)."""
+    name, owner = profile["metadata"]["name"], profile_owner(profile)
+    if owner is None:
+        return f"Profile {name!r} names no user as its owner"
+    if namespace is None:
+        return f"namespace {name!r} of Profile {name!r} does not exist (yet)"
+    annotations = (namespace.get("metadata") or {}).get("annotations") or {}
+    marked = annotations.get(OWNER_ANNOTATION)
+    if marked and marked != owner:
+        return (
+            f"namespace {name!r} belongs to {marked!r} (its {OWNER_ANNOTATION} annotation), "
+            f"not to {owner!r}, the owner Profile {name!r} claims"
+        )
+    if annotations.get(KUBEFLOW_OWNER_ANNOTATION) == owner or _ready(profile):
+        return None
+    found = annotations.get(KUBEFLOW_OWNER_ANNOTATION)
+    said = (
+        f"its {KUBEFLOW_OWNER_ANNOTATION!r} annotation names {found!r}"
+        if found
+        else (f"it has no {KUBEFLOW_OWNER_ANNOTATION!r} annotation")
+    )
+    return (
+        f"namespace {name!r} existed before Profile {name!r} and was not given to {owner!r} "
+        f"({said}, and the Profile is not Ready)"
+    )
+
+
 def validate_notebook_name(name: str) -> None:
     error = notebook_name_error(name)
     if error:

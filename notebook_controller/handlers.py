@@ -42,7 +42,7 @@ from .culling import ProbeError, probe_activity, should_cull
 from .events import mirrored_event, notebook_event, notebook_of_event
 from .kube import KubeClient
 from .metrics import CULLED, RECONCILE_ERRORS, RECONCILES, MetricsServer
-from .namespaces import foreign_owner_error, namespace_owner
+from .namespaces import foreign_owner_error, namespace_ownership
 from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
@@ -124,7 +124,7 @@ class NotebookController:
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
         # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
-        self._namespace_owners: dict[str, tuple[str | None, float]] = {}
+        self._namespace_owners: dict[str, tuple[tuple[str | None, str], float]] = {}
         self.metrics = MetricsServer()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -177,8 +177,9 @@ class NotebookController:
             )
         return self.istio
 
-    async def owner_of_namespace(self, namespace: str) -> str | None:
-        """Who owns `namespace` (namespaces.namespace_owner), read at most every
+    async def owner_of_namespace(self, namespace: str) -> tuple[str | None, str]:
+        """Who owns `namespace`, and why its Profile does not decide that ("" if it does or
+        there is none): namespaces.namespace_ownership, read at most every
         NAMESPACE_OWNER_TTL seconds."""
         assert self.kube is not None
         known = self._namespace_owners.get(namespace)
@@ -187,9 +188,9 @@ class NotebookController:
             return known[0]
         namespace_obj = await self.kube.get("v1", "Namespace", None, namespace)
         profile = await self.kube.get(PROFILE_API_VERSION, "Profile", None, namespace)
-        owner = namespace_owner(namespace_obj, profile)
-        self._namespace_owners[namespace] = (owner, now)
-        return owner
+        ownership = namespace_ownership(namespace_obj, profile)
+        self._namespace_owners[namespace] = (ownership, now)
+        return ownership
 
     async def refusal(self, notebook: Mapping[str, Any]) -> str | None:
         """Why this Notebook gets no children at all: its owner is not one identity, or is not
@@ -199,7 +200,8 @@ class NotebookController:
         if problem:
             return f"refused: {problem}"
         namespace = notebook["metadata"]["namespace"]
-        return foreign_owner_error(owner, namespace, await self.owner_of_namespace(namespace))
+        owned_by, why = await self.owner_of_namespace(namespace)
+        return foreign_owner_error(owner, namespace, owned_by, why)
 
     def _lock(self, key: NotebookKey) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jupyterlab_mlcluster.backends.kubernetes.rbac import notebook_rbac
+from jupyterlab_mlcluster.notebook_resource import OWNER_ANNOTATION, profile_dispute, profile_owner
 
 # Marks namespaces that hold users' notebooks and jobs: the admission policy's binding for job
 # pod templates selects them.
@@ -22,9 +23,6 @@ USER_NAMESPACE_LABEL = "mlcluster.io/user-namespace"
 # namespaces too (notebooks there run as `default-editor`), whoever made them.
 PROFILE_NAMESPACE_LABELS = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT = "default-editor"
-# Whose namespace it is, where no Kubeflow Profile says so: the controller refuses notebooks
-# there for anyone else.
-OWNER_ANNOTATION = "mlcluster.io/owner"
 POD_SECURITY_LEVEL = "baseline"
 
 
@@ -60,23 +58,39 @@ def user_namespace_objects(
     return [user_namespace(name, owner), strict_mtls(name), *notebook_rbac(name, service_account)]
 
 
+def namespace_ownership(
+    namespace: Mapping[str, Any] | None, profile: Mapping[str, Any] | None
+) -> tuple[str | None, str]:
+    """(who owns a namespace, why a Profile of its name does not decide it: "" when none
+    or when it does).
+
+    The `mlcluster.io/owner` annotation, where there is one, else the user of the Kubeflow
+    Profile of that name when the Namespace agrees (notebook_resource.profile_dispute: Bob's
+    Profile named after Alice's existing namespace makes Bob owner of nothing); None when
+    nothing says (a namespace users share)."""
+    annotations = ((namespace or {}).get("metadata") or {}).get("annotations") or {}
+    marked = annotations.get(OWNER_ANNOTATION) or None
+    if profile is None or profile_owner(profile) is None:
+        return marked, ""
+    dispute = profile_dispute(profile, namespace)
+    if dispute is None:
+        return profile_owner(profile), ""
+    return marked, f"Profile not counted: {dispute}"
+
+
 def namespace_owner(
     namespace: Mapping[str, Any] | None, profile: Mapping[str, Any] | None
 ) -> str | None:
-    """Who owns a namespace: the user of the Kubeflow Profile of that name (the server maps a
-    user to the Profile they own, server/user_namespace.py), else the namespace's
-    `mlcluster.io/owner` annotation; None when nothing says (a namespace users share)."""
-    if profile is not None and not profile["metadata"].get("deletionTimestamp"):
-        owner = (profile.get("spec") or {}).get("owner") or {}
-        if owner.get("kind") == "User" and owner.get("name"):
-            return str(owner["name"])
-    annotations = ((namespace or {}).get("metadata") or {}).get("annotations") or {}
-    return annotations.get(OWNER_ANNOTATION) or None
+    """Who owns a namespace (namespace_ownership)."""
+    return namespace_ownership(namespace, profile)[0]
 
 
-def foreign_owner_error(owner: str, namespace_name: str, owned_by: str | None) -> str | None:
+def foreign_owner_error(
+    owner: str, namespace_name: str, owned_by: str | None, why: str = ""
+) -> str | None:
     """Why a Notebook for `owner` may not run in a namespace `owned_by` someone (None: nobody
-    said), or None when it may.
+    said), or None when it may; `why`: what namespace_ownership said of the namespace's
+    Profile, so the status says why a Profile its owner made did not count.
 
     A notebook admits its owner on the namespace's origin: one for Alice in Bob's namespace
     would put Alice on pages Bob controls, so the owner must own the namespace."""
@@ -85,4 +99,5 @@ def foreign_owner_error(owner: str, namespace_name: str, owned_by: str | None) -
     return (
         f"refused: namespace {namespace_name!r} belongs to another user, and a notebook may "
         f"only be owned by its namespace's owner (spec.owner {owner!r})"
+        + (f"; {why}" if why else "")
     )

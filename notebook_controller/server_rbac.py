@@ -9,7 +9,8 @@ records every request a real server (and its jobs' supervisors) makes against th
 API emulator and checks each one is granted here, in the namespace it was made in.
 
 - Cluster-wide reads (`CLUSTER_RULES`, a ClusterRole bound cluster-wide):
-  - Profiles: list (`notebooks.UserNamespaces`: which namespace a user owns);
+  - Profiles: list, and Namespaces: get (`notebooks.UserNamespaces`: which namespace a user
+    owns; a Profile counts only where the Namespace of its name agrees);
   - Notebooks and Events: list, watch in all namespaces (`notebook_watch.py`: one watch for
     every user's notebooks and their events on `/events`), only where the user namespaces are
     not known in advance (Kubeflow Profiles): with user namespaces given, these reads are in
@@ -53,6 +54,7 @@ WATCH_RULES: list[dict[str, Any]] = [
 ]
 CLUSTER_RULES: list[dict[str, Any]] = [
     _rule("kubeflow.org", ["profiles"], ["list"]),
+    _rule("", ["namespaces"], ["get"]),
     *WATCH_RULES,
     _rule("trainer.kubeflow.org", ["clustertrainingruntimes"], ["get", "list"]),
     _rule("", ["nodes"], ["list"]),

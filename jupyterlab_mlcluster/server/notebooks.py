@@ -36,6 +36,7 @@ from .user_namespace import (
     PROFILE_PLURAL,
     PROFILE_VERSION,
     check_template,
+    namespaces_to_read,
     user_namespace,
 )
 
@@ -138,7 +139,8 @@ def _now() -> datetime.datetime:
 
 class UserNamespaces:
     """User -> namespace on the cluster (`user_namespace.py`'s rule), with the cluster's
-    Profiles read at most every `ttl` seconds. Blocking: call from an executor thread."""
+    Profiles, and the Namespaces that decide whether a Profile counts, read at most every
+    `ttl` seconds. Blocking: call from an executor thread."""
 
     def __init__(
         self, connection: KubeConnection, template: str = DEFAULT_TEMPLATE, ttl: float = 30.0
@@ -149,6 +151,8 @@ class UserNamespaces:
         self._lock = threading.Lock()
         self._profiles: list[dict[str, Any]] | None = None
         self._read_at = -float("inf")
+        # name -> (the Namespace, or None where there is none; when it was read)
+        self._namespaces: dict[str, tuple[dict[str, Any] | None, float]] = {}
 
     def _read_profiles(self) -> list[dict[str, Any]] | None:
         """The cluster's Profiles; None where the Profile CRD is not served.
@@ -174,13 +178,43 @@ class UserNamespaces:
         # (the client's annotation says `object`; a list of custom objects is a dict)
         return list(cast(dict[str, Any], found).get("items") or [])
 
+    def _read_namespace(self, name: str) -> dict[str, Any] | None:
+        """The Namespace `name` (its metadata is what counts), None where there is none. A
+        403 raises: a Profile must not count for want of reading what would refuse it."""
+        from kubernetes import client
+
+        api = client.CoreV1Api(self.connection.api_client())
+        try:
+            with self.connection.errors():
+                found = api.read_namespace(name)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], api.api_client.sanitize_for_serialization(found))
+
+    def _namespaces_of(self, names: list[str]) -> dict[str, dict[str, Any] | None]:
+        now, read = time.monotonic(), {}
+        for name in names:
+            known = self._namespaces.get(name)
+            if known is None or now - known[1] > self.ttl:
+                known = (self._read_namespace(name), time.monotonic())
+                self._namespaces[name] = known
+            read[name] = known[0]
+        return read
+
     def __call__(self, user: str) -> str:
         with self._lock:
             if time.monotonic() - self._read_at > self.ttl:
                 self._profiles = self._read_profiles()
                 self._read_at = time.monotonic()
             profiles = self._profiles
-        return user_namespace(user, profiles, self.template)
+            namespaces = (
+                self._namespaces_of(namespaces_to_read(user, profiles, self.template))
+                if profiles is not None
+                else {}
+            )
+        return user_namespace(user, profiles, self.template, namespaces)
 
 
 # -- the service -------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..notebook_resource import profile_dispute, profile_owner
+
 PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL = "kubeflow.org", "v1", "profiles"
 DEFAULT_TEMPLATE = "mlcluster-{user}"
 
@@ -68,37 +70,84 @@ def template_namespace(user: str, template: str = DEFAULT_TEMPLATE) -> str:
     return dns_label(check_template(template).format(user=user))
 
 
-def profile_namespace(user: str, profiles: Iterable[Mapping[str, Any]]) -> str | None:
-    """The namespace of a Profile `user` owns (the first by name if several), or None."""
-    owned = sorted(
-        p["metadata"]["name"]
-        for p in profiles
-        if ((p.get("spec") or {}).get("owner") or {}).get("kind") == "User"
-        and ((p.get("spec") or {}).get("owner") or {}).get("name") == user
-        and not p["metadata"].get("deletionTimestamp")
+def _owned_by(user: str, profiles: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(
+        (p for p in profiles if profile_owner(p) == user), key=lambda p: p["metadata"]["name"]
     )
-    return owned[0] if owned else None
+
+
+def profile_namespace(
+    user: str,
+    profiles: Iterable[Mapping[str, Any]],
+    namespaces: Mapping[str, Mapping[str, Any] | None] | None = None,
+) -> str | None:
+    """The namespace of a Profile `user` owns and its Namespace agrees to
+    (notebook_resource.profile_dispute; the first by name if several), or None.
+
+    `namespaces`: the Namespace of each Profile's name (None where it does not exist); not
+    given, every Profile counts (pure tests of the naming alone)."""
+    for profile in _owned_by(user, profiles):
+        name = profile["metadata"]["name"]
+        if namespaces is None or profile_dispute(profile, namespaces.get(name)) is None:
+            return str(name)
+    return None
+
+
+def namespaces_to_read(
+    user: str, profiles: Iterable[Mapping[str, Any]], template: str = DEFAULT_TEMPLATE
+) -> list[str]:
+    """The Namespaces `user_namespace` needs to judge `user`'s Profiles: those of the
+    Profiles the user owns, and the template's, if it is the name of a Profile."""
+    listed = list(profiles)
+    names = [str(p["metadata"]["name"]) for p in _owned_by(user, listed)]
+    namespace = template_namespace(user, template)
+    if any(p["metadata"]["name"] == namespace for p in listed):
+        names.append(namespace)
+    return names
 
 
 def user_namespace(
     user: str,
     profiles: Iterable[Mapping[str, Any]] | None,
     template: str = DEFAULT_TEMPLATE,
+    namespaces: Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> str:
-    """`profiles`: the cluster's Profiles, or None where the Profile CRD is not served.
+    """`profiles`: the cluster's Profiles, or None where the Profile CRD is not served;
+    `namespaces`: the Namespaces named in `namespaces_to_read` (None: missing).
 
-    A user maps to a Profile only by owning it; the template's namespace, where that is the
-    name of a Profile someone else owns (Bob registered `mlcluster-alice` before Alice had
-    one), is refused: NamespaceTaken."""
+    A user maps to a Profile by owning it, and only when its Namespace agrees: Bob's Profile
+    named after Alice's existing namespace is refused to Bob (NamespaceTaken, saying why) and
+    leaves Alice where she was. The template's namespace, where that is the name of a
+    Profile someone else owns that counts or will (its namespace not made yet: Bob
+    registered `mlcluster-alice` before Alice had one), is refused: NamespaceTaken."""
     listed = list(profiles) if profiles is not None else None
-    owned = profile_namespace(user, listed) if listed is not None else None
-    if owned:
-        return owned
+    if listed is not None:
+        owned = profile_namespace(user, listed, namespaces)
+        if owned:
+            return owned
+        disputes = [
+            profile_dispute(p, (namespaces or {}).get(p["metadata"]["name"]))
+            for p in _owned_by(user, listed)
+        ]
+        if disputes:
+            raise NamespaceTaken(
+                f"no namespace is yours through your Profiles: {'; '.join(filter(None, disputes))}"
+                ". Ask your administrator for a Profile whose namespace is yours"
+            )
     namespace = template_namespace(user, template)
-    if listed is not None and any(p["metadata"]["name"] == namespace for p in listed):
-        raise NamespaceTaken(
-            f"your namespace {namespace!r} (MLClusterApp.user_namespace_template) is a Profile "
-            f"that {user!r} does not own, so nothing of yours is put there: ask your "
-            "administrator for a Profile of your own (spec.owner: your identity)"
-        )
+    for profile in listed or []:
+        if profile["metadata"]["name"] != namespace:
+            continue
+        existing = (namespaces or {}).get(namespace)
+        # Only a Namespace that says it is not the Profile's leaves it to the template.
+        if (
+            existing is None
+            or profile_owner(profile) is None
+            or not profile_dispute(profile, existing)
+        ):
+            raise NamespaceTaken(
+                f"your namespace {namespace!r} (MLClusterApp.user_namespace_template) is a "
+                f"Profile that {user!r} does not own, so nothing of yours is put there: ask "
+                "your administrator for a Profile of your own (spec.owner: your identity)"
+            )
     return namespace

@@ -1057,7 +1057,7 @@ def test_attack_notebook_for_a_victim_in_the_attackers_namespace_is_refused(
     Profile), creates a Notebook whose owner is Alice: its route would put Alice, logged in,
     on pages Mallory serves from the notebooks' origin. The controller makes nothing for it
     and its status says why; Mallory's own notebook there is reconciled. (Which mark decides,
-    Profile before annotation: test_namespace_owner_comes_from_the_profile_then_the_annotation.)"""
+    an agreed Profile, else the annotation: test_namespace_owner_comes_from_the_profile_then_the_annotation.)"""
     from notebook_controller.namespaces import OWNER_ANNOTATION
 
     kube.patch(
@@ -1080,22 +1080,85 @@ def test_attack_notebook_for_a_victim_in_the_attackers_namespace_is_refused(
 
 
 def test_namespace_owner_comes_from_the_profile_then_the_annotation() -> None:
+    """A Profile decides whose its namespace is only where the Namespace agrees (Kubeflow's
+    `owner` annotation names the Profile's owner, or the Profile is Ready); an
+    `mlcluster.io/owner` annotation that says otherwise wins, and the refusal says why."""
     from notebook_controller.namespaces import (
         OWNER_ANNOTATION,
         foreign_owner_error,
         namespace_owner,
+        namespace_ownership,
     )
 
     annotated = {"metadata": {"name": "ns", "annotations": {OWNER_ANNOTATION: "mallory"}}}
     profile = {"metadata": {"name": "ns"}, "spec": {"owner": {"kind": "User", "name": "alice"}}}
+    kubeflows = {"metadata": {"name": "ns", "annotations": {"owner": "alice"}}}
+    bare = {"metadata": {"name": "ns"}}
     assert namespace_owner(annotated, None) == "mallory"
-    assert namespace_owner(annotated, profile) == "alice"  # the Profile decides
+    assert namespace_owner(kubeflows, profile) == "alice"  # Kubeflow made it hers
+    ready = {**profile, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert namespace_owner(bare, ready) == "alice"
+    # Issue 31: the Profile is only a claim; the Namespace's own marks say otherwise.
+    assert namespace_owner(annotated, profile) == "mallory"
+    assert namespace_owner(annotated, ready) == "mallory"
+    owner, why = namespace_ownership(annotated, profile)
+    assert "belongs to 'mallory'" in why and "not to 'alice'" in why
+    assert namespace_owner(bare, profile) is None  # adopted by nobody: the Profile is nothing
+    assert "no 'owner' annotation" in namespace_ownership(bare, profile)[1]
+    bobs = {"metadata": {"name": "ns", "annotations": {"owner": "bob"}}}
+    assert namespace_owner(bobs, profile) is None
     gone = {**profile, "metadata": {"name": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert namespace_owner(annotated, gone) == "mallory"
     assert namespace_owner({"metadata": {"name": "shared"}}, None) is None
     assert foreign_owner_error("alice", "ns", "alice") is None
     assert foreign_owner_error("alice", "shared", None) is None  # a namespace users share
     assert "belongs to another user" in (foreign_owner_error("alice", "ns", "mallory") or "")
+    said = foreign_owner_error("alice", "ns", "mallory", why) or ""
+    assert said.endswith(why)
+
+
+def test_attack_a_profile_named_after_anothers_namespace_gives_its_owner_nothing_there(
+    kube: Kube, kube_namespace: str, controller: Any
+) -> None:
+    """Issue 31, 1 (the controller's side): Alice's namespace (`mlcluster.io/owner: alice`),
+    and Mallory's Profile of the same name, which Kubeflow would refuse to adopt but which
+    stays. The controller took the Profile's word: Alice's notebooks there were refused and
+    Mallory's reconciled. Now the annotation wins: Alice's notebook gets its objects,
+    Mallory's gets none, and its status says why the Profile did not count."""
+    from notebook_controller.namespaces import OWNER_ANNOTATION
+    from tests.kube.notebooks_api.test_user_namespaces import profile_crd
+
+    kube.install_crd(profile_crd())
+    kube.patch(
+        "v1",
+        "Namespace",
+        kube_namespace,
+        {"metadata": {"annotations": {OWNER_ANNOTATION: "alice@example.com"}}},
+        None,
+    )
+    claim = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Profile",
+        "metadata": {"name": kube_namespace},
+        "spec": {"owner": {"kind": "User", "name": "mallory@example.com"}},
+    }
+    kube.create(claim)
+    try:
+        with controller():
+            create_notebook(kube, kube_namespace, name="hers", workspace=None)  # owner: alice
+            kube.create(
+                objects.notebook_resource("squat", kube_namespace, "mallory@example.com", cpu="1")
+            )
+            status = wait_phase(kube, kube_namespace, "squat", "error")
+            said = status["phase"] + status.get("message", "")
+            assert "belongs to another user" in said and "Profile not counted" in said, said
+            assert "belongs to 'alice@example.com'" in said, said
+            wait_owned(kube, kube_namespace, "hers", count=4)
+            time.sleep(1)  # a retry or a second pass would have made something by now
+            assert owned(kube, kube_namespace, "squat") == {}
+    finally:
+        kube.delete("kubeflow.org/v1", "Profile", kube_namespace)
+        kube.uninstall_crd(profile_crd()["metadata"]["name"])
 
 
 # --- 3. hijacking another notebook's objects (shared namespace) ----------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jupyterlab_mlcluster.notebook_resource import KUBEFLOW_OWNER_ANNOTATION, OWNER_ANNOTATION
 from jupyterlab_mlcluster.server.app import MLClusterApp
 from jupyterlab_mlcluster.server.notebooks import OWNER_LABEL, owner_label
 from jupyterlab_mlcluster.server.user_namespace import template_namespace
@@ -71,8 +72,16 @@ class Tenants:
     def user(self, name: str) -> User:
         return User(self.fetch, self.ws_fetch, name)
 
-    def namespace(self, name: str) -> str:
-        self.kube.create_namespace(name)
+    def namespace(self, name: str, annotations: dict[str, str] | None = None) -> str:
+        """Namespace `name`, made; `annotations`: e.g. whose it is, as Kubeflow's profile
+        controller (`owner`) or `mlcluster manifests --namespace-owner` would mark it."""
+        self.kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "annotations": dict(annotations or {})},
+            }
+        )
         self.made.append(name)
         return name
 
@@ -265,7 +274,7 @@ def test_a_profile_the_user_owns_is_where_the_notebooks_go(
                 "spec": {"owner": {"kind": "User", "name": ALICE}},
             }
         )
-        tenants.namespace(team)
+        tenants.namespace(team, {KUBEFLOW_OWNER_ANNOTATION: ALICE})  # Kubeflow made it hers
         carol_ns = tenants.namespace_of("carol")
         alice, carol = tenants.user(ALICE), tenants.user("carol")
 
@@ -297,7 +306,8 @@ def test_attack_squatting_a_users_template_namespace_with_a_profile(
                 "spec": {"owner": {"kind": "User", "name": BOB}},
             }
         )
-        tenants.namespace(squatted)
+        # Bob's Profile came first: Kubeflow made the namespace, his.
+        tenants.namespace(squatted, {KUBEFLOW_OWNER_ANNOTATION: BOB})
         alice, bob = tenants.user(ALICE), tenants.user(BOB)
 
         async def scenario() -> None:
@@ -316,6 +326,61 @@ def test_attack_squatting_a_users_template_namespace_with_a_profile(
         run(scenario())
     finally:
         kube.delete("kubeflow.org/v1", "Profile", squatted)
+
+
+def profile(name: str, owner: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Profile",
+        "metadata": {"name": name},
+        "spec": {"owner": {"kind": "User", "name": owner}},
+    }
+
+
+def test_attack_a_profile_named_after_anothers_existing_namespace_maps_nobody_there(
+    kube: Kube, kube_namespace: str, tenants: Tenants, profiles, run
+) -> None:
+    """Issue 31, 1: Bob creates Profiles named after namespaces that are already Alice's: her
+    template namespace, and a team namespace (`--user-namespace T --namespace-owner
+    T=alice`, both marked `mlcluster.io/owner: alice`). Kubeflow refuses to adopt an existing
+    namespace, but the Profiles stay; the server mapped Bob into Alice's namespace (his jobs
+    could mount her workspaces) and answered Alice 403. A Profile counts only where the
+    Namespace agrees: Bob is refused (403 saying why), nothing of his lands there, and Alice
+    works on in her namespace."""
+    profiles()
+    alice_ns = tenants.namespace_of(ALICE)
+    kube.patch(
+        "v1", "Namespace", alice_ns, {"metadata": {"annotations": {OWNER_ANNOTATION: ALICE}}}
+    )
+    team = tenants.namespace(f"{kube_namespace}-team", {OWNER_ANNOTATION: ALICE})
+    try:
+        for name in (alice_ns, team):
+            kube.create(profile(name, BOB))
+        alice, bob = tenants.user(ALICE), tenants.user(BOB)
+
+        async def scenario() -> None:
+            for method, path, body in [
+                ("POST", ("notebooks",), {"name": "nb1"}),
+                ("GET", ("notebooks",), None),
+                ("POST", ("jobs",), {"code": "1", "backend": "kubernetes"}),
+            ]:
+                status, error, _ = await bob.call(method, *path, body=body)
+                assert status == 403, (path, status, error)
+                # ...saying why: whose each namespace is, by which mark.
+                for name in (alice_ns, team):
+                    assert f"namespace {name!r} belongs to {ALICE!r}" in error["message"], error
+            for name in (alice_ns, team):
+                assert await blocking(stored, kube, name) == {}
+                assert await blocking(kube.list, "batch/v1", "Job", name) == []
+            # Alice is untouched: no 403, her notebook in her namespace.
+            assert (await create(alice, "mine"))["namespace"] == alice_ns
+            status, listed, _ = await alice.call("GET", "notebooks")
+            assert status == 200 and names(listed) == ["mine"]
+
+        run(scenario())
+    finally:
+        for name in (alice_ns, team):
+            kube.delete("kubeflow.org/v1", "Profile", name)
 
 
 def test_profiles_forbidden_to_the_server_only_matter_where_they_exist(
