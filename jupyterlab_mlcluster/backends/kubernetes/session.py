@@ -121,6 +121,7 @@ class _Cell(SessionCell):
         super().__init__(ctx)
         # rank 0's result chunks (supervise_logs.result_chunk reads these off an attempt)
         self.result_chunks: dict[str, dict[int, str]] = {}
+        self.result_counts: dict[str, int] = {}
         self.result_refused: str | None = None
         self.result_received = 0
         self.json_form_refused = False

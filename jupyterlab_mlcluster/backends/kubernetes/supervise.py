@@ -145,6 +145,7 @@ class _Attempt:
         self.started_ranks: set[int] = set()
         self.installing: set[int] = set()  # ranks whose pods install the notebook's packages
         self.result_chunks: dict[str, dict[int, str]] = {}  # form -> index -> base64
+        self.result_counts: dict[str, int] = {}  # form -> chunks its chunk 0 announced
         self.result_refused: str | None = None  # why rank 0's result was dropped
         self.result_received = 0  # base64 characters of result chunks held
         self.json_form_refused = False  # rank 0's JSON form was over max_result_json_mib

@@ -16,6 +16,7 @@ from ... import kubeconn
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
+from ...runtime.outcome import RESULT_CHUNK
 from .client import message_of
 from .logs import PodLogFollower, PodOutput
 from .objects import pod_ranks
@@ -126,59 +127,109 @@ def control(attempt: _Attempt, rank: int, record: dict[str, Any]) -> None:
             attempt.installing.discard(rank)
 
 
+# What each chunk held counts for besides its data: an empty chunk is not free (a dict entry,
+# its index, its string; about 100 bytes), so its count is what bounds how many are held.
+CHUNK_ENTRY = 64
+
+
 def result_chunk(attempt: _Attempt, record: dict[str, Any]) -> None:
     """Rank 0's result in chunks: the pickle (its owner's kernel reads it) and its JSON
     form (what servers serve); neither is ever loaded here. More than the job's result cap
-    is dropped as it comes (a pod cannot fill this process's memory) and fails the job."""
+    is dropped as it comes (a pod cannot fill this process's memory) and fails the job.
+    A sending's chunk 0 fixes how many chunks it has (at most what the cap allows, at the
+    runtime's RESULT_CHUNK each); a chunk past that number, or saying another, refuses the
+    result, and a chunk before any chunk 0 is dropped: what is held stays within the
+    count, empty chunks included."""
     if attempt.result_refused:
         return
     form = "json" if record.get("form") == "json" else "pickle"
     if form == "json" and attempt.json_form_refused:
         return
-    chunks = attempt.result_chunks.setdefault(form, {})
     try:
         index, count = int(record["index"]), int(record["count"])
         data = str(record["data"])
     except (KeyError, TypeError, ValueError):
         return
-    attempt.result_received += len(data) - len(chunks.get(index, ""))
+    config = attempt.ctx.config
+    cap = (config.max_result_json_mib if form == "json" else config.max_result_mib) << 20
+    if index == 0 and count != attempt.result_counts.get(form):
+        # A sending starts with its chunk 0 (a restarted rank 0 sends its result again).
+        _forget(attempt, form)
+        attempt.result_counts[form] = count
+    expected = attempt.result_counts.get(form)
+    if expected is None:
+        return
+    if count != expected or not 0 <= index < count:
+        why = (
+            f"its chunks disagree on their number (chunk {index} of {count}, after a chunk 0 "
+            f"of {expected})"
+        )
+        _refuse(attempt, form, why)
+        return
+    if cap and count > -(-(cap * 4 // 3 + 4) // RESULT_CHUNK):
+        _over_cap(attempt, form)
+        return
+    chunks = attempt.result_chunks.setdefault(form, {})
+    previous = chunks.get(index)
+    attempt.result_received += len(data) + (CHUNK_ENTRY if previous is None else -len(previous))
     chunks[index] = data
-    json_cap = attempt.ctx.config.max_result_json_mib * 1024 * 1024
-    if form == "json" and json_cap:
-        held = sum(len(c) for c in chunks.values())
-        if held > json_cap * 4 // 3 + 4:
-            # The JSON form is what servers read and serve, for everyone: it is kept small
-            # whatever the rank says of itself. The job and its pickle go on.
-            attempt.result_received -= held
-            del attempt.result_chunks[form]
-            attempt.json_form_refused = True
-            why = (
-                f"its JSON form is more than this job's supervisor keeps ({json_cap >> 20} "
-                "MiB, MLClusterConfig.max_result_json_mib)"
-            )
-            attempt.ctx.logs.system(f"[mlcluster] rank 0's result: {why}", rank=0)
-            write_atomically(
-                attempt.ctx.store.result_json_path(attempt.ctx.job.id),
-                json.dumps({"kind": "refused", "refused": why}).encode(),
-            )
+    if form == "json" and cap:
+        held_json = sum(len(c) + CHUNK_ENTRY for c in chunks.values())
+        if held_json > cap * 4 // 3 + 4:
+            _over_cap(attempt, form)
             return
-    limit = attempt.ctx.config.max_result_mib * 1024 * 1024
+    limit = config.max_result_mib << 20
     # base64 is 4/3 of the bytes; the JSON form may be as big as the pickle.
     if limit and attempt.result_received > 2 * (limit * 4 // 3 + 4):
-        attempt.result_chunks = {}
-        attempt.result_refused = (
-            f"rank 0's result is more than this job may return ({limit // (1024 * 1024)} "
-            "MiB, MLClusterConfig.max_result_mib): save it to a file instead"
-        )
-        attempt.ctx.logs.system(f"[mlcluster] {attempt.result_refused}", rank=0)
+        _over_cap(attempt, "pickle")
         return
-    if 0 <= index < count <= len(chunks) and all(i in chunks for i in range(count)):
+    if len(chunks) == count:  # every index below count: each was checked as it came
         result = base64.b64decode("".join(chunks[i] for i in range(count)))
         store = attempt.ctx.store
         path = store.result_json_path if form == "json" else store.result_path
         write_atomically(path(attempt.ctx.job.id), result)
-        attempt.result_received -= sum(len(c) for c in chunks.values())
-        del attempt.result_chunks[form]
+        _forget(attempt, form)
+
+
+def _forget(attempt: _Attempt, form: str) -> None:
+    chunks = attempt.result_chunks.pop(form, {})
+    attempt.result_received -= sum(len(c) + CHUNK_ENTRY for c in chunks.values())
+    attempt.result_counts.pop(form, None)
+
+
+def _over_cap(attempt: _Attempt, form: str) -> None:
+    if form == "json":
+        # The JSON form is what servers read and serve, for everyone: it is kept small
+        # whatever the rank says of itself. The job and its pickle go on.
+        why = (
+            "its JSON form is more than this job's supervisor keeps "
+            f"({attempt.ctx.config.max_result_json_mib} MiB, MLClusterConfig.max_result_json_mib)"
+        )
+    else:
+        why = (
+            f"rank 0's result is more than this job may return "
+            f"({attempt.ctx.config.max_result_mib} MiB, MLClusterConfig.max_result_mib): save "
+            "it to a file instead"
+        )
+    _refuse(attempt, form, why)
+
+
+def _refuse(attempt: _Attempt, form: str, why: str) -> None:
+    """Drop what is held of the result (the JSON form alone: the job goes on; the pickle:
+    the job fails saying why)."""
+    if form == "json":
+        _forget(attempt, form)
+        attempt.json_form_refused = True
+        attempt.ctx.logs.system(f"[mlcluster] rank 0's result: {why}", rank=0)
+        write_atomically(
+            attempt.ctx.store.result_json_path(attempt.ctx.job.id),
+            json.dumps({"kind": "refused", "refused": why}).encode(),
+        )
+        return
+    for held in list(attempt.result_chunks):
+        _forget(attempt, held)
+    attempt.result_refused = why if why.startswith("rank 0") else f"rank 0's result: {why}"
+    attempt.ctx.logs.system(f"[mlcluster] {attempt.result_refused}", rank=0)
 
 
 def drain_logs(attempt: _Attempt, outcome: Outcome) -> None:
