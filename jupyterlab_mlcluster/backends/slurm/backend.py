@@ -53,6 +53,10 @@ READ_CAP = 1 << 20  # bytes read from one rank file per turn
 SCAN_EVERY = 0.05  # seconds between looks at the rank files, per 8 ranks
 SCAN_MAX = 1.0
 SINFO_TTL = 1.0
+# A job whose ranks all exited: how long its allocation may take to end on its own before
+# the reaper cancels it, and how often the reaper looks meanwhile.
+ENDING_GRACE = GONE_WAIT
+ENDING_LOOK = 2.0
 PENDING_CLEANUP = "pending_cleanup"
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
 # sbatch must not inherit them, or its tasks would think they were the notebook's.
@@ -165,16 +169,21 @@ class SlurmBackend(Backend):
     def cleanup_orphans(self, store: JobStore, job) -> None:
         """Cancel every allocation of the job Slurm still runs or queues (found by comment:
         also one whose id the supervisor never got to record); the cleanup stays pending,
-        retried on the reaper's later passes with backoff, until Slurm has none left."""
+        retried on the reaper's later passes with backoff, until Slurm has none left. A job
+        whose ranks all exited (record_end) is only watched ending, not cancelled, for
+        ENDING_GRACE."""
         state = dict(store.get_job(job.id).backend_state or {})
         pending = dict(state.get(PENDING_CLEANUP) or {"since": time.time()})
         if pending.get("next_attempt", 0) > time.time():
             return
+        # Its ranks all exited (record_end): the allocation is ending on its own; it is
+        # only cancelled if it outlives ENDING_GRACE (a task that never exits).
+        ending = time.time() < float(pending.get("ended") or 0) + ENDING_GRACE
         commands = self.commands()
         try:
             rows = script.ours(commands.jobs(user=current_slurm_user()), job.id)
             active = [r["id"] for r in rows if r["state"] in script.ACTIVE_STATES]
-            if active:
+            if active and not ending:
                 commands.cancel(active)
                 log.warning("job %s: cancelled its Slurm job(s) %s", job.id, ", ".join(active))
                 rows = script.ours(commands.jobs(job_ids=active), job.id)
@@ -185,6 +194,8 @@ class SlurmBackend(Backend):
             gone = False
         if gone:
             state.pop(PENDING_CLEANUP, None)
+        elif ending:
+            pending["next_attempt"] = time.time() + ENDING_LOOK
         else:
             attempts = int(pending.get("attempts", 0)) + 1
             pending.update(
@@ -722,7 +733,20 @@ class _Attempt:
         self.pump(force=True)
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)
+        if outcome.kind == OutcomeKind.SUCCEEDED:
+            self.record_end()
         return outcome
+
+    def record_end(self) -> None:
+        """Every rank exited on its own: recorded before the job is final, so that the
+        allocation's own end (the step's teardown, the ranks' interpreters exiting, an epilog)
+        is never taken for a leftover by the reaper of any front end (cleanup_orphans waits
+        for it, ENDING_GRACE at most, instead of cancelling the step of a job that
+        succeeded)."""
+        state = self.ctx.store.get_job(self.ctx.job.id).backend_state or {}
+        pending = dict(state.get(PENDING_CLEANUP) or {"since": time.time()})
+        pending["ended"] = time.time()
+        _set_backend_state(self.ctx, **{PENDING_CLEANUP: pending})
 
     def release(self) -> None:
         """Wait until Slurm has let the allocation go (cancelling it if it still runs), then
