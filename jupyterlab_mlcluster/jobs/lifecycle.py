@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -199,9 +200,23 @@ class RankUpdates:
             self.last_flush = now
 
 
+PROGRESS_DESC_MAX = 200  # characters of a progress report's description kept
+
+
 def clean_progress(value: dict[str, Any]) -> dict[str, Any]:
-    """Only the fields a progress report may carry (it comes from user code)."""
-    return {k: value.get(k) for k in ("step", "total", "desc")}
+    """Only the fields a progress report may carry, as what each is (it comes from user
+    code): step and total numbers (else None), the description text, cut short."""
+
+    def number(v: Any) -> float | int | None:
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        return v if ok else None
+
+    desc = value.get("desc")
+    return {
+        "step": number(value.get("step")),
+        "total": number(value.get("total")),
+        "desc": None if desc is None else str(desc)[:PROGRESS_DESC_MAX],
+    }
 
 
 def format_duration(seconds: float | None) -> str:

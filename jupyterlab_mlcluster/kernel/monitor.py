@@ -338,8 +338,10 @@ def rank_table(record: JobRecord) -> str:
         p = rank.progress or {}
         label = ""
         if p.get("step") is not None:
-            desc = f"{html.escape(str(p['desc']))} " if p.get("desc") else ""
-            label = f"{desc}{p['step']}" + (f"/{p['total']}" if p.get("total") else "")
+            # Every part comes from the job's code (mlc.progress, a tqdm line): text only.
+            desc = f"{p['desc']} " if p.get("desc") else ""
+            total = f"/{p['total']}" if p.get("total") else ""
+            label = html.escape(f"{desc}{p['step']}{total}")
         cells = [
             f"<code>{rank.rank}</code>",
             badge(state),
