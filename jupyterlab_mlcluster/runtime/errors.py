@@ -32,8 +32,21 @@ def hidden_frame(filename: str) -> bool:
 def format_user_traceback(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if not hidden_frame(f.filename)]
+    only = "".join(traceback.format_exception_only(type(exc), exc))
+    if not user and _before_user_code(exc):
+        return only  # as `python script.py` shows it: no frame ran yet
     text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(user or frames))
-    return text + "".join(traceback.format_exception_only(type(exc), exc))
+    return text + only
+
+
+def _before_user_code(exc: BaseException) -> bool:
+    """A failure before any of the user's code ran: their source does not compile, or what
+    travelled with it cannot be loaded (the message says what). Python shows no frames for
+    the first; our frames would say nothing about either. (Any other failure in our frames
+    alone keeps them: it is ours to find.)"""
+    from .payload import PayloadError
+
+    return isinstance(exc, (SyntaxError, PayloadError))
 
 
 def filter_traceback_text(text: str) -> str:

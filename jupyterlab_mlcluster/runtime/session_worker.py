@@ -215,6 +215,7 @@ class SessionRank:
         sys.path[:] = user_code.fresh_sys_path(payload)
         self.local_dirs = _local_dirs(payload)
         self.forget_changed_local_modules()
+        payload.unpack()  # the caller's objects: their modules import from the path just set
         sys.argv = ["-c", *payload.argv] if payload.kind == "code" else [payload.filename]
         namespace = self.main.__dict__
         namespace.update(payload.push)
@@ -222,7 +223,9 @@ class SessionRank:
         if payload.kind == "callable":
             value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
         elif payload.kind == "code":
-            value = user_code._exec_cell(payload.source, payload.filename, namespace)
+            value = user_code._exec_cell(
+                payload.source, payload.filename, namespace, payload.first_line
+            )
         else:
             raise outcome.ResultError(f"a session runs cells, not a {payload.kind}")
         if payload.pull:

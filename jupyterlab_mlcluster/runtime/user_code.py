@@ -34,6 +34,7 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
     sys.argv = (
         [payload.filename, *payload.argv] if payload.kind != "code" or payload.argv else ["-c"]
     )
+    payload.unpack()  # the caller's objects: their modules import from the path just set
 
     if payload.kind == "callable":
         value = payload.function(*payload.args, **payload.kwargs)  # type: ignore[misc]
@@ -56,7 +57,7 @@ def run_payload(payload: Payload, rank: int) -> tuple[str, Any]:
             )
             value = None
         else:
-            value = _exec_cell(payload.source, payload.filename, main.__dict__)
+            value = _exec_cell(payload.source, payload.filename, main.__dict__, payload.first_line)
     finally:
         if saved_main is not None:
             sys.modules["__main__"] = saved_main
@@ -91,8 +92,11 @@ def fresh_sys_path(payload: Payload) -> list[str]:
     return path
 
 
-def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
-    """exec the cell; like IPython, a final bare expression is evaluated and returned."""
+def _exec_cell(source: str, filename: str, namespace: dict[str, Any], first_line: int = 1) -> Any:
+    """exec the cell; like IPython, a final bare expression is evaluated and returned.
+    Its lines count from `first_line` (blank lines before it keep every number, in
+    tracebacks and syntax errors alike, what the notebook shows)."""
+    source = "\n" * max(0, first_line - 1) + source
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
     tree = ast.parse(source, filename=filename, mode="exec")

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import reporting
+from . import reporting, stackdump
 from .outcome import error_report, exit_report, write_error, write_result
 from .payload import Payload, read_payload_bytes
 from .user_code import run_payload, shut_down_like_an_interpreter
@@ -107,6 +107,7 @@ def tie_to_supervisor() -> None:
 def execute(payload: Payload) -> int:
     """Run the payload in this (already set up) process; returns the exit status."""
     rank = int(os.environ.get("RANK", "0"))
+    stackdump.arm()  # where the supervisor cannot read this rank from outside
     reporting.send({"type": "started", "pid": os.getpid(), "time": time.time()})
     status = 0
     try:
@@ -128,6 +129,8 @@ def execute(payload: Payload) -> int:
         write_error(report)
         status = 1
     finally:
+        if status:  # the peers waiting for this rank are read before its sockets close
+            stackdump.hold_for_peers(reporting.send)
         shut_down_like_an_interpreter()
     return status
 
@@ -148,7 +151,13 @@ def main() -> None:
     payload_path = os.environ.get("MLCLUSTER_PAYLOAD")
     if not payload_path:
         sys.exit("jupyterlab_mlcluster.runtime.worker: MLCLUSTER_PAYLOAD is not set")
-    payload = Payload.loads(read_payload_bytes(payload_path))
+    try:
+        payload = Payload.loads(read_payload_bytes(payload_path))
+    except Exception as exc:  # noqa: BLE001 - the caller sees why the rank could not start
+        report = error_report(int(os.environ.get("RANK", "0")), exc)
+        sys.stderr.write(report["traceback"])
+        write_error(report)
+        sys.exit(1)
     status = execute(payload)
     sys.exit(status)
 
