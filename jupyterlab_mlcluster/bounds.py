@@ -49,6 +49,8 @@ MEMORY = Bound(1, 2**62)
 # Seconds until the job is failed: about 31 years.
 TIMEOUT = Bound(0, 1_000_000_000, exclusive_minimum=True)
 MAX_RESTARTS = Bound(0, 1000)
+# Seconds without output, progress or CPU before a rank is flagged stalled; 0: never.
+STALL_AFTER = Bound(0, 1_000_000_000)
 # A 32-bit signed integer, like Kubernetes' PriorityClass value.
 PRIORITY = Bound(-(2**31), 2**31 - 1)
 
@@ -60,5 +62,6 @@ BY_NAME: dict[str, Bound] = {
     "memory": MEMORY,
     "timeout": TIMEOUT,
     "max_restarts": MAX_RESTARTS,
+    "stall_after": STALL_AFTER,
     "priority": PRIORITY,
 }

@@ -4,6 +4,7 @@ mlcluster run --workers 4 train.py [args]   run and stream rank-prefixed output
 mlcluster jobs                              list jobs
 mlcluster logs JOB [--rank R] [--follow]
 mlcluster cancel JOB [--purge]
+mlcluster stacks JOB [--rank R] [--native] [--json]   where every rank is (its stacks)
 mlcluster run --sweep lr=0.1,0.01 train.py  one job per trial (params as --lr=0.1 arguments)
 mlcluster sweeps [SWEEP]                    list sweeps, or one sweep's trials table
 mlcluster schedule add --cron "0 2 * * *" --name nightly train.py
@@ -123,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", "-f", action="store_true", help="keep printing until the job ends"
     )
 
+    stacks = sub.add_parser(
+        "stacks", help="where a job's ranks are: every thread's stack of every rank, folded"
+    )
+    stacks.add_argument("job", help="job id or name (a finished job: the stacks it kept)")
+    stacks.add_argument("--rank", type=int, default=None, help="only this rank")
+    stacks.add_argument("--native", action="store_true", help="native (C) frames too")
+    stacks.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+
     cancel = sub.add_parser("cancel", help="cancel a job (all ranks)")
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": cmd_jobs,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
+            "stacks": cmd_stacks,
             "pool": cmd_pool,
             "session": cmd_session,
             "sweeps": cmd_sweeps,
@@ -422,6 +432,17 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not lines:
             return 0
         _print_lines(lines)
+
+
+def cmd_stacks(args: argparse.Namespace) -> int:
+    """Exit 1 when a rank asked for could not be read (the answer says which, and why)."""
+    from .presentation import stacks_command
+
+    text, complete = stacks_command(
+        _service(), args.job, rank=args.rank, native=args.native, as_json=args.json
+    )
+    print(text)
+    return 0 if complete else EXIT_FAILED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -172,6 +172,35 @@ class MLClusterConfig(Configurable):
         "count as idle for `idle_gpu_after`.",
     ).tag(config=True)
 
+    stall_after = Float(
+        300.0,
+        min=0.0,
+        help="Seconds a running rank may go without printing, reporting progress or using CPU "
+        "before its job is flagged stalled (the ranks, since when, and their folded stacks "
+        "taken then: in the job's record, the monitor, `mlcluster jobs`, /metrics). A job's "
+        "--stall-after overrides it; 0 turns the watch off. The local backend watches.",
+    ).tag(config=True)
+
+    stacks_reader = Enum(
+        ["auto", "py-spy", "helper"],
+        default_value="auto",
+        help="How a local job's ranks' stacks are read: auto (py-spy, else the rank's own "
+        "faulthandler helper where ptrace is refused or py-spy is missing), py-spy only, or "
+        "the helper only.",
+    ).tag(config=True)
+
+    py_spy = Unicode(
+        "",
+        help="The py-spy executable that reads ranks' stacks (default: the one installed with "
+        "this package, beside its Python, else $PATH's).",
+    ).tag(config=True)
+
+    stacks_helper = Bool(
+        True,
+        help="Arm each local rank's own stack helper (faulthandler on SIGUSR2, only while the "
+        "signal has its default action): the stacks' reader where ptrace is refused.",
+    ).tag(config=True)
+
     tensorboard_dir = Unicode(
         "",
         help="Where jobs write TensorBoard data unless `--tensorboard DIR` says otherwise: an "
@@ -383,8 +412,10 @@ class MLClusterConfig(Configurable):
     ).tag(config=True)
 
     slurm_poll_interval = Float(
-        0.5,
-        help="Seconds between a Slurm job supervisor's looks at its job (scontrol show job).",
+        1.0,
+        help="Seconds between the Slurm watcher's looks at the user's jobs: one squeue call "
+        "(and sacct for jobs that left squeue) per interval per user and host, whatever "
+        "the number of jobs.",
     ).tag(config=True)
 
     slurm_command_timeout = Float(

@@ -1,6 +1,7 @@
 """What the CLI and the kernel both show as text: job and session tables, rank counts, ages,
-and the session command's answer. One definition each, so `mlcluster jobs` and
-`%distributed_jobs` (and `mlcluster session` and `%distributed_session`) never disagree.
+the session command's answer and the stacks command's. One definition each, so `mlcluster
+jobs` and `%distributed_jobs` (and `mlcluster session` and `%distributed_session`, `mlcluster
+stacks` and `%distributed_stacks`) never disagree.
 
 A layer of its own under the front ends: it reads the engine (jobs/), and neither front end
 imports the other.
@@ -28,6 +29,8 @@ def format_jobs_table(records) -> str:
     now = time.time()
     for r in records:
         info = r.error or r.reason or ""
+        if r.stall and str(r.state) == "running":
+            info = f"{stall_text(r.stall, now)}; {info}" if info else stall_text(r.stall, now)
         rows.append(
             (
                 r.id,
@@ -40,6 +43,42 @@ def format_jobs_table(records) -> str:
             )
         )
     return text_table(rows)
+
+
+def stall_text(stall: dict, now: float | None = None) -> str:
+    """'STALLED rank 1 for 5m: rank 0: all_reduce ← ...' (the job record's `stall`)."""
+    ranks = stall.get("ranks") or []
+    since = stall.get("since") or 0.0
+    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    where = "; ".join(stall.get("where") or [])
+    age = format_age((now or time.time()) - since)
+    return f"STALLED {who} for {age}" + (f": {where}" if where else "")
+
+
+def stacks_command(
+    service, job: str | None, *, rank: int | None = None, native: bool = False, as_json=False
+) -> tuple[str, bool]:
+    """What `mlcluster stacks` and `%distributed_stacks` print, and whether every rank asked
+    for was read. Only the caller's own jobs (another user's is unknown); without `job`, the
+    caller's newest running one. SpecError (or UnknownJob) for what cannot be answered."""
+    from .jobs import forensics
+    from .jobs.owner import current_user
+
+    owner = current_user()
+    if job is None:
+        running, _ = service.list(states=["running"], owner=owner, limit=1)
+        if not running:
+            raise SpecError("you have no running job: name one (see the jobs list)")
+        record = running[0]
+    else:
+        record = service.get(job, owner=owner)
+    try:
+        report = service.stacks(record.id, rank, native)
+    except (forensics.NoStacks, forensics.NoSuchRank, forensics.StacksUnavailable) as exc:
+        raise SpecError(str(exc)) from None
+    if as_json:
+        return json.dumps(report.to_json(), indent=2, ensure_ascii=False), report.complete
+    return forensics.format_report(report), report.complete
 
 
 def rank_counts(record) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import MLClusterConfig
+    from .forensics import StackReport
     from .model import JobSpec
     from .record import JobRecord
     from .running.supervisor import JobContext
@@ -46,6 +47,9 @@ class Backend(abc.ABC):
     # Whether a job's own SIGTERM-to-SIGKILL grace (--grace) is honoured; where it is not,
     # the option is refused rather than ignored.
     honours_grace: bool = False
+    # Whether its supervisor watches the ranks for stalls (--stall-after, --on-stall:
+    # jobs/forensics/stall.py); where it does not, asking for it is refused, not ignored.
+    watches_stalls: bool = False
 
     def __init__(self, config: MLClusterConfig):
         self.config = config
@@ -86,6 +90,17 @@ class Backend(abc.ABC):
 
     def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """Stop whatever a dead supervisor may have left behind."""
+
+    def collect_stacks(
+        self, store: JobStore, job: JobRecord, ranks: list[int] | None, native: bool
+    ) -> StackReport:
+        """Every thread's stack of the running job's ranks (`ranks`: only these), read now
+        (jobs/forensics/); a rank that cannot be read is in the report's `missing`, with
+        why. Runs in the asking process (CLI, kernel, server). StacksUnavailable where this
+        backend cannot read its ranks (nothing is changed then)."""
+        from .forensics import StacksUnavailable
+
+        raise StacksUnavailable(f"the {self.name} backend cannot read its ranks' stacks yet")
 
     # Schedules (jobs/experiments/scheduler.py). Locally, schedulers in the store fire them;
     # a backend whose cluster fires them itself (a Kubernetes CronJob) registers them there.

@@ -49,6 +49,9 @@ class Outcome:
     failed_pod: str | None = None
     restartable: bool = True  # False: starting again would fail the same way
     exit_code: int | None = None  # of the failed rank's process, where there is one
+    # Where the ranks still alive were when the attempt ended (their folded stacks, taken
+    # before they were stopped: jobs/forensics/), added to the job's reason or error.
+    where: str | None = None
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a kind no backend knows fails here, not later
@@ -123,17 +126,19 @@ def forget_attempt_outputs(ctx: JobContext) -> None:
 def finish(ctx: JobContext, outcome: Outcome) -> None:
     """The job's final state from the last attempt's outcome."""
     job_id = ctx.job.id
+    where = f"; {outcome.where}" if outcome.where else ""
+    said = outcome.message + where if outcome.message else outcome.where or outcome.message
     if outcome.kind == OutcomeKind.SUCCEEDED:
         has_result = ctx.store.result_path(job_id).exists()
         ctx.set_state(JobState.SUCCEEDED, has_result=has_result, reason=None)
     elif outcome.kind == OutcomeKind.CANCELLED:
-        ctx.set_state(JobState.CANCELLED, reason=outcome.message)
+        ctx.set_state(JobState.CANCELLED, reason=said)
     elif outcome.kind == OutcomeKind.TIMEOUT:
-        ctx.set_state(JobState.FAILED, error=outcome.message, reason=outcome.message)
+        ctx.set_state(JobState.FAILED, error=said, reason=said)
     else:
         ctx.set_state(
             JobState.FAILED,
-            error=failure_text(ctx.store, job_id, outcome),
+            error=failure_text(ctx.store, job_id, outcome) + where,
             failed_rank=outcome.failed_rank,
             reason=None,
         )

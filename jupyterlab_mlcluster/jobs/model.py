@@ -59,6 +59,7 @@ class RankState(str, enum.Enum):
 
 
 FRAMEWORKS = ("pytorch", "tensorflow", "jax", "none")
+ON_STALL = ("warn", "cancel")
 BACKENDS = ("local", "kubernetes", "slurm")
 
 _NAME_RE = patterns.regex(patterns.JOB_NAME)
@@ -210,6 +211,10 @@ class JobSpec:
     # Kubernetes, the notebook's own image: install what the notebook added since its pod
     # started in each job pod first (environment.py); --no-sync-packages turns it off.
     sync_packages: bool = True
+    # A rank without output, progress or CPU this long is stalled (jobs/forensics/stall.py);
+    # None: MLClusterConfig.stall_after; 0: never. What then: warn (flag it) or cancel.
+    stall_after: float | None = None
+    on_stall: str = "warn"
 
     FIELDS = (
         "workers",
@@ -227,6 +232,8 @@ class JobSpec:
         "priority",
         "tensorboard",
         "sync_packages",
+        "stall_after",
+        "on_stall",
     )
 
     @classmethod
@@ -292,6 +299,10 @@ class JobSpec:
                     f"sync_packages must be true or false, got {values['sync_packages']!r}"
                 )
             spec.sync_packages = values["sync_packages"]
+        if "stall_after" in values:
+            spec.stall_after = parse_stall_after(values["stall_after"])
+        if "on_stall" in values:
+            spec.on_stall = _one_of("on_stall", values["on_stall"], ON_STALL)
         if "tensorboard" in values:
             spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
             if TENSORBOARD_ENV in spec.env:
@@ -315,6 +326,16 @@ class JobSpec:
 
 
 TENSORBOARD_ENV = "MLCLUSTER_TENSORBOARD_DIR"
+
+
+def parse_stall_after(value: Any) -> float:
+    """A duration, or 0 (never flag a stall)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and value.strip() in ("0", "0s", "0m", "0.0"):
+        return 0.0
+    seconds = parse_duration(value, option="stall_after")
+    return 0.0 if seconds is None else seconds
 
 
 def parse_tensorboard_dir(value: Any, *, option: str = "tensorboard") -> str:

@@ -55,6 +55,24 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ),
     (("--priority",), {"default": None, "help": "higher runs first (default 0)"}),
     (
+        ("--stall-after",),
+        {
+            "default": None,
+            "metavar": "DURATION",
+            "help": "flag the job stalled when a rank has printed nothing, reported no progress "
+            "and used no CPU this long, e.g. 10m; 0: never (default MLClusterConfig.stall_after: "
+            "5m; local backend)",
+        },
+    ),
+    (
+        ("--on-stall",),
+        {
+            "default": None,
+            "choices": ["warn", "cancel"],
+            "help": "warn (default: flag it, with where the ranks are) or cancel the job",
+        },
+    ),
+    (
         ("--tensorboard",),
         {
             "default": None,
@@ -122,6 +140,8 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
         "priority": args.priority,
         "tensorboard": args.tensorboard,
         "sync_packages": getattr(args, "sync_packages", None),
+        "stall_after": getattr(args, "stall_after", None),
+        "on_stall": getattr(args, "on_stall", None),
     }
     return {k: v for k, v in names.items() if v is not None}
 

@@ -75,6 +75,9 @@ class JobRecord:
     # Since when every GPU of the running job has been idle, once that lasted
     # MLClusterConfig.idle_gpu_after (jobs/running/gpu_idle.py); None otherwise.
     gpu_idle_since: float | None = None
+    # While ranks are stalled (jobs/forensics/stall.py): {"ranks": [...], "since": epoch,
+    # "where": [folded stacks' lines]}; None otherwise.
+    stall: dict[str, Any] | None = None
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.
     supervisor: dict[str, Any] | None = None
@@ -137,5 +140,16 @@ class JobRecord:
                 else None
             ),
             "gpu_idle_since": iso(self.gpu_idle_since) if self.state is JobState.RUNNING else None,
+            "stall_after": spec.stall_after,
+            "on_stall": spec.on_stall,
+            "stall": (
+                {
+                    "ranks": list(self.stall.get("ranks", [])),
+                    "since": iso(self.stall.get("since")),
+                    "where": list(self.stall.get("where", [])),
+                }
+                if self.stall and self.state is JobState.RUNNING
+                else None
+            ),
             "ranks": [r.to_json() for r in self.ranks],
         }

@@ -164,6 +164,11 @@ class JobService:
                 f"--grace applies to local ranks; the {backend.name} backend's ranks get "
                 "their platform's own termination grace period"
             )
+        if (spec.stall_after or spec.on_stall != "warn") and not backend.watches_stalls:
+            raise SpecError(
+                f"--stall-after and --on-stall apply to local jobs for now; the {backend.name}"
+                " backend does not watch its ranks for stalls yet"
+            )
         backend.validate(spec)
         try:
             payload.source.encode("utf-8")
@@ -334,6 +339,27 @@ class JobService:
         return read_error_file(
             self.store.error_path(job_id, record.failed_rank), record.failed_rank
         )
+
+    def stacks(self, job_id: str, rank: int | None = None, native: bool = False):
+        """Where the job's ranks are (jobs/forensics/): a running job's read now by its
+        backend, else the stacks it kept (the latest). NoSuchRank, NoStacks or
+        StacksUnavailable (nothing changed) otherwise."""
+        from .forensics import NoStacks, NoSuchRank, kept
+
+        record = self.store.get_job(job_id)
+        workers = record.spec.workers
+        if rank is not None and not 0 <= rank < workers:
+            raise NoSuchRank(
+                f"job {record.id} has no rank {rank}: its ranks are 0 to {workers - 1}"
+            )
+        if record.state is JobState.RUNNING:
+            ranks = None if rank is None else [rank]
+            return self.backend(record.backend).collect_stacks(self.store, record, ranks, native)
+        reports = kept(self.store.job_dir(record.id))
+        if not reports:
+            said = "its ranks have not started" if not record.final else "it kept no stacks"
+            raise NoStacks(f"job {record.id} is {record.state}: {said}")
+        return reports[-1] if rank is None else reports[-1].only(rank)
 
     def result(self, job_id: str) -> tuple[str, Any]:
         """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job, unpickled:

@@ -501,6 +501,30 @@ class DistributedMagics(Magics):
             print(f"[rank {item['rank']}] {item['line']}", file=stream)
 
     @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        "job", nargs="?", default=None, help="job id or name (default: your newest running job)"
+    )
+    @magic_arguments.argument("--rank", type=int, default=None, help="only this rank")
+    @magic_arguments.argument("--native", action="store_true", help="native (C) frames too")
+    @magic_arguments.argument("--json", action="store_true", help="the whole answer as JSON")
+    @line_magic
+    def distributed_stacks(self, line: str) -> None:
+        """Where a job's ranks are: every thread's stack of every rank, identical ones folded
+        ('ranks 0, 2: all_reduce ← step (train.py:42)'). A finished job: the stacks it kept."""
+        from ..jobs.model import SpecError
+        from ..jobs.storage.store import UnknownJob
+        from ..presentation import stacks_command
+
+        args = magic_arguments.parse_argstring(self.distributed_stacks, line)
+        try:
+            text, _ = stacks_command(
+                self.service, args.job, rank=args.rank, native=args.native, as_json=args.json
+            )
+        except (SpecError, UnknownJob) as exc:
+            raise UsageError(f"%distributed_stacks: {exc}") from None
+        print(text)
+
+    @magic_arguments.magic_arguments()
     @magic_arguments.argument("job", help="job id or name")
     @magic_arguments.argument(
         "--purge", action="store_true", help="also forget the job and its logs"

@@ -98,6 +98,10 @@ def status_line(record: JobRecord) -> str:
         parts.append(record.reason)
     if idle_gpus_since(record):
         parts.append(f"GPUs idle since {idle_gpus_since(record)}")
+    if record.stall and record.state == JobState.RUNNING:
+        from ..presentation import stall_text
+
+        parts.append(stall_text(record.stall))
     if record.error:
         parts.append(record.error)
     return " | ".join(parts)
@@ -285,6 +289,15 @@ def title_html(record: JobRecord) -> str:
 
 
 def message_html(record: JobRecord) -> str:
+    if record.stall and record.state == JobState.RUNNING:
+        from ..presentation import stall_text
+
+        return (
+            "<span class='mlc-stalled' style='color:#e65100'>"
+            f"{html.escape(stall_text(record.stall))}</span> <span style='opacity:0.75'>"
+            "(every thread: <code>%distributed_stacks "
+            f"{html.escape(record.id)}</code>)</span>"
+        )
     if record.error:
         return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"
     if record.reason and not record.final:

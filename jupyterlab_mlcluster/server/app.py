@@ -62,6 +62,7 @@ ROUTE_HANDLERS: list[type[MLClusterHandler]] = [
     jobs.JobHandler,  # /jobs/{id}
     job_outputs.LogsHandler,  # /jobs/{id}/logs
     job_outputs.MetricsHandler,  # /jobs/{id}/metrics
+    job_outputs.StacksHandler,  # /jobs/{id}/stacks
     job_outputs.TensorBoardHandler,  # /jobs/{id}/tensorboard
     job_outputs.ResultHandler,  # /jobs/{id}/result
     # sweeps and schedules

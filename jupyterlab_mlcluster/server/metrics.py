@@ -85,6 +85,16 @@ SERIES: dict[str, tuple[str, str]] = {
         "gauge",
         "How long a running job flagged for idle GPUs has had them idle.",
     ),
+    "mlcluster_stalled_jobs": (
+        "gauge",
+        "Running jobs with stalled ranks (no output, progress or CPU for their stall_after), "
+        "by backend.",
+    ),
+    "mlcluster_job_stalled_ranks": ("gauge", "How many ranks of a running job are stalled."),
+    "mlcluster_job_stalled_seconds": (
+        "gauge",
+        "How long the stalled ranks of a running job have done nothing.",
+    ),
     "mlcluster_metrics_snapshot_timestamp_seconds": (
         "gauge",
         "When the figures above were last read from the job store (Unix time).",
@@ -128,6 +138,8 @@ def build_metrics(
     restarts = dict.fromkeys(backends, 0)
     user_gpus: dict[str, int] = {}
     idle_jobs = dict.fromkeys(backends, 0)
+    stalled_jobs = dict.fromkeys(backends, 0)
+    stalled: list[tuple[list[str], float, float]] = []
     idle_gpus: dict[str, int] = {}
     idle_for: list[tuple[list[str], float]] = []
     ranks: dict[str, list[tuple[list[str], float]]] = {name: [] for name in _RANK_FIGURES}
@@ -143,6 +155,12 @@ def build_metrics(
             durations.setdefault(key, []).append(max(0.0, job.finished - job.started))
         if job.state is JobState.RUNNING and job.gpu_idle_since is not None:
             idle_jobs[job.backend] += 1
+        if job.state is JobState.RUNNING and job.stall:
+            stalled_jobs[job.backend] += 1
+            if not shared:
+                labels = [job.id, job.name, job.owner or "", job.backend]
+                since = float(job.stall.get("since") or now)
+                stalled.append((labels, max(0.0, now - since), len(job.stall.get("ranks") or [])))
         if job.state is JobState.RUNNING and not shared:
             owner = job.owner or ""
             held = job.spec.workers * job.spec.gpus_per_worker
@@ -221,6 +239,18 @@ def build_metrics(
     for labels, value in idle_for:
         family.add_metric(labels, value)
     out.append(family)
+    family = gauge("mlcluster_stalled_jobs", ["backend"])
+    for backend, count in stalled_jobs.items():
+        family.add_metric([backend], count)
+    out.append(family)
+    for name, seconds in (
+        ("mlcluster_job_stalled_ranks", False),
+        ("mlcluster_job_stalled_seconds", True),
+    ):
+        family = gauge(name, ["job", "name", "owner", "backend"])
+        for labels, age, stalled_ranks in stalled:
+            family.add_metric(labels, age if seconds else stalled_ranks)
+        out.append(family)
     family = gauge("mlcluster_metrics_snapshot_timestamp_seconds")
     family.add_metric([], now)
     out.append(family)

@@ -167,6 +167,9 @@ export interface components {
       tensorboard?: string;
       /** @description Default true. Kubernetes, when the job runs the notebook pod's own image: install in each job pod, before the code runs, the packages installed in the notebook's environment since its pod started (false: --no-sync-packages). */
       sync_packages?: boolean;
+      /** @description A rank without output, progress or CPU this long is stalled: seconds, or a duration like '5m'; 0 never. Default: MLClusterConfig.stall_after (5 minutes). The local backend watches for stalls. */
+      stall_after?: number | string;
+      on_stall?: components['schemas']['OnStall'];
       /** @description Variables of rank 0 to keep as the job's result (see /jobs/{id}/result). */
       pull?: string[];
     };
@@ -261,12 +264,91 @@ export interface components {
         id: string;
         cell: boolean;
       };
+      /** @description The job's --stall-after in seconds (null: the setting's; 0: never) */
+      stall_after: number | null;
+      on_stall: components['schemas']['OnStall'];
+      /** @description Set while ranks of the running job are stalled (no output, progress or CPU for its stall_after); null otherwise. `where` is their folded stacks, taken when the stall was seen (GET /jobs/{id}/stacks has them whole). */
+      stall: null | components['schemas']['Stall'];
       /**
        * Format: date-time
        * @description Set while the job runs and every GPU its ranks report on has stayed under MLClusterConfig.idle_gpu_percent utilisation (5) since this time, for at least MLClusterConfig.idle_gpu_after seconds (600); null otherwise.
        */
       gpu_idle_since: string | null;
       ranks: components['schemas']['Rank'][];
+    };
+    /**
+     * @description What a stall does: warn (flag it; the default) or cancel (end the job, failed, with the stacks as its reason).
+     * @enum {unknown}
+     */
+    OnStall: 'warn' | 'cancel';
+    Stall: {
+      ranks: number[];
+      /**
+       * Format: date-time
+       * @description Since when the ranks have done nothing (the earliest of them)
+       */
+      since: string;
+      /** @description The folded stacks, one line per fold: 'ranks 0, 2: all_reduce ← step (train.py:42)' */
+      where: string[];
+    };
+    StackFrame: {
+      name: string;
+      file: string;
+      line: number;
+      native: boolean;
+      /** @description The source line of the user's own frames, where it could be read */
+      code: string;
+    };
+    /** @description One stack, with every rank (and the thread) that is in it */
+    StackFold: {
+      ranks: number[];
+      thread: string;
+      /** @description The ranks' main threads (where each rank is) */
+      main: boolean;
+      /** @description The innermost frame, and the user's frame it was called from: 'all_reduce ← train_step (train.py:42)' */
+      summary: string;
+      /** @description 'ranks 0, 2, 3: all_reduce ← train_step (train.py:42)' */
+      text: string;
+      /** @description Innermost first */
+      frames: components['schemas']['StackFrame'][];
+    };
+    StackThread: {
+      name: string;
+      id: number | null;
+      main: boolean;
+      active: boolean | null;
+      /** @description Holds the GIL (where the reader can tell) */
+      gil: boolean | null;
+      frames: components['schemas']['StackFrame'][];
+    };
+    StackRank: {
+      rank: number;
+      pid: number | null;
+      reader: string;
+      threads: components['schemas']['StackThread'][];
+    };
+    /** @description Every thread's stack of every rank asked for, folded; ranks that could not be read are in `missing` with why (then `complete` is false). */
+    StackReport: {
+      job: string;
+      /** Format: date-time */
+      taken: string;
+      taken_epoch: number;
+      /** @description asked (live), stalled, cancelled, timeout or failed (kept with the job) */
+      why: string;
+      /** @description Taken now (false - kept with the job, taken earlier) */
+      live: boolean;
+      native: boolean;
+      /** @description How long reading took */
+      seconds: number;
+      /** @description Which reader read the ranks: py-spy, py-spy --native, or the rank's own helper (faulthandler) where ptrace was refused, saying why */
+      readers: string[];
+      complete: boolean;
+      missing: {
+        rank: number;
+        why: string;
+      }[];
+      folds: components['schemas']['StackFold'][];
+      ranks: components['schemas']['StackRank'][];
     };
     JobList: {
       jobs: components['schemas']['Job'][];

@@ -37,6 +37,7 @@ ADMISSION_POLL = 0.05
 class LocalBackend(Backend):
     name = "local"
     honours_grace = True
+    watches_stalls = True
 
     def capacity(self) -> dict[str, Any]:
         c = self.config
@@ -62,6 +63,32 @@ class LocalBackend(Backend):
         """Kill whatever a dead supervisor's ranks left: their groups, the job's cgroup,
         what they started elsewhere (jobs/running/proctree.py)."""
         kill_orphaned_tree(store.job_dir(job.id), job.id, store.rank_processes(job.id))
+
+    def collect_stacks(self, store: JobStore, job, ranks: list[int] | None, native: bool):
+        """Read the ranks' processes here (py-spy, or their own helper): jobs/forensics/."""
+        from ...jobs import forensics
+
+        # A session's cell runs on its session's ranks: theirs are the processes.
+        source = job.origin.get("session_job") or job.id
+        wanted = range(job.spec.workers) if ranks is None else ranks
+        processes = {rank: (pid, started) for rank, pid, started in store.rank_processes(source)}
+        helper = self.config.stacks_helper and not job.origin.get("session_job")
+        targets, missing = [], {}
+        for rank in wanted:
+            if rank not in processes:
+                missing[rank] = "it has no process yet"
+                continue
+            pid, started = processes[rank]
+            path = forensics.helper_file(store.job_dir(source), rank) if helper else None
+            targets.append(forensics.Target(rank, pid, started, path))
+        return forensics.read_targets(
+            job.id,
+            targets,
+            native=native,
+            reader=self.config.stacks_reader,
+            py_spy_setting=self.config.py_spy,
+            missing=missing,
+        )
 
     # -- inside the supervisor -------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from ...jobs.storage.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ...runtime.samplers import RankSampler
 from . import launcher
+from .forensics import GangForensics
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -71,6 +72,9 @@ class Gang:
         # A rank's error report sent over its report channel: only when its error file
         # could not be written (a full disk); the file, where there is one, wins.
         self.reported_errors: dict[int, dict[str, Any]] = {}
+        # Stalls, and the stacks of ranks still alive when the attempt ends (forensics.py).
+        self.forensics = GangForensics(self)
+        self.stall_outcome: Outcome | None = None
 
     # -- start ------------------------------------------------------------------------
 
@@ -109,6 +113,7 @@ class Gang:
                 env.setdefault("MLCLUSTER_TENSORBOARD_DIR", str(tensorboard_dir))
             env["MLCLUSTER_ERROR_FILE"] = error_file
             env.update(self.tree.rank_env())
+            env.update(self.forensics.rank_env(rank))
             if rank == 0:
                 env["MLCLUSTER_RESULT_PATH"] = str(store.result_path(job_id))
                 env["MLCLUSTER_MAX_RESULT_BYTES"] = str(ctx.config.max_result_mib * 1024 * 1024)
@@ -156,6 +161,7 @@ class Gang:
         ctx.set_state(JobState.RUNNING, **fields)
         log.debug("ranks started")
         ctx.job.started = ctx.job.started or now
+        self.forensics.started()
 
     def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
         """Start one rank (a session's gang also hands each rank its command pipe)."""
@@ -204,6 +210,7 @@ class Gang:
 
     def _handle(self, rank: int, stream: str, items) -> None:
         for kind, value in items:
+            self.forensics.stall.active(rank)
             if kind == "line":
                 if stream == "c":
                     continue
@@ -218,6 +225,8 @@ class Gang:
                     self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
                 elif rtype == "error":
                     self.reported_errors[rank] = value
+                elif rtype == "failing":
+                    self.forensics.on_failing(rank)
                 else:
                     self.on_record(rank, value)
 
@@ -246,6 +255,7 @@ class Gang:
                         samples[p.rank] = sample
             if samples:
                 self.record_samples(samples)
+                self.stall_outcome = self.stall_outcome or self.forensics.sampled(samples)
         if now - self.last_reap >= REAP_INTERVAL:
             self.last_reap = now
             self.tree.reap(p.pid for p in self.ranks)
@@ -261,6 +271,8 @@ class Gang:
             launcher.stop_ranks(self.ranks, 0.0)
             self.end_tree()
             raise
+        finally:
+            self.forensics.close()
         # What the ranks started dies with the attempt (its pipes close, so drain is quick).
         self.end_tree()
         self.drain()
@@ -325,6 +337,7 @@ class Gang:
         stopped on the culprit's account, it is marked cancelled and its log says why."""
         stopping = time.time()
         succeeded = {p.rank for p in self.ranks if p.rank in self.done and p.returncode == 0}
+        where = self.forensics.before_stop("failed", exclude=set(self.failed_seen))
         self.stop("a rank failed")
         self._reap_exits()
         # Candidates: failures reported before the others were stopped (a rank that fails
@@ -337,6 +350,7 @@ class Gang:
             lifecycle.reported_failure(culprit, self.reported_errors.get(culprit)),
             failed_rank=culprit,
             exit_code=self.ranks[culprit].returncode,
+            where=where or None,
         )
         because = lifecycle.failure_text(self.ctx.store, self.ctx.job.id, outcome)
         now = time.time()
@@ -367,8 +381,12 @@ class Gang:
                 return Outcome(OutcomeKind.SUCCEEDED)
             stop = lifecycle.stop_requested(ctx)
             if stop is not None:
+                stop.where = self.forensics.before_stop(str(stop.kind)) or None
                 return stop.with_reason(self.stop(stop.message or ""))
             self.flush()
+            if self.stall_outcome is not None:  # --on-stall cancel (its stacks are kept)
+                self.forensics.stopping = True
+                return self.stall_outcome.with_reason(self.stop(self.stall_outcome.message or ""))
 
     def stop(self, why: str) -> str:
         """Stop every rank (fail-fast, cancel, timeout) as torchrun does: SIGTERM to each,

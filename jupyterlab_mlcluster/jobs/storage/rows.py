@@ -11,7 +11,7 @@ from typing import Any
 from ..model import JobSpec, JobState, RankState
 from ..record import JobRecord, RankRecord
 
-_JSON_COLUMNS = ("origin", "supervisor", "allocation", "capacity", "backend_state")
+_JSON_COLUMNS = ("origin", "supervisor", "allocation", "capacity", "backend_state", "stall")
 JOB_COLUMNS = {
     "name",
     "state",
@@ -31,6 +31,7 @@ JOB_COLUMNS = {
     "capacity",
     "backend_state",
     "gpu_idle_since",
+    "stall",
 }
 RANK_COLUMNS = {
     "state",
@@ -82,6 +83,7 @@ def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
         capacity=loads("capacity"),
         backend_state=loads("backend_state", {}),
         gpu_idle_since=row["gpu_idle_since"],
+        stall=loads("stall"),
         updated=row["updated"],
         ranks=[
             RankRecord(

@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     capacity TEXT,
     backend_state TEXT NOT NULL DEFAULT '{}',
     gpu_idle_since REAL,
+    stall TEXT,
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
@@ -175,3 +176,5 @@ def _migrate(database: Database) -> None:
         jobs = {row["name"] for row in tx.execute("PRAGMA table_info(jobs)")}
         if "gpu_idle_since" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN gpu_idle_since REAL")
+        if "stall" not in jobs:
+            tx.execute("ALTER TABLE jobs ADD COLUMN stall TEXT")

@@ -1,6 +1,6 @@
 """REST handlers of what a job gives back: `/jobs/{id}/logs` (a page, or followed as
-newline-delimited JSON), `/metrics`, `/result` (its JSON form only, streamed) and
-`/tensorboard` (open a TensorBoard on one or more jobs' event files).
+newline-delimited JSON), `/metrics`, `/stacks` (where its ranks are), `/result` (its JSON
+form only, streamed) and `/tensorboard` (open a TensorBoard on one or more jobs' event files).
 """
 
 from __future__ import annotations
@@ -137,6 +137,30 @@ class MetricsHandler(MLClusterHandler):
             return {"id": record.id, "ranks": ranks}
 
         await self.send_encoded(metrics)
+
+
+class StacksHandler(MLClusterHandler):
+    api_path = "/jobs/{id}/stacks"
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, ref: str) -> None:
+        from ...jobs import forensics
+
+        q = self.query()
+        record = await self.job(ref)
+
+        def stacks() -> dict[str, Any]:
+            return self.app.service.stacks(record.id, q.get("rank"), q["native"]).to_json()
+
+        try:
+            await self.send_encoded(stacks)
+        except forensics.NoSuchRank as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        except forensics.NoStacks as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        except forensics.StacksUnavailable as exc:
+            raise web.HTTPError(501, str(exc)) from None
 
 
 class TensorBoardHandler(MLClusterHandler):

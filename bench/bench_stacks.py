@@ -1,0 +1,144 @@
+"""Forensics of a hung job (issue 33), on the local backend with real gloo ranks:
+
+    python bench/bench_stacks.py [--workers 4] [--runs 5] [--stall-after 5]
+
+  stacks    the folded stacks of a hung N-rank job (ranks 0, 2.. wait in all_reduce for
+            rank 1, which sleeps), as `mlcluster stacks JOB` answers them: wall time of the
+            whole command (a fresh process: imports, store, py-spy on every rank), and of
+            JobService.stacks alone in this process; medians over --runs (target <= 2 s)
+  stall     a job whose ranks all sleep, --stall-after S: seconds from the ranks' last
+            output until the job's record says it is stalled (target <= S + 10 s)
+
+Each job runs in a store of its own, in a temporary directory; cold ranks (the warm pool
+off) unless --warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+HANG = textwrap.dedent(
+    """\
+    import time
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+
+    def train_step(t):
+        dist.all_reduce(t)
+
+    print("ready", flush=True)
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    train_step(torch.ones(2))
+    """
+)
+SLEEP = 'import time\nprint("ready", flush=True)\ntime.sleep(600)\n'
+
+
+def _service():
+    import jupyterlab_mlcluster.backends  # noqa: F401 - fills the backend registry
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    return JobService()
+
+
+def _submit(service, code: str, **options) -> str:
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    return service.submit(JobSpec.from_options(options), Payload(kind="code", source=code)).id
+
+
+def _ready_at(service, job_id: str, ranks: int, timeout: float = 300) -> float:
+    """When the last rank printed 'ready' (its log line's own time, epoch seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = service.get(job_id)
+        if record.final:
+            raise RuntimeError(f"job ended: {record.state} {record.error}")
+        lines, _ = service.logs(job_id)
+        ready = [line for line in lines if line["line"] == "ready"]
+        if len({line["rank"] for line in ready}) == ranks:
+            return max(datetime.datetime.fromisoformat(line["ts"]).timestamp() for line in ready)
+        time.sleep(0.1)
+    raise RuntimeError("ranks not ready")
+
+
+def bench_stacks(workers: int, runs: int) -> None:
+    from jupyterlab_mlcluster.jobs import forensics
+
+    service = _service()
+    job = _submit(service, HANG, workers=workers)
+    _ready_at(service, job, workers)
+    while "all_reduce" not in " ".join(forensics.fold_lines(service.stacks(job))):
+        time.sleep(0.2)
+    cli, inproc = [], []
+    text = ""
+    for _ in range(runs):
+        began = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "jupyterlab_mlcluster.cli", "stacks", job],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        cli.append(time.perf_counter() - began)
+        text = out.stdout
+        began = time.perf_counter()
+        service.stacks(job)
+        inproc.append(time.perf_counter() - began)
+    service.cancel(job)
+    print(text.split("\n", 1)[1].split("\n    ")[0] if "\n" in text else text)
+    print(
+        f"stacks of a hung {workers}-rank job: `mlcluster stacks` {statistics.median(cli):.2f} s"
+        f" (min {min(cli):.2f}), JobService.stacks {statistics.median(inproc):.2f} s"
+        f" (min {min(inproc):.2f}); median of {runs}; target <= 2 s"
+    )
+
+
+def bench_stall(workers: int, stall_after: float) -> None:
+    service = _service()
+    job = _submit(service, SLEEP, workers=workers, framework="none", stall_after=stall_after)
+    quiet_since = _ready_at(service, job, workers)
+    while True:
+        record = service.get(job)
+        if record.stall and len(record.stall["ranks"]) == workers:
+            break
+        if record.final:
+            raise RuntimeError(f"job ended: {record.state}")
+        time.sleep(0.05)
+    flagged = time.time() - quiet_since
+    service.cancel(job)
+    print(
+        f"stall of {workers} sleeping ranks flagged {flagged:.1f} s after their last output"
+        f" (--stall-after {stall_after:g}; target <= {stall_after + 10:g} s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--stall-after", type=float, default=5.0)
+    parser.add_argument("--warm", action="store_true", help="ranks from the warm pool")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MLCLUSTER_STORE_DIR"] = os.path.join(tmp, "store")
+        os.environ["MLCLUSTER_WARM_POOL"] = "1" if args.warm else "0"
+        os.environ.setdefault("MLCLUSTER_CPU_SLOTS", str(args.workers))
+        bench_stacks(args.workers, args.runs)
+        bench_stall(args.workers, args.stall_after)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""A local attempt's forensics (jobs/forensics/), beside its gang (gang.py): the stall watch
+fed by what the gang already sees (output lines, progress, its CPU samples), the stacks of
+the ranks still alive taken before they are stopped (a cancel, the timeout, a failing rank,
+a stall with --on-stall cancel) and kept with the job, and a failing rank's peers read
+while the failing rank waits for it (runtime/stackdump.py's pause).
+
+A session's gang (session.py) has none of it: its ranks idle between cells by design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ...jobs import forensics
+from ...jobs.lifecycle import Outcome, OutcomeKind, format_duration
+from ...jobs.sessions import is_session_holder
+from ...runtime.stackdump import FAILURE_ACK_ENV, STACKS_FILE_ENV
+
+if TYPE_CHECKING:
+    from .gang import Gang
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+
+
+class GangForensics:
+    def __init__(self, gang: Gang):
+        self.gang = gang
+        ctx = gang.ctx
+        self.config = ctx.config
+        self.enabled = not is_session_holder(ctx.job)
+        spec = gang.spec
+        after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
+        self.stall = forensics.StallWatch(after if self.enabled else 0.0)
+        self.cancel_on_stall = spec.on_stall == "cancel"
+        self.job_dir = ctx.store.job_dir(ctx.job.id)
+        # The failing rank's peers, read while it waited (on_failing), for _fail_fast.
+        self.at_failure: forensics.StackReport | None = None
+        self.stopping = False
+        self.acks: list = []
+
+    # -- the ranks' environment -------------------------------------------------------
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        if not self.enabled:
+            return {}
+        env = {FAILURE_ACK_ENV: str(self._ack_path(rank))}
+        if self.config.stacks_helper:
+            env[STACKS_FILE_ENV] = str(forensics.helper_file(self.job_dir, rank))
+        return env
+
+    def _ack_path(self, rank: int):
+        return self.job_dir / f"rank-{rank}.failing-{self.gang.attempt}"
+
+    # -- what the gang sees -----------------------------------------------------------
+
+    def started(self) -> None:
+        now = time.monotonic()
+        for p in self.gang.ranks:
+            self.stall.active(p.rank, now)
+        ctx = self.gang.ctx
+        if ctx.job.stall:  # an earlier attempt's
+            ctx.job.stall = None
+            ctx.store.update_job(ctx.job.id, stall=None)
+
+    def sampled(self, samples: dict[int, dict]) -> Outcome | None:
+        """The gang's CPU samples (every metrics_interval); the stall rule is judged here.
+        An outcome when the job must end (--on-stall cancel)."""
+        if not self.stall.enabled or self.stopping:
+            return None
+        now = time.monotonic()
+        for rank, sample in samples.items():
+            self.stall.cpu(rank, sample.get("cpu_percent"), now)
+        changed = self.stall.check(self._live(), now)
+        if changed is None:
+            return None
+        return self._stall_changed(changed, now)
+
+    def _stall_changed(self, stalled: dict[int, float], now: float) -> Outcome | None:
+        ctx = self.gang.ctx
+        if not stalled:
+            ctx.job.stall = None
+            ctx.store.update_job(ctx.job.id, stall=None)
+            ctx.logs.system("[mlcluster] no rank is stalled any more")
+            return None
+        report = self.read(self._live(), "stalled")
+        since = time.time() - (now - min(stalled.values()))
+        which = _ranks(sorted(stalled))
+        ctx.job.stall = {
+            "ranks": sorted(stalled),
+            "since": since,
+            "where": forensics.fold_lines(report, main_only=True),
+        }
+        ctx.store.update_job(ctx.job.id, stall=ctx.job.stall)
+        what = (
+            f"{which} stalled: no output, progress or CPU for {format_duration(self.stall.after)}"
+        )
+        ctx.logs.system(f"[mlcluster] {what}; {forensics.where_text(report)}")
+        if not self.cancel_on_stall:
+            return None
+        return Outcome(
+            OutcomeKind.CANCELLED,
+            f"cancelled (--on-stall cancel): {what}",
+            where=forensics.where_text(report),
+        )
+
+    def on_failing(self, rank: int) -> None:
+        """A rank's code raised and it waits: read its live peers first, then let it go."""
+        try:
+            if not self.stopping and self.at_failure is None:
+                peers = [r for r in self._live() if r != rank]
+                self.at_failure = self.read(peers, "failed") if peers else None
+        finally:
+            path = self._ack_path(rank)
+            with contextlib.suppress(OSError):
+                path.touch()
+                self.acks.append(path)
+
+    # -- at the end -------------------------------------------------------------------
+
+    def before_stop(self, why: str, exclude: set[int] | None = None) -> str:
+        """The live ranks' stacks, kept, before the gang stops them: the clause for the
+        job's reason or error ('' when none were left or it is off)."""
+        if not self.enabled:
+            return ""
+        report = self.at_failure if why == "failed" else None
+        if report is None:
+            live = [r for r in self._live() if r not in (exclude or set())]
+            report = self.read(live, why) if live else None
+        self.stopping = True
+        if report is None or not (report.ranks or report.missing):
+            return ""
+        report.why = why
+        with contextlib.suppress(OSError):  # (a full disk: the job's reason still says it)
+            forensics.keep(self.job_dir, report)
+        return forensics.where_text(report, still=why == "failed")
+
+    def read(self, ranks: list[int], why: str) -> forensics.StackReport:
+        targets = [
+            forensics.Target(
+                p.rank,
+                p.pid,
+                p.create_time,
+                forensics.helper_file(self.job_dir, p.rank) if self.config.stacks_helper else None,
+            )
+            for p in self.gang.ranks
+            if p.rank in ranks
+        ]
+        report = forensics.read_targets(
+            self.gang.ctx.job.id,
+            targets,
+            reader=self.config.stacks_reader,
+            py_spy_setting=self.config.py_spy,
+            why=why,
+        )
+        if why == "stalled":
+            with contextlib.suppress(OSError):
+                forensics.keep(self.job_dir, report)
+        return report
+
+    def close(self) -> None:
+        for path in self.acks:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _live(self) -> list[int]:
+        return [
+            p.rank for p in self.gang.ranks if p.rank not in self.gang.done and p.poll() is None
+        ]
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
