@@ -12,8 +12,10 @@ field match), tolerations of taints outside an allow-list (default: the GPU tain
 pod lands on a control-plane node), `runAsUser: 0` and root's group (`runAsGroup`, `fsGroup`,
 `supplementalGroups` 0) on the pod or any container, ephemeral or StatefulSet claim templates
 naming a PersistentVolume (`volumeName`: bind any Available volume) or, with an allow-list, a
-storage class outside it, service accounts other than the notebook one (or default); and for
-job kinds, any Secret (volume, projected source, env or envFrom) other than the job's own
+storage class outside it, service accounts other than the notebook one (or default), and what
+a pod may ask of the scheduler (scheduling_policy.py: priority and runtime classes and the
+scheduler from allow-lists, no affinity terms across namespaces); and for job kinds, any
+Secret (volume, projected source, env or envFrom) other than the job's own
 (`JOB_SECRET_NAMES`: the names its builders give the Secrets they create).
 
 Two more policies for the user namespaces: Secrets that the namespace's own service accounts
@@ -44,6 +46,7 @@ from typing import Any
 
 from .crd import GROUP, PLURAL
 from .namespaces import PROFILE_NAMESPACE_LABELS, USER_NAMESPACE_LABEL
+from .scheduling_policy import DEFAULT_SCHEDULING, SchedulingAllowList, scheduling_checks
 
 POLICY_NAME = "mlcluster-pod-templates"
 SECRETS_POLICY_NAME = "mlcluster-user-secrets"
@@ -280,9 +283,10 @@ def validations(
     service_accounts: Sequence[str],
     tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     storage_classes: Sequence[str] = (),
+    scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(variables, validations) of the policy: every pod spec the object carries, then checks
-    that each of them must pass."""
+    that each of them must pass (`scheduling`: scheduling_policy.py's allow-lists)."""
     variables = [
         {
             # Every pod spec in the object, whatever its kind (TrainJob: its runtime patches
@@ -328,6 +332,7 @@ def validations(
         *_pod_spec_checks(tolerations, storage_classes),
         _service_account_check(service_accounts),
         _JOB_SECRETS_CHECK,
+        *scheduling_checks(scheduling),
     ]
     rendered = [
         (
@@ -382,8 +387,9 @@ def admission_policy(
     service_accounts: Sequence[str],
     tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     storage_classes: Sequence[str] = (),
+    scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
 ) -> dict[str, Any]:
-    variables, checks = validations(service_accounts, tolerations, storage_classes)
+    variables, checks = validations(service_accounts, tolerations, storage_classes, scheduling)
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -536,9 +542,10 @@ def admission_objects(
     service_accounts: Sequence[str],
     tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     storage_classes: Sequence[str] = (),
+    scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
 ) -> list[dict[str, Any]]:
     return [
-        admission_policy(service_accounts, tolerations, storage_classes),
+        admission_policy(service_accounts, tolerations, storage_classes, scheduling),
         *admission_bindings(),
         *secrets_policy(),
         *services_policy(),

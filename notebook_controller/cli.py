@@ -27,6 +27,7 @@ from .config import ControllerConfig
 from .ingress import IngressAuth
 from .manifests import NOTEBOOK_SERVICE_ACCOUNT, SERVER_SERVICE_ACCOUNT, all_manifests
 from .objects import namespace_error, owner_error
+from .scheduling_policy import DEFAULT_SCHEDULER, SchedulingAllowList
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _CONFIG_ALIASES = {
@@ -206,6 +207,9 @@ class ManifestsApp(Application):
         "tls-secret": "ManifestsApp.tls_secret",
         "allowed-toleration": "ManifestsApp.allowed_tolerations",
         "allowed-storage-class": "ManifestsApp.allowed_storage_classes",
+        "priority-class": "ManifestsApp.kubernetes_priority_classes",
+        "scheduler-name": "ManifestsApp.scheduler_name",
+        "allowed-runtime-class": "ManifestsApp.allowed_runtime_classes",
     }
     flags = {
         "no-gateway": (
@@ -284,6 +288,30 @@ class ManifestsApp(Application):
         help="Storage classes users' ephemeral volumes and StatefulSet claim templates may ask "
         "for (repeat the option; empty: any class). A claim template naming a "
         "PersistentVolume (volumeName) is refused either way.",
+    )
+    kubernetes_priority_classes = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        config=True,
+        help="The PriorityClass of each job priority, as MLClusterConfig."
+        "kubernetes_priority_classes maps them (repeat: --priority-class 10=training-high): "
+        "their names are the only priorityClassName users' pod templates may carry (none "
+        "without this option). The system classes (system-node-critical, "
+        "system-cluster-critical) preempt every tenant and are refused here; each "
+        "--user-namespace also gets a ResourceQuota admitting no pod of them.",
+    )
+    scheduler_name = Unicode(
+        DEFAULT_SCHEDULER,
+        config=True,
+        help="The one schedulerName users' pod templates may carry ('volcano' with "
+        "MLClusterConfig.kubernetes_gang = volcano); another would step around the gang "
+        "scheduler and its queues. Pods naming none get the cluster's default scheduler.",
+    )
+    allowed_runtime_classes = List(
+        Unicode(),
+        config=True,
+        help="RuntimeClasses users' pod templates may name (repeat the option; empty, the "
+        "default: none, every pod runs on the nodes' default runtime).",
     )
     insecure_header_trust = Bool(
         False,
@@ -377,6 +405,16 @@ class ManifestsApp(Application):
             "allowed_tolerations": list(self.allowed_tolerations),
             "allowed_storage_classes": list(self.allowed_storage_classes),
         }
+        try:
+            options["scheduling"] = SchedulingAllowList(
+                priority_classes=sorted(set(self.kubernetes_priority_classes.values())),
+                scheduler=self.scheduler_name,
+                runtime_classes=list(self.allowed_runtime_classes),
+            )
+        except ValueError as exc:
+            raise TraitError(
+                f"--priority-class, --scheduler-name, --allowed-runtime-class: {exc}"
+            ) from None
         if self.oidc_issuer and not [a for a in self.audiences if a]:
             raise TraitError(
                 "--oidc-issuer needs --audience (the 'aud' your OIDC provider puts in this "

@@ -11,6 +11,7 @@ from .admission import DEFAULT_ALLOWED_TOLERATIONS, admission_objects
 from .crd import GROUP, PLURAL, notebook_crd
 from .ingress import IngressAuth, ingress_objects
 from .namespaces import KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT, user_namespace_objects
+from .scheduling_policy import DEFAULT_SCHEDULING, SchedulingAllowList, system_priority_quota
 from .server_deploy import server_objects
 from .server_rbac import SERVICE_ACCOUNT as SERVER_SERVICE_ACCOUNT
 from .server_rbac import server_rbac
@@ -186,13 +187,15 @@ def all_manifests(
     insecure_header_trust: bool = False,
     allowed_tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     allowed_storage_classes: Sequence[str] = (),
+    scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
-    leader), the admission policy for pod templates; the Gateway with JWT verification when
+    leader), the admission policy for pod templates (`scheduling`: what they may ask of the
+    scheduler); the Gateway with JWT verification when
     an issuer is given (`ingress_auth`: never an unauthenticated Gateway); with
     `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS;
     marked with its owner from `namespace_owners`, whom alone the controller lets own
-    notebooks there) and
+    notebooks there; a ResourceQuota that admits no pod of the system PriorityClasses) and
     the service account its notebook pods run as there, allowed to run `%%distributed
     --backend kubernetes` jobs in that namespace and nothing more; last, the shared Jupyter
     server's own least-privilege RBAC (its service account in `server_namespace`, default the
@@ -276,6 +279,7 @@ def all_manifests(
             [notebook_service_account, "default", KUBEFLOW_NOTEBOOK_SERVICE_ACCOUNT],
             allowed_tolerations,
             allowed_storage_classes,
+            scheduling,
         ),
     ]
     if include_gateway and ingress_auth is not None:
@@ -283,6 +287,7 @@ def all_manifests(
     for user_namespace in user_namespaces:
         owner = (namespace_owners or {}).get(user_namespace, "")
         manifests += user_namespace_objects(user_namespace, notebook_service_account, owner)
+        manifests.append(system_priority_quota(user_namespace))
         manifests.append(controller_user_namespace_binding(user_namespace, binding_subjects))
     if user_namespaces:  # TrainJobs name ClusterTrainingRuntimes: reading them is cluster-wide
         manifests += trainer_runtime_reader(

@@ -854,6 +854,7 @@ def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixtur
             "ServiceAccount",
             "Role",
             "RoleBinding",
+            "ResourceQuota",  # no pods of the system PriorityClasses (issue 31)
             "RoleBinding",  # the controller's writes there
         )
     ]

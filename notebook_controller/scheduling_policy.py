@@ -1,0 +1,137 @@
+"""What a user's pod template may ask of the scheduler (pure; admission.py applies it).
+
+A pod spec decides more than where its own containers run: `priorityClassName:
+system-node-critical` preempts other tenants' pods (the system classes outrank every user
+class), a `podAffinity`/`podAntiAffinity` term with `namespaces` or a `namespaceSelector`
+places the pod next to (or away from) a chosen victim's pods in other namespaces, and a
+`schedulerName` or `runtimeClassName` of the user's choosing steps around the gang scheduler
+and its queues or onto a runtime the platform did not vet. So each comes from an allow-list
+the platform sets (`mlcluster manifests --priority-class`, `--scheduler-name`,
+`--allowed-runtime-class`), and affinity terms stay within the pod's own namespace.
+
+The admission policy cannot see a pod that names no priority class but gets a system one by
+default (a PriorityClass with `globalDefault`), nor the pods of kinds it does not judge;
+`system_priority_quota`, printed in each user namespace, lets no pod of the system classes
+exist there at all, whoever made it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_SCHEDULER = "default-scheduler"
+# Kubernetes' own classes, above every user class: preempt anyone, evicted last.
+SYSTEM_PRIORITY_CLASSES = ["system-node-critical", "system-cluster-critical"]
+SYSTEM_PRIORITY_QUOTA = "mlcluster-no-system-priority"
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class SchedulingAllowList:
+    """What a user's pod may name: PriorityClasses (the values of
+    MLClusterConfig.kubernetes_priority_classes, which the Kubernetes backend sets), the one
+    scheduler (`volcano` where MLClusterConfig.kubernetes_gang is volcano), RuntimeClasses
+    (none by default). A pod that names none of them gets the cluster's defaults."""
+
+    priority_classes: Sequence[str] = ()
+    scheduler: str = DEFAULT_SCHEDULER
+    runtime_classes: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        for name in [*self.priority_classes, self.scheduler, *self.runtime_classes]:
+            # Object names (DNS-1123 subdomains): they are written into the policy's CEL.
+            if not _NAME.fullmatch(name) or len(name) > 253:
+                raise ValueError(f"{name!r} is not the name of a Kubernetes object")
+        system = sorted(set(self.priority_classes) & set(SYSTEM_PRIORITY_CLASSES))
+        if system:
+            raise ValueError(
+                f"{', '.join(system)}: a system PriorityClass preempts every tenant's pods and "
+                "is never one users' pods may name"
+            )
+
+
+# The allow-lists when the platform sets none: the default scheduler, no chosen class.
+DEFAULT_SCHEDULING = SchedulingAllowList()
+
+
+def _quoted(values: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _term_stays_home(term: str) -> str:
+    """A PodAffinityTerm that looks only at the pod's own namespace (no `namespaces` list,
+    no `namespaceSelector`: an empty selector means every namespace)."""
+    return (
+        f"(!has({term}.namespaces) || size({term}.namespaces) == 0) && "
+        f"!has({term}.namespaceSelector)"
+    )
+
+
+def _affinity_stays_home(affinity: str) -> str:
+    required = f"{affinity}.requiredDuringSchedulingIgnoredDuringExecution"
+    preferred = f"{affinity}.preferredDuringSchedulingIgnoredDuringExecution"
+    return (
+        f"(!has({affinity}) || ("
+        f"(!has({required}) || {required}.all(t, {_term_stays_home('t')})) && "
+        f"(!has({preferred}) || {preferred}.all(p, !has(p.podAffinityTerm) || "
+        f"{_term_stays_home('p.podAffinityTerm')}))))"
+    )
+
+
+def scheduling_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
+    """(CEL over one pod spec `s` that must hold, message) for each rule."""
+    classes = list(allowed.priority_classes)
+    runtimes = list(allowed.runtime_classes)
+    return [
+        (
+            f"!has(s.priorityClassName) || s.priorityClassName in {_quoted(classes)}",
+            "priorityClassName may only be "
+            + (", ".join(classes) if classes else "left out (no class is allowed)")
+            + " (the platform's classes for job priorities; a system class would preempt "
+            "other tenants)",
+        ),
+        (
+            "!has(s.affinity) || ("
+            + _affinity_stays_home("s.affinity.podAffinity")
+            + " && "
+            + _affinity_stays_home("s.affinity.podAntiAffinity")
+            + ")",
+            "podAffinity and podAntiAffinity terms may not name other namespaces (namespaces, "
+            "namespaceSelector): a pod is placed among its own namespace's pods only",
+        ),
+        (
+            f"!has(s.schedulerName) || s.schedulerName == '{allowed.scheduler}'",
+            f"schedulerName may only be {allowed.scheduler} (the platform's scheduler and its "
+            "queues)",
+        ),
+        (
+            f"!has(s.runtimeClassName) || s.runtimeClassName in {_quoted(runtimes)}",
+            "runtimeClassName may only be "
+            + (", ".join(runtimes) if runtimes else "left out (no RuntimeClass is allowed)"),
+        ),
+    ]
+
+
+def system_priority_quota(namespace: str) -> dict[str, Any]:
+    """No pods of the system PriorityClasses in `namespace` (a ResourceQuota scoped to them,
+    with none allowed), whatever made them and whatever their template said."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": SYSTEM_PRIORITY_QUOTA, "namespace": namespace},
+        "spec": {
+            "hard": {"pods": "0"},
+            "scopeSelector": {
+                "matchExpressions": [
+                    {
+                        "scopeName": "PriorityClass",
+                        "operator": "In",
+                        "values": list(SYSTEM_PRIORITY_CLASSES),
+                    }
+                ]
+            },
+        },
+    }
