@@ -203,16 +203,40 @@ class SessionGang(Gang):
         for rank in list(self.commands):
             self.send(rank, {"type": "stop"})
         self.close_commands()
-        deadline = time.monotonic() + self.ctx.config.kill_grace_period
+        grace = self.ctx.config.kill_grace_period
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for p in self.ranks):
             self.pump(0.02)
+        stopped = [p.rank for p in self.ranks if p.poll() is None]
         launcher.stop_ranks(self.ranks, 0.5, pump=self.pump)
         now = time.time()
         for p in self.ranks:
             self.done.add(p.rank)
-            self.rank_updates.update(
-                p.rank, state=RankState.SUCCEEDED, exit_code=p.returncode, finished=now
-            )
+            # What the exit says: a rank that aborted on its way out (a native library's
+            # terminate) failed, one that had to be stopped was cancelled.
+            if p.rank in stopped:
+                state = RankState.CANCELLED
+                with contextlib.suppress(OSError):
+                    self.ctx.logs.system(
+                        f"[mlcluster] rank {p.rank} had not exited {grace:g} s after the"
+                        " session's stop: stopped",
+                        rank=p.rank,
+                    )
+            elif p.returncode == 0:
+                state = RankState.SUCCEEDED
+            else:
+                state = RankState.FAILED
+                how = Outcome(OutcomeKind.FAILED, failed_rank=p.rank, exit_code=p.returncode)
+                with contextlib.suppress(OSError):
+                    self.ctx.logs.system(
+                        f"[mlcluster] {lifecycle.failure_text(self.store, self.ctx.job.id, how)}"
+                        " while the session stopped",
+                        rank=p.rank,
+                    )
+            self.rank_updates.update(p.rank, state=state, exit_code=p.returncode, finished=now)
+        # In the store before the session's end is: whoever reads the end sees how each
+        # rank ended.
+        self.rank_updates.flush(force=True)
 
     def rank_died(self, proc: launcher.RankProcess) -> str:
         outcome = Outcome(OutcomeKind.FAILED, failed_rank=proc.rank, exit_code=proc.returncode)
@@ -312,6 +336,7 @@ class SessionGang(Gang):
         if len(cell.done) == len(self.ranks):
             for p in self.ranks:
                 self.drain_rank(p.rank)  # their last output came before their report
+                self.end_lines(p.rank)
             self.finish_cell()
             return None
         grace = self.ctx.config.session_interrupt_grace
@@ -325,6 +350,14 @@ class SessionGang(Gang):
             self.finish_cell(lost=lost)
             return "restart"
         return None
+
+    def end_lines(self, rank: int) -> None:
+        """What the cell printed without a newline (`print('x', end='')`, or just before an
+        interrupt) is the cell's last line, not the start of the next cell's output."""
+        for stream in ("o", "e"):
+            parser = self.parsers.get((rank, stream))
+            if parser is not None:
+                self._handle(rank, stream, parser.flush())
 
     def end_cell_now(self, why: str) -> None:
         """The session stops or restarts under a running cell: it is cancelled, saying so."""
