@@ -273,15 +273,17 @@ def fold_lines(report: StackReport, *, main_only: bool = False) -> list[str]:
     return lines
 
 
-def where_text(report: StackReport, *, still: bool = False) -> str:
+def where_text(report: StackReport, *, still: bool = False, folds: int = 3) -> str:
     """'ranks 0, 2 were in all_reduce ← step (train.py:42)': where the main threads were,
-    for a job's reason or error (one clause per fold, and the ranks that were not read);
-    `still`: they were still there when another rank failed."""
+    for a job's reason or error (one clause per fold, at most `folds` of them, and the ranks
+    that were not read); `still`: they were still there when another rank failed."""
     parts = []
-    for f in report.folds():
-        if f.main:
-            verb = ("were" if len(f.ranks) > 1 else "was") + (" still" if still else "")
-            parts.append(f"{f.label} {verb} in {f.summary}")
+    main = [f for f in report.folds() if f.main]
+    for f in main[:folds]:
+        verb = ("were" if len(f.ranks) > 1 else "was") + (" still" if still else "")
+        parts.append(f"{f.label} {verb} in {f.summary}")
+    if len(main) > folds:
+        parts.append(f"{len(main) - folds} more stacks (mlcluster stacks {report.job})")
     parts.extend(f"rank {r} could not be read ({why})" for r, why in sorted(report.missing.items()))
     return "; ".join(parts)
 
