@@ -21,19 +21,18 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.backend import Backend
-from ...jobs.backoff import Backoff
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...runtime.protocol import OutputParser, job_key, key_path
-from . import script
+from . import script, watch
 from .commands import SlurmCommands, SlurmError
+from .watch import LOOK_BACKOFF, Following, LostSlurm
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -42,10 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 LOOP_TICK = 0.05
-# squeue failing this many looks in a row (each already retried) loses the job: it is
-# cancelled as far as Slurm lets us and failed, saying why.
-MAX_LOOK_FAILURES = 5
-LOOK_BACKOFF = Backoff(first=1.0, cap=15.0, floor=0.5)
 # After scancel, how long the supervisor waits for Slurm to let the job go before it says so
 # and leaves the rest to the reaper (a pending cleanup stays recorded).
 GONE_WAIT = 60.0
@@ -58,6 +53,7 @@ SINFO_TTL = 1.0
 ENDING_GRACE = GONE_WAIT
 ENDING_LOOK = 2.0
 PENDING_CLEANUP = "pending_cleanup"
+_METRICS = ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
 # sbatch must not inherit them, or its tasks would think they were the notebook's.
 _KEEP_SLURM = {"SLURM_CONF"}
@@ -181,7 +177,7 @@ class SlurmBackend(Backend):
         ending = time.time() < float(pending.get("ended") or 0) + ENDING_GRACE
         commands = self.commands()
         try:
-            rows = script.ours(commands.jobs(user=current_slurm_user()), job.id)
+            rows = script.ours(self._user_jobs(store, commands, pending), job.id)
             active = [r["id"] for r in rows if r["state"] in script.ACTIVE_STATES]
             if active and not ending:
                 commands.cancel(active)
@@ -203,6 +199,20 @@ class SlurmBackend(Backend):
             )
             state[PENDING_CLEANUP] = pending
         store.update_job(job.id, backend_state=state)
+
+    def _user_jobs(
+        self, store: JobStore, commands: SlurmCommands, pending: dict[str, Any]
+    ) -> list[dict[str, str]]:
+        """The user's jobs as Slurm says them: the watcher's snapshot (watch.py) when it is
+        fresh and was asked after the job's allocation was submitted, else squeue asked here
+        (no supervisor follows a Slurm job: nobody watches)."""
+        user = current_slurm_user()
+        snapshot = watch.read_snapshot(watch.snapshot_path(store.root, user)) or {}
+        asked = float(snapshot.get("asked_at") or 0)
+        fresh = time.time() - asked < max(3 * self.config.slurm_poll_interval, 3.0)
+        if fresh and asked > float(pending.get("since") or 0) and not snapshot.get("failures"):
+            return list((snapshot.get("jobs") or {}).values())
+        return commands.jobs(user=user)
 
     # -- inside the supervisor -------------------------------------------------------------
 
@@ -260,72 +270,6 @@ class _RankFile:
         return data
 
 
-class _LostSlurm(Exception):
-    """squeue failed MAX_LOOK_FAILURES times in a row (each call already retried)."""
-
-
-class _JobView(threading.Thread):
-    """squeue in a thread of its own: a controller slow to answer (each call may take up to
-    slurm_command_timeout, then be retried) never stalls the supervisor's loop, which keeps
-    streaming logs and seeing the ranks' exits from their files meanwhile."""
-
-    def __init__(self, commands: SlurmCommands, slurm_id: str, partition: str, interval: float):
-        super().__init__(daemon=True, name=f"squeue-{slurm_id}")
-        self.commands = commands
-        self.slurm_id = slurm_id
-        self.partition = partition
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._done = threading.Event()
-        self._row: dict[str, str] | None = None  # None: no answer yet; {}: Slurm forgot it
-        self._position: int | None = None
-        self._failures = 0
-        self._error: Exception | None = None
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            try:
-                rows = self.commands.jobs(job_ids=[self.slurm_id])
-                position = None
-                if rows and rows[0]["state"] == "PENDING":
-                    position = self._place()
-                with self._lock:
-                    self._row, self._position = (rows[0] if rows else {}), position
-                    self._failures, self._error = 0, None
-                wait = self.interval
-            except SlurmError as exc:
-                with self._lock:
-                    self._failures += 1
-                    self._error = exc
-                    failures = self._failures
-                log.warning("squeue failed (%d in a row): %s", failures, exc)
-                wait = LOOK_BACKOFF.delay(failures - 1)
-            self._wake.wait(wait)
-            self._wake.clear()
-
-    def _place(self) -> int | None:
-        """The job's place among its partition's pending jobs, in Slurm's priority order."""
-        try:
-            order = self.commands.pending_order(self.partition)
-        except SlurmError:
-            return None
-        return order.index(self.slurm_id) + 1 if self.slurm_id in order else None
-
-    def latest(self) -> tuple[dict[str, str] | None, int | None]:
-        with self._lock:
-            if self._failures >= MAX_LOOK_FAILURES:
-                raise _LostSlurm(str(self._error))
-            return self._row, self._position
-
-    def refresh(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._done.set()
-        self._wake.set()
-
-
 class _Attempt:
     """One sbatch allocation: submit, follow, stream, stop."""
 
@@ -352,12 +296,14 @@ class _Attempt:
                 self.parsers[(rank, stream)] = OutputParser(key if stream == "c" else None, rank)
         self.exits: dict[int, int] = {}
         self.started_ranks: set[int] = set()
-        self.view: _JobView | None = None
+        self.view: Following | None = None
         self.released = False
         self.host: str | None = None
         self.last_scan = float("-inf")
         self.scan_interval = min(SCAN_MAX, SCAN_EVERY * max(1.0, self.spec.workers / 8))
         self.reported_errors: dict[int, dict[str, Any]] = {}
+        self.runtime_metrics: dict[int, dict[str, Any]] = {}
+        self.last_metrics = float("-inf")
 
     # -- submit ------------------------------------------------------------------------
 
@@ -429,14 +375,14 @@ class _Attempt:
         # the reaper still cancels the allocation (found by its comment).
         _set_backend_state(ctx, **{PENDING_CLEANUP: {"since": time.time()}})
         self.slurm_id = self.commands.submit(args, str(job_script), base)
+        since = time.time()  # an answer asked before sbatch returned may not know the job
         _set_backend_state(ctx, slurm_job_id=self.slurm_id)
-        self.view = _JobView(
-            self.commands,
-            self.slurm_id,
-            self.spec.queue or ctx.config.slurm_partition,
-            ctx.config.slurm_poll_interval,
+        watcher = watch.watch_for(
+            ctx.store.root, self.commands, ctx.config.slurm_poll_interval, current_slurm_user()
         )
-        self.view.start()
+        self.view = Following(
+            watcher, self.slurm_id, self.spec.queue or ctx.config.slurm_partition, since
+        )
         log.info("attempt %d is Slurm job %s", self.number, self.slurm_id)
         ctx.set_reason(f"submitted to Slurm as job {self.slurm_id}")
         ctx.set_ranks(
@@ -456,7 +402,7 @@ class _Attempt:
     # -- follow ------------------------------------------------------------------------
 
     def look(self) -> None:
-        """The Slurm job's state as squeue last said it (the view's thread asks); pending
+        """The Slurm job's state as squeue last said it (the user's watcher asks); pending
         reason and position; nodes once running."""
         if self.view is None:
             return
@@ -552,9 +498,16 @@ class _Attempt:
                     self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
                 elif rtype == "error":
                     self.reported_errors[rank] = value
+                elif rtype == "metrics":  # the rank's own figures (rank.py): nobody samples it
+                    self.runtime_metrics[rank] = {k: value.get(k) for k in _METRICS}
 
     def flush(self, force: bool = False) -> None:
         self.rank_updates.flush(force)
+        now = time.monotonic()
+        if self.runtime_metrics and now - self.last_metrics >= self.ctx.config.metrics_interval:
+            self.last_metrics = now
+            samples, self.runtime_metrics = self.runtime_metrics, {}
+            self.ctx.record_metrics(samples)  # the monitor's columns, and the idle-GPU flag
         self.ctx.tick()
 
     def watch(self) -> Outcome:
@@ -699,7 +652,7 @@ class _Attempt:
                 self.view.refresh()
             try:
                 self.look()
-            except _LostSlurm:
+            except LostSlurm:
                 pass
             if (
                 self.slurm_state not in script.ACTIVE_STATES
@@ -724,7 +677,7 @@ class _Attempt:
             return Outcome(OutcomeKind.FAILED, f"sbatch: {exc}", restartable=False)
         try:
             outcome = self.watch()
-        except _LostSlurm as exc:
+        except LostSlurm as exc:
             why = f"lost contact with Slurm: {exc}"
             return Outcome(OutcomeKind.FAILED, why + self.stop(why), restartable=False)
         except BaseException:

@@ -155,12 +155,21 @@ class SlurmCommands:
             raise SlurmError(script.slurm_error(done.stderr))
         return script.parse_jobs(done.stdout)
 
-    def pending_order(self, partition: str) -> list[str]:
-        """Pending job ids of a partition, highest priority first (Slurm's queue order)."""
-        args = ["--noheader", "--states=PENDING", "--sort=-p,i", "--format=%i"]
-        if partition:
-            args.append(f"--partition={partition}")
-        return self.run("squeue", args).stdout.split()
+    def queue(self, *, user: str | None, by_priority: bool) -> list[dict[str, str]]:
+        """The watcher's one squeue call (watch.py): every job Slurm remembers of `user`, or
+        of every user (None); `by_priority`: in Slurm's queue order, highest first."""
+        args = ["--noheader", "--states=all", f"--format={script.WATCH_FORMAT}"]
+        if user:
+            args.append(f"--user={user}")
+        if by_priority:
+            args.append("--sort=-p,i")
+        return script.parse_jobs(self.run("squeue", args).stdout, script.WATCH_FIELDS)
+
+    def accounting(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
+        """sacct's rows of jobs squeue no longer shows (their allocations, not steps)."""
+        args = ["--noheader", "--parsable2", "--allocations", f"--format={script.SACCT_FORMAT}"]
+        args.append("--jobs=" + ",".join(job_ids))
+        return script.parse_accounting(self.run("sacct", args).stdout)
 
     def signal(self, job_id: str, signal_name: str, *, full: bool = False) -> None:
         args = [f"--signal={signal_name}", job_id]

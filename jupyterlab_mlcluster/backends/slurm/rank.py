@@ -1,10 +1,10 @@
 """What each task of a Slurm job step runs: `python -m jupyterlab_mlcluster.backends.slurm.rank`.
 
 It turns Slurm's task variables into the rank's torchrun environment (script.rank_environment),
-opens the rank's report file (its signed records: started, progress, errors, as a local rank's
-report pipe), runs the same worker as every backend, and leaves its exit status in a file
-beside its output so the supervisor knows how each rank ended (a task killed by a signal
-leaves none: it was stopped).
+opens the rank's report file (its signed records: started, progress, errors, and its own CPU,
+memory and GPU figures, as a pod's rank reports them), runs the same worker as every
+backend, and leaves its exit status in a file beside its output so the supervisor knows how
+each rank ended (a task killed by a signal leaves none: it was stopped).
 """
 
 from __future__ import annotations
@@ -44,7 +44,11 @@ def main() -> None:
         0o600,
     )
     os.environ["MLCLUSTER_REPORT"] = f"fd:{report}"
-    from ...runtime import worker
+    from ...runtime import metrics, worker
+
+    # Nobody samples a task on its node from outside: it reports its own CPU, memory and
+    # GPU figures, as a pod's rank does.
+    metrics.start_reporting()
 
     status: int | str | None = 1
     try:

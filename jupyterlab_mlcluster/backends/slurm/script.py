@@ -291,19 +291,49 @@ SQUEUE_FORMAT = "%i|%T|%r|%N|%k"
 SQUEUE_FIELDS = ("id", "state", "reason", "nodes", "comment")
 
 
-def parse_jobs(text: str) -> list[dict[str, str]]:
-    """Rows of `squeue --noheader --format=SQUEUE_FORMAT`."""
+# The watcher's (watch.py): also each job's partition(s) and user; the comment, which may
+# hold anything, stays last.
+WATCH_FORMAT = "%i|%T|%r|%N|%P|%u|%k"
+WATCH_FIELDS = ("id", "state", "reason", "nodes", "partition", "user", "comment")
+SACCT_FORMAT = "JobIDRaw,State,NodeList,Partition,User"
+
+
+def parse_jobs(text: str, fields: tuple[str, ...] = SQUEUE_FIELDS) -> list[dict[str, str]]:
+    """Rows of `squeue --noheader --format=SQUEUE_FORMAT` (or WATCH_FORMAT: its `fields`)."""
     rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|", len(SQUEUE_FIELDS) - 1)
-        if len(parts) != len(SQUEUE_FIELDS):
+        parts = line.split("|", len(fields) - 1)
+        if len(parts) != len(fields):
             continue
-        row = dict(zip(SQUEUE_FIELDS, (p.strip() for p in parts), strict=True))
+        row = dict(zip(fields, (p.strip() for p in parts), strict=True))
         # Extended states ("CANCELLED by 0", "RUNNING+...") name their base state first.
         row["state"] = re.split(r"[\s+]", row["state"], maxsplit=1)[0]
         rows.append(row)
+    return rows
+
+
+def parse_accounting(text: str) -> list[dict[str, str]]:
+    """Rows of `sacct --noheader --parsable2 --format=SACCT_FORMAT`, in squeue's shape."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5 or not parts[0].isdigit():
+            continue
+        job_id, state, nodes, partition, user = parts
+        rows.append(
+            {
+                "id": job_id,
+                # "CANCELLED by 0": the base state first, as squeue's extended states.
+                "state": re.split(r"[\s+]", state, maxsplit=1)[0],
+                "reason": "",
+                "nodes": nodes,
+                "partition": partition,
+                "user": user,
+                "comment": "",
+            }
+        )
     return rows
 
 

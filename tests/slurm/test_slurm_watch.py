@@ -1,0 +1,147 @@
+"""Slurm asked once (watch.py), and Slurm ranks' own figures (issue 34, items 2 and 3).
+
+The squeue the backend meets is a wrapper that logs each call, then runs the real one: the
+calls are counted with a dozen jobs following their allocations, most of them waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import time
+
+import pytest
+from helpers import wait_for
+
+from jupyterlab_mlcluster.backends.slurm import watch
+from jupyterlab_mlcluster.backends.slurm.backend import current_slurm_user
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.runtime.payload import Payload
+
+COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "sacct")
+JOBS = 12
+
+
+@pytest.fixture
+def counted(slurm_store, tmp_path):
+    """slurm_bin_dir whose squeue logs each call (its time) before running the real one; a
+    watcher asking once a second."""
+    bin_dir, calls = tmp_path / "slurm-bin", tmp_path / "squeue-calls"
+    bin_dir.mkdir()
+    for command in COMMANDS:
+        real = shutil.which(command)
+        assert real, f"{command} not on PATH"
+        if command != "squeue":
+            (bin_dir / command).symlink_to(real)
+            continue
+        wrapper = bin_dir / "squeue"
+        wrapper.write_text(f'#!/bin/sh\ndate +%s.%N >> {calls}\nexec {real} "$@"\n')
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    config = slurm_store.parent / "jupyter-config" / "jupyter_mlcluster_config.json"
+    settings = json.loads(config.read_text())
+    settings["MLClusterConfig"].update(slurm_bin_dir=str(bin_dir), slurm_poll_interval=1.0)
+    config.write_text(json.dumps(settings))
+    return calls
+
+
+def calls_between(calls, start: float, end: float) -> list[float]:
+    times = [float(t) for t in calls.read_text().split()] if calls.exists() else []
+    return [t for t in times if start <= t <= end]
+
+
+@pytest.fixture
+def service(slurm_store):
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    svc = JobService()
+    yield svc
+    for record in svc.store.list_jobs()[0]:
+        if not record.final:
+            svc.cancel(record.id, wait=False)
+    wait_for(
+        lambda: svc.reap(force=True) is not None and all(r.final for r in svc.list()[0]),
+        120,
+        message="every job to end",
+    )
+
+
+def positions(service, ids) -> dict[str, int]:
+    found = {}
+    for job_id in ids:
+        reason = service.get(job_id).reason or ""
+        if "position " in reason:
+            found[job_id] = int(reason.split("position ")[1].split()[0])
+    return found
+
+
+def test_a_dozen_jobs_ask_squeue_once_a_second_and_a_dead_watcher_is_replaced(
+    counted, service, slurm, slurm_store
+):
+    spec = JobSpec.from_options({"backend": "slurm", "workers": 1})
+    jobs = [
+        service.submit(spec, Payload(source="import time\ntime.sleep(600)\n")) for _ in range(JOBS)
+    ]
+    ids = [j.id for j in jobs]
+    # The node has 2 CPUs: 2 run, the others wait, each told its place in Slurm's queue.
+    wait_for(
+        lambda: sorted(positions(service, ids).values()) == list(range(1, JOBS - 1)),
+        180,
+        interval=0.5,
+        message="every waiting job's place in the queue (1 to 10, each once)",
+    )
+    waiting = [service.get(i).reason for i in positions(service, ids)]
+    assert all("Resources" in r or "Priority" in r for r in waiting), waiting
+
+    start = time.time()
+    time.sleep(6.0)  # (a window to count in; nothing is awaited)
+    counted_calls = calls_between(counted, start, time.time())
+    assert len(counted_calls) <= 7, f"{len(counted_calls)} squeue calls in 6 s for {JOBS} jobs"
+    assert len(counted_calls) >= 3, "the watcher should still ask"
+
+    # A state change (the first waiting job cancelled in Slurm) is seen within 2 s.
+    first = min(positions(service, ids).items(), key=lambda item: item[1])[0]
+    slurm_id = service.get(first).backend_state["slurm_job_id"]
+    cancelled_at = time.time()
+    slurm.run("scancel", slurm_id)
+    wait_for(lambda: service.get(first).final, 30, interval=0.02, message="the cancel to be seen")
+    seen_after = time.time() - cancelled_at
+    assert service.get(first).state == JobState.CANCELLED
+    assert seen_after <= 2.5, f"seen {seen_after:.2f} s after scancel"
+
+    # The watcher (one of the supervisors) killed: another supervisor takes over.
+    path = watch.snapshot_path(slurm_store, current_slurm_user())
+    snapshot = watch.read_snapshot(path)
+    dead = snapshot["watcher"]
+    assert dead in [service.get(i).supervisor["pid"] for i in ids]
+    os.kill(dead, signal.SIGKILL)
+    killed_at = time.time()
+    wait_for(
+        lambda: (
+            (watch.read_snapshot(path) or {}).get("watcher") not in (None, dead)
+            and watch.read_snapshot(path)["asked_at"] > killed_at
+        ),
+        30,
+        message="another watcher",
+    )
+    print(
+        f"squeue calls in 6 s: {len(counted_calls)}; cancel seen after {seen_after:.2f} s; "
+        f"new watcher after {time.time() - killed_at:.2f} s"
+    )
+
+
+def test_slurm_ranks_report_their_cpu_and_memory(service):
+    burn = "import time\nend = time.time() + 6\nwhile time.time() < end:\n    pass\n"
+    spec = JobSpec.from_options({"backend": "slurm", "workers": 2})
+    job = service.submit(spec, Payload(source=burn))
+    record = service.wait(job.id, timeout=120)
+    assert record.state == JobState.SUCCEEDED, record.error
+    history = service.store.metrics_history(job.id)
+    assert sorted(history) == [0, 1], history
+    for rank, series in history.items():
+        # (busy, though on a loaded 2-core machine the two ranks' share is far from 100%)
+        assert max(s["cpu_percent"] or 0 for s in series) > 5, (rank, series)
+        assert min(s["memory_bytes"] or 0 for s in series) > 10 << 20, (rank, series)
+    assert all(r.metrics.get("cpu_percent") is not None for r in record.ranks)
