@@ -40,7 +40,8 @@ from .notebook_watch import NotebookWatch
 from .notebooks import NotebookService, UserNamespaces
 from .openapi import API_PREFIX, Validators, build_document
 from .scheduling import ServerScheduler
-from .tensorboard import TensorBoardPlaces, TensorBoards, proxy_routes
+from .tensorboard import TensorBoardPlaces, TensorBoards
+from .tensorboard_proxy import proxy_routes
 from .user_namespace import DEFAULT_TEMPLATE, BadTemplate, NamespaceTaken, check_template
 
 T = TypeVar("T")
@@ -340,6 +341,23 @@ class MLClusterApp(ExtensionApp):
         help="TensorBoard's --reload_interval: seconds between its reads of new event data.",
     ).tag(config=True)
 
+    tensorboard_max_per_user = Int(
+        3,
+        min=0,
+        help="Most TensorBoard processes one user may have running (one per distinct set of "
+        "jobs opened, each ~90 MiB); opening one more stops that user's least recently used. "
+        "On a server not shared, its one user's. 0: no cap.",
+    ).tag(config=True)
+
+    tensorboard_max_total = Int(
+        20,
+        min=0,
+        help="Most TensorBoard processes this server runs for all its users together; at the "
+        "cap, opening another is refused (503, saying so) until one stops after "
+        "tensorboard_idle_timeout: no user's TensorBoard is stopped for another's. "
+        "0: no cap.",
+    ).tag(config=True)
+
     owner_job_quota = Int(
         -1,
         help="On a server shared through trust_identity_header: most jobs one user may keep in "
@@ -531,6 +549,8 @@ class MLClusterApp(ExtensionApp):
             idle_timeout=self.tensorboard_idle_timeout,
             start_timeout=self.tensorboard_start_timeout,
             reload_interval=self.tensorboard_reload_interval,
+            per_user=self.tensorboard_max_per_user,
+            total=self.tensorboard_max_total,
         )
         self.metrics = ServerMetrics(
             self._metrics_source,

@@ -1,10 +1,14 @@
 """TensorBoard for jobs, next to the Jupyter server and behind its authentication.
 
 `TensorBoards.open(job records)` starts (or reuses) one TensorBoard process per set of jobs,
-bound to 127.0.0.1 on a port the OS picks, with `--path_prefix` set to the proxy path under
-the server's base URL; `TensorBoardProxy` (an authenticated Jupyter handler) streams the
-browser's requests to it. Nothing listens anywhere but on loopback, and nothing reaches it
-without the server's token or cookie. Processes idle for `idle_timeout` seconds are stopped.
+bound to 127.0.0.1 on a port the OS picks (tensorboard_launch.py: its flags and a secret
+come on stdin, and it answers only requests carrying that secret);
+`TensorBoardProxy` (tensorboard_proxy.py, an authenticated Jupyter handler) streams the
+browser's requests to it with the secret. Nothing listens anywhere but on loopback, and
+nothing reaches it without the server's token or cookie: not another local user who reads
+its port in /proc/net/tcp either. Processes idle for `idle_timeout` seconds are stopped;
+each caller has at most `per_user` (opening one more stops the caller's least recently
+used), the server at most `total` (opening one more is refused, 503, saying so).
 """
 
 from __future__ import annotations
@@ -13,21 +17,18 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import re
+import secrets
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
-from tornado import httpclient, web
-
-from .identity import IdentityError
 
 if TYPE_CHECKING:
     from ..jobs.record import JobRecord
@@ -38,21 +39,6 @@ log = logging.getLogger(__name__)
 ENV_NAME = "MLCLUSTER_TENSORBOARD_DIR"
 PROXY_PREFIX = "/mlcluster/tensorboard"
 _LISTENING = re.compile(rb"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
-# Headers that describe one hop, not the message (RFC 9110 7.6.1), and ones tornado sets.
-_HOP_HEADERS = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "host",
-    "cookie",
-    "authorization",
-}
 
 
 class NoTensorBoardData(Exception):
@@ -61,6 +47,10 @@ class NoTensorBoardData(Exception):
 
 class TensorBoardFailed(Exception):
     """The TensorBoard process did not come up."""
+
+
+class TensorBoardLimit(TensorBoardFailed):
+    """No TensorBoard may start now (the message says which setting caps them)."""
 
 
 def tensorboard_location(store: JobStore, record: JobRecord) -> str:
@@ -223,6 +213,7 @@ class TensorBoardProcess:
     process: asyncio.subprocess.Process
     port: int
     last_used: float
+    secret: str  # what the proxy sends it (tensorboard_launch.SECRET_HEADER)
 
 
 class TensorBoards:
@@ -235,15 +226,20 @@ class TensorBoards:
         idle_timeout: float,
         start_timeout: float,
         reload_interval: float,
+        per_user: int = 3,
+        total: int = 20,
         executable: str = sys.executable,
     ) -> None:
         self.base_url = base_url
         self.idle_timeout = idle_timeout
         self.start_timeout = start_timeout
         self.reload_interval = reload_interval
+        self.per_user = per_user  # 0: no cap
+        self.total = total  # 0: no cap
         self.executable = executable
         self.running: dict[str, TensorBoardProcess] = {}
         self._starting: dict[str, asyncio.Future] = {}
+        self._starting_owner: dict[str, str | None] = {}
         self._reaper: asyncio.Task | None = None
 
     @staticmethod
@@ -255,7 +251,8 @@ class TensorBoards:
 
     async def open(self, runs: dict[str, str], owner: str | None) -> str:
         """The URL path of a TensorBoard over `runs` (job id -> data location), started if
-        none runs for these jobs yet. Concurrent calls for the same jobs share one start."""
+        none runs for these jobs yet. Concurrent calls for the same jobs share one start.
+        TensorBoardLimit where the caps allow no new one."""
         key = self.key(runs)
         current = self.running.get(key)
         if current is not None and current.process.returncode is None:
@@ -263,22 +260,55 @@ class TensorBoards:
             return self.path(key)
         pending = self._starting.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(self._start(key, runs, owner))
+            # Room is made and the start counted before any await: concurrent opens see it.
+            evicted = self._make_room(owner)
+            pending = asyncio.ensure_future(self._start(key, runs, owner, evicted))
             self._starting[key] = pending
-            pending.add_done_callback(lambda _: self._starting.pop(key, None))
+            self._starting_owner[key] = owner
+
+            def started(_: asyncio.Future) -> None:
+                self._starting.pop(key, None)
+                self._starting_owner.pop(key, None)
+
+            pending.add_done_callback(started)
         await asyncio.shield(pending)
         self._ensure_reaper()
         return self.path(key)
 
-    async def _start(self, key: str, runs: dict[str, str], owner: str | None) -> None:
+    def _make_room(self, owner: str | None) -> list[TensorBoardProcess]:
+        """Take out of `running` the caller's least recently used TensorBoards that one more
+        would put over `per_user` (returned: they are stopped before the new one starts),
+        or TensorBoardLimit where the caller's starts under way fill its share, or the
+        server runs `total` already (others' TensorBoards are never stopped for it)."""
+        for key, current in list(self.running.items()):
+            if current.process.returncode is not None:
+                self.running.pop(key, None)
+        starting = sum(1 for who in self._starting_owner.values() if who == owner)
+        if self.per_user and starting >= self.per_user:
+            raise TensorBoardLimit(
+                f"{starting} TensorBoards of yours are starting, the most one user may have "
+                f"(MLClusterApp.tensorboard_max_per_user): wait for them"
+            )
+        mine = sorted(
+            (p for p in self.running.values() if p.owner == owner), key=lambda p: p.last_used
+        )
+        over = max(0, len(mine) + starting + 1 - self.per_user) if self.per_user else 0
+        if self.total and len(self.running) - over + len(self._starting) >= self.total:
+            raise TensorBoardLimit(
+                f"this server runs {self.total} TensorBoards, the most it may "
+                "(MLClusterApp.tensorboard_max_total); each stops after "
+                f"{self.idle_timeout:g} s unused (tensorboard_idle_timeout): try again later"
+            )
+        evicted = mine[:over]
+        for current in evicted:
+            self.running.pop(current.key, None)
+        return evicted
+
+    def _argv(self, key: str, runs: dict[str, str]) -> list[str]:
         spec = ",".join(f"{job_id}:{location}" for job_id, location in sorted(runs.items()))
         # Its own prefix is the key alone: the proxy maps the outer path (under the server's
         # base URL, which may hold escaped characters) onto it; its pages link relatively.
-        prefix = inner_prefix(key)
-        process = await asyncio.create_subprocess_exec(
-            self.executable,
-            "-m",
-            "tensorboard.main",
+        return [
             "--logdir_spec",
             spec,
             "--host",
@@ -286,24 +316,52 @@ class TensorBoards:
             "--port",
             "0",
             "--path_prefix",
-            prefix,
+            inner_prefix(key),
             "--load_fast",
             "false",
             "--reload_interval",
             str(self.reload_interval),
-            stdin=asyncio.subprocess.DEVNULL,
+        ]
+
+    async def _start(
+        self,
+        key: str,
+        runs: dict[str, str],
+        owner: str | None,
+        evicted: list[TensorBoardProcess],
+    ) -> None:
+        for old in evicted:
+            log.info(
+                "mlcluster: stopping TensorBoard for %s: its user opened more than %d",
+                old.key,
+                self.per_user,
+            )
+            await _stop(old.process)
+        secret = secrets.token_urlsafe(32)
+        process = await asyncio.create_subprocess_exec(
+            self.executable,
+            "-m",
+            "jupyterlab_mlcluster.server.tensorboard_launch",
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C at the server's terminal is the server's
         )
         try:
+            # Its flags (the jobs' directories) and secret: on stdin, not its command line.
+            assert process.stdin is not None
+            settings = {"argv": self._argv(key, runs), "secret": secret}
+            process.stdin.write(json.dumps(settings).encode() + b"\n")
+            with contextlib.suppress(ConnectionError):
+                await process.stdin.drain()
+            process.stdin.close()
             port = await asyncio.wait_for(self._port(process), self.start_timeout)
         except (TimeoutError, TensorBoardFailed) as exc:
             await _stop(process)
             raise TensorBoardFailed(f"TensorBoard did not start: {exc or 'timed out'}") from None
         # Keep reading its output, or TensorBoard blocks once the pipe is full.
         asyncio.ensure_future(_drain(process))
-        self.running[key] = TensorBoardProcess(key, owner, process, port, time.monotonic())
+        self.running[key] = TensorBoardProcess(key, owner, process, port, time.monotonic(), secret)
         log.info("mlcluster: TensorBoard for %s on 127.0.0.1:%d", key, port)
 
     @staticmethod
@@ -377,105 +435,3 @@ async def _stop(process: asyncio.subprocess.Process, grace: float = 5.0) -> None
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
-
-
-class TensorBoardProxy(JupyterHandler):
-    """`/mlcluster/tensorboard/<key>/...` -> that TensorBoard, for an authenticated caller
-    allowed to see its jobs. Responses are streamed, not buffered."""
-
-    auth_resource = "mlcluster"
-
-    @property
-    def app(self):
-        return self.settings["mlcluster"]
-
-    def check_xsrf_cookie(self) -> None:
-        # TensorBoard's own pages POST with the header `X-XSRF-Protected: 1` (TensorBoard
-        # refuses POSTs without it). A page of another origin cannot send a custom header
-        # without a CORS preflight, which Jupyter Server answers without allowing it; so the
-        # header proves the request comes from this origin, as Jupyter's _xsrf would.
-        if self.request.headers.get("X-XSRF-Protected") == "1":
-            return None
-        return super().check_xsrf_cookie()
-
-    def _target(self, key: str) -> TensorBoardProcess:
-        current = self.app.tensorboards.touch(key)
-        if current is None:
-            raise web.HTTPError(404, f"no TensorBoard {key!r} (stopped when idle: open it again)")
-        if self.app.trust_identity_header:
-            try:
-                caller = self.app.user_identity(self.current_user, self.request.headers)
-            except IdentityError as exc:
-                raise web.HTTPError(403, str(exc)) from None
-            if caller != current.owner:
-                raise web.HTTPError(404, f"no TensorBoard {key!r}")
-        return current
-
-    async def _forward(self, key: str, rest: str) -> None:
-        current = self._target(key)
-        if not rest:  # its pages link relatively: they need the directory's URL
-            self.redirect(self.app.tensorboards.path(key))
-            return
-        url = f"http://127.0.0.1:{current.port}{inner_prefix(key)}{rest}"
-        if self.request.query:
-            url += "?" + self.request.query
-        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in _HOP_HEADERS}
-        started = False
-
-        def on_header(line: str) -> None:
-            nonlocal started
-            line = line.strip()
-            if not line:
-                return
-            if line.startswith("HTTP/"):
-                parts = line.split(" ", 2)
-                self.set_status(int(parts[1]), parts[2] if len(parts) > 2 else None)
-                self.clear_header("Content-Type")
-                return
-            name, _, value = line.partition(":")
-            if name.lower() == "location" and value.strip().startswith(inner_prefix(key)):
-                outer = self.app.tensorboards.path(key).rstrip("/")
-                value = outer + value.strip()[len(inner_prefix(key)) :]
-            if name.lower() not in _HOP_HEADERS:
-                self.add_header(name.strip(), value.strip())
-
-        def on_chunk(chunk: bytes) -> None:
-            nonlocal started
-            started = True
-            self.write(chunk)
-            self.flush()
-
-        body = self.request.body if self.request.method in ("POST", "PUT") else None
-        request = httpclient.HTTPRequest(
-            url,
-            method=self.request.method,
-            headers=headers,
-            body=body,
-            follow_redirects=False,
-            header_callback=on_header,
-            streaming_callback=on_chunk,
-            request_timeout=300,
-            decompress_response=False,
-        )
-        try:
-            await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
-        except Exception as exc:  # connection refused: TensorBoard died under us
-            if started:
-                raise
-            raise web.HTTPError(502, f"TensorBoard {key!r} did not answer: {exc}") from None
-        self.finish()
-
-    @web.authenticated
-    @authorized
-    async def get(self, key: str, rest: str) -> None:
-        await self._forward(key, rest)
-
-    @web.authenticated
-    @authorized
-    async def post(self, key: str, rest: str) -> None:
-        await self._forward(key, rest)
-
-
-def proxy_routes() -> list[tuple[str, Any]]:
-    # ExtensionApp puts the server's base URL before the pattern.
-    return [(PROXY_PREFIX + r"/([a-z0-9-]+)(/.*)?", TensorBoardProxy)]
