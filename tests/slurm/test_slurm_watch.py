@@ -38,7 +38,14 @@ def counted(slurm_store, tmp_path):
             (bin_dir / command).symlink_to(real)
             continue
         wrapper = bin_dir / "squeue"
-        wrapper.write_text(f'#!/bin/sh\ndate +%s.%N >> {calls}\nexec {real} "$@"\n')
+        # While `<calls>.refuse` exists, squeue refuses as a controller that lost our user
+        # would (not a transient error: no retry).
+        wrapper.write_text(
+            f"#!/bin/sh\ndate +%s.%N >> {calls}\n"
+            f"if [ -e {calls}.refuse ]; then\n"
+            "  echo 'squeue: error: Access/permission denied' >&2\n  exit 1\nfi\n"
+            f'exec {real} "$@"\n'
+        )
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     config = slurm_store.parent / "jupyter-config" / "jupyter_mlcluster_config.json"
     settings = json.loads(config.read_text())
@@ -145,3 +152,31 @@ def test_slurm_ranks_report_their_cpu_and_memory(service):
         assert max(s["cpu_percent"] or 0 for s in series) > 5, (rank, series)
         assert min(s["memory_bytes"] or 0 for s in series) > 10 << 20, (rank, series)
     assert all(r.metrics.get("cpu_percent") is not None for r in record.ranks)
+
+
+def test_a_watcher_that_cannot_ask_slurm_fails_the_job_saying_so(counted, service, slurm_store):
+    """squeue refusing five asks in a row (the watcher backing off between them) loses the
+    job: stopped as a cancel is, failed in Slurm's words; its allocation still goes once
+    Slurm answers again."""
+    job = service.submit(
+        JobSpec.from_options({"backend": "slurm", "workers": 1}),
+        Payload(source="import time\nprint('up', flush=True)\ntime.sleep(600)\n"),
+    )
+    wait_for(lambda: [line["line"] for line in service.logs(job.id)[0]] == ["up"], 60, message="up")
+    refuse = counted.with_name(counted.name + ".refuse")
+    refuse.write_text("")
+    try:
+        wait_for(
+            lambda: any(
+                "stopping (lost contact with Slurm" in line["line"]
+                for line in service.logs(job.id)[0]
+            ),
+            120,
+            interval=0.2,
+            message="the job to stop, having lost Slurm",
+        )
+    finally:
+        refuse.unlink()
+    record = service.wait(job.id, timeout=120)
+    assert record.state == JobState.FAILED
+    assert record.error.startswith("lost contact with Slurm: squeue: error: Access/permission")
