@@ -38,6 +38,52 @@ REAPPLIED = frozenset(
         "TORCH_DISTRIBUTED_DEBUG",
     }
 )
+# Set by the launcher for each rank (launcher.rank_environment, worker.complete_environment):
+# their values differ between the ranks of a job, or between jobs, so no generation can be
+# keyed by them. A module that reads one at import is never preloaded (zygote.py): each rank
+# imports it itself, after its own environment is set.
+RANK_TABLE = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_NAME",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_VISIBLE_DEVICES",
+        "TF_CONFIG",
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "JOB_COMPLETION_INDEX",
+    }
+)
+RANK_TABLE_PREFIXES = ("TORCHELASTIC_",)
+# Ours (and what the launchers we stand in for set for their workers): never a generation's key.
+OWN_PREFIXES = ("MLCLUSTER_",)
+OWN_NAMES = frozenset({"PYTORCH_NVML_BASED_CUDA_CHECK"})
+
+
+def in_rank_table(name: str) -> bool:
+    return name in RANK_TABLE or name.startswith(RANK_TABLE_PREFIXES)
+
+
+def _never_keys(name: str) -> bool:
+    return (
+        name in REAPPLIED
+        or in_rank_table(name)
+        or name in OWN_NAMES
+        or name.startswith(OWN_PREFIXES)
+    )
+
+
 # The zygote's record: what its preloaded imports read, and the environment it started with.
 _IMPORT_READS: dict[str, str | None] = {}
 _START_ENV: dict[str, str] = {}
@@ -49,7 +95,7 @@ OVERLAY_VARIABLE = "MLCLUSTER_ZYGOTE_OVERLAY"
 
 
 def _read_at_startup(name: str) -> bool:
-    return (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and name not in REAPPLIED
+    return (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and not _never_keys(name)
 
 
 def _differing(env: Mapping[str, str]) -> dict[str, str | None]:
@@ -57,7 +103,7 @@ def _differing(env: Mapping[str, str]) -> dict[str, str | None]:
     see stale."""
     differ: dict[str, str | None] = {}
     for name, seen in _IMPORT_READS.items():
-        if name not in REAPPLIED and env.get(name) != seen:
+        if not _never_keys(name) and env.get(name) != seen:
             differ[name] = seen
     for name in set(env) | set(_START_ENV):
         if _read_at_startup(name) and env.get(name) != _START_ENV.get(name):
@@ -68,7 +114,7 @@ def _differing(env: Mapping[str, str]) -> dict[str, str | None]:
 def _watched_names() -> list[str]:
     """The variables this warm process's fit for a job depends on (besides the job's own
     start-up ones): what its imports read, and the start-up ones it started with."""
-    reads = {name for name in _IMPORT_READS if name not in REAPPLIED}
+    reads = {name for name in _IMPORT_READS if not _never_keys(name)}
     return sorted(reads | {name for name in _START_ENV if _read_at_startup(name)})
 
 
@@ -108,14 +154,16 @@ class _RecordEnvironReads:
         | {getattr(sys.modules.get("_collections_abc"), "__file__", None) or ""}
     )
 
-    def __init__(self, reads: dict[str, str | None]):
+    def __init__(self, reads: dict[str, str | None], rank_reads: dict[str, set[str]] | None = None):
         self.reads = reads
+        # A variable of the rank table -> the modules whose import read it (see _importing).
+        self.rank_reads = {} if rank_reads is None else rank_reads
         self._original: Callable[[Any, str], str] | None = None
 
     def __enter__(self) -> _RecordEnvironReads:
         environ_type = type(os.environ)
         original = self._original = environ_type.__getitem__
-        reads, library = self.reads, self._LIBRARY
+        reads, library, rank_reads = self.reads, self._LIBRARY, self.rank_reads
 
         def recording_getitem(environ, key):
             caller = sys._getframe(1)
@@ -130,9 +178,13 @@ class _RecordEnvironReads:
             except KeyError:
                 if one and isinstance(key, str):
                     reads.setdefault(key, None)
+                    if in_rank_table(key):
+                        rank_reads.setdefault(key, set()).add(_importing(caller))
                 raise
             if one and isinstance(key, str):
                 reads.setdefault(key, value)
+                if in_rank_table(key):
+                    rank_reads.setdefault(key, set()).add(_importing(caller))
             return value
 
         # Patching the class's method is the point: every read through os.environ is seen.
@@ -141,3 +193,13 @@ class _RecordEnvironReads:
 
     def __exit__(self, *exc: Any) -> None:
         type(os.environ).__getitem__ = self._original  # type: ignore[method-assign,assignment]
+
+
+def _importing(frame: Any) -> str:
+    """The module whose import runs `frame`: the innermost module body on the stack (a
+    function it calls may be another package's; what it keeps from the call is its own)."""
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            return str(frame.f_globals.get("__name__", "?"))
+        frame = frame.f_back
+    return "?"

@@ -7,8 +7,9 @@ import contextlib
 import gc
 import io
 import os
-import signal
 import sys
+
+from . import fresh
 
 
 def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
@@ -17,10 +18,9 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
     from ...runtime.payload import Payload, read_payload_bytes
 
     gc.freeze()  # inherited objects: never scanned, never copied by the collector
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    fresh.reset_signals()
     control_fd = int(env["MLCLUSTER_REPORT"].split(":", 1)[1])
+    fresh.shed_logging((control_fd,))  # while its files' descriptors are still theirs
     os.closerange(3, control_fd)
     os.closerange(control_fd + 1, _max_fd())
     os.environ.clear()
@@ -36,6 +36,7 @@ def become_rank(env: dict[str, str], cwd: str | None, payload_path: str) -> int:
 
     reporting.configure()  # this rank's channel, rank and job key
     worker.tie_to_supervisor()
+    fresh.shed_modules()  # (what this function needed is imported by now)
     if env.get("MLCLUSTER_SESSION"):  # a session's rank: cells come on its stdin
         from ...runtime import session_worker
 

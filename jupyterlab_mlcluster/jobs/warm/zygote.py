@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import fresh
 from .client import REQUEST_TIMEOUT, _record_refusal, refused_modules
 from .environment import (
     _IMPORT_READS,
@@ -97,20 +98,26 @@ class Zygote:
         groups: dict[str, list[str]] = {}
         for name in self.modules:
             groups.setdefault(name.partition(".")[0], []).append(name)
+        per_rank: dict[str, str] = {}  # package -> why each rank imports it itself
         for top, names in groups.items():
             if top in refused:
                 continue
+            rank_reads: dict[str, set[str]] = {}
             for name in names:
                 try:
-                    with _RecordEnvironReads(_IMPORT_READS):
+                    with _RecordEnvironReads(_IMPORT_READS, rank_reads):
                         importlib.import_module(name)
                 except (Exception, SystemExit):  # noqa: BLE001, S112 - not installed, or broken
                     continue
             problem = self.fork_problem()
             if problem is not None:
                 self._refuse(top, problem, refused)
+            per_rank.update(_read_per_rank(top, rank_reads))
             if top in sys.modules:
                 self.imported.append(top)
+        if per_rank:
+            self._leave_to_ranks(per_rank, refused)
+        fresh.remember()  # what each rank goes back to (jobs/warm/fresh.py)
         # Everything imported so far lives as long as we do. Frozen objects are never
         # scanned by the collector, so no fork pays for a full collection of torch's heap
         # (~150 ms here) nor copies every page it would touch doing so.
@@ -122,11 +129,27 @@ class Zygote:
         print(f"warm pool: {top} dropped from the preload list: {reason}", flush=True)
         with contextlib.suppress(OSError):
             _record_refusal(self.path.parent, top, reason)
-        # Start over, same pid and arguments, without it (the variable keeps us from
+        self._start_over(refused | {top})
+
+    @staticmethod
+    def _start_over(without: set[str]) -> None:
+        # Start over, same pid and arguments, without them (the variable keeps us from
         # looping when the record could not be written).
-        env = dict(os.environ, MLCLUSTER_ZYGOTE_REFUSED=",".join(sorted(refused | {top})))
+        env = dict(os.environ, MLCLUSTER_ZYGOTE_REFUSED=",".join(sorted(without)))
         argv = [sys.executable, "-m", "jupyterlab_mlcluster.jobs.warm.zygote", *sys.argv[1:]]
         os.execve(sys.executable, argv, env)
+
+    def _leave_to_ranks(self, per_rank: dict[str, str], refused: set[str]) -> None:
+        """Packages whose import read a variable of the rank table hold this zygote's value
+        of it (unset), where a fresh rank would hold its own: each rank must import them
+        itself, after its environment is set. Recorded like a refusal (the pool never asks
+        for them again) and, as for one, the zygote starts over without them; the rest of
+        the generation stays warm."""
+        for top, reason in sorted(per_rank.items()):
+            print(f"warm pool: {top} dropped from the preload list: {reason}", flush=True)
+            with contextlib.suppress(OSError):
+                _record_refusal(self.path.parent, top, reason)
+        self._start_over(refused | set(per_rank))
 
     def fork_problem(self) -> str | None:
         """Why forking now would be unsafe (None: it is safe)."""
@@ -283,6 +306,30 @@ class Zygote:
             self.children.add(pid)
             return {"ok": True, "pid": pid, "watched": _watched_names()}
         raise ValueError(f"unknown op {op!r}")
+
+
+def _read_per_rank(top: str, rank_reads: dict[str, set[str]]) -> dict[str, str]:
+    """The packages that importing `top` showed to read the rank table (`top` itself, and
+    the package of each module that read it), each with why, for the pool's log."""
+    readers: dict[str, set[str]] = {}
+    for variable, modules in rank_reads.items():
+        for module in modules:
+            readers.setdefault(module, set()).add(variable)
+    found: dict[str, str] = {}
+    for module, variables in sorted(readers.items()):
+        why = (
+            f"{module} reads {', '.join(sorted(variables))} at import: "
+            "each rank imports it itself, with its own values"
+        )
+        package = module.partition(".")[0]
+        found.setdefault(top, why)
+        if (
+            package.isidentifier()
+            and not package.startswith("_")  # (__main__: the read came from no import)
+            and package not in sys.stdlib_module_names
+        ):
+            found.setdefault(package, why)
+    return found
 
 
 def _run_forked_supervisor(
