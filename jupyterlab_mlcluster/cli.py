@@ -20,6 +20,7 @@ CLI and the kernel both print is presentation.py, job options jobs/options.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ import time
 from typing import Any
 
 from . import backends  # noqa: F401 - a front end fills the backend registry
+from .jobs.log_text import LogText
 from .jobs.model import JobState, SpecError
 from .jobs.options import (
     SCHEDULE_ARGUMENTS,
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:  # before there was a job to cancel (a submitted one follows us)
         return EXIT_CANCELLED
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:
         # A full disk under the store is the user's to fix, not a traceback to read.
         from .config import get_config
@@ -209,6 +213,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"mlcluster: error: {no_space_text(store)} ({exc})", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _reader_gone() -> int:
+    """Whoever read our output left (`mlcluster jobs | head`): end quietly, as Unix tools
+    do (killed by SIGPIPE: status 141), not with a traceback. What is still buffered for
+    stdout goes nowhere: flushed at exit into the closed pipe it would raise again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 # -- run -------------------------------------------------------------------------------
@@ -335,17 +350,20 @@ def follow_sweep(handle, *, quiet: bool = False) -> int:
     return 0 if all(t.state == "succeeded" for t in handle.trials) else EXIT_FAILED
 
 
-def _cancel_and_follow(service, job_id: str, cursor, *, by: str, quiet: bool) -> int:
+def _cancel_and_follow(
+    service, job_id: str, cursor, *, by: str, quiet: bool, view: LogText | None = None
+) -> int:
     """Cancel the job, printing what its ranks print while they stop (a SIGTERM handler
     saving a checkpoint says so), until it is final; then why it ended."""
     from .jobs.follow import JobFollower
 
+    view = view or LogText()
     service.cancel(job_id, wait=False, by=by)
     deadline = time.monotonic() + service.job_grace(job_id) + 10.0
     follower = JobFollower(service.store, job_id, cursor=cursor, reap=service.reap)
     for step in follower.steps():
         if not quiet:
-            _print_lines(step.lines)
+            _print_lines(step.lines, view)
         if time.monotonic() > deadline:  # a wedged supervisor: the waiting cancel kills it
             service.cancel(job_id, by=by)
             follower.changed_here()
@@ -360,10 +378,11 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     from .jobs.follow import JobFollower
 
     follower = JobFollower(service.store, job_id, reap=service.reap)
+    view = LogText()
     try:
         for step in follower.steps():
             if not quiet:
-                _print_lines(step.lines)
+                _print_lines(step.lines, view)
     except KeyboardInterrupt as interrupt:
         # A second signal while cancelling must not leave the job behind: ignore them now.
         for signum in (signal.SIGINT, *_TERMINATING):
@@ -375,7 +394,7 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
             if isinstance(interrupt, _Terminated)
             else "user (Ctrl-C of mlcluster run)"
         )
-        return _cancel_and_follow(service, job_id, follower.cursor, by=by, quiet=quiet)
+        return _cancel_and_follow(service, job_id, follower.cursor, by=by, quiet=quiet, view=view)
     record = service.store.get_job(job_id)
     if record.state == JobState.SUCCEEDED:
         return 0
@@ -392,10 +411,17 @@ def follow_job(service, job_id: str, *, quiet: bool = False) -> int:
     return EXIT_FAILED
 
 
-def _print_lines(lines: list[dict[str, Any]]) -> None:
-    for line in lines:
+def _print_lines(lines: list[dict[str, Any]], view: LogText) -> None:
+    """Each line in the log's order, also when stdout and stderr share one file (`> out
+    2>&1`): a stream is flushed before the other is written (a block-buffered stdout came
+    out in lumps after the stderr lines written since)."""
+    last = None
+    for line, text in view.lines(lines):
         stream = sys.stderr if line["stream"] == "stderr" else sys.stdout
-        stream.write(f"[rank {line['rank']}] {line['line']}\n")
+        if last is not None and stream is not last:
+            last.flush()
+        stream.write(f"{text}\n")
+        last = stream
     sys.stdout.flush()
     sys.stderr.flush()
 
@@ -419,10 +445,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     service = _service()
     job = service.get(args.job)
+    view = LogText()
     if args.follow:
         try:
             for line in service.follow_logs(job.id, args.rank):
-                _print_lines([line])
+                _print_lines([line], view)
         except KeyboardInterrupt:
             return 0
         return 0
@@ -431,7 +458,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         lines, cursor = service.logs(job.id, args.rank, cursor)
         if not lines:
             return 0
-        _print_lines(lines)
+        _print_lines(lines, view)
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:

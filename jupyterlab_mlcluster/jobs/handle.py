@@ -60,8 +60,10 @@ class Job:
 
     def logs(self, rank: int | None = None) -> str:
         """Everything the ranks printed so far, each line prefixed with its rank."""
+        from .log_text import logs_text
+
         lines, _ = self._service.logs(self.id, rank)
-        return "".join(f"[rank {entry['rank']}] {entry['line']}\n" for entry in lines)
+        return logs_text(lines)
 
     def cancel(self) -> Job:
         self._service.cancel(self.id)

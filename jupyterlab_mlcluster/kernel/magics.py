@@ -184,7 +184,7 @@ class CellRun:
                 "magic"
             )
         try:
-            compile(self.cell, "<%%distributed cell>", "exec")
+            compile("\n" + self.cell, "<%%distributed cell>", "exec")  # line 1: the magic
         except SyntaxError as exc:
             raise UsageError(
                 f"%%distributed: the cell does not compile: {exc.msg} (line {exc.lineno})"
@@ -199,6 +199,7 @@ class CellRun:
         payload = Payload(
             kind="code",
             source=self.cell,
+            first_line=2,  # the notebook counts the %%distributed line
             push=push,
             pull=_names("--pull", args.pull),
             cwd=os.getcwd(),
@@ -496,9 +497,11 @@ class DistributedMagics(Magics):
             lines, _ = self.service.logs(record.id, args.rank, tail=args.tail)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        for item in lines:
+        from ..jobs.log_text import LogText
+
+        for item, text in LogText().lines(lines):
             stream = sys.stderr if item["stream"] == "stderr" else sys.stdout
-            print(f"[rank {item['rank']}] {item['line']}", file=stream)
+            print(text, file=stream)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(

@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 from ..jobs.follow import JobFollower
+from ..jobs.log_text import LogText
 from ..jobs.model import JobState
 from ..jobs.record import JobRecord
 from ..jobs.service import JobService
@@ -406,6 +407,7 @@ class JobMonitor:
         # Woken when a file appears in the job's directory (its supervisor makes one once
         # the job is final), not by every write to the store: while the job runs, polling
         # every POLL_INTERVAL costs the kernel less than waking for each log batch.
+        self.log_text = LogText()  # (a terminal's plain lines)
         self.follower = JobFollower(
             service.store,
             job_id,
@@ -485,8 +487,8 @@ class JobMonitor:
         self.record = step.record
         if step.lines:
             if self.terminal and not self.quiet:
-                for line in step.lines:
-                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
+                for _, text in self.log_text.lines(step.lines):
+                    print(text, flush=True)
             self.outputs.add(step.lines)
         self._redraw()
         return step.done
@@ -535,8 +537,8 @@ class JobMonitor:
             if not lines:
                 break
             if self.terminal and not self.quiet:
-                for line in lines:
-                    print(f"[rank {line['rank']}] {line['line']}", flush=True)
+                for _, text in self.log_text.lines(lines):
+                    print(text, flush=True)
             self.outputs.add(lines)
         self._redraw(force=True)
         if self.view is not None:
