@@ -22,7 +22,8 @@ Two more policies for the user namespaces: Secrets that the namespace's own serv
 (its pods) create must be `Opaque` (a `kubernetes.io/service-account-token` Secret with an
 allowed name would mint a token of any service account there), and Services may not be
 NodePort or LoadBalancer nor carry `externalIPs` (a way in around the gateway's JWT check;
-CVE-2020-8554).
+CVE-2020-8554); and one for their VirtualServices, which may not write the identity headers
+(route_policy.py).
 
 User namespaces: those labelled `mlcluster.io/user-namespace=true` (`mlcluster manifests
 --user-namespace`) and Kubeflow Profiles' (`app.kubernetes.io/part-of=kubeflow-profile`, the
@@ -45,7 +46,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .crd import GROUP, PLURAL
+from .ingress import PAYLOAD_HEADER
 from .namespaces import PROFILE_NAMESPACE_LABELS, USER_NAMESPACE_LABEL
+from .route_policy import ROUTE_RESOURCES, ROUTES_POLICY_NAME, route_checks
 from .scheduling_policy import DEFAULT_SCHEDULING, SchedulingAllowList, scheduling_checks
 
 POLICY_NAME = "mlcluster-pod-templates"
@@ -543,10 +546,15 @@ def admission_objects(
     tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     storage_classes: Sequence[str] = (),
     scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
+    identity_header: str = "kubeflow-userid",
 ) -> list[dict[str, Any]]:
     return [
         admission_policy(service_accounts, tolerations, storage_classes, scheduling),
         *admission_bindings(),
         *secrets_policy(),
         *services_policy(),
+        # Routes in user namespaces write no identity (route_policy.py).
+        *_user_namespace_policy(
+            ROUTES_POLICY_NAME, ROUTE_RESOURCES, route_checks([identity_header, PAYLOAD_HEADER])
+        ),
     ]

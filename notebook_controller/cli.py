@@ -210,6 +210,7 @@ class ManifestsApp(Application):
         "priority-class": "ManifestsApp.kubernetes_priority_classes",
         "scheduler-name": "ManifestsApp.scheduler_name",
         "allowed-runtime-class": "ManifestsApp.allowed_runtime_classes",
+        "route-namespace": "ManifestsApp.route_namespaces",
     }
     flags = {
         "no-gateway": (
@@ -332,6 +333,15 @@ class ManifestsApp(Application):
         "the service account notebook pods run as, allowed to run `%%distributed --backend "
         "kubernetes` jobs in that namespace and nothing more.",
     )
+    route_namespaces = List(
+        Unicode(),
+        config=True,
+        help="Namespaces besides the shared server's and each --user-namespace whose "
+        "VirtualServices may bind to the Gateway (repeat the option): Kubeflow Profiles' "
+        "namespaces where notebooks run (the controller makes each notebook's route in its "
+        "namespace). The Gateway's hosts are <namespace>/<host> for these only: a route of "
+        "any other namespace could set the identity header to anyone.",
+    )
     namespace_owners = Dict(
         value_trait=Unicode(),
         key_trait=Unicode(),
@@ -370,12 +380,12 @@ class ManifestsApp(Application):
             raise TraitError(f"--{proposal['trait'].name.replace('_', '-')}: {problem}")
         return proposal["value"]
 
-    @validate("user_namespaces")
+    @validate("user_namespaces", "route_namespaces")
     def _valid_user_namespaces(self, proposal: Any) -> list[str]:
         for name in proposal["value"]:
             problem = namespace_error(name)
             if problem:
-                raise TraitError(f"--user-namespace: {problem}")
+                raise TraitError(f"--{proposal['trait'].name[:-1].replace('_', '-')}: {problem}")
         return proposal["value"]
 
     @validate("namespace_owners")
@@ -404,6 +414,7 @@ class ManifestsApp(Application):
             "server_service_account": self.server_service_account,
             "allowed_tolerations": list(self.allowed_tolerations),
             "allowed_storage_classes": list(self.allowed_storage_classes),
+            "route_namespaces": list(self.route_namespaces),
         }
         try:
             options["scheduling"] = SchedulingAllowList(

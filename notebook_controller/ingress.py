@@ -7,9 +7,11 @@ OIDC issuer (oauth2-proxy/dex, Keycloak, a cloud IdP):
 
 - `RequestAuthentication` on the ingress gateway workload verifies the token (issuer, JWKS,
   audiences) and copies the user claim into the identity header (`outputClaimToHeaders`,
-  which sets the header, replacing any value the client sent), drops the raw token (no route
-  on the platform's shared gateway receives a visitor's bearer token) and passes on the
-  verified payload in `PAYLOAD_HEADER` for the shared server, which checks its claims again;
+  which sets the header, replacing any value the client sent), takes the token from the
+  Authorization header only (never `?access_token=`, which would stay in the URL), drops the
+  raw token (no route on the platform's shared gateway receives a visitor's bearer token)
+  and passes on the verified payload in `PAYLOAD_HEADER` for the shared server, which checks
+  its claims again (and refuses a token left in a query string: server/confinement.py);
 - an `AuthorizationPolicy` (DENY) on the same workload refuses, for the notebook paths and the
   shared Jupyter server's prefix (`SERVER_PATHS`), every request without a verified request
   principal, and every token that lacks the user claim (so the header is always the one the
@@ -70,25 +72,46 @@ def _split(gateway: str) -> tuple[str, str]:
     return namespace or "istio-system", name
 
 
-def gateway(gateway: str, host: str, tls_secret: str = "") -> dict[str, Any]:
+def gateway_hosts(host: str, route_namespaces: Sequence[str] = ()) -> list[str]:
+    """The Gateway's `servers[].hosts`: `<namespace>/<host>` for each namespace whose
+    VirtualServices may bind to it (Istio binds a route only where one matches), or the bare
+    host (any namespace) when none is given."""
+    if not route_namespaces:
+        return [host]
+    return [f"{namespace}/{host}" for namespace in dict.fromkeys(route_namespaces)]
+
+
+def gateway(
+    gateway: str, host: str, tls_secret: str = "", route_namespaces: Sequence[str] = ()
+) -> dict[str, Any]:
     """The Gateway of the notebook routes: HTTPS with `tls_secret` (HTTP redirects to it);
-    plain HTTP only when no certificate is given (behind a TLS-terminating load balancer)."""
+    plain HTTP only when no certificate is given (behind a TLS-terminating load balancer).
+
+    Only VirtualServices of `route_namespaces` bind to it (the shared server's namespace, the
+    user namespaces whose notebooks the controller routes): a route is where a request's
+    headers are last written, after the JWT filter, so a VirtualService of any other
+    namespace could `headers.request.set` the identity header (or the payload header) to
+    anyone and send the request to a notebook or the shared server, both of which believe
+    what comes from the gateway."""
     namespace, name = _split(gateway)
+    hosts = gateway_hosts(host, route_namespaces)
     if tls_secret:
         servers = [
             {
                 "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
-                "hosts": [host],
+                "hosts": list(hosts),
                 "tls": {"mode": "SIMPLE", "credentialName": tls_secret},
             },
             {
                 "port": {"number": 80, "name": "http", "protocol": "HTTP"},
-                "hosts": [host],
+                "hosts": list(hosts),
                 "tls": {"httpsRedirect": True},
             },
         ]
     else:
-        servers = [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": [host]}]
+        servers = [
+            {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": list(hosts)}
+        ]
     return {
         "apiVersion": "networking.istio.io/v1",
         "kind": "Gateway",
@@ -101,6 +124,10 @@ def request_authentication(gateway_name: str, auth: IngressAuth) -> dict[str, An
     namespace, name = _split(gateway_name)
     rule: dict[str, Any] = {
         "issuer": auth.issuer,
+        # Tokens from the Authorization header only, which the gateway drops once verified.
+        # Istio's default also takes `?access_token=`: a token in the URL would stay there,
+        # for every route behind the gateway (and its access logs) to read and replay.
+        "fromHeaders": [{"name": "Authorization", "prefix": "Bearer "}],
         "outputClaimToHeaders": [{"header": auth.owner_header, "claim": auth.user_claim}],
         "outputPayloadToHeader": PAYLOAD_HEADER,
         "forwardOriginalToken": False,
@@ -147,11 +174,16 @@ def require_identity_policy(
 
 
 def ingress_objects(
-    gateway_name: str, host: str, auth: IngressAuth, tls_secret: str = ""
+    gateway_name: str,
+    host: str,
+    auth: IngressAuth,
+    tls_secret: str = "",
+    route_namespaces: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Gateway + RequestAuthentication + the policy that requires a verified identity."""
+    """Gateway (binding routes of `route_namespaces` only) + RequestAuthentication + the
+    policy that requires a verified identity."""
     return [
-        gateway(gateway_name, host, tls_secret),
+        gateway(gateway_name, host, tls_secret, route_namespaces),
         request_authentication(gateway_name, auth),
         require_identity_policy(gateway_name, auth),
     ]

@@ -188,11 +188,13 @@ def all_manifests(
     allowed_tolerations: Sequence[str] = tuple(DEFAULT_ALLOWED_TOLERATIONS),
     allowed_storage_classes: Sequence[str] = (),
     scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
+    route_namespaces: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """CRD, namespace, service account, RBAC, the controller Deployment (2 replicas, one
     leader), the admission policy for pod templates (`scheduling`: what they may ask of the
     scheduler); the Gateway with JWT verification when
-    an issuer is given (`ingress_auth`: never an unauthenticated Gateway); with
+    an issuer is given (`ingress_auth`: never an unauthenticated Gateway), binding the routes
+    of the server's namespace, the user namespaces and `route_namespaces` only; with
     `user_namespaces`, each user's namespace (meshed, Pod Security baseline, STRICT mTLS;
     marked with its owner from `namespace_owners`, whom alone the controller lets own
     notebooks there; a ResourceQuota that admits no pod of the system PriorityClasses) and
@@ -280,10 +282,14 @@ def all_manifests(
             allowed_tolerations,
             allowed_storage_classes,
             scheduling,
+            owner_header,
         ),
     ]
     if include_gateway and ingress_auth is not None:
-        manifests += ingress_objects(gateway, host, ingress_auth, tls_secret)
+        # Routes bind only from where the platform makes them: the server's, each user
+        # namespace's notebooks (the controller's), and namespaces the platform names.
+        routes = [server_namespace or namespace, *user_namespaces, *route_namespaces]
+        manifests += ingress_objects(gateway, host, ingress_auth, tls_secret, routes)
     for user_namespace in user_namespaces:
         owner = (namespace_owners or {}).get(user_namespace, "")
         manifests += user_namespace_objects(user_namespace, notebook_service_account, owner)

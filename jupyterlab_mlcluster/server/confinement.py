@@ -14,6 +14,11 @@ with `MLClusterApp.trust_identity_header` two gates stand in front of Jupyter:
   Authorizer (JupyterLab's own settings and workspaces API, other extensions' routes): a
   request is served only if its method and path are on `SERVED` (what the lab page needs to
   show the sidebar), else answered 403 before any handler runs.
+- `_TokenInQuery`, ahead of that: a request with a token in its query string (`access_token`,
+  Istio's and OAuth's, or `token`, Jupyter's) is answered 400 before any handler runs. A URL
+  is not a place for a credential (access logs, history, Referer), and the gateway takes
+  tokens only from the Authorization header, which it drops after verifying: one left in
+  the URL would reach this server, and its logs, as it was.
 
 Users run kernels and terminals in their own notebook servers (the Notebooks the sidebar
 spawns), which are theirs alone.
@@ -115,6 +120,37 @@ class _Refused(Matcher):
         return None if served(request.method or "", path) else {}
 
 
+# Query parameters that carry a bearer token (Istio's and RFC 6750's, Jupyter's own).
+TOKEN_PARAMETERS = ("access_token", "token")
+TOKEN_REFUSAL = (
+    "a token in the URL's query string (access_token, token) is refused: send it in the "
+    "Authorization header, which the gateway verifies and drops; a URL ends up in logs, "
+    "browser history and Referer headers"
+)
+
+
+class _TokenInQuery(Matcher):
+    """Matches the requests that carry a token in their query string."""
+
+    def match(self, request: httputil.HTTPServerRequest) -> dict[str, Any] | None:
+        arguments = httputil.parse_qs_bytes(request.query or "", keep_blank_values=True)
+        return {} if any(name in arguments for name in TOKEN_PARAMETERS) else None
+
+
+class TokenInQueryHandler(web.RequestHandler):
+    """400 for every method (a websocket upgrade too), saying why."""
+
+    def prepare(self) -> None:
+        raise web.HTTPError(400)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": TOKEN_REFUSAL, "reason": None}))
+
+    def check_xsrf_cookie(self) -> None:
+        """Refused before any XSRF question arises."""
+
+
 class RefusedHandler(web.RequestHandler):
     """403 for every method (a websocket upgrade too), saying why."""
 
@@ -138,3 +174,4 @@ def confine(web_app: web.Application, base_url: str) -> None:
     )
     router = web_app.default_router
     router.rules.insert(0, router.process_rule(Rule(_Refused(base_url), RefusedHandler)))
+    router.rules.insert(0, router.process_rule(Rule(_TokenInQuery(), TokenInQueryHandler)))

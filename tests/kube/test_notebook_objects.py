@@ -772,6 +772,9 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         "ValidatingAdmissionPolicy",  # Services (no NodePort/LoadBalancer/externalIPs)
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",  # VirtualServices (no identity headers written)
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
         "Gateway",
         "RequestAuthentication",
         "AuthorizationPolicy",

@@ -121,6 +121,40 @@ async def test_header_user_reaches_the_lab_page_and_the_mlcluster_api(jp_fetch, 
     assert status == 400, text
 
 
+async def test_attack_a_token_in_the_query_string_is_refused(jp_fetch, jp_ws_fetch, mlc):
+    """Issue 31: a bearer token in the URL (`?access_token=`, Istio's and OAuth's query
+    location, or Jupyter's `?token=`) would reach the server behind the gateway as it is,
+    and its access logs with it. The gateway takes tokens from the header only
+    (test_attack_a_token_in_the_query_string_is_no_credential_at_the_gateway); the server
+    refuses a request that still carries one (400 saying why), on every route, websockets
+    too, before any handler runs; the same requests without it are served."""
+    from jupyterlab_mlcluster.server.confinement import TOKEN_REFUSAL
+
+    for name in ("access_token", "token"):
+        for method, path in [
+            ("GET", "mlcluster/api/jobs"),
+            ("POST", "mlcluster/api/jobs"),
+            ("GET", "lab"),
+            ("GET", "api/kernels"),
+        ]:
+            response = await jp_fetch(
+                *path.split("/"),
+                method=method,
+                params={name: "eyJhbGciOiJSUzI1NiJ9.e30.c2ln"},
+                body=None if method == "GET" else json.dumps({"code": "1"}),
+                headers=dict(BOB),
+                raise_error=False,
+                follow_redirects=False,
+            )
+            assert response.code == 400, (name, path, response.code)
+            assert json.loads(response.body)["message"] == TOKEN_REFUSAL
+        with pytest.raises(HTTPClientError) as refused:
+            await jp_ws_fetch("mlcluster", "api", "events", params={name: "x"}, headers=dict(BOB))
+        assert getattr(refused.value, "code", None) == 400
+    status, _ = await fetch(jp_fetch, "GET", "mlcluster/api/jobs")
+    assert status == 200
+
+
 def test_what_a_shared_server_serves():
     assert served("GET", "lab/tree/x.ipynb") and not served("PUT", "lab/api/workspaces/x")
     assert served("DELETE", "mlcluster/api/jobs/j1") and not served("GET", "mlcluster-evil")
