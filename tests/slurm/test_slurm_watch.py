@@ -180,3 +180,39 @@ def test_a_watcher_that_cannot_ask_slurm_fails_the_job_saying_so(counted, servic
     record = service.wait(job.id, timeout=120)
     assert record.state == JobState.FAILED
     assert record.error.startswith("lost contact with Slurm: squeue: error: Access/permission")
+
+
+# -- the snapshot's reading, without Slurm ------------------------------------------------
+
+
+def test_a_job_view_from_a_snapshot():
+    snapshot = {
+        "asked_at": 100.0,
+        "jobs": {
+            "7": {"id": "7", "state": "PENDING", "reason": "(Priority)"},
+            "9": {"id": "9", "state": "RUNNING", "nodes": "n1"},
+        },
+        "accounted": {"5": {"id": "5", "state": "TIMEOUT"}},
+        "pending": [["3", "gpu"], ["4", "debug,gpu"], ["6", "debug"], ["7", "gpu"]],
+    }
+    assert watch.job_view(snapshot, "7", "gpu", since=99.0) == (snapshot["jobs"]["7"], 3)
+    assert watch.job_view(snapshot, "7", "", since=99.0)[1] == 4  # every partition's queue
+    assert watch.job_view(snapshot, "9", "gpu", since=99.0) == (snapshot["jobs"]["9"], None)
+    assert watch.job_view(snapshot, "5", "gpu", since=99.0)[0]["state"] == "TIMEOUT"
+    assert watch.job_view(snapshot, "8", "gpu", since=99.0) == ({}, None)  # forgotten
+    # An answer asked before the job was submitted says nothing about it.
+    assert watch.job_view(snapshot, "8", "gpu", since=101.0) == (None, None)
+    assert watch.job_view(None, "7", "gpu", since=0.0) == (None, None)
+
+
+def test_sacct_rows_in_squeues_shape():
+    from jupyterlab_mlcluster.backends.slurm import script
+
+    text = "41|CANCELLED by 0|n[1-2]|gpu|alice\n42|COMPLETED|n1|gpu|alice\n42.0|COMPLETED|n1||\n"
+    rows = script.parse_accounting(text)
+    assert [(r["id"], r["state"], r["nodes"]) for r in rows] == [
+        ("41", "CANCELLED", "n[1-2]"),
+        ("42", "COMPLETED", "n1"),
+    ]
+    watched = script.parse_jobs("7|PENDING|(Priority)|(null)|gpu|alice|a|b\n", script.WATCH_FIELDS)
+    assert watched[0]["comment"] == "a|b" and watched[0]["user"] == "alice"

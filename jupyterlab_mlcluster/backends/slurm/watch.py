@@ -12,10 +12,10 @@ that no reader ever sees half of one. Every follower reads the snapshot when it 
 
 The lock is the kernel's: a watcher that dies (a kill -9 included) lets go of it, and the
 next follower to try (every READ_EVERY) takes over. Followers say which Slurm jobs they
-follow with one file each in `want/` (its content: their pid), so that the watcher asks
-sacct about the ones squeue no longer shows; a file whose process is gone is removed. An
-answer counts for a job only if it was asked after the job was submitted (`since`): a job
-absent from an older answer is not taken for one Slurm forgot.
+follow with one file each in `<user>@<host>.want/` (its content: their pid), so that the
+watcher asks sacct about the ones squeue no longer shows; a file whose process is gone is
+removed. An answer counts for a job only if it was asked after the job was submitted
+(`since`): a job absent from an older answer is not taken for one Slurm forgot.
 """
 
 from __future__ import annotations
@@ -104,7 +104,9 @@ class Watch(threading.Thread):
         self.user = user
         self.path = snapshot_path(store_root, user)
         self.lock_path = self.path.with_suffix(".lock")
-        self.want_dir = watch_dir(store_root) / "want"
+        # One per host too: a store on a shared filesystem may serve several login nodes,
+        # and a follower's pid means something on its own host only.
+        self.want_dir = self.path.with_suffix(".want")
         self._guard = threading.Lock()
         self._wake = threading.Event()
         self._followed: dict[str, tuple[str, float]] = {}  # slurm id -> (partition, since)
