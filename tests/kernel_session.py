@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,16 +51,23 @@ def outputs(msgs, *types: str) -> list[dict[str, Any]]:
     return [m["content"] for m in msgs if m["msg_type"] in types]
 
 
-def rank_texts(msgs) -> dict[int, str]:
-    """The final text of each rank's one updating output."""
+def output_texts(msgs) -> list[str]:
+    """The final text of every rank's one updating output, in the order they were shown."""
     by_display: dict[str, str] = {}
     for m in msgs:
         if m["msg_type"] in ("display_data", "update_display_data"):
             display_id = m["content"].get("transient", {}).get("display_id", "")
             if display_id.startswith("mlcluster-rank-"):
                 by_display[display_id] = m["content"]["data"]["text/plain"]
+    return list(by_display.values())
+
+
+def rank_texts(msgs) -> dict[int, str]:
+    """The final text of each rank's one updating output (that shows a line of the rank's:
+    our notices carry no rank prefix)."""
     texts = {}
-    for text in by_display.values():
-        rank = int(text.split("]", 1)[0].split()[-1])
-        texts[rank] = text
+    for text in output_texts(msgs):
+        first = re.search(r"^\[rank (\d+)\]", text, re.MULTILINE)
+        if first is not None:
+            texts[int(first.group(1))] = text
     return texts

@@ -14,6 +14,13 @@ SYSTEM_STREAM = "system"
 _REMEMBERED = 256  # recent notices looked at for repeats (a restart's arrive together)
 
 
+def line_text(line: dict[str, Any]) -> str:
+    """One line as shown, on its own (a rank's own view: its notices too)."""
+    if line.get("stream") == SYSTEM_STREAM:
+        return str(line["line"])
+    return f"[rank {line['rank']}] {line['line']}"
+
+
 class LogText:
     """One reader's view of a job's log lines, across calls (a follower's batches)."""
 
@@ -23,7 +30,7 @@ class LogText:
     def text(self, line: dict[str, Any]) -> str | None:
         """The line as shown (no newline); None: a notice already shown for another rank."""
         if line.get("stream") != SYSTEM_STREAM:
-            return f"[rank {line['rank']}] {line['line']}"
+            return line_text(line)
         text, rank = str(line["line"]), line["rank"]
         ranks = self._notices.get(text)
         if ranks is not None and rank not in ranks:

@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from ..jobs.follow import JobFollower
-from ..jobs.log_text import LogText
+from ..jobs.log_text import LogText, line_text
 from ..jobs.model import JobState
 from ..jobs.record import JobRecord
 from ..jobs.service import JobService
@@ -134,6 +134,7 @@ class RankOutputs:
     def __init__(self, workers: int, enabled: bool = True):
         self.enabled = enabled
         self.lines: dict[int, list[str]] = {r: [] for r in range(workers)}
+        self.texts: dict[int, list[str]] = {r: [] for r in range(workers)}  # as shown
         self.dropped: dict[int, int] = {r: 0 for r in range(workers)}
         self.display_ids = {r: f"mlcluster-rank-{uuid.uuid4().hex}" for r in range(workers)}
         self.shown: set[int] = set()
@@ -145,9 +146,11 @@ class RankOutputs:
         for line in lines:
             rank = line["rank"]
             self.lines[rank].append(line["line"])
+            self.texts[rank].append(line_text(line))  # (our notices without [rank N])
             if len(self.lines[rank]) > RANK_OUTPUT_LINES:
                 cut = len(self.lines[rank]) - RANK_OUTPUT_LINES
                 del self.lines[rank][:cut]
+                del self.texts[rank][:cut]
                 self.dropped[rank] += cut
             self.dirty.add(rank)
             self.dirty_tabs.add(rank)
@@ -159,7 +162,7 @@ class RankOutputs:
                 f"[rank {rank}] ... {self.dropped[rank]} earlier lines: "
                 f"%distributed_logs {job_id} --rank {rank}\n"
             )
-        return head + "".join(f"[rank {rank}] {line}\n" for line in self.lines[rank])
+        return head + "".join(f"{text}\n" for text in self.texts[rank])
 
     def flush(self, job_id: str, *, force: bool = False, now: float | None = None) -> set[int]:
         """Show the new lines: at most every RANK_OUTPUT_INTERVAL seconds unless `force`

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from helpers import assert_no_job_processes, run_cli, wait_for
-from kernel_session import outputs, rank_texts
+from kernel_session import output_texts, outputs, rank_texts
 
 ALL_REDUCE_CELL = """%%distributed --workers 4 --push x --pull y
 import torch, torch.distributed as dist
@@ -76,6 +76,10 @@ def test_failing_rank_raises_with_its_traceback(kernel, service):
     assert "Traceback of rank 1" in text and "1 / 0" in text
     # The notebook's line number: it counts the %%distributed line (before: line 3).
     assert ", line 4, in <module>" in text and ", line 3," not in text
+    # Our notice about the job is not under a rank's prefix (before: [rank 0] [mlcluster] ...).
+    shown = "\n".join(output_texts(msgs)).splitlines()
+    assert "[mlcluster] stopping (a rank failed): SIGTERM, then SIGKILL after 30 s" in shown
+    assert not [line for line in shown if re.match(r"\[rank \d\] \[mlcluster\]", line)], shown
     # Printed under the name of the class the user would catch (one name, not two).
     assert reply["ename"] == "DistributedJobFailed"
     assert text.startswith("\x1b[31mDistributedJobFailed\x1b[0m: ")
