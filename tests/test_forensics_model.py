@@ -151,3 +151,47 @@ def test_stall_options(options, expected):
 def test_bad_stall_options_are_refused(options, message):
     with pytest.raises(SpecError, match=message):
         JobSpec.from_options(options)
+
+
+def _stalled_job(state="running"):
+    from jupyterlab_mlcluster.jobs.model import JobState
+    from jupyterlab_mlcluster.jobs.record import JobRecord
+
+    return JobRecord(
+        id="jstall00001",
+        name="train",
+        spec=JobSpec(workers=4, stall_after=60.0),
+        state=JobState(state),
+        created=10.0,
+        started=20.0,
+        owner="alice",
+        stall={"ranks": [1, 3], "since": 40.0, "where": ["rank 1: <module> (cell.py:9)"]},
+    )
+
+
+def test_a_stall_reads_in_the_jobs_table_the_monitor_rest_and_metrics():
+    from jupyterlab_mlcluster.kernel.monitor import message_html, status_line
+    from jupyterlab_mlcluster.presentation import stall_text
+    from jupyterlab_mlcluster.server.metrics import build_metrics
+
+    job = _stalled_job()
+    assert stall_text(job.stall, now=340.0) == (
+        "STALLED ranks 1, 3 for 5m: rank 1: <module> (cell.py:9)"
+    )
+    assert "STALLED ranks 1, 3 for" in status_line(job)
+    assert "STALLED ranks 1, 3" in message_html(job) and "%distributed_stacks" in message_html(job)
+    view = job.to_json()
+    assert view["stall"]["ranks"] == [1, 3] and view["stall"]["where"]
+    assert view["stall_after"] == 60.0 and view["on_stall"] == "warn"
+    families = {f.name: f for f in build_metrics([job], None, now=100.0)}
+    assert [s.value for s in families["mlcluster_stalled_jobs"].samples] == [1]
+    (ranks,) = families["mlcluster_job_stalled_ranks"].samples
+    (seconds,) = families["mlcluster_job_stalled_seconds"].samples
+    assert ranks.value == 2 and seconds.value == 60.0 and ranks.labels["job"] == "jstall00001"
+    shared = {f.name: f for f in build_metrics([job], None, now=100.0, shared=True)}
+    assert not shared["mlcluster_job_stalled_seconds"].samples  # no job names for everyone
+    ended = _stalled_job("failed")
+    assert ended.to_json()["stall"] is None and "STALLED" not in status_line(ended)
+    families = {f.name: f for f in build_metrics([ended], None, now=100.0)}
+    assert [s.value for s in families["mlcluster_stalled_jobs"].samples] == [0]
+    assert not families["mlcluster_job_stalled_seconds"].samples

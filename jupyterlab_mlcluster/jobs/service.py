@@ -273,7 +273,10 @@ class JobService:
             ).encode(),
         }
         if payload.kind == "code":
-            files["cell.py"] = payload.source.encode("utf-8")
+            # Numbered as the rank runs it (from Payload.first_line), so what reads the file
+            # by a frame's line (a stack's reader, jobs/forensics/) finds that line.
+            padding = "\n" * max(0, payload.first_line - 1)
+            files["cell.py"] = (padding + payload.source).encode("utf-8")
         return data, files
 
     def _start_supervisor(
