@@ -187,6 +187,9 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     sweep: null,
     session: null,
     gpu_idle_since: null,
+    stall_after: null,
+    on_stall: 'warn',
+    stall: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,
       state: 'running',

@@ -13,6 +13,7 @@ import {
   LogsPage,
   NotebookServer,
   Session,
+  StackReport,
   TensorBoardAnswer
 } from './types';
 
@@ -179,6 +180,11 @@ export class MlclusterApi {
     return historyFromResponse(
       await this.json(`jobs/${encodeURIComponent(id)}/metrics`)
     );
+  }
+
+  /** Where the job's ranks are: read now while it runs, else the stacks it kept (409: none). */
+  getStacks(id: string): Promise<StackReport> {
+    return this.json<StackReport>(`jobs/${encodeURIComponent(id)}/stacks`);
   }
 
   /**

@@ -25,6 +25,8 @@ export type LogsPage = Schemas['LogPage'];
 /** One sample of `GET /jobs/{id}/metrics`. */
 export type MetricsSample = Schemas['MetricsSample'];
 export type JobMetrics = Schemas['JobMetrics'];
+/** `GET /jobs/{id}/stacks`: every rank's threads' stacks, folded (issue 33). */
+export type StackReport = Schemas['StackReport'];
 /** `POST /jobs/{id}/tensorboard`: where the job's TensorBoard is served. */
 export type TensorBoardAnswer = Schemas['TensorBoard'];
 /**

@@ -21,11 +21,43 @@ import {
 } from '../model/metrics';
 import { notebookName } from '../model/origin';
 import { isFinal } from '../model/reducer';
+import { stallText, stacksText } from '../model/stacks';
 import { Job, Rank } from '../model/types';
 import { JobBadges, ProgressBar, StateBadge } from './JobList';
 import { LogViewer } from './LogViewer';
 import { Sparkline } from './Sparkline';
 import { usePanel } from './context';
+
+/** The job's folded stacks, read when asked (a button): where its ranks are, or why not. */
+function StacksView({ job }: { job: Job }) {
+  const { api } = usePanel();
+  const [text, setText] = React.useState<string | null>(null);
+  React.useEffect(() => setText(null), [job.id]);
+  const read = () => {
+    setText('reading…');
+    api.getStacks(job.id).then(
+      report => setText(stacksText(report)),
+      (error: Error) => setText(error.message)
+    );
+  };
+  return (
+    <>
+      <button
+        className="jp-mlc-button"
+        onClick={read}
+        aria-label={`Stacks of job ${job.name}`}
+        title="Where every rank is: each thread's stack, identical ones folded (mlcluster stacks)"
+      >
+        Stacks
+      </button>
+      {text !== null && (
+        <pre className="jp-mlc-stacks" aria-label={`Stacks of job ${job.name}`}>
+          {text}
+        </pre>
+      )}
+    </>
+  );
+}
 
 /** Metric history of one job: loaded once, then extended by each update of the job. */
 function useMetrics(job: Job): MetricsHistory {
@@ -258,6 +290,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         >
           Delete
         </button>
+        <StacksView job={job} />
       </div>
       {job.error && (
         <div className="jp-mlc-banner jp-mlc-banner-error" role="alert">
@@ -267,6 +300,11 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
       )}
       {job.reason && !isFinal(job) && (
         <div className="jp-mlc-banner">{job.reason}</div>
+      )}
+      {stallText(job, now) !== null && (
+        <div className="jp-mlc-banner jp-mlc-banner-warn" role="alert">
+          {stallText(job, now)}
+        </div>
       )}
       {idleGpuSeconds(job, now) !== null && (
         <div className="jp-mlc-banner jp-mlc-banner-warn">

@@ -10,7 +10,6 @@ A session's gang (session.py) has none of it: its ranks idle between cells by de
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,9 @@ from ...runtime.stackdump import FAILURE_ACK_ENV, STACKS_FILE_ENV
 if TYPE_CHECKING:
     from .gang import Gang
 
-log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+# A read here holds up the supervisor's loop (a stop, a failing rank's exit): shorter than
+# an asking front end's.
+SUPERVISOR_READ_TIMEOUT = 5.0
 
 
 class GangForensics:
@@ -154,6 +155,7 @@ class GangForensics:
             reader=self.config.stacks_reader,
             py_spy_setting=self.config.py_spy,
             why=why,
+            timeout=SUPERVISOR_READ_TIMEOUT,
         )
         if why == "stalled":
             with contextlib.suppress(OSError):

@@ -249,7 +249,13 @@ def read_helper(target: Target, timeout: float = HELPER_TIMEOUT) -> RankStacks:
     )
 
 
-def read_rank(target: Target, native: bool, reader: str, py_spy_setting: str) -> RankStacks:
+def read_rank(
+    target: Target,
+    native: bool,
+    reader: str,
+    py_spy_setting: str,
+    timeout: float = READ_TIMEOUT,
+) -> RankStacks:
     """One rank's stacks: py-spy, then (reader "auto") the rank's helper, saying why."""
     if not _is_alive(target.pid, target.started):
         raise ReadFailed(f"its process (pid {target.pid}) has exited")
@@ -257,7 +263,7 @@ def read_rank(target: Target, native: bool, reader: str, py_spy_setting: str) ->
     refused = "py-spy is not installed"
     if reader != "helper" and exe is not None:
         try:
-            stacks = read_py_spy(exe, target.pid, native)
+            stacks = read_py_spy(exe, target.pid, native, timeout)
             stacks.rank = target.rank
             return stacks
         except ReadFailed as exc:
@@ -286,6 +292,7 @@ def read_targets(
     py_spy_setting: str = "",
     missing: dict[int, str] | None = None,
     why: str = "asked",
+    timeout: float = READ_TIMEOUT,
 ) -> StackReport:
     """Every target read in parallel; those that could not be read are `missing`, with why."""
     if native:
@@ -296,7 +303,8 @@ def read_targets(
         workers = min(len(targets), 16)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             futures = {
-                pool.submit(read_rank, t, native, reader, py_spy_setting): t for t in targets
+                pool.submit(read_rank, t, native, reader, py_spy_setting, timeout): t
+                for t in targets
             }
             for future, target in futures.items():
                 try:
