@@ -216,3 +216,35 @@ def test_sacct_rows_in_squeues_shape():
     ]
     watched = script.parse_jobs("7|PENDING|(Priority)|(null)|gpu|alice|a|b\n", script.WATCH_FIELDS)
     assert watched[0]["comment"] == "a|b" and watched[0]["user"] == "alice"
+
+
+def test_a_slurm_jobs_idle_gpus_are_flagged(slurm_store):
+    """The idle-GPU flag from what the ranks report. This machine has no GPU, so the ranks
+    report a GPU figure of 0% themselves, over the same signed report channel their metrics
+    thread uses (a rank on a GPU node reports NVML's)."""
+    config = slurm_store.parent / "jupyter-config" / "jupyter_mlcluster_config.json"
+    settings = json.loads(config.read_text())
+    settings["MLClusterConfig"].update(idle_gpu_after=1.0)
+    config.write_text(json.dumps(settings))
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    service = JobService()  # (a job's settings are its submitter's, read when it starts)
+    idle = (
+        "import time\n"
+        "from jupyterlab_mlcluster.runtime import reporting\n"
+        "for _ in range(40):\n"
+        "    reporting.send({'type': 'metrics', 'cpu_percent': 1.0, 'memory_bytes': 1,\n"
+        "                    'gpu_util': 0.0, 'gpu_memory_bytes': 1 << 30})\n"
+        "    time.sleep(0.25)\n"
+    )
+    job = service.submit(
+        JobSpec.from_options({"backend": "slurm", "workers": 2}), Payload(source=idle)
+    )
+    wait_for(
+        lambda: service.get(job.id).gpu_idle_since is not None,
+        60,
+        interval=0.2,
+        message="the job flagged as holding idle GPUs",
+    )
+    record = service.wait(job.id, timeout=120)
+    assert record.state == JobState.SUCCEEDED, record.error
