@@ -333,3 +333,19 @@ def test_bad_requests_are_refused_and_change_nothing(service, tmp_path, monkeypa
     assert _final(service, quick).state == JobState.SUCCEEDED
     with pytest.raises(forensics.NoStacks, match="succeeded: it kept no stacks"):
         service.stacks(quick)
+
+
+def test_stall_options_where_nothing_watches_are_refused(service):
+    """A session's cells (its ranks idle between cells) and a backend that does not watch
+    for stalls refuse --stall-after/--on-stall: never silently ignored, nothing stored."""
+    from jupyterlab_mlcluster.jobs.model import SpecError
+    from jupyterlab_mlcluster.jobs.sessions import submit_cell
+
+    with pytest.raises(SpecError, match="do not apply to a session's cells"):
+        submit_cell(
+            service, "s1", {"stall_after": "1m"}, Payload(source="1"), origin={"kind": "python"}
+        )
+    spec = JobSpec.from_options({"backend": "kubernetes", "on_stall": "cancel"})
+    with pytest.raises(SpecError, match="the kubernetes backend does not watch its ranks"):
+        service.submit(spec, Payload(source="1"))
+    assert service.store.list_jobs()[0] == []

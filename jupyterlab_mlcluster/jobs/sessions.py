@@ -337,6 +337,9 @@ def submit_cell(
     origin = {**origin, "user": owner}
     default_backend = service.config.default_backend
     cell_spec = JobSpec.from_options(options, default_backend=default_backend)
+    if cell_spec.stall_after is not None or cell_spec.on_stall != "warn":
+        # A session's ranks idle between cells by design: nothing watches them for stalls.
+        raise SpecError("--stall-after and --on-stall do not apply to a session's cells")
     note = None
     live = store.session_rows(owner, name, live_only=True)
     holder = store.get_job(live[0]["job_id"]) if live else None
