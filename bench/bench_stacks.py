@@ -4,7 +4,8 @@
 
   stacks    the folded stacks of a hung N-rank job (ranks 0, 2.. wait in all_reduce for
             rank 1, which sleeps), as `mlcluster stacks JOB` answers them: wall time of the
-            whole command (a fresh process: imports, store, py-spy on every rank), and of
+            whole command (a fresh process: imports, store, py-spy on every rank), beside
+            `mlcluster jobs --limit 1` (the same CLI's start, no stacks), and of
             JobService.stacks alone in this process; medians over --runs (target <= 2 s)
   stall     a job whose ranks all sleep, --stall-after S: seconds from the ranks' last
             output until the job's record says it is stalled (target <= S + 10 s)
@@ -82,9 +83,16 @@ def bench_stacks(workers: int, runs: int) -> None:
     _ready_at(service, job, workers)
     while "all_reduce" not in " ".join(forensics.fold_lines(service.stacks(job))):
         time.sleep(0.2)
-    cli, inproc = [], []
+    cli, inproc, baseline = [], [], []
     text = ""
     for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "jupyterlab_mlcluster.cli", "jobs", "--limit", "1"],
+            capture_output=True,
+            check=True,
+        )
+        baseline.append(time.perf_counter() - began)
         began = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-m", "jupyterlab_mlcluster.cli", "stacks", job],
@@ -103,6 +111,10 @@ def bench_stacks(workers: int, runs: int) -> None:
         f"stacks of a hung {workers}-rank job: `mlcluster stacks` {statistics.median(cli):.2f} s"
         f" (min {min(cli):.2f}), JobService.stacks {statistics.median(inproc):.2f} s"
         f" (min {min(inproc):.2f}); median of {runs}; target <= 2 s"
+    )
+    print(
+        f"  (the same CLI's start alone, `mlcluster jobs --limit 1`: "
+        f"{statistics.median(baseline):.2f} s)"
     )
 
 
