@@ -119,6 +119,12 @@ def test_a_session_keeps_globals_and_the_process_group_across_cells(
     assert all(r.process.poll() is None for r in session.runs.values())
     assert second.origin["session_job"] == holder.id
     assert sessions.get_session(service, None, "llm").cells == 3
+    # A partial line ends with its cell (issue 30): the rank's report starts on a line of its
+    # own, so the pod log ends the line before the cell's end.
+    partial = session.run("print('x', end='', flush=True)\n")
+    after = session.run("print('y', flush=True)\n")
+    assert sorted(log_text(service, partial.id)) == ["0:x", "1:x"]
+    assert sorted(log_text(service, after.id)) == ["0:y", "1:y"]
 
     # stop: every rank runs its atexit handlers and exits; nothing is left in the cluster.
     info = sessions.stop_session(service, None, "llm")
