@@ -181,6 +181,15 @@ class MLClusterConfig(Configurable):
         "--stall-after overrides it; 0 turns the watch off. The local backend watches.",
     ).tag(config=True)
 
+    straggler_after = Float(
+        30.0,
+        min=0.0,
+        help="Seconds over which a running rank's step rate (from its `mlc.progress`/tqdm "
+        "reports) must stay 1.5x under the median of its peers' before it is named a "
+        "straggler (in the job's record, the monitor, `mlcluster jobs`, /metrics), on every "
+        "backend. 0 turns it off.",
+    ).tag(config=True)
+
     stacks_reader = Enum(
         ["auto", "py-spy", "helper"],
         default_value="auto",

@@ -31,6 +31,8 @@ def format_jobs_table(records) -> str:
         info = r.error or r.reason or ""
         if r.stall and str(r.state) == "running":
             info = f"{stall_text(r.stall, now)}; {info}" if info else stall_text(r.stall, now)
+        if r.straggler and str(r.state) == "running":
+            info = f"{straggler_text(r.straggler)}; {info}" if info else straggler_text(r.straggler)
         rows.append(
             (
                 r.id,
@@ -53,6 +55,18 @@ def stall_text(stall: dict, now: float | None = None) -> str:
     where = "; ".join(stall.get("where") or [])
     age = format_age((now or time.time()) - since)
     return f"STALLED {who} for {age}" + (f": {where}" if where else "")
+
+
+def straggler_text(straggler: dict) -> str:
+    """'STRAGGLER rank 2 (1.1 steps/s, median 3.2)' (the job record's `straggler`)."""
+    ranks = straggler.get("ranks") or []
+    rates = straggler.get("rates") or {}
+    who = ", ".join(
+        f"{r} ({float(rates[str(r)]):.3g} steps/s)" if str(r) in rates else str(r) for r in ranks
+    )
+    median = straggler.get("median")
+    tail = f", median {float(median):.3g}" if median is not None else ""
+    return f"STRAGGLER rank{'s' if len(ranks) > 1 else ''} {who}{tail}"
 
 
 def stacks_command(

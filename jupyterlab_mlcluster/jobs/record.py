@@ -78,6 +78,9 @@ class JobRecord:
     # While ranks are stalled (jobs/forensics/stall.py): {"ranks": [...], "since": epoch,
     # "where": [folded stacks' lines]}; None otherwise.
     stall: dict[str, Any] | None = None
+    # While ranks straggle (jobs/forensics/straggler.py): {"ranks": [...], "since": epoch,
+    # "rates": {"rank": steps/s}, "median": steps/s}; None otherwise.
+    straggler: dict[str, Any] | None = None
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.
     supervisor: dict[str, Any] | None = None
@@ -149,6 +152,16 @@ class JobRecord:
                     "where": list(self.stall.get("where", [])),
                 }
                 if self.stall and self.state is JobState.RUNNING
+                else None
+            ),
+            "straggler": (
+                {
+                    "ranks": list(self.straggler.get("ranks", [])),
+                    "since": iso(self.straggler.get("since")),
+                    "rates": {str(k): v for k, v in (self.straggler.get("rates") or {}).items()},
+                    "median": self.straggler.get("median"),
+                }
+                if self.straggler and self.state is JobState.RUNNING
                 else None
             ),
             "ranks": [r.to_json() for r in self.ranks],

@@ -103,6 +103,10 @@ def status_line(record: JobRecord) -> str:
         from ..presentation import stall_text
 
         parts.append(stall_text(record.stall))
+    if record.straggler and record.state == JobState.RUNNING:
+        from ..presentation import straggler_text
+
+        parts.append(straggler_text(record.straggler))
     if record.error:
         parts.append(record.error)
     return " | ".join(parts)
@@ -301,6 +305,13 @@ def message_html(record: JobRecord) -> str:
             f"{html.escape(stall_text(record.stall))}</span> <span style='opacity:0.75'>"
             "(every thread: <code>%distributed_stacks "
             f"{html.escape(record.id)}</code>)</span>"
+        )
+    if record.straggler and record.state == JobState.RUNNING:
+        from ..presentation import straggler_text
+
+        return (
+            "<span class='mlc-straggler' style='color:#e65100'>"
+            f"{html.escape(straggler_text(record.straggler))}</span>"
         )
     if record.error:
         return f"<span style='color:{STATE_COLORS['failed']}'>{html.escape(record.error)}</span>"

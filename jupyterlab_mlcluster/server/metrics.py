@@ -95,6 +95,12 @@ SERIES: dict[str, tuple[str, str]] = {
         "gauge",
         "How long the stalled ranks of a running job have done nothing.",
     ),
+    "mlcluster_straggling_jobs": (
+        "gauge",
+        "Running jobs with a straggling rank (its step rate 1.5x under its peers' median for "
+        "MLClusterConfig.straggler_after), by backend.",
+    ),
+    "mlcluster_job_straggler_ranks": ("gauge", "How many ranks of a running job straggle."),
     "mlcluster_metrics_snapshot_timestamp_seconds": (
         "gauge",
         "When the figures above were last read from the job store (Unix time).",
@@ -140,6 +146,8 @@ def build_metrics(
     idle_jobs = dict.fromkeys(backends, 0)
     stalled_jobs = dict.fromkeys(backends, 0)
     stalled: list[tuple[list[str], float, float]] = []
+    straggling_jobs = dict.fromkeys(backends, 0)
+    straggling: list[tuple[list[str], int]] = []
     idle_gpus: dict[str, int] = {}
     idle_for: list[tuple[list[str], float]] = []
     ranks: dict[str, list[tuple[list[str], float]]] = {name: [] for name in _RANK_FIGURES}
@@ -161,6 +169,11 @@ def build_metrics(
                 labels = [job.id, job.name, job.owner or "", job.backend]
                 since = float(job.stall.get("since") or now)
                 stalled.append((labels, max(0.0, now - since), len(job.stall.get("ranks") or [])))
+        if job.state is JobState.RUNNING and job.straggler:
+            straggling_jobs[job.backend] += 1
+            if not shared:
+                labels = [job.id, job.name, job.owner or "", job.backend]
+                straggling.append((labels, len(job.straggler.get("ranks") or [])))
         if job.state is JobState.RUNNING and not shared:
             owner = job.owner or ""
             held = job.spec.workers * job.spec.gpus_per_worker
@@ -251,6 +264,14 @@ def build_metrics(
         for labels, age, stalled_ranks in stalled:
             family.add_metric(labels, age if seconds else stalled_ranks)
         out.append(family)
+    family = gauge("mlcluster_straggling_jobs", ["backend"])
+    for backend, count in straggling_jobs.items():
+        family.add_metric([backend], count)
+    out.append(family)
+    family = gauge("mlcluster_job_straggler_ranks", ["job", "name", "owner", "backend"])
+    for labels, count in straggling:
+        family.add_metric(labels, count)
+    out.append(family)
     family = gauge("mlcluster_metrics_snapshot_timestamp_seconds")
     family.add_metric([], now)
     out.append(family)

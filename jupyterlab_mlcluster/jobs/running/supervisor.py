@@ -26,6 +26,8 @@ from ...config import get_config
 from ..backend import get_backend
 from ..backoff import Backoff
 from ..experiments.sweep import wait_for_slot
+from ..forensics.straggler import StragglerWatch
+from ..lifecycle import format_duration
 from ..model import JobState, RankState
 from ..record import JobRecord
 from ..storage.fsinfo import is_storage_full, no_space_text
@@ -38,6 +40,7 @@ from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CANCEL_POLL_INTERVAL = 0.1
+STRAGGLER_CHECK_INTERVAL = 1.0
 LOG_EVENT_INTERVAL = 0.05
 # A supervisor whose store's disk is full retries writing its job's final state until space
 # allows (it never exits leaving the job running): 0.1 s doubling to a 2 s cap, soon enough
@@ -135,6 +138,8 @@ class JobContext:
         self._last_heartbeat = 0.0
         self._attached = _attached_process(job.origin)
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
+        self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
+        self._last_straggler_check = 0.0
 
     # -- cancellation -----------------------------------------------------------------
 
@@ -173,6 +178,7 @@ class JobContext:
         """Housekeeping a backend's loop calls every turn (≤ 100 ms apart)."""
         self.heartbeat()
         self.logs.maybe_notify()
+        self.check_stragglers()
 
     # -- state --------------------------------------------------------------------------
 
@@ -189,6 +195,51 @@ class JobContext:
 
     def set_ranks(self, changes: dict[int, dict[str, Any]]) -> None:
         self.store.update_ranks(self.job.id, changes)
+        if self.stragglers.enabled:
+            self._observe_progress(changes)
+
+    def _observe_progress(self, changes: dict[int, dict[str, Any]]) -> None:
+        """Each progress report stored, to the straggler watch (every backend's go here)."""
+        for rank, fields in changes.items():
+            state = fields.get("state")
+            if state is not None and (RankState(state).final or state == RankState.PENDING):
+                self.stragglers.forget(rank)
+                continue
+            step = (fields.get("progress") or {}).get("step")
+            if step is not None:
+                self.stragglers.step(rank, float(step))
+
+    def check_stragglers(self, force: bool = False) -> None:
+        """Name the ranks straggling now in the job's record (and its log), or clear them."""
+        now = time.monotonic()
+        if not self.stragglers.enabled or (
+            not force and now - self._last_straggler_check < STRAGGLER_CHECK_INTERVAL
+        ):
+            return
+        self._last_straggler_check = now
+        changed = self.stragglers.check(now)
+        if changed is None:
+            return
+        slow, median = changed
+        if not slow:
+            self.job.straggler = None
+            self.store.update_job(self.job.id, straggler=None)
+            self.logs.system("[mlcluster] no rank straggles any more")
+            return
+        ranks = sorted(slow)
+        self.job.straggler = {
+            "ranks": ranks,
+            "since": time.time(),
+            "rates": {str(r): round(slow[r], 3) for r in ranks},
+            "median": round(median, 3),
+        }
+        self.store.update_job(self.job.id, straggler=self.job.straggler)
+        which = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        rates = ", ".join(f"{slow[r]:.3g}" for r in ranks)
+        self.logs.system(
+            f"[mlcluster] {which} straggling: {rates} steps/s against a median of"
+            f" {median:.3g} over the last {format_duration(self.stragglers.after)}"
+        )
 
     def set_all_ranks(self, **fields: Any) -> None:
         self.set_ranks({r: dict(fields) for r in range(self.job.spec.workers)})

@@ -11,7 +11,15 @@ from typing import Any
 from ..model import JobSpec, JobState, RankState
 from ..record import JobRecord, RankRecord
 
-_JSON_COLUMNS = ("origin", "supervisor", "allocation", "capacity", "backend_state", "stall")
+_JSON_COLUMNS = (
+    "origin",
+    "supervisor",
+    "allocation",
+    "capacity",
+    "backend_state",
+    "stall",
+    "straggler",
+)
 JOB_COLUMNS = {
     "name",
     "state",
@@ -32,6 +40,7 @@ JOB_COLUMNS = {
     "backend_state",
     "gpu_idle_since",
     "stall",
+    "straggler",
 }
 RANK_COLUMNS = {
     "state",
@@ -84,6 +93,7 @@ def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
         backend_state=loads("backend_state", {}),
         gpu_idle_since=row["gpu_idle_since"],
         stall=loads("stall"),
+        straggler=loads("straggler"),
         updated=row["updated"],
         ranks=[
             RankRecord(

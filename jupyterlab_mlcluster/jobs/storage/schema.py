@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     backend_state TEXT NOT NULL DEFAULT '{}',
     gpu_idle_since REAL,
     stall TEXT,
+    straggler TEXT,
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
@@ -178,3 +179,5 @@ def _migrate(database: Database) -> None:
             tx.execute("ALTER TABLE jobs ADD COLUMN gpu_idle_since REAL")
         if "stall" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN stall TEXT")
+        if "straggler" not in jobs:
+            tx.execute("ALTER TABLE jobs ADD COLUMN straggler TEXT")
