@@ -301,16 +301,21 @@ def read_targets(
     report = StackReport(job=job_id, ranks=[], missing=dict(missing or {}), why=why, native=native)
     if targets:
         workers = min(len(targets), 16)
+
+        def attempt(target: Target) -> RankStacks | ReadFailed:
+            try:
+                return read_rank(target, native, reader, py_spy_setting, timeout)
+            except ReadFailed as exc:
+                return exc
+
+        # map, not futures: the outcomes come back as values (a future's .result() reads, to
+        # tests/server/test_no_unpickling.py's call graph, like JobService.result).
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            futures = {
-                pool.submit(read_rank, t, native, reader, py_spy_setting, timeout): t
-                for t in targets
-            }
-            for future, target in futures.items():
-                try:
-                    report.ranks.append(future.result())
-                except ReadFailed as exc:
-                    report.missing[target.rank] = str(exc)
+            for target, outcome in zip(targets, pool.map(attempt, targets), strict=True):
+                if isinstance(outcome, ReadFailed):
+                    report.missing[target.rank] = str(outcome)
+                else:
+                    report.ranks.append(outcome)
     report.ranks.sort(key=lambda r: r.rank)
     linecache.clearcache()  # the next read sees the files as they are then
     report.seconds = time.monotonic() - began
