@@ -112,9 +112,10 @@ def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | N
     None when it does.
 
     A Profile is a claim anyone allowed to create Profiles can make, on any name; the
-    Namespace is the platform's. The claim counts only when the Namespace agrees: Kubeflow's
-    owner annotation names the Profile's owner (or the Profile is Ready), and no
-    `mlcluster.io/owner` annotation names someone else (that one always wins)."""
+    Namespace is the platform's. The claim counts only when the Namespace agrees: its
+    `mlcluster.io/owner` annotation or Kubeflow's owner annotation names the Profile's owner
+    (or the Profile is Ready), and no `mlcluster.io/owner` annotation names someone else
+    (that one always wins)."""
     name, owner = profile["metadata"]["name"], profile_owner(profile)
     if owner is None:
         return f"Profile {name!r} names no user as its owner"
@@ -127,7 +128,7 @@ def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | N
             f"namespace {name!r} belongs to {marked!r} (its {OWNER_ANNOTATION} annotation), "
             f"not to {owner!r}, the owner Profile {name!r} claims"
         )
-    if annotations.get(KUBEFLOW_OWNER_ANNOTATION) == owner or _ready(profile):
+    if marked == owner or annotations.get(KUBEFLOW_OWNER_ANNOTATION) == owner or _ready(profile):
         return None
     found = annotations.get(KUBEFLOW_OWNER_ANNOTATION)
     said = (

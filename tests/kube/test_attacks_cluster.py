@@ -1098,6 +1098,8 @@ def test_namespace_owner_comes_from_the_profile_then_the_annotation() -> None:
     assert namespace_owner(kubeflows, profile) == "alice"  # Kubeflow made it hers
     ready = {**profile, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     assert namespace_owner(bare, ready) == "alice"
+    marked_hers = {"metadata": {"name": "ns", "annotations": {OWNER_ANNOTATION: "alice"}}}
+    assert namespace_ownership(marked_hers, profile) == ("alice", "")  # the platform's mark
     # Issue 31: the Profile is only a claim; the Namespace's own marks say otherwise.
     assert namespace_owner(annotated, profile) == "mallory"
     assert namespace_owner(annotated, ready) == "mallory"
