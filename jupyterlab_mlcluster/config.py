@@ -178,7 +178,7 @@ class MLClusterConfig(Configurable):
         help="Seconds a running rank may go without printing, reporting progress or using CPU "
         "before its job is flagged stalled (the ranks, since when, and their folded stacks "
         "taken then: in the job's record, the monitor, `mlcluster jobs`, /metrics). A job's "
-        "--stall-after overrides it; 0 turns the watch off. The local backend watches.",
+        "--stall-after overrides it; 0 turns the watch off. The local and Slurm backends watch.",
     ).tag(config=True)
 
     straggler_after = Float(

@@ -131,7 +131,11 @@ def test_a_failing_rank_stops_the_other_and_its_traceback_is_the_error(service):
     record = service.wait(job.id, timeout=90)
     assert record.state == JobState.FAILED
     assert record.failed_rank == 1
-    assert record.error == "rank 1 failed: ValueError: bad value 42"
+    # Where the rank still alive was, read before it was stopped (issue 33).
+    assert record.error == (
+        "rank 1 failed: ValueError: bad value 42; "
+        "rank 0 was still in <module> (cell.py:9): time.sleep(120)"
+    )
     report = service.error_report(job.id)
     assert "check(42)" in report["traceback"] and "ValueError: bad value 42" in report["traceback"]
     states = {r.rank: r.state for r in record.ranks}
@@ -155,7 +159,11 @@ def test_cancel_sends_sigterm_then_the_allocation_goes(service, slurm):
     job = submit(service, code, workers=2)
     wait_for(lambda: len(rank_lines(service, job.id)) == 2, 60, message="both ranks ready")
     record = service.cancel(job.id)
-    assert record.state == JobState.CANCELLED and record.reason == "cancelled by user"
+    assert record.state == JobState.CANCELLED
+    # Where the ranks were, read before they were stopped (issue 33).
+    assert record.reason == (
+        "cancelled by user; ranks 0, 1 were in <module> (cell.py:8): time.sleep(120)"
+    )
     assert rank_lines(service, job.id).count("SIGTERM handled") == 2
     assert (
         rank_lines(service, job.id, stream="system")
@@ -174,7 +182,11 @@ def test_a_timeout_ends_the_job_with_its_reason(service):
     )
     record = service.wait(job.id, timeout=90)
     assert record.state == JobState.FAILED
-    assert record.error == record.reason == "timed out after 3s"
+    assert (
+        record.error
+        == record.reason
+        == ("timed out after 3s; rank 0 was in <module> (cell.py:3): time.sleep(120)")
+    )
     lines = rank_lines(service, job.id)
     assert lines[0] == "start"
     # What Slurm itself said on the rank's stderr is in its log too.
@@ -541,9 +553,11 @@ def test_a_cancel_past_the_jobs_grace_is_a_sigkill(service):
     record = service.cancel(job.id)
     took = time.monotonic() - started
     assert record.state == JobState.CANCELLED
-    assert record.reason == (
-        "cancelled by user; rank 0 had not exited 1 s after SIGTERM and was killed"
-    )
+    # ... and where it was, read before it was signalled (issue 33; its loop's line).
+    assert record.reason.startswith(
+        "cancelled by user; rank 0 had not exited 1 s after SIGTERM and was killed; "
+        "rank 0 was in <module> (cell.py:"
+    ), record.reason
     assert "SIGTERM ignored" in rank_lines(service, job.id)
     assert rank_lines(service, job.id, stream="system") == [
         "[mlcluster] stopping (cancelled by user): SIGTERM, then SIGKILL after 1 s",

@@ -30,7 +30,7 @@ from ...jobs.backend import Backend
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...runtime.protocol import OutputParser, job_key, key_path
-from . import script, watch
+from . import forensics, script, watch
 from .commands import SlurmCommands, SlurmError
 from .watch import LOOK_BACKOFF, Following, LostSlurm
 
@@ -66,6 +66,21 @@ class SlurmBackend(Backend):
 
     def commands(self) -> SlurmCommands:
         return SlurmCommands(self.config.slurm_bin_dir, self.config.slurm_command_timeout)
+
+    watches_stalls = True
+
+    def collect_stacks(self, store: JobStore, job, ranks: list[int] | None, native: bool):
+        """py-spy on the ranks' processes where they are on this machine, else their own
+        helper woken through scancel --signal=USR2 (forensics.py)."""
+        return forensics.read_stacks(
+            self.commands(),
+            self.config,
+            job,
+            (job.backend_state or {}).get("slurm_job_id"),
+            forensics.latest_attempt_dir(store, job.id),
+            ranks,
+            native=native,
+        )
 
     def validate(self, spec: JobSpec) -> None:
         if spec.workers > self.config.max_workers:
@@ -304,6 +319,8 @@ class _Attempt:
         self.reported_errors: dict[int, dict[str, Any]] = {}
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.last_metrics = float("-inf")
+        self.forensics = forensics.AttemptForensics(self)
+        self.stalled: Outcome | None = None  # --on-stall cancel's
 
     # -- submit ------------------------------------------------------------------------
 
@@ -344,6 +361,8 @@ class _Attempt:
                 "MLCLUSTER_SLURM_RESULT_PATH": str(store.result_path(job_id)),
             }
         )
+        if self.ctx.config.stacks_helper and self.forensics.enabled:
+            env[script.STACKS_HELPER_VARIABLE] = "1"
         if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in base:
             env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in base:
@@ -487,15 +506,19 @@ class _Attempt:
             if kind == "line":
                 if stream != "c":
                     self.ctx.logs.line(rank, stream, value)
+                    self.forensics.active(rank)
             elif kind == "progress":
                 self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
+                self.forensics.active(rank)
             elif kind == "control":
                 rtype = value.get("type")
                 if rtype == "started" and rank not in self.exits:
                     self.started_ranks.add(rank)
                     self.rank_updates.update(rank, state=RankState.RUNNING, pid=value.get("pid"))
+                    self.forensics.active(rank)
                 elif rtype == "progress":
                     self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
+                    self.forensics.active(rank)
                 elif rtype == "error":
                     self.reported_errors[rank] = value
                 elif rtype == "metrics":  # the rank's own figures (rank.py): nobody samples it
@@ -508,6 +531,7 @@ class _Attempt:
             self.last_metrics = now
             samples, self.runtime_metrics = self.runtime_metrics, {}
             self.ctx.record_metrics(samples)  # the monitor's columns, and the idle-GPU flag
+            self.stalled = self.stalled or self.forensics.sampled(samples)
         self.ctx.tick()
 
     def watch(self) -> Outcome:
@@ -519,17 +543,22 @@ class _Attempt:
             if failed:
                 # The first rank that failed (its error report's time), as torchrun says.
                 rank = min(failed, key=self._failure_time)
+                where = self.forensics.before_stop("failed")
                 self.stop("a rank failed")
                 return Outcome(
                     OutcomeKind.FAILED,
                     lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
                     failed_rank=rank,
                     exit_code=self.exits[rank],
+                    where=where or None,
                 )
             if len(self.exits) == spec.workers:
                 return Outcome(OutcomeKind.SUCCEEDED)
-            stop = lifecycle.stop_requested(ctx)
+            stop = lifecycle.stop_requested(ctx) or self.stalled
             if stop is not None:
+                if stop.where is None:
+                    stop.where = self.forensics.before_stop(str(stop.kind)) or None
+                self.forensics.stopping = True
                 return stop.with_reason(self.stop(stop.message or ""))
             self.look()
             if self.slurm_state not in script.ACTIVE_STATES:

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from ...runtime.stackdump import STACKS_FILE_ENV
 from . import script
 
 
@@ -44,6 +45,10 @@ def main() -> None:
         0o600,
     )
     os.environ["MLCLUSTER_REPORT"] = f"fd:{report}"
+    if os.environ.pop(script.STACKS_HELPER_VARIABLE, "") == "1":
+        # The rank's own stack helper (runtime/stackdump.py, armed by the worker), woken by
+        # scancel --signal=USR2 where py-spy cannot read this task (forensics.py).
+        os.environ[STACKS_FILE_ENV] = script.rank_file(attempt_dir, rank, "stacks")
     from ...runtime import metrics, worker
 
     # Nobody samples a task on its node from outside: it reports its own CPU, memory and

@@ -37,6 +37,8 @@ COMMENT_PREFIX = "mlcluster:"
 
 # Where one attempt's files live, inside the job's directory (the shared filesystem).
 RANK_STREAMS = {"o": "out", "e": "err", "c": "control"}
+# In a task's job variables: arm the rank's own stack helper (rank.py, forensics.py).
+STACKS_HELPER_VARIABLE = "MLCLUSTER_SLURM_STACKS_HELPER"
 
 # Slurm job states -> what the attempt became. Pending/running ones are not final.
 ACTIVE_STATES = {
