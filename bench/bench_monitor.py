@@ -11,6 +11,9 @@ hurts every method alike:
   session        `%%distributed --session monitor`: the loop alone, on a session's live ranks
                  (a first cell set up the process group and the model), with the live monitor
   session-quiet  the same session cell with --quiet
+  stall-on       `--quiet --stall-after 5m`: a job's stall watch on (its supervisor watches each
+                 output line and CPU sample for a rank that has stopped)
+  stall-off      `--quiet --stall-after 0`: the watch off (`stall-on` is measured against it)
 
 The cell trains a small MLP with DistributedDataParallel (gloo, CPU) and, like a real
 training loop, every rank prints a line every 10 steps. Rank 0 times steps 20..20+steps
@@ -69,9 +72,14 @@ LOOP = textwrap.dedent(
     """
 )
 
-METHODS = ("monitor", "quiet", "launcher", "session", "session-quiet")
+METHODS = ("monitor", "quiet", "launcher", "session", "session-quiet", "stall-on", "stall-off")
 # What each method's monitor cost is measured against (the others: `quiet`).
-QUIET = {"session": "session-quiet", "session-quiet": "session-quiet"}
+QUIET = {
+    "session": "session-quiet",
+    "session-quiet": "session-quiet",
+    "stall-on": "stall-off",
+    "stall-off": "stall-off",
+}
 
 DRIVER = """
 import json, os, sys, time
@@ -112,6 +120,8 @@ CELLS = {
     # The same loop on a session's live ranks (SETUP ran once, below), monitor and not.
     "session": "%%distributed --session monitor\\n" + LOOP,
     "session-quiet": "%%distributed --session monitor --quiet\\n" + LOOP,
+    "stall-on": f"%%distributed --workers {workers} --quiet --stall-after 5m\\n" + TRAIN,
+    "stall-off": f"%%distributed --workers {workers} --quiet --stall-after 0\\n" + TRAIN,
 }
 def execute(code):
     msg_id = kc.execute(code)
