@@ -7,9 +7,9 @@ imports. A rank then (become_rank):
 
 - logging: every logger as the preload left it. The supervisor's handler on the root logger
   (logging.basicConfig, a RotatingFileHandler on supervisor.log) is closed before the rank
-  closes the descriptors it inherited: left there, its descriptor number went to the user's
-  next open file, which received the records of every library warning (issue 30), the
-  user's own basicConfig did nothing, and a warning with no file open printed a "Logging
+  closes the descriptors it inherited: left there, its descriptor number goes to the user's
+  next open file, which then receives the records of every library warning; the user's own
+  basicConfig would do nothing, and a warning with no file open would print a "Logging
   error" traceback. Our own loggers are dropped: a cold rank has none;
 - signals: every disposition, the wakeup fd and the signal mask as Python sets them at start;
 - modules: ours that a cold rank does not import (the supervisor's, the zygote's, the
@@ -19,6 +19,7 @@ imports. A rank then (become_rank):
 from __future__ import annotations
 
 import ast
+import itertools
 import logging
 import signal
 import sys
@@ -27,10 +28,17 @@ from typing import Any
 
 _OURS = "jupyterlab_mlcluster"
 _ENTRY = "jupyterlab_mlcluster.runtime.worker"  # what a cold rank runs (as __main__)
-# (logger, handlers, level, propagate, disabled, filters) of every logger after the preload.
-_LOGGING: list[tuple[logging.Logger, list[Any], int, bool, bool, list[Any]]] | None = None
+# Taken by remember() in the zygote. A rank touches as little as it can of what it inherited:
+# each object it reads is written (its reference count), so every page holding one is
+# copied; a walk over every logger and module cost a rank 8 ms (2 cores, under load 40).
+_ROOT: tuple[list[Any], int, bool, bool, list[Any]] | None = None
 _LOGGING_DISABLE = 0
-_RANK_MODULES: frozenset[str] | None = None
+_OUR_LOGGERS: list[str] = []
+_LOGGERS_SEEN = 0  # how many loggers there were: the supervisor's are the ones after
+_DROP: list[str] = []  # our modules a cold rank does not import
+_KEEP: frozenset[str] = frozenset()  # and those it does
+_MODULES_SEEN = 0
+_SIGNALS: list[tuple[int, Any]] = []  # (signal, its disposition in a fresh rank)
 # Dropped handlers whose stream this process must not close (stdio, the report channel):
 # kept referenced so that no finalizer closes it later (a rank ends with os._exit).
 _KEPT: list[logging.Handler] = []
@@ -38,45 +46,56 @@ _KEPT: list[logging.Handler] = []
 
 def remember() -> None:
     """In the zygote, after its preload: what a rank goes back to."""
-    global _LOGGING, _LOGGING_DISABLE, _RANK_MODULES
-    loggers = [logging.getLogger()] + [
-        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
-    ]
-    _LOGGING = [
-        (lg, list(lg.handlers), lg.level, lg.propagate, lg.disabled, list(lg.filters))
-        for lg in loggers
-        if not lg.name.startswith(_OURS)
-    ]
-    _LOGGING_DISABLE = logging.Logger.manager.disable
-    _RANK_MODULES = imported_by(_ENTRY)
+    global _ROOT, _LOGGING_DISABLE, _OUR_LOGGERS, _LOGGERS_SEEN, _DROP, _KEEP, _MODULES_SEEN
+    root, manager = logging.getLogger(), logging.Logger.manager
+    _ROOT = (list(root.handlers), root.level, root.propagate, root.disabled, list(root.filters))
+    _LOGGING_DISABLE = manager.disable
+    _OUR_LOGGERS = [name for name in manager.loggerDict if name.startswith(_OURS)]
+    _LOGGERS_SEEN = len(manager.loggerDict)
+    _KEEP = imported_by(_ENTRY) - {_ENTRY}
+    _DROP = [name for name in sys.modules if _is_ours(name) and name not in _KEEP]
+    _MODULES_SEEN = len(sys.modules)
+    # Python's own at start for SIGINT, SIGPIPE, SIGXFSZ; the zygote's handlers (SIGTERM)
+    # go back to the default; what the preloads set (or inherited as ignored) stays.
+    python_sets = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGPIPE: signal.SIG_IGN,
+        signal.SIGXFSZ: signal.SIG_IGN,
+    }
+    _SIGNALS.clear()
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        now: Any = signal.getsignal(signum)
+        if signum in python_sets:
+            now = python_sets[signum]
+        elif callable(now) and getattr(now, "__module__", "").startswith(_OURS):
+            now = signal.SIG_DFL
+        _SIGNALS.append((int(signum), now))
 
 
 def shed_logging(keep_fds: tuple[int, ...]) -> None:
-    """Loggers back to the preload's state; handlers added since are closed (a file handler's
-    file: while its descriptor is still the one it opened) or, where they write to a
-    descriptor in `keep_fds` or to stdio, only dropped. Before the rank closes descriptors."""
-    if _LOGGING is None:
+    """The root logger back to the preload's state, our loggers gone; handlers dropped are
+    closed (a file handler's file: while its descriptor is still the one it opened) or,
+    where they write to a descriptor in `keep_fds` or to stdio, only dropped. Before the
+    rank closes descriptors. (Our code configures no other logger.)"""
+    if _ROOT is None:
         return
-    dropped: list[Any] = []
-    for lg, handlers, level, propagate, disabled, filters in _LOGGING:
-        if lg.handlers != handlers:
-            dropped += [h for h in lg.handlers if h not in handlers]
-            lg.handlers = list(handlers)
-        if (lg.level, lg.propagate, lg.disabled, lg.filters) != (
-            level,
-            propagate,
-            disabled,
-            filters,
-        ):
-            lg.level, lg.propagate, lg.disabled = level, propagate, disabled
-            lg.filters = list(filters)
-    manager = logging.Logger.manager
-    for name in [n for n in manager.loggerDict if n.startswith(_OURS)]:
-        ours = manager.loggerDict.pop(name)
+    root, manager = logging.getLogger(), logging.Logger.manager
+    handlers, level, propagate, disabled, filters = _ROOT
+    dropped: list[Any] = [h for h in root.handlers if h not in handlers]
+    if (root.level, manager.disable) != (level, _LOGGING_DISABLE):
+        # Every logger's cached answers may have changed (a walk over all of them: only then).
+        root.level, manager.disable = level, _LOGGING_DISABLE
+        manager._clear_cache()  # type: ignore[attr-defined]
+    root.handlers, root.filters = list(handlers), list(filters)
+    root.propagate, root.disabled = propagate, disabled
+    for name in _OUR_LOGGERS + _ours_since(manager.loggerDict, _LOGGERS_SEEN):
+        ours = manager.loggerDict.pop(name, None)
         if isinstance(ours, logging.Logger):
             dropped += ours.handlers
-    manager.disable = _LOGGING_DISABLE
-    manager._clear_cache()  # type: ignore[attr-defined]  # levels changed
+    if not dropped:
+        return
     for handler in dropped:
         _close(handler, keep_fds)
     gone = {id(h) for h in dropped}
@@ -109,20 +128,15 @@ def _close(handler: logging.Handler, keep_fds: tuple[int, ...]) -> None:
 
 
 def reset_signals() -> None:
-    """Every signal as a fresh Python has it: SIGINT raises KeyboardInterrupt, SIGPIPE and
-    SIGXFSZ are ignored, all others take their default action; no wakeup fd, none blocked."""
-    fresh: dict[int, Any] = {
-        signal.SIGINT: signal.default_int_handler,
-        signal.SIGPIPE: signal.SIG_IGN,
-        signal.SIGXFSZ: signal.SIG_IGN,
-    }
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            signal.signal(signum, fresh.get(signum, signal.SIG_DFL))
-        except (OSError, ValueError):  # (reserved by the C library: never ours to change)
-            pass
+    """Every signal as in a fresh rank: as Python sets SIGINT, SIGPIPE and SIGXFSZ at start,
+    the supervisor's and the zygote's handlers back to the default, no wakeup fd, no signal
+    blocked."""
+    for signum, disposition in _SIGNALS:
+        if disposition is not None and signal.getsignal(signum) is not disposition:
+            try:
+                signal.signal(signum, disposition)
+            except (OSError, ValueError):  # (reserved by the C library: never ours to change)
+                pass
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
@@ -132,16 +146,24 @@ def shed_modules() -> None:
     holds them): a later import finds them afresh, as in a fresh interpreter. Code already
     running keeps its references. The entry module goes too: a cold rank runs it as
     __main__, never under its name."""
-    if _RANK_MODULES is None:
-        return
-    keep = _RANK_MODULES - {_ENTRY}
-    ours = [n for n in sys.modules if n.startswith(_OURS)]
-    for name in [n for n in ours if n.partition(".")[0] == _OURS and n not in keep]:
-        module = sys.modules.pop(name)
+    since = [n for n in _ours_since(sys.modules, _MODULES_SEEN) if n not in _KEEP]
+    for name in _DROP + since:
+        module = sys.modules.pop(name, None)
         parent, _, child = name.rpartition(".")
         holder = sys.modules.get(parent)
-        if holder is not None and getattr(holder, child, None) is module:
+        if module is not None and holder is not None and getattr(holder, child, None) is module:
             delattr(holder, child)
+
+
+def _is_ours(name: str) -> bool:
+    return name.partition(".")[0] == _OURS
+
+
+def _ours_since(names: dict[str, Any], seen: int) -> list[str]:
+    """Our names among those added to `names` (insertion-ordered) after it held `seen`."""
+    added = len(names) - seen
+    recent = itertools.islice(reversed(names), added) if added >= 0 else iter(names)
+    return [name for name in recent if _is_ours(name)]
 
 
 def imported_by(entry: str) -> frozenset[str]:

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import warnings
 import weakref
@@ -113,6 +114,7 @@ seen = {
         ],
     },
     "socket_timeout": socket.getdefaulttimeout(),
+    "tempdir_cached": tempfile.tempdir,  # (computed from TMPDIR at first use)
     "umask": os.umask(0o022),
     "torch_threads": torch.get_num_threads(),
     # Who started this rank (not compared: it tells a warm rank from a cold one).
