@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from jupyterlab_mlcluster import environment
 from jupyterlab_mlcluster.backends.kubernetes.packages import find_cache_volume, index_settings
 
@@ -241,3 +243,79 @@ def test_attack_a_wheel_planted_in_the_shared_cache_neither_fails_the_job_nor_is
     assert installed.read_text() == "VALUE = 'genuine'\n"
     assert "installed 1 package (tinypkg==0.1) from the wheel cache" in out, out
     assert f"the wheel cache's {planted.name} is not the one the notebook checked" in out, out
+
+
+def test_attack_a_huge_or_growing_file_planted_in_the_wheel_cache_costs_the_pod_no_disk(tmp_path):
+    """A file named like the wanted wheel, planted in the shared cache, 1 GiB but sparse (no
+    disk of the attacker's), or grown while it is read: the pod's private copies live on a
+    3 MiB tmpfs here. Before, each was copied whole before its hash was compared: the pod's
+    disk filled (an eviction on a node). Now it is hashed where it lies and never copied;
+    the genuine wheel beside it is still found and copied."""
+    import hashlib
+    import threading
+
+    from jupyterlab_mlcluster.runtime import sync_packages
+    from tests.faults.fulldisk import mounted
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    genuine = cache / "demo-1.0-py3-none-any.whl"
+    genuine.write_bytes(b"PK genuine wheel bytes")
+    allowed = {"demo==1.0": [hashlib.sha256(genuine.read_bytes()).hexdigest()]}
+    planted = cache / "demo-1.0-0-py3-none-any.whl"  # sorts first, a tag pip would prefer
+    with mounted(tmp_path, "3m") as disk:
+        if isinstance(disk, str):
+            pytest.skip(disk)
+
+        def used() -> int:
+            st = os.statvfs(disk)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+        figures = {"attacks": 0, "genuine copied": 0, "planted files copied": 0}
+        for attack in ("sparse 1 GiB", "growing"):
+            private = disk / attack.replace(" ", "-")
+            private.mkdir(mode=0o700)
+            planted.unlink(missing_ok=True)
+            planted.touch()
+            stop = threading.Event()
+            if attack == "sparse 1 GiB":
+                os.truncate(planted, 1 << 30)
+                grower = None
+            else:
+
+                def grow(stop: threading.Event = stop) -> None:
+                    size = 0
+                    while not stop.is_set():
+                        size += 16 << 20
+                        os.truncate(planted, size)
+                        stop.wait(0.005)
+
+                grower = threading.Thread(target=grow)
+                grower.start()
+            peak = [used()]
+
+            def watch(stop: threading.Event = stop, peak: list[int] = peak) -> None:
+                while not stop.wait(0.002):
+                    peak[0] = max(peak[0], used())
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                complete, notes = sync_packages.verified_copies(
+                    cache, ["demo==1.0"], allowed, private
+                )
+            finally:
+                stop.set()
+                watcher.join()
+                if grower:
+                    grower.join()
+            figures["attacks"] += 1
+            assert complete, (attack, notes)
+            assert sorted(p.name for p in private.iterdir()) == [genuine.name], attack
+            figures["genuine copied"] += 1
+            assert f"the wheel cache's {planted.name} is not the one the notebook checked" in (
+                " ".join(notes)
+            )
+            # The 3 MiB disk held the genuine copy alone, all along (before: filled, ENOSPC).
+            assert peak[0] < 1 << 20, (attack, peak[0])
+        print("figures:", figures)

@@ -103,7 +103,7 @@ def verified_copies(
         good = False
         for wheel in cache_wheels(cache, req):
             copy = private / wheel.name
-            if _copy_hashed(wheel, copy) in allowed:
+            if _copy_hashed(wheel, copy, allowed) in allowed:
                 good = True
                 continue
             copy.unlink(missing_ok=True)
@@ -114,21 +114,44 @@ def verified_copies(
     return complete, notes
 
 
-def _copy_hashed(source: Path, target: Path) -> str | None:
-    """Copy a regular file (no link followed, no FIFO waited on) to `target`, new; the
-    sha256 of what was copied, or None where it could not be read."""
-    digest = hashlib.sha256()
+# The most of one cache file read to hash it (the largest CUDA wheels are a few GB).
+MAX_WHEEL_BYTES = 16 << 30
+
+
+def _copy_hashed(source: Path, target: Path, allowed: set[str]) -> str | None:
+    """Copy a regular file (no link followed, no FIFO waited on) to `target`, new, when it
+    hashes to one of `allowed`; the sha256 of what was copied, or None where it could not be
+    read or is not allowed. The file is hashed where it lies first, no further than its size
+    when opened (a file someone keeps growing ends there), and copied only then, at most the
+    bytes that were hashed: a huge or growing file planted in the cache costs a read, never
+    the pod's disk. The copy is what is checked again and installed."""
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            opened = os.fstat(f.fileno())
+            if not stat.S_ISREG(opened.st_mode) or opened.st_size > MAX_WHEEL_BYTES:
                 return None
+            digest, size = hashlib.sha256(), 0
+            while size < opened.st_size:
+                block = f.read(min(1 << 20, opened.st_size - size))
+                if not block:
+                    break
+                size += len(block)
+                digest.update(block)
+            if digest.hexdigest() not in allowed:
+                return None
+            f.seek(0)
+            digest, left = hashlib.sha256(), size
             out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(out, "wb") as w:
-                for block in iter(lambda: f.read(1 << 20), b""):
+                while left > 0:
+                    block = f.read(min(1 << 20, left))
+                    if not block:
+                        break
+                    left -= len(block)
                     digest.update(block)
                     w.write(block)
     except OSError:
