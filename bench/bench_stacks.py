@@ -1,6 +1,6 @@
 """Forensics of a hung job (issue 33), on the local backend with real gloo ranks:
 
-    python bench/bench_stacks.py [--workers 4] [--runs 5] [--stall-after 5]
+    python bench/bench_stacks.py [--workers 4] [--runs 5] [--stall-after 5] [--backend slurm]
 
   stacks    the folded stacks of a hung N-rank job (ranks 0, 2.. wait in all_reduce for
             rank 1, which sleeps), as `mlcluster stacks JOB` answers them: wall time of the
@@ -11,7 +11,8 @@
             output until the job's record says it is stalled (target <= S + 10 s)
 
 Each job runs in a store of its own, in a temporary directory; cold ranks (the warm pool
-off) unless --warm.
+off) unless --warm. `--backend slurm`: the same on a real one-node Slurm started for the run
+(tests/slurm/cluster.py, as root; its node has 2 CPUs, so at most 2 ranks).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 HANG = textwrap.dedent(
     """\
@@ -57,6 +61,7 @@ def _submit(service, code: str, **options) -> str:
     from jupyterlab_mlcluster.jobs.model import JobSpec
     from jupyterlab_mlcluster.runtime.payload import Payload
 
+    options.setdefault("backend", os.environ.get("MLCLUSTER_BACKEND", "local"))
     return service.submit(JobSpec.from_options(options), Payload(kind="code", source=code)).id
 
 
@@ -80,6 +85,7 @@ def bench_stacks(workers: int, runs: int) -> None:
 
     service = _service()
     job = _submit(service, HANG, workers=workers)
+    print(f"backend {service.get(job).backend}")
     _ready_at(service, job, workers)
     while "all_reduce" not in " ".join(forensics.fold_lines(service.stacks(job))):
         time.sleep(0.2)
@@ -143,13 +149,35 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--stall-after", type=float, default=5.0)
     parser.add_argument("--warm", action="store_true", help="ranks from the warm pool")
+    parser.add_argument("--backend", choices=["local", "slurm"], default="local")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLCLUSTER_STORE_DIR"] = os.path.join(tmp, "store")
         os.environ["MLCLUSTER_WARM_POOL"] = "1" if args.warm else "0"
         os.environ.setdefault("MLCLUSTER_CPU_SLOTS", str(args.workers))
-        bench_stacks(args.workers, args.runs)
-        bench_stall(args.workers, args.stall_after)
+        cluster = None
+        if args.backend == "slurm":
+            sys.path[:0] = [str(REPO), str(REPO / "tests")]
+            from tests.slurm.cluster import NODE_CPUS, SlurmCluster, missing
+
+            if missing() or args.workers > NODE_CPUS:
+                parser.error(missing() or f"the test Slurm node runs at most {NODE_CPUS} ranks")
+            config = Path(tmp) / "jupyter-config"
+            config.mkdir()
+            (config / "jupyter_mlcluster_config.json").write_text(
+                '{"MLClusterConfig": {"slurm_poll_interval": 0.2}}'
+            )
+            os.environ["JUPYTER_CONFIG_DIR"] = str(config)
+            os.environ["MLCLUSTER_BACKEND"] = "slurm"
+            cluster = SlurmCluster(Path(tmp) / "slurm")
+            cluster.start()
+            os.environ["SLURM_CONF"] = str(cluster.conf)
+        try:
+            bench_stacks(args.workers, args.runs)
+            bench_stall(args.workers, args.stall_after)
+        finally:
+            if cluster is not None:
+                cluster.stop()
 
 
 if __name__ == "__main__":
