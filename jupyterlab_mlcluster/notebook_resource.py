@@ -87,7 +87,9 @@ def owner_error(owner: Any) -> str | None:
 OWNER_ANNOTATION = "mlcluster.io/owner"
 # What Kubeflow's profile controller writes on the namespace it makes for a Profile (the
 # Profile's owner). It refuses to adopt a namespace that exists without it, but the Profile
-# object stays: only this annotation, or a Ready Profile, says the namespace is the Profile's.
+# object stays: only this annotation says the namespace is the Profile's. A Profile's status is
+# no evidence (Kubeflow sets no "Ready" condition; where users may write profiles/status, or the
+# CRD has no status subresource, anyone can forge one).
 KUBEFLOW_OWNER_ANNOTATION = "owner"
 
 
@@ -102,20 +104,15 @@ def profile_owner(profile: Mapping[str, Any]) -> str | None:
     return str(owner["name"])
 
 
-def _ready(profile: Mapping[str, Any]) -> bool:
-    conditions = (profile.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | None) -> str | None:
     """Why the Profile does not make its owner the owner of the namespace of its name, or
     None when it does.
 
     A Profile is a claim anyone allowed to create Profiles can make, on any name; the
     Namespace is the platform's. The claim counts only when the Namespace agrees: its
-    `mlcluster.io/owner` annotation or Kubeflow's owner annotation names the Profile's owner
-    (or the Profile is Ready), and no `mlcluster.io/owner` annotation names someone else
-    (that one always wins)."""
+    `mlcluster.io/owner` annotation or Kubeflow's owner annotation names the Profile's owner,
+    and no `mlcluster.io/owner` annotation names someone else (that one always wins). The
+    Profile's own status is never asked: it is the claimant's to forge."""
     name, owner = profile["metadata"]["name"], profile_owner(profile)
     if owner is None:
         return f"Profile {name!r} names no user as its owner"
@@ -128,7 +125,7 @@ def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | N
             f"namespace {name!r} belongs to {marked!r} (its {OWNER_ANNOTATION} annotation), "
             f"not to {owner!r}, the owner Profile {name!r} claims"
         )
-    if marked == owner or annotations.get(KUBEFLOW_OWNER_ANNOTATION) == owner or _ready(profile):
+    if marked == owner or annotations.get(KUBEFLOW_OWNER_ANNOTATION) == owner:
         return None
     found = annotations.get(KUBEFLOW_OWNER_ANNOTATION)
     said = (
@@ -138,7 +135,7 @@ def profile_dispute(profile: Mapping[str, Any], namespace: Mapping[str, Any] | N
     )
     return (
         f"namespace {name!r} existed before Profile {name!r} and was not given to {owner!r} "
-        f"({said}, and the Profile is not Ready)"
+        f"({said})"
     )
 
 

@@ -1081,7 +1081,7 @@ def test_attack_notebook_for_a_victim_in_the_attackers_namespace_is_refused(
 
 def test_namespace_owner_comes_from_the_profile_then_the_annotation() -> None:
     """A Profile decides whose its namespace is only where the Namespace agrees (Kubeflow's
-    `owner` annotation names the Profile's owner, or the Profile is Ready); an
+    `owner` annotation names the Profile's owner; its own status is no evidence); an
     `mlcluster.io/owner` annotation that says otherwise wins, and the refusal says why."""
     from notebook_controller.namespaces import (
         OWNER_ANNOTATION,
@@ -1097,7 +1097,7 @@ def test_namespace_owner_comes_from_the_profile_then_the_annotation() -> None:
     assert namespace_owner(annotated, None) == "mallory"
     assert namespace_owner(kubeflows, profile) == "alice"  # Kubeflow made it hers
     ready = {**profile, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    assert namespace_owner(bare, ready) == "alice"
+    assert namespace_owner(bare, ready) is None  # a status the claimant may forge
     marked_hers = {"metadata": {"name": "ns", "annotations": {OWNER_ANNOTATION: "alice"}}}
     assert namespace_ownership(marked_hers, profile) == ("alice", "")  # the platform's mark
     # Issue 31: the Profile is only a claim; the Namespace's own marks say otherwise.

@@ -158,3 +158,33 @@ def test_attack_profile_squatting_the_template_namespace_is_refused() -> None:
     assert user_namespace("carol", squatted) == "mlcluster-carol"
     # A Profile of her own wins over the squatted template name.
     assert user_namespace("alice", [*squatted, profile("alices", "alice")]) == "alices"
+
+
+def test_attack_a_forged_ready_profile_does_not_beat_the_namespaces_owner() -> None:
+    """Red team of issue 31, F5: Bob's Profile `alice-team`, its status forged to Ready (where
+    the CRD has no status subresource or users may write profiles/status), on a Namespace
+    Kubeflow made for Alice (`owner: alice`): the Ready shortcut mapped Bob there and made
+    him its owner. A Profile's status is no evidence; the Namespace's marks decide."""
+    from jupyterlab_mlcluster.notebook_resource import profile_dispute
+    from notebook_controller.namespaces import namespace_owner
+
+    forged = {
+        **profile("alice-team", "bob@example.com"),
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    alices = {"metadata": {"name": "alice-team", "annotations": {"owner": "alice@example.com"}}}
+    why = profile_dispute(forged, alices) or ""
+    assert "'owner' annotation names 'alice@example.com'" in why
+    with pytest.raises(NamespaceTaken):
+        user_namespace("bob@example.com", [forged], namespaces={"alice-team": alices})
+    assert namespace_owner(alices, forged) is None
+    # Nor on a Namespace with no owner mark at all: nobody adopted it for Bob.
+    bare = {"metadata": {"name": "alice-team"}}
+    assert "no 'owner' annotation" in (profile_dispute(forged, bare) or "")
+    assert namespace_owner(bare, forged) is None
+    # The same Profile on a Namespace Kubeflow made for Bob is his, Ready or not.
+    bobs = {"metadata": {"name": "alice-team", "annotations": {"owner": "bob@example.com"}}}
+    assert profile_dispute(forged, bobs) is None
+    assert user_namespace("bob@example.com", [forged], namespaces={"alice-team": bobs}) == (
+        "alice-team"
+    )
