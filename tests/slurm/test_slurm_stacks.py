@@ -146,6 +146,18 @@ def test_a_stall_is_flagged_with_where_then_on_stall_cancel_ends_the_job(service
     assert view["where"] == ["ranks 0, 1: wait_here (cell.py:4): time.sleep(600)"]
     # Kept as each stall was seen (a rank that said "ready" later may be seen a turn later).
     assert {k.why for k in forensics.kept(service.store.job_dir(job))} == {"stalled"}
+    # It stays flagged: a sleeping rank's own CPU reports (its reporter thread, 0.5-1 %)
+    # are not taken for activity (they were, at the local 1 %: the stall came and went).
+    seen = []
+
+    def more_samples():
+        seen.append(service.get(job).stall["ranks"])
+        return len(seen) >= 8
+
+    wait_for(more_samples, timeout=60, interval=1.0, message="later looks")
+    assert all(ranks == [0, 1] for ranks in seen), seen
+    lines, _ = service.logs(job)
+    assert not any("no rank is stalled any more" in line["line"] for line in lines)
     service.cancel(job)
 
     job = _submit(

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 SIGNAL_READER = f"{HELPER_READER} via scancel --signal=USR2"
 SUPERVISOR_READ_TIMEOUT = 5.0
+# A Slurm rank reports its own CPU (rank.py: nobody samples a task from outside), its
+# reporter thread included: asleep, it reads 0.5-1 % at 2 s samples, which the local rule
+# (1 %) would take for activity, so the stall would come and go. A rank at work reads far more.
+SELF_REPORTED_CPU_PERCENT = 3.0
 
 
 def helper_path(attempt_dir: str | Path, rank: int) -> Path:
@@ -212,7 +216,9 @@ class AttemptForensics:
         spec = ctx.job.spec
         self.enabled = not is_session_holder(ctx.job)
         after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.StallWatch(after if self.enabled else 0.0)
+        self.stall = forensics.StallWatch(
+            after if self.enabled else 0.0, cpu_percent=SELF_REPORTED_CPU_PERCENT
+        )
         self.cancel_on_stall = spec.on_stall == "cancel"
         self.job_dir = ctx.store.job_dir(ctx.job.id)
         self.stopping = False
