@@ -166,8 +166,8 @@ class JobService:
             )
         if (spec.stall_after or spec.on_stall != "warn") and not backend.watches_stalls:
             raise SpecError(
-                f"--stall-after and --on-stall apply to local jobs for now; the {backend.name}"
-                " backend does not watch its ranks for stalls yet"
+                "--stall-after and --on-stall apply to local and Slurm jobs for now; the"
+                f" {backend.name} backend does not watch its ranks for stalls yet"
             )
         backend.validate(spec)
         try:
