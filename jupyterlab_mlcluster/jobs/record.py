@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import secrets
 from typing import Any
 
@@ -19,8 +20,16 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds -> RFC 3339 UTC with milliseconds ('2026-11-22T01:02:03.123Z')."""
     if ts is None:
         return None
-    dt = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return _iso(ts)
+
+
+# A listing of 100 jobs formats ~800 timestamps, the same ones on every request for jobs
+# that have ended: remembered (a pure function), not formatted again (GET /jobs, issue 34).
+@functools.lru_cache(maxsize=1 << 15)
+def _iso(ts: float) -> str:
+    # isoformat, not strftime: a third of the time; "+00:00" -> "Z".
+    moment = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 @dataclasses.dataclass

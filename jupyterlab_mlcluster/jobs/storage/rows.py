@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from typing import Any
@@ -68,12 +69,14 @@ def to_column(key: str, value: Any) -> Any:
 def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
     def loads(col: str, default: Any = None) -> Any:
         value = row[col]
-        return json.loads(value) if value else default
+        if not value or value == "{}":  # most rows' origin/backend_state: no parse
+            return {} if value else default
+        return json.loads(value)
 
     return JobRecord(
         id=row["id"],
         name=row["name"],
-        spec=JobSpec.from_dict(json.loads(row["spec"])),
+        spec=_spec(row["spec"]),
         state=JobState(row["state"]),
         created=row["created"],
         started=row["started"],
@@ -110,3 +113,17 @@ def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
             for r in rank_rows
         ],
     )
+
+
+def _spec(text: str) -> JobSpec:
+    """A job's spec from its column. Jobs of a team share a few specs: each text is parsed
+    once (GET /jobs reads 100 rows a request); every record still gets its own JobSpec and
+    env, since a record's spec may be changed by its holder."""
+    spec = JobSpec.from_dict(_spec_fields(text))
+    spec.env = dict(spec.env)
+    return spec
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_fields(text: str) -> dict[str, Any]:
+    return json.loads(text)

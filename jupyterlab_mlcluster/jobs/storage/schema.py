@@ -44,8 +44,23 @@ CREATE TABLE IF NOT EXISTS jobs (
     straggler TEXT,
     updated REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
-CREATE INDEX IF NOT EXISTS jobs_by_created ON jobs(created);
+-- A listing's order (newest first, then id), with or without a state or owner filter, and
+-- a backend's queue in admission order: read from these in order, never a sort of every
+-- matching row (JobStore.list_jobs, JobStore.queue).
+CREATE INDEX IF NOT EXISTS jobs_newest ON jobs(created DESC, id);
+CREATE INDEX IF NOT EXISTS jobs_newest_by_state ON jobs(state, created DESC, id);
+CREATE INDEX IF NOT EXISTS jobs_newest_by_owner ON jobs(owner, created DESC, id);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, backend, priority DESC, created, id);
+-- What the reaper reads every second: the few unfinished jobs and the few with a cleanup
+-- to do, not a scan of every job ever kept. A query names these terms literally, as here,
+-- or SQLite cannot use the index.
+CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(state)
+    WHERE state NOT IN ('succeeded', 'failed', 'cancelled');
+CREATE INDEX IF NOT EXISTS jobs_cleanup_pending ON jobs(id)
+    WHERE json_extract(backend_state, '$.pending_cleanup') IS NOT NULL;
+-- Both led by what the indexes above lead with.
+DROP INDEX IF EXISTS jobs_by_created;
+DROP INDEX IF EXISTS jobs_by_state;
 CREATE TABLE IF NOT EXISTS ranks (
     job_id TEXT NOT NULL,
     rank INTEGER NOT NULL,

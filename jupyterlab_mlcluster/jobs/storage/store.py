@@ -410,8 +410,8 @@ class JobStore:
         return self._db.execute(
             "SELECT id, supervisor, heartbeat, created, backend, cancel_requested,"
             " json_extract(origin, '$.session_job') AS session_job FROM jobs"
-            " WHERE state NOT IN (?, ?, ?)",
-            [str(s) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)],
+            # Literal, as the partial index jobs_unfinished says it (schema.py): read from it.
+            " WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
         ).fetchall()
 
     def held_allocations(self, backend: str) -> list[sqlite3.Row]:

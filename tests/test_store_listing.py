@@ -1,0 +1,105 @@
+"""The job store's listing (GET /jobs) and the reaper's reads on a store that keeps many jobs:
+each reads a page, or the few jobs it is about, from an index; none scans or sorts every job
+(issue 34: 10,000 kept jobs made GET /jobs 27.5 ms at p95). Judged from SQLite's own query
+plans of the statements the store really runs, so the size of the store does not matter."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.jobs.record import JobRecord, iso
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
+
+FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = JobStore(tmp_path / "store")
+    start = time.time() - 1000
+    for i in range(300):
+        job_id = f"jlist{i:06d}"
+        store.insert_job(
+            JobRecord(
+                id=job_id,
+                name=f"n{i % 7}",
+                spec=JobSpec(workers=1 + i % 3, env={"A": "1"}),
+                created=start + i,
+                owner=f"user{i % 3}",
+                origin={"kind": "python"},
+            )
+        )
+        if i % 50:  # a few stay queued: the reaper's unfinished jobs
+            store.transition(job_id, FINAL[i % 3], started=start + i, finished=start + i + 1)
+    yield store
+    store.close()
+
+
+def plans_of(store: JobStore, calls) -> dict[str, list[str]]:
+    """The query plan of every SELECT on `jobs` that `calls` ran, by statement."""
+    db = store.database.connection
+    ran: list[str] = []
+    db.set_trace_callback(ran.append)
+    try:
+        calls()
+    finally:
+        db.set_trace_callback(None)
+    plans = {}
+    for sql in ran:
+        if sql.lstrip().upper().startswith("SELECT") and " FROM jobs" in sql:
+            plans[sql] = [row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}")]
+    assert plans, ran
+    return plans
+
+
+def full_reads(plans: dict[str, list[str]]) -> list[str]:
+    """Statements that read every job (a bare table scan) or sort what they matched."""
+    return [
+        f"{sql}: {plan}"
+        for sql, plan in plans.items()
+        if any(step == "SCAN jobs" or "TEMP B-TREE" in step for step in plan)
+    ]
+
+
+def test_a_listing_page_is_read_in_order_from_an_index_with_any_one_filter(store):
+    def listings():
+        store.list_jobs(limit=100)
+        store.list_jobs(limit=100, offset=100)
+        store.list_jobs(states=["failed"], limit=100, offset=20)
+        store.list_jobs(owner="user1", limit=100)
+        store.list_jobs(states=["succeeded"], owner="user2", limit=10)
+
+    assert full_reads(plans_of(store, listings)) == []
+    # Still newest first, then by id; the filters still hold.
+    jobs, total = store.list_jobs(states=["failed"], limit=5, offset=3)
+    everything, _ = store.list_jobs(states=["failed"])
+    assert total == len(everything) > 8
+    assert [j.id for j in jobs] == [j.id for j in everything[3:8]]
+    assert [j.created for j in everything] == sorted((j.created for j in everything), reverse=True)
+
+
+def test_the_reapers_reads_find_the_few_jobs_they_are_about_without_a_scan(store):
+    store.update_job("jlist000007", backend_state={"pending_cleanup": ["pods"]})
+
+    def reads():
+        unfinished = store.unfinished_jobs()
+        assert sorted(r["id"] for r in unfinished) == [f"jlist{i:06d}" for i in range(0, 300, 50)]
+        assert store.pending_cleanups() == ["jlist000007"]
+
+    assert full_reads(plans_of(store, reads)) == []
+
+
+def test_records_read_together_share_no_spec_and_timestamps_keep_their_form(store):
+    jobs, _ = store.list_jobs(limit=3)
+    jobs[0].spec.env["A"] = "changed"
+    jobs[0].spec.workers = 99
+    again, _ = store.list_jobs(limit=3)
+    assert [j.spec.env for j in again] == [{"A": "1"}] * 3
+    assert again[0].spec.workers != 99
+    assert iso(1795910355.8708482) == "2026-11-28T23:59:15.870Z"
+    assert iso(0.0) == "1970-01-01T00:00:00.000Z"
+    assert iso(1.9996) == "1970-01-01T00:00:01.999Z"
+    assert iso(None) is None
