@@ -16,7 +16,9 @@ OIDC issuer (oauth2-proxy/dex, Keycloak, a cloud IdP):
   shared Jupyter server's prefix (`SERVER_PATHS`), every request without a verified request
   principal, and every token that lacks the user claim (so the header is always the one the
   gateway wrote, never the client's). The gateway workload is shared with the platform's other
-  routes, so the policy names our paths rather than every path.
+  routes, so the policy names our paths rather than every path, except for one thing: a
+  request that carries the identity or payload header without a verified principal is refused
+  on every path, since a route on any path may lead to a workload that believes them.
 
 Without an issuer there is nothing to verify identities with, so no Gateway is produced at all
 (`mlcluster manifests` says why): an open Gateway would let anyone claim to be anyone.
@@ -147,7 +149,8 @@ def require_identity_policy(
     gateway_name: str, auth: IngressAuth, paths: Sequence[str] = tuple(PROTECTED_PATHS)
 ) -> dict[str, Any]:
     """DENY, on the notebook paths and the shared server's: no verified principal, or a token
-    without the user claim.
+    without the user claim; on every path: the identity or payload header without a verified
+    principal.
 
     A RequestAuthentication alone lets requests without any token through (it only rejects
     invalid ones); this policy is what makes a token mandatory."""
@@ -168,6 +171,16 @@ def require_identity_policy(
                         {"key": f"request.auth.claims[{auth.user_claim}]", "notValues": ["*"]}
                     ],
                 },
+                # On every path: a route elsewhere (a user's VirtualService rewriting its own
+                # prefix to /jupyter/) would otherwise carry a client's own copies, which the
+                # JWT filter writes over only when a token was verified.
+                *(
+                    {
+                        "from": [{"source": {"notRequestPrincipals": ["*"]}}],
+                        "when": [{"key": f"request.headers[{header}]", "values": ["*"]}],
+                    }
+                    for header in (auth.owner_header.lower(), PAYLOAD_HEADER)
+                ),
             ],
         },
     }

@@ -9,6 +9,17 @@ namespaces and the user namespaces (ingress.gateway_hosts); in a user namespace,
 whoever may create VirtualServices (Kubeflow's `kubeflow-edit` grants it in Profile
 namespaces) could make such a route, this check refuses any that sets or adds those headers,
 at any level (the route's or one destination's). The controller's notebook routes set none.
+
+Nor may such a route claim a path that is not its namespace's, or lead anywhere outside it
+(red team of issue 31, F1 and F2): routes of every namespace bound to the Gateway share its
+host, and Istio merges them oldest first, so a route of team-b on `/notebook/team-a/` (or a
+regex, `/jupyter/lab`, a catch-all) served team-a's URLs on the shared origin, with their
+cookies; and a route on `/bob-x/` rewritten to `/jupyter/` led to the shared server on a
+path the gateway's token requirement did not name. Every http match of a route in a user
+namespace is therefore a `uri` prefix (or exact path) under `/notebook/<its namespace>/`
+(no regex, no match-less rule), a rewrite stays under it, there is no delegation, and every
+destination and mirror is a Service of its own namespace (a short name, `<svc>.<ns>`,
+`<svc>.<ns>.svc` or `<svc>.<ns>.svc.cluster.local`).
 """
 
 from __future__ import annotations
@@ -39,6 +50,68 @@ def _no_header_written(where: str, pattern: str) -> str:
     )
 
 
+# The notebooks' URL root (jupyterlab_mlcluster.notebook_resource.url_prefix); a user
+# namespace's routes live under `/notebook/<namespace>/`.
+NOTEBOOK_ROOT = "/notebook/"
+_OWN = f"('{NOTEBOOK_ROOT}' + object.metadata.namespace + '/')"
+
+
+def _own_path(value: str) -> str:
+    return f"({value}.startsWith({_OWN}) && !{value}.contains('/..'))"
+
+
+def _own_host(value: str) -> str:
+    label = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    return (
+        f"{value}.matches('^{label}([.]' + object.metadata.namespace + "
+        "'([.]svc([.]cluster[.]local)?)?)?$')"
+    )
+
+
+def _own_uri(m: str) -> str:
+    uri = f"{m}.uri"
+    return (
+        f"(has({uri}) && !has({uri}.regex) && ("
+        f"(has({uri}.prefix) && {_own_path(uri + '.prefix')}) || "
+        f"(has({uri}.exact) && {_own_path(uri + '.exact')})))"
+    )
+
+
+def _own_destinations(routes: str) -> str:
+    return f"(!has({routes}.route) || {routes}.route.all(r, {_own_host('r.destination.host')}))"
+
+
+def _scope_checks() -> list[tuple[str, str]]:
+    http = "object.spec.http"
+    return [
+        (
+            f"!has(object.spec) || !has({http}) || {http}.all(h, "
+            f"has(h.match) && size(h.match) > 0 && h.match.all(m, {_own_uri('m')}))",
+            "a VirtualService in a user namespace matches only paths under "
+            f"{NOTEBOOK_ROOT}<its namespace>/ (uri prefix or exact; no regex, no rule without "
+            "a match): other paths are other users' or the shared server's",
+        ),
+        (
+            f"!has(object.spec) || !has({http}) || {http}.all(h, !has(h.delegate) && "
+            "(!has(h.rewrite) || (!has(h.rewrite.uriRegexRewrite) && "
+            f"(!has(h.rewrite.uri) || {_own_path('h.rewrite.uri')}))))",
+            "a VirtualService in a user namespace may not rewrite a path out of "
+            f"{NOTEBOOK_ROOT}<its namespace>/ nor delegate",
+        ),
+        (
+            "!has(object.spec) || ("
+            f"(!has({http}) || {http}.all(h, {_own_destinations('h')} && "
+            f"(!has(h.mirror) || {_own_host('h.mirror.host')}) && "
+            f"(!has(h.mirrors) || h.mirrors.all(x, {_own_host('x.destination.host')})))) && "
+            "(!has(object.spec.tcp) || object.spec.tcp.all(t, "
+            f"{_own_destinations('t')})) && "
+            f"(!has(object.spec.tls) || object.spec.tls.all(t, {_own_destinations('t')})))",
+            "a VirtualService in a user namespace routes and mirrors only to Services of its "
+            "own namespace",
+        ),
+    ]
+
+
 def route_checks(identity_headers: Sequence[str]) -> list[tuple[str, str]]:
     """(CEL over a VirtualService `object` that must hold, message)."""
     for name in identity_headers:
@@ -55,5 +128,6 @@ def route_checks(identity_headers: Sequence[str]) -> list[tuple[str, str]]:
             f"(!has(h.route) || h.route.all(r, {_no_header_written('r', pattern)})))",
             "a VirtualService in a user namespace may not set or add the headers that say who "
             f"the caller is ({', '.join(identity_headers)}): only the gateway writes them",
-        )
+        ),
+        *_scope_checks(),
     ]

@@ -76,7 +76,15 @@ def test_attack_forged_identity_header_needs_a_verified_jwt() -> None:
     ]
     assert deny["spec"]["action"] == "DENY"
     assert deny["spec"]["selector"]["matchLabels"] == selector
-    no_principal, no_claim = deny["spec"]["rules"]
+    no_principal, no_claim, *forged_headers = deny["spec"]["rules"]
+    # On every path (no `to`): the identity or payload header without a verified principal.
+    assert forged_headers == [
+        {
+            "from": [{"source": {"notRequestPrincipals": ["*"]}}],
+            "when": [{"key": f"request.headers[{header}]", "values": ["*"]}],
+        }
+        for header in ("kubeflow-userid", "x-mlcluster-jwt-payload")
+    ]
     assert no_principal["from"] == [{"source": {"notRequestPrincipals": ["*"]}}]
     assert no_claim["when"] == [{"key": "request.auth.claims[email]", "notValues": ["*"]}]
     for denied in (no_principal, no_claim):  # the notebook routes, and the shared server's
@@ -209,8 +217,11 @@ def test_attack_forged_header_to_the_shared_server_without_a_jwt_is_denied_at_th
             headers={"kubeflow-userid": "alice@example.com"},
         )
         assert allowed(manifests, namespace, labels, verified), path
-    # The platform's other routes on the shared ingress workload are not ours to close.
-    assert allowed(manifests, namespace, labels, Request("/grafana/", headers=forged))
+    # The platform's other routes on the shared ingress workload are not ours to close; but
+    # no path carries a client's own identity header past the gateway (red team of issue 31,
+    # F1: a user's route on another path may lead to the server: test_attacks_gateway_routes).
+    assert allowed(manifests, namespace, labels, Request("/grafana/"))
+    assert not allowed(manifests, namespace, labels, Request("/grafana/", headers=forged))
 
 
 def test_attack_other_routes_on_the_gateway_never_receive_the_raw_token() -> None:
