@@ -221,7 +221,9 @@ def test_stall_is_flagged_then_cleared(service, tmp_path):
     assert "STALLED ranks 0, 1 for" in format_jobs_table([record])
     kept = service.stacks(job)  # live now; the stall's own are kept with the job
     assert kept.live
-    assert [k.why for k in forensics.kept(service.store.job_dir(job))] == ["stalled"]
+    # Kept as each stall was seen: a rank whose last line came later may be flagged a
+    # sample after the other (a second report), on a loaded machine.
+    assert {k.why for k in forensics.kept(service.store.job_dir(job))} == {"stalled"}
 
     go.touch()
     wait_for(lambda: service.get(job).stall is None, timeout=60, message="the stall cleared")
