@@ -5,6 +5,7 @@ plans of the statements the store really runs, so the size of the store does not
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -103,3 +104,23 @@ def test_records_read_together_share_no_spec_and_timestamps_keep_their_form(stor
     assert iso(0.0) == "1970-01-01T00:00:00.000Z"
     assert iso(1.9996) == "1970-01-01T00:00:01.999Z"
     assert iso(None) is None
+
+
+def test_the_listings_json_is_each_records_own_and_follows_every_change(store):
+    def as_records(**filters):
+        jobs, total = store.list_jobs(**filters)
+        return [json.dumps(j.to_json(), allow_nan=False) for j in jobs], total
+
+    filters = {"limit": 300}
+    assert store.list_json(**filters) == as_records(**filters)
+    first = store.list_json(**filters)[0]
+    queued = [json.loads(text) for text in first if json.loads(text)["state"] == "queued"]
+    assert [j["queue_position"] for j in queued] == [5, 4, 3, 2, 1, 0]  # oldest first in line
+    # A change to an ended job's rank alone (its job row untouched) shows on the next read.
+    store.update_ranks("jlist000001", {0: {"exit_code": 3, "metrics": {"cpu_percent": 7.0}}})
+    again = {json.loads(t)["id"]: json.loads(t) for t in store.list_json(**filters)[0]}
+    assert again["jlist000001"]["ranks"][0]["exit_code"] == 3
+    assert again["jlist000001"]["ranks"][0]["metrics"]["cpu_percent"] == 7.0
+    assert store.list_json(**filters) == as_records(**filters)
+    store.delete_job("jlist000002")
+    assert store.list_json(**filters) == as_records(**filters)

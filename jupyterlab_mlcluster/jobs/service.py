@@ -320,6 +320,11 @@ class JobService:
         self.reap()
         return self.store.list_jobs(**filters)
 
+    def list_json(self, **filters: Any) -> tuple[builtins.list[str], int]:
+        """`list`, each job as the JSON text of its record (what GET /jobs sends)."""
+        self.reap()
+        return self.store.list_json(**filters)
+
     def logs(self, job_id: str, rank: int | None = None, cursor: str | None = None, **kwargs: Any):
         return self.store.read_logs(job_id, rank, cursor, **kwargs)
 

@@ -41,7 +41,7 @@ from ..model import FINAL_STATES, JOB_ID_RE, JobState, RankState
 from ..record import JobRecord
 from . import logs as store_logs
 from .database import Database
-from .rows import JOB_COLUMNS, RANK_COLUMNS, job_from_row, to_column
+from .rows import JOB_COLUMNS, RANK_COLUMNS, job_from_row, job_json, to_column
 from .schema import JOURNAL_MODES, choose_journal_mode, ensure_schema
 from .schema import SCHEMA as SCHEMA  # re-exported: tests build older stores from it
 
@@ -353,7 +353,7 @@ class JobStore:
             ).fetchall()
         return {r["id"]: r["owner"] for r in rows}
 
-    def list_jobs(
+    def _page(
         self,
         *,
         states: list[str] | None = None,
@@ -362,8 +362,9 @@ class JobStore:
         limit: int | None = None,
         offset: int = 0,
         newest_first: bool = True,
-    ) -> tuple[list[JobRecord], int]:
-        """Jobs matching every filter given (`owner`: only that user's)."""
+    ) -> tuple[list[tuple[sqlite3.Row, list[sqlite3.Row]]], int]:
+        """The rows (job, its ranks) of the jobs matching every filter given (`owner`: only
+        that user's), newest first unless told; and how many match in all."""
         where, args = [], []
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
@@ -382,8 +383,6 @@ class JobStore:
         rows = db.execute(
             f"SELECT * FROM jobs {clause} ORDER BY created {order}, id {page}", args
         ).fetchall()
-        if not rows:
-            return [], total
         ids = [r["id"] for r in rows]
         rank_rows: dict[str, list[sqlite3.Row]] = {i: [] for i in ids}
         for chunk_start in range(0, len(ids), 500):
@@ -393,14 +392,34 @@ class JobStore:
                 chunk,
             ):
                 rank_rows[rr["job_id"]].append(rr)
-        records = [job_from_row(r, rank_rows[r["id"]]) for r in rows]
+        return [(r, rank_rows[r["id"]]) for r in rows], total
+
+    def list_jobs(self, **filters: Any) -> tuple[list[JobRecord], int]:
+        """Jobs matching every filter given (`owner`: only that user's; see `_page`)."""
+        page, total = self._page(**filters)
+        return self._with_queue_positions([job_from_row(r, ranks) for r, ranks in page]), total
+
+    def list_json(self, **filters: Any) -> tuple[list[str], int]:
+        """`list_jobs`, each job as the JSON text of its JobRecord.to_json(): a job that is
+        not queued is rendered from its rows alone, once for the same rows (rows.job_json)."""
+        page, total = self._page(**filters)
+        queued = [job_from_row(r, ranks) for r, ranks in page if r["state"] == JobState.QUEUED]
+        positioned = iter(self._with_queue_positions(queued))
+        return [
+            json.dumps(next(positioned).to_json(), allow_nan=False)
+            if r["state"] == JobState.QUEUED
+            else job_json(r, tuple(ranks))
+            for r, ranks in page
+        ], total
+
+    def _with_queue_positions(self, records: list[JobRecord]) -> list[JobRecord]:
         queued = [r for r in records if r.state == JobState.QUEUED]
         if queued:
             order_ids = {b: self.queue(b) for b in {r.backend for r in queued}}
             for r in queued:
                 with contextlib.suppress(ValueError):
                     r.queue_position = order_ids[r.backend].index(r.id)
-        return records, total
+        return records
 
     def unfinished_jobs(self) -> list[sqlite3.Row]:
         """(id, supervisor, heartbeat, created, backend, cancel_requested, session_job) of
