@@ -170,3 +170,35 @@ def test_a_stall_is_flagged_with_where_then_on_stall_cancel_ends_the_job(service
     assert record.reason.startswith("cancelled (--on-stall cancel): rank"), record.reason
     assert "stalled: no output, progress or CPU for 3s" in record.reason
     assert "wait_here (cell.py:4)" in record.reason
+
+
+SLOW_RANK = textwrap.dedent(
+    """\
+    import os, time
+    import jupyterlab_mlcluster as mlc
+
+    pause = 0.6 if os.environ["RANK"] == "1" else 0.1
+    print("ready", flush=True)
+    for step in range(100000):
+        mlc.progress(step, desc="train")
+        time.sleep(pause)
+    """
+)
+
+
+def test_a_straggler_is_named_from_the_ranks_progress_on_slurm_too(services):
+    """The rule lives in the supervisor (jobs/), fed by each progress report it stores: a
+    Slurm rank's reports (its control file) name it as a local rank's do."""
+    service = services(straggler_after=3)
+    job = _submit(service, SLOW_RANK, workers=2, framework="none")
+
+    def named():
+        record = service.get(job)
+        assert not record.final, (record.state, record.error)
+        return record if record.straggler else None
+
+    record = wait_for(named, timeout=180, message="the straggler named")
+    view = record.to_json()["straggler"]
+    assert view["ranks"] == [1], view
+    assert view["median"] > 2 * view["rates"]["1"] > 0
+    service.cancel(job)
