@@ -49,7 +49,14 @@ from .crd import GROUP, PLURAL
 from .ingress import PAYLOAD_HEADER
 from .namespaces import PROFILE_NAMESPACE_LABELS, USER_NAMESPACE_LABEL
 from .route_policy import ROUTE_RESOURCES, ROUTES_POLICY_NAME, route_checks
-from .scheduling_policy import DEFAULT_SCHEDULING, SchedulingAllowList, scheduling_checks
+from .scheduling_policy import (
+    DEFAULT_SCHEDULING,
+    GROUP_POLICY_NAME,
+    GROUP_RESOURCES,
+    SchedulingAllowList,
+    group_checks,
+    scheduling_checks,
+)
 
 POLICY_NAME = "mlcluster-pod-templates"
 SECRETS_POLICY_NAME = "mlcluster-user-secrets"
@@ -553,6 +560,8 @@ def admission_objects(
         *admission_bindings(),
         *secrets_policy(),
         *services_policy(),
+        # Group-level priority and queue fields (scheduling_policy.py).
+        *_user_namespace_policy(GROUP_POLICY_NAME, GROUP_RESOURCES, group_checks(scheduling)),
         # Routes in user namespaces write no identity (route_policy.py).
         *_user_namespace_policy(
             ROUTES_POLICY_NAME, ROUTE_RESOURCES, route_checks([identity_header, PAYLOAD_HEADER])

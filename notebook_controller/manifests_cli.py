@@ -44,6 +44,7 @@ class ManifestsApp(Application):
         "priority-class": "ManifestsApp.kubernetes_priority_classes",
         "scheduler-name": "ManifestsApp.scheduler_name",
         "allowed-runtime-class": "ManifestsApp.allowed_runtime_classes",
+        "allowed-queue": "ManifestsApp.allowed_queues",
         "route-namespace": "ManifestsApp.route_namespaces",
     }
     flags = {
@@ -147,6 +148,13 @@ class ManifestsApp(Application):
         config=True,
         help="RuntimeClasses users' pod templates may name (repeat the option; empty, the "
         "default: none, every pod runs on the nodes' default runtime).",
+    )
+    allowed_queues = List(
+        Unicode(),
+        config=True,
+        help="Volcano queues users' jobs and PodGroups may name besides 'default' (repeat the "
+        "option; MLClusterConfig.kubernetes_queue and each queue users pass with --queue). "
+        "Volcano queues are cluster-wide: a queue not given here is another team's.",
     )
     insecure_header_trust = Bool(
         False,
@@ -255,10 +263,12 @@ class ManifestsApp(Application):
                 priority_classes=sorted(set(self.kubernetes_priority_classes.values())),
                 scheduler=self.scheduler_name,
                 runtime_classes=list(self.allowed_runtime_classes),
+                queues=list(self.allowed_queues),
             )
         except ValueError as exc:
             raise TraitError(
-                f"--priority-class, --scheduler-name, --allowed-runtime-class: {exc}"
+                "--priority-class, --scheduler-name, --allowed-runtime-class, --allowed-queue: "
+                f"{exc}"
             ) from None
         if self.oidc_issuer and not [a for a in self.audiences if a]:
             raise TraitError(

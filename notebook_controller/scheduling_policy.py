@@ -39,9 +39,13 @@ class SchedulingAllowList:
     priority_classes: Sequence[str] = ()
     scheduler: str = DEFAULT_SCHEDULER
     runtime_classes: Sequence[str] = ()
+    # Volcano queues (cluster-wide objects: any namespace may name any of them) besides
+    # Volcano's own `default`.
+    queues: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for name in [*self.priority_classes, self.scheduler, *self.runtime_classes]:
+        names = [*self.priority_classes, self.scheduler, *self.runtime_classes, *self.queues]
+        for name in names:
             # Object names (DNS-1123 subdomains): they are written into the policy's CEL.
             if not _NAME.fullmatch(name) or len(name) > 253:
                 raise ValueError(f"{name!r} is not the name of a Kubernetes object")
@@ -135,3 +139,89 @@ def system_priority_quota(namespace: str) -> dict[str, Any]:
             },
         },
     }
+
+
+# --- the group level: what Volcano and Kueue read besides the pod spec ------------------------
+
+GROUP_POLICY_NAME = "mlcluster-group-scheduling"
+GROUP_RESOURCES = [
+    {
+        "apiGroups": ["kubeflow.org"],
+        "apiVersions": ["*"],
+        "resources": ["pytorchjobs", "tfjobs"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+    {
+        "apiGroups": ["scheduling.volcano.sh"],
+        "apiVersions": ["*"],
+        "resources": ["podgroups"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+    {
+        "apiGroups": ["batch"],
+        "apiVersions": ["*"],
+        "resources": ["jobs", "cronjobs"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+    {
+        "apiGroups": ["trainer.kubeflow.org"],
+        "apiVersions": ["*"],
+        "resources": ["trainjobs"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+]
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# The object's own metadata and each pod template's, whatever the kind.
+_METAS = (
+    "[object.metadata] + ("
+    "object.kind in ['PyTorchJob', 'TFJob'] ? ("
+    "(object.kind == 'PyTorchJob' ? (has(object.spec.pytorchReplicaSpecs) ? "
+    "object.spec.pytorchReplicaSpecs.map(r, object.spec.pytorchReplicaSpecs[r]) : []) : "
+    "(has(object.spec.tfReplicaSpecs) ? "
+    "object.spec.tfReplicaSpecs.map(r, object.spec.tfReplicaSpecs[r]) : []))"
+    ".filter(r, has(r.template) && has(r.template.metadata)).map(r, r.template.metadata)) : "
+    "object.kind == 'Job' ? (has(object.spec.template) && has(object.spec.template.metadata) "
+    "? [object.spec.template.metadata] : []) : "
+    "object.kind == 'CronJob' ? (has(object.spec.jobTemplate) && "
+    "has(object.spec.jobTemplate.spec) && has(object.spec.jobTemplate.spec.template) && "
+    "has(object.spec.jobTemplate.spec.template.metadata) ? "
+    "[object.spec.jobTemplate.spec.template.metadata] : []) : [])"
+)
+
+
+def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
+    """(CEL over a job, PodGroup or TrainJob `object`, message): the group-level priority and
+    queue fields Volcano and Kueue order and preempt by take the same allow-lists as a pod's
+    priorityClassName (red team of issue 31, F3: a PyTorchJob's
+    `runPolicy.schedulingPolicy.priorityClass: system-node-critical`, a PodGroup of one's own,
+    a queue annotation or Kueue's priority label went around the pod-spec check)."""
+    classes = _quoted(list(allowed.priority_classes))
+    queues = _quoted(["default", *allowed.queues])
+    policy = "object.spec.runPolicy.schedulingPolicy"
+    queue_list = ", ".join(["default", *allowed.queues])
+    return [
+        (
+            "!(object.kind in ['PyTorchJob', 'TFJob']) || !has(object.spec.runPolicy) || "
+            f"!has({policy}) || ((!has({policy}.priorityClass) || "
+            f"{policy}.priorityClass in {classes}) && "
+            f"(!has({policy}.queue) || {policy}.queue in {queues}))",
+            "runPolicy.schedulingPolicy may name only the platform's priority classes and "
+            f"queues ({queue_list})",
+        ),
+        (
+            "object.kind != 'PodGroup' || ("
+            f"(!has(object.spec.priorityClassName) || object.spec.priorityClassName in {classes})"
+            f" && (!has(object.spec.queue) || object.spec.queue in {queues}))",
+            f"a PodGroup may name only the platform's priority classes and queues ({queue_list})",
+        ),
+        (
+            f"({_METAS}).all(m, "
+            f"(!has(m.annotations) || !('{VOLCANO_QUEUE_ANNOTATION}' in m.annotations) || "
+            f"m.annotations['{VOLCANO_QUEUE_ANNOTATION}'] in {queues}) && "
+            f"(!has(m.labels) || !('{KUEUE_PRIORITY_LABEL}' in m.labels) || "
+            f"m.labels['{KUEUE_PRIORITY_LABEL}'] in {classes}))",
+            f"{VOLCANO_QUEUE_ANNOTATION} may name only the platform's queues ({queue_list}), "
+            f"and {KUEUE_PRIORITY_LABEL} only its priority classes",
+        ),
+    ]

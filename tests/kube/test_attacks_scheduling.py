@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from notebook_controller.admission import admission_policy
+from notebook_controller.admission import admission_objects, admission_policy
 from notebook_controller.cli import print_manifests
 from notebook_controller.manifests import all_manifests
 from notebook_controller.scheduling_policy import (
@@ -182,3 +182,158 @@ def test_each_user_namespace_admits_no_pod_of_the_system_classes() -> None:
         [scope] = quota["spec"]["scopeSelector"]["matchExpressions"]
         assert scope["scopeName"] == "PriorityClass" and scope["operator"] == "In"
         assert sorted(scope["values"]) == ["system-cluster-critical", "system-node-critical"]
+
+
+# --- the group level (red team of issue 31, F3) ---------------------------------------------
+
+
+def _group_policy(scheduling: SchedulingAllowList) -> dict[str, Any]:
+    [policy] = [
+        m
+        for m in admission_objects(SERVICE_ACCOUNTS, scheduling=scheduling)
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"] == "mlcluster-group-scheduling"
+    ]
+    return policy
+
+
+VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
+PLATFORM_QUEUES = SchedulingAllowList(
+    priority_classes=("training-high", "training-low"),
+    scheduler="volcano",
+    queues=("team-b",),
+)
+
+
+def _run_policy(obj: dict[str, Any], **fields: str) -> dict[str, Any]:
+    obj["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 2, **fields}}
+    return obj
+
+
+def _podgroup(**spec: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "pg", "namespace": "mallory"},
+        "spec": {"minMember": 1, **spec},
+    }
+
+
+def _template_meta(kind: str, **meta: dict[str, str]) -> dict[str, Any]:
+    obj = _job(kind)
+    if kind in ("PyTorchJob", "TFJob"):
+        templates = [r["template"] for r in next(iter(obj["spec"].values())).values()]
+    elif kind == "CronJob":
+        templates = [obj["spec"]["jobTemplate"]["spec"]["template"]]
+    else:
+        templates = [obj["spec"]["template"]]
+    templates[-1]["metadata"] = meta
+    return obj
+
+
+GROUP_ESCAPES: dict[str, Callable[[], dict[str, Any]]] = {
+    **{
+        f"{kind} runPolicy.schedulingPolicy.priorityClass system-node-critical": (
+            lambda k: lambda: _run_policy(_job(k), priorityClass="system-node-critical")
+        )(kind)
+        for kind in ("PyTorchJob", "TFJob")
+    },
+    "PyTorchJob runPolicy.schedulingPolicy.queue of another team": lambda: _run_policy(
+        _job("PyTorchJob"), queue="team-a"
+    ),
+    "PodGroup priorityClassName system-cluster-critical": lambda: _podgroup(
+        priorityClassName="system-cluster-critical"
+    ),
+    "PodGroup priorityClassName not in the allow-list": lambda: _podgroup(
+        priorityClassName="urgent"
+    ),
+    "PodGroup queue of another team": lambda: _podgroup(queue="team-a"),
+    **{
+        f"{kind} pod template annotation {VOLCANO_QUEUE}": (
+            lambda k: lambda: _template_meta(k, annotations={VOLCANO_QUEUE: "team-a"})
+        )(kind)
+        for kind in ("Job", "CronJob", "PyTorchJob")
+    },
+    **{
+        f"{kind} pod template label {KUEUE_PRIORITY}": (
+            lambda k: lambda: _template_meta(k, labels={KUEUE_PRIORITY: "top-priority"})
+        )(kind)
+        for kind in ("Job", "TFJob")
+    },
+    "Job's own annotation of another team's queue": lambda: {
+        **_job("Job"),
+        "metadata": {
+            "name": "j",
+            "namespace": "mallory",
+            "annotations": {VOLCANO_QUEUE: "team-a"},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("escape", sorted(GROUP_ESCAPES))
+def test_attack_group_level_priority_and_queue_fields_take_the_same_allow_lists(
+    escape: str,
+) -> None:
+    """Red team of issue 31, F3: the pod-spec check judged `priorityClassName` only, while
+    Volcano orders and preempts by the PodGroup's priority and queue, which a PyTorchJob's
+    `runPolicy.schedulingPolicy`, a PodGroup of the notebook account's own (it may create
+    them: the backend makes its jobs' PodGroups), the queue annotation on a pod template or
+    Kueue's priority label set. Each names only what the platform allows, with the default
+    lists and with the platform's; the pods themselves named no class, so neither the
+    pod-spec policy nor the system-priority quota saw them."""
+    for scheduling in (PLATFORM_QUEUES, SchedulingAllowList()):
+        obj = GROUP_ESCAPES[escape]()
+        printed = [
+            m
+            for m in admission_objects(SERVICE_ACCOUNTS, scheduling=scheduling)
+            if m["kind"] == "ValidatingAdmissionPolicy"
+        ]
+        assert any(denials(p, obj) for p in printed), f"{escape} was admitted"
+
+
+def test_the_platforms_own_group_fields_are_admitted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What the backend makes for a job with the platform's class and queue (its PodGroup,
+    a PyTorchJob's runPolicy), Volcano's default queue, Kueue's LocalQueue label (a queue
+    of the job's own namespace) and the group annotation pass."""
+    from jupyterlab_mlcluster.backends.kubernetes.objects import pod_group
+
+    policy = _group_policy(PLATFORM_QUEUES)
+    for queue in ("team-b", "default", None):
+        made = pod_group(
+            "j",
+            "mallory",
+            {},
+            pods=2,
+            min_resources={"cpu": "2"},
+            queue=queue,
+            priority_class="training-high",
+        )
+        assert denials(policy, made) == [], queue
+        run = _run_policy(_job("PyTorchJob"), priorityClass="training-low")
+        if queue:
+            run["spec"]["runPolicy"]["schedulingPolicy"]["queue"] = queue
+        assert denials(policy, run) == [], queue
+    ok = _template_meta(
+        "Job",
+        annotations={VOLCANO_QUEUE: "team-b", "scheduling.k8s.io/group-name": "j"},
+        labels={KUEUE_PRIORITY: "training-high", "kueue.x-k8s.io/queue-name": "user-queue"},
+    )
+    assert denials(policy, ok) == []
+    assert validate_builtin_uncached(policy) == []
+    # The queue allow-list comes from the command line (none: Volcano's `default` only).
+    assert denials(_group_policy(SchedulingAllowList()), _podgroup(queue="team-b"))
+    assert print_manifests(["--no-gateway", "--allowed-queue=team-b"]) == 0
+    [printed] = [
+        d
+        for d in yaml.safe_load_all(capsys.readouterr().out)
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] == "mlcluster-group-scheduling"
+    ]
+    assert denials(printed, _podgroup(queue="team-b")) == []
+    assert denials(printed, _podgroup(queue="team-a"))
+    with pytest.raises(ValueError):
+        SchedulingAllowList(queues=("x' || true || '",))
