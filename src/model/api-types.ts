@@ -167,7 +167,7 @@ export interface components {
       tensorboard?: string;
       /** @description Default true. Kubernetes, when the job runs the notebook pod's own image: install in each job pod, before the code runs, the packages installed in the notebook's environment since its pod started (false: --no-sync-packages). */
       sync_packages?: boolean;
-      /** @description A rank without output, progress or CPU this long is stalled: seconds, or a duration like '5m'; 0 never. Default: MLClusterConfig.stall_after (5 minutes). The local backend watches for stalls. */
+      /** @description A rank without output, progress or CPU this long is stalled: seconds, or a duration like '5m'; 0 never. Default: MLClusterConfig.stall_after (5 minutes). The local and Slurm backends watch for stalls. */
       stall_after?: number | string;
       on_stall?: components['schemas']['OnStall'];
       /** @description Variables of rank 0 to keep as the job's result (see /jobs/{id}/result). */
@@ -269,6 +269,8 @@ export interface components {
       on_stall: components['schemas']['OnStall'];
       /** @description Set while ranks of the running job are stalled (no output, progress or CPU for its stall_after); null otherwise. `where` is their folded stacks, taken when the stall was seen (GET /jobs/{id}/stacks has them whole). */
       stall: null | components['schemas']['Stall'];
+      /** @description Set while ranks of the running job straggle (their step rate, from mlc.progress or tqdm, 1.5x under their peers' median over MLClusterConfig.straggler_after, 30 s); null otherwise. */
+      straggler: null | components['schemas']['Straggler'];
       /**
        * Format: date-time
        * @description Set while the job runs and every GPU its ranks report on has stayed under MLClusterConfig.idle_gpu_percent utilisation (5) since this time, for at least MLClusterConfig.idle_gpu_after seconds (600); null otherwise.
@@ -290,6 +292,20 @@ export interface components {
       since: string;
       /** @description The folded stacks, one line per fold: 'ranks 0, 2: all_reduce ← step (train.py:42)' */
       where: string[];
+    };
+    Straggler: {
+      ranks: number[];
+      /**
+       * Format: date-time
+       * @description Since when these ranks have been named stragglers
+       */
+      since: string;
+      /** @description Each straggler's steps per second over the window, by rank */
+      rates: {
+        [key: string]: number;
+      };
+      /** @description The median step rate of all ranks reporting progress */
+      median: number;
     };
     StackFrame: {
       name: string;
