@@ -190,6 +190,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     stall_after: null,
     on_stall: 'warn',
     stall: null,
+    straggler: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,
       state: 'running',
