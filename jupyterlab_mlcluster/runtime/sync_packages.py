@@ -101,18 +101,42 @@ def verified_copies(
     for req in requirements:
         allowed = set(hashes.get(req) or ())
         good = False
-        for wheel in cache_wheels(cache, req):
+        candidates = _smallest_first(cache_wheels(cache, req))
+        for wheel in candidates[:MAX_CANDIDATES]:
             copy = private / wheel.name
             if _copy_hashed(wheel, copy, allowed) in allowed:
                 good = True
-                continue
+                break  # one checked copy is all pip needs: the rest is not read
             copy.unlink(missing_ok=True)
             notes.append(
                 f"the wheel cache's {wheel.name} is not the one the notebook checked: not used"
             )
+        if not good and len(candidates) > MAX_CANDIDATES:
+            notes.append(
+                f"the wheel cache holds {len(candidates)} wheels named for {req}: "
+                f"only the {MAX_CANDIDATES} smallest were read"
+            )
         complete = complete and good
     return complete, notes
 
+
+def _smallest_first(wheels: list[Path]) -> list[Path]:
+    """Smallest first: whatever was planted beside the genuine wheel, what is read before it
+    is found is at most MAX_CANDIDATES files no larger than it (a huge sparse file, cheap to
+    plant, is read last, if ever)."""
+
+    def size(path: Path) -> int:
+        try:
+            return path.lstat().st_size
+        except OSError:
+            return MAX_WHEEL_BYTES + 1
+
+    return sorted(wheels, key=lambda p: (size(p), p.name))
+
+
+# The most wheels read for one requirement: the cache is shared, and anyone may fill it with
+# files named like the one wanted.
+MAX_CANDIDATES = 8
 
 # The most of one cache file read to hash it (the largest CUDA wheels are a few GB).
 MAX_WHEEL_BYTES = 16 << 30
