@@ -48,7 +48,14 @@ from typing import Any
 from .crd import GROUP, PLURAL
 from .ingress import PAYLOAD_HEADER
 from .namespaces import PROFILE_NAMESPACE_LABELS, USER_NAMESPACE_LABEL
-from .route_policy import ROUTE_RESOURCES, ROUTES_POLICY_NAME, route_checks
+from .route_policy import (
+    MESH_CHECKS,
+    MESH_POLICY_NAME,
+    MESH_RESOURCES,
+    ROUTE_RESOURCES,
+    ROUTES_POLICY_NAME,
+    route_checks,
+)
 from .scheduling_policy import (
     DEFAULT_SCHEDULING,
     GROUP_POLICY_NAME,
@@ -554,6 +561,8 @@ def admission_objects(
     storage_classes: Sequence[str] = (),
     scheduling: SchedulingAllowList = DEFAULT_SCHEDULING,
     identity_header: str = "kubeflow-userid",
+    gateway: str = "istio-system/mlcluster-gateway",
+    host: str = "*",
 ) -> list[dict[str, Any]]:
     return [
         admission_policy(service_accounts, tolerations, storage_classes, scheduling),
@@ -564,6 +573,10 @@ def admission_objects(
         *_user_namespace_policy(GROUP_POLICY_NAME, GROUP_RESOURCES, group_checks(scheduling)),
         # Routes in user namespaces write no identity (route_policy.py).
         *_user_namespace_policy(
-            ROUTES_POLICY_NAME, ROUTE_RESOURCES, route_checks([identity_header, PAYLOAD_HEADER])
+            ROUTES_POLICY_NAME,
+            ROUTE_RESOURCES,
+            route_checks([identity_header, PAYLOAD_HEADER], gateway, host),
         ),
+        # No mesh configuration of users' own (route_policy.py).
+        *_user_namespace_policy(MESH_POLICY_NAME, MESH_RESOURCES, MESH_CHECKS),
     ]

@@ -283,6 +283,8 @@ def all_manifests(
             allowed_storage_classes,
             scheduling,
             owner_header,
+            gateway,
+            host,
         ),
     ]
     if include_gateway and ingress_auth is not None:

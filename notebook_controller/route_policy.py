@@ -20,6 +20,16 @@ namespace is therefore a `uri` prefix (or exact path) under `/notebook/<its name
 (no regex, no match-less rule), a rewrite stays under it, there is no delegation, and every
 destination and mirror is a Service of its own namespace (a short name, `<svc>.<ns>`,
 `<svc>.<ns>.svc` or `<svc>.<ns>.svc.cluster.local`).
+
+A route is also applied where its `gateways` say (red team pass 2, G1): none, or `mesh`, puts
+it on every sidecar of the mesh (Istio exports a VirtualService to every namespace by
+default), where its `hosts` (another namespace's Service, the API server's, `*`) and its
+tcp/tls sections took over other tenants' traffic to those hosts. So in a user namespace
+`gateways` is exactly the printed Gateway, `hosts` only the Gateway's host, `exportTo`
+(absent: everywhere, moot once no sidecar applies it) names no namespace but its own and the
+Gateway's, and there are only http sections. Gateways, ServiceEntries, EnvoyFilters,
+Sidecars, WorkloadEntries and WorkloadGroups of its own are refused outright
+(`MESH_POLICY_NAME`): each reconfigures proxies beyond the namespace's own pods.
 """
 
 from __future__ import annotations
@@ -35,6 +45,29 @@ ROUTE_RESOURCES = [
         "resources": ["virtualservices"],
         "operations": ["CREATE", "UPDATE"],
     }
+]
+MESH_POLICY_NAME = "mlcluster-user-mesh-config"
+MESH_RESOURCES = [
+    {
+        "apiGroups": ["networking.istio.io"],
+        "apiVersions": ["*"],
+        "resources": [
+            "gateways",
+            "serviceentries",
+            "envoyfilters",
+            "sidecars",
+            "workloadentries",
+            "workloadgroups",
+        ],
+        "operations": ["CREATE", "UPDATE"],
+    }
+]
+MESH_CHECKS = [
+    (
+        "false",
+        "Istio Gateways, ServiceEntries, EnvoyFilters, Sidecars, WorkloadEntries and "
+        "WorkloadGroups are the platform's: none in a user namespace",
+    )
 ]
 # The header names this check accepts: plain ones, so that they go into the CEL regex as
 # they are ('.' as '[.]').
@@ -112,11 +145,54 @@ def _scope_checks() -> list[tuple[str, str]]:
     ]
 
 
-def route_checks(identity_headers: Sequence[str]) -> list[tuple[str, str]]:
+def _placement_checks(gateway: str, host: str) -> list[tuple[str, str]]:
+    gateway_namespace = gateway.rpartition("/")[0] or "istio-system"
+    spec = "object.spec"
+    return [
+        (
+            f"has({spec}) && has({spec}.gateways) && {spec}.gateways == ['{gateway}']",
+            f"a VirtualService in a user namespace names exactly the gateway {gateway} "
+            "(none, or mesh, would apply it to every sidecar in the mesh)",
+        ),
+        (
+            f"has({spec}) && has({spec}.hosts) && size({spec}.hosts) > 0 && "
+            f"{spec}.hosts.all(h, h == '{host}')",
+            f"a VirtualService in a user namespace answers only on the gateway's host ({host})",
+        ),
+        (
+            f"!has({spec}) || !has({spec}.exportTo) || "
+            f"{spec}.exportTo.all(e, e in ['.', object.metadata.namespace, "
+            f"'{gateway_namespace}'])",
+            "a VirtualService in a user namespace is exported only to its own namespace and "
+            f"the gateway's ({gateway_namespace})",
+        ),
+        (
+            f"!has({spec}) || ((!has({spec}.tcp) || size({spec}.tcp) == 0) && "
+            f"(!has({spec}.tls) || size({spec}.tls) == 0))",
+            "a VirtualService in a user namespace has http routes only (no tcp, no tls)",
+        ),
+    ]
+
+
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_HOST = re.compile(r"\*|(\*\.)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def route_checks(
+    identity_headers: Sequence[str],
+    gateway: str = "istio-system/mlcluster-gateway",
+    host: str = "*",
+) -> list[tuple[str, str]]:
     """(CEL over a VirtualService `object` that must hold, message)."""
     for name in identity_headers:
         if not _HEADER_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a header name this check takes")
+    # Both are written into the CEL as they are.
+    namespace, _, gateway_name = gateway.rpartition("/")
+    if not ((not namespace or _NAME.fullmatch(namespace)) and _NAME.fullmatch(gateway_name)):
+        raise ValueError(f"{gateway!r} is not <namespace>/<name> of a Gateway")
+    if not _HOST.fullmatch(host):
+        raise ValueError(f"{host!r} is not a host name")
     # Header names are case-insensitive.
     names = "|".join(n.replace(".", "[.]") for n in identity_headers)
     pattern = f"(?i)^({names})$"
@@ -130,4 +206,5 @@ def route_checks(identity_headers: Sequence[str]) -> list[tuple[str, str]]:
             f"the caller is ({', '.join(identity_headers)}): only the gateway writes them",
         ),
         *_scope_checks(),
+        *_placement_checks(gateway, host),
     ]

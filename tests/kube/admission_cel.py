@@ -24,7 +24,8 @@ def _run(expression: str, activation: Mapping[str, Any]) -> Any:
 def matches(policy: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
     """Whether the policy's matchConstraints cover this object's kind (by resource group)."""
     group = obj["apiVersion"].rpartition("/")[0] if "/" in obj["apiVersion"] else ""
-    plural = obj["kind"].lower() + "s"
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind[-1:] == "y" and kind[-2:-1] not in "aeiou" else kind + "s"
     return any(
         group in rule["apiGroups"] and plural in rule["resources"]
         for rule in policy["spec"]["matchConstraints"]["resourceRules"]

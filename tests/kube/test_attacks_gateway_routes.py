@@ -386,3 +386,143 @@ def test_attack_a_forged_identity_header_is_refused_at_the_gateway_on_every_path
             headers={"kubeflow-userid": "alice@example.com", "x-mlcluster-jwt-payload": payload},
         )
         assert allowed(manifests, *workload, verified)
+
+
+OWN_HTTP = [{"match": [{"uri": {"prefix": "/notebook/team-b/x/"}}], "route": OWN_DEST}]
+MISPLACED_ROUTES: dict[str, dict[str, Any]] = {
+    "no gateways (the mesh: every sidecar)": {"hosts": ["*"], "http": OWN_HTTP},
+    "empty gateways": {"hosts": ["*"], "gateways": [], "http": OWN_HTTP},
+    "gateways [mesh]": {"hosts": ["*"], "gateways": ["mesh"], "http": OWN_HTTP},
+    "the gateway and mesh": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/mlcluster-gateway", "mesh"],
+        "http": OWN_HTTP,
+    },
+    "another namespace's gateway": {"hosts": ["*"], "gateways": ["team-a/gw"], "http": OWN_HTTP},
+    "another gateway of istio-system": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/other-gateway"],
+        "http": OWN_HTTP,
+    },
+    "a host that is another namespace's Service": {
+        "hosts": ["nb-alice.team-a.svc.cluster.local"],
+        "gateways": ["istio-system/mlcluster-gateway"],
+        "http": OWN_HTTP,
+    },
+    "the API server's host, tcp, on the mesh": {
+        "hosts": ["kubernetes.default.svc.cluster.local"],
+        "gateways": ["mesh"],
+        "tcp": [{"match": [{"port": 443}], "route": OWN_DEST}],
+    },
+    "a tcp route to its own Service on the gateway": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/mlcluster-gateway"],
+        "tcp": [{"route": OWN_DEST}],
+    },
+    "a tls route on pypi.org's SNI": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/mlcluster-gateway"],
+        "tls": [{"match": [{"sniHosts": ["pypi.org"], "port": 443}], "route": OWN_DEST}],
+    },
+    "exported to every namespace": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/mlcluster-gateway"],
+        "exportTo": ["*"],
+        "http": OWN_HTTP,
+    },
+    "exported to team-a": {
+        "hosts": ["*"],
+        "gateways": ["istio-system/mlcluster-gateway"],
+        "exportTo": [".", "team-a"],
+        "http": OWN_HTTP,
+    },
+    "no hosts": {"gateways": ["istio-system/mlcluster-gateway"], "http": OWN_HTTP},
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISPLACED_ROUTES))
+def test_attack_a_route_in_a_user_namespace_binds_only_to_the_printed_gateway(case: str) -> None:
+    """Red team pass 2, G1: Bob's VirtualService with no gateways (or `mesh`) is applied by
+    every sidecar in the mesh, so its hosts (Alice's Service, the API server's, pypi.org)
+    and tcp/tls routes sent other tenants' traffic to his pod; another gateway escapes the
+    printed one's rules. In a user namespace a route names exactly the printed gateway,
+    only its host, is exported no further than its own namespace and the gateway's, and
+    has http sections only. Bob's own route on the gateway, and the controller's, pass."""
+    policy = _user_routes_policy()
+    attack = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": "mine", "namespace": "team-b"},
+        "spec": MISPLACED_ROUTES[case],
+    }
+    assert denials(policy, attack), f"a route with {case} was admitted"
+    own = _vs("team-b", {"exportTo": [".", "istio-system"], "http": OWN_HTTP})
+    assert denials(policy, own) == []
+    notebook = objects.notebook_resource("nb1", "team-b", "bob@example.com")
+    notebook["metadata"]["uid"] = "u1"
+    assert denials(policy, objects.virtual_service(notebook, ControllerConfig(), "v1")) == []
+
+
+def test_the_route_policy_takes_the_printed_gateway_and_host() -> None:
+    """With `--gateway`/`--host`, the controller's routes (which use the same) pass and a
+    route on the default gateway or another host does not."""
+    manifests = all_manifests(gateway="kubeflow/kubeflow-gateway", host=HOST)
+    [policy] = [
+        m
+        for m in manifests
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"] == "mlcluster-user-routes"
+    ]
+    config = ControllerConfig(gateway="kubeflow/kubeflow-gateway", host=HOST)
+    notebook = objects.notebook_resource("nb1", "team-b", "bob@example.com")
+    notebook["metadata"]["uid"] = "u1"
+    assert denials(policy, objects.virtual_service(notebook, config, "v1")) == []
+    assert denials(policy, _vs("team-b", {"http": OWN_HTTP}))  # hosts *, the default gateway
+    with pytest.raises(ValueError, match="Gateway"):
+        admission_objects(["sa"], gateway="istio-system/bad'name")
+    with pytest.raises(ValueError, match="host"):
+        admission_objects(["sa"], host="a' || true || '")
+
+
+MESH_KINDS = {
+    "Gateway": "gateways",
+    "ServiceEntry": "serviceentries",
+    "EnvoyFilter": "envoyfilters",
+    "Sidecar": "sidecars",
+    "WorkloadEntry": "workloadentries",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MESH_KINDS))
+def test_attack_mesh_configuration_of_ones_own_is_refused_in_user_namespaces(kind: str) -> None:
+    """Red team pass 2, G1: kubeflow-istio-edit lets a Profile's members create any
+    networking.istio.io object: a Gateway selecting the shared ingress gateway's pods (with
+    tls/tcp servers of their own), a ServiceEntry, an EnvoyFilter or a Sidecar reconfigure
+    proxies beyond the namespace's pods. A policy bound to the user namespaces (both
+    selectors) refuses each."""
+    printed = admission_objects(["mlcluster-notebook"])
+    [policy] = [
+        m
+        for m in printed
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"] == "mlcluster-user-mesh-config"
+    ]
+    obj = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": kind,
+        "metadata": {"name": "x", "namespace": "team-b"},
+        "spec": {"selector": {"istio": "ingressgateway"}},
+    }
+    assert denials(policy, obj)
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert MESH_KINDS[kind] in rule["resources"] and "CREATE" in rule["operations"]
+    bindings = [
+        m
+        for m in printed
+        if m["kind"] == "ValidatingAdmissionPolicyBinding"
+        and m["spec"]["policyName"] == "mlcluster-user-mesh-config"
+    ]
+    selectors = [b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] for b in bindings]
+    assert {USER_NAMESPACE_LABEL: "true"} in selectors
+    assert dict(PROFILE_NAMESPACE_LABELS) in selectors
+    assert validate_builtin_uncached(policy) == []
