@@ -60,8 +60,10 @@ from .scheduling_policy import (
     DEFAULT_SCHEDULING,
     GROUP_POLICY_NAME,
     GROUP_RESOURCES,
+    KUBEFLOW_JOB_KINDS,
     SchedulingAllowList,
     group_checks,
+    replica_specs,
     scheduling_checks,
 )
 
@@ -94,12 +96,20 @@ BASELINE_CAPABILITIES = [
 # schedule's CronJob) puts into a user namespace. Pods themselves are Pod Security's: the mesh's
 # sidecar injection adds a root init container with NET_ADMIN to every pod, which no
 # template-level rule here should have to know about.
-JOB_KINDS = ["Job", "CronJob", "PyTorchJob", "TFJob", "TrainJob"]
+JOB_KINDS = ["Job", "CronJob", *KUBEFLOW_JOB_KINDS, "TrainJob"]
 JOB_RESOURCES = [
     {"apiGroups": ["batch"], "apiVersions": ["*"], "resources": ["jobs", "cronjobs"]},
-    {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "resources": ["pytorchjobs", "tfjobs"]},
+    {
+        "apiGroups": ["kubeflow.org"],
+        "apiVersions": ["*"],
+        "resources": [k.lower() + "s" for k in KUBEFLOW_JOB_KINDS],
+    },
     {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "resources": ["trainjobs"]},
-    {"apiGroups": ["apps"], "apiVersions": ["*"], "resources": ["statefulsets"]},
+    {
+        "apiGroups": ["apps"],
+        "apiVersions": ["*"],
+        "resources": ["statefulsets", "deployments", "replicasets", "daemonsets"],
+    },
 ]
 NOTEBOOK_RESOURCES = [{"apiGroups": [GROUP], "apiVersions": ["*"], "resources": [PLURAL]}]
 _OPERATIONS = ["CREATE", "UPDATE"]
@@ -310,12 +320,9 @@ def validations(
             # come in a list of lists, `patchedPodSpecs`; older Trainers' overrides here).
             "name": "podSpecs",
             "expression": (
-                "object.kind == 'PyTorchJob' ? "
-                "(has(object.spec.pytorchReplicaSpecs) ? object.spec.pytorchReplicaSpecs.map("
-                "r, object.spec.pytorchReplicaSpecs[r].template.spec) : []) : "
-                "object.kind == 'TFJob' ? "
-                "(has(object.spec.tfReplicaSpecs) ? object.spec.tfReplicaSpecs.map("
-                "r, object.spec.tfReplicaSpecs[r].template.spec) : []) : "
+                f"object.kind in {KUBEFLOW_JOB_KINDS} ? ("
+                + replica_specs(".map(r, r.template.spec)")
+                + ") : "
                 "object.kind == 'CronJob' ? "
                 "(has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && "
                 "has(object.spec.jobTemplate.spec.template) && "

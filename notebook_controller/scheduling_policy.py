@@ -148,7 +148,19 @@ GROUP_RESOURCES = [
     {
         "apiGroups": ["kubeflow.org"],
         "apiVersions": ["*"],
-        "resources": ["pytorchjobs", "tfjobs"],
+        "resources": ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "jaxjobs"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+    {
+        "apiGroups": [""],
+        "apiVersions": ["*"],
+        "resources": ["pods"],
+        "operations": ["CREATE", "UPDATE"],
+    },
+    {
+        "apiGroups": ["apps"],
+        "apiVersions": ["*"],
+        "resources": ["deployments", "replicasets", "daemonsets", "statefulsets"],
         "operations": ["CREATE", "UPDATE"],
     },
     {
@@ -172,21 +184,45 @@ GROUP_RESOURCES = [
 ]
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kubeflow's job kinds (training-operator, mpi-operator): each has runPolicy.schedulingPolicy
+# and its pod templates under one replica-spec map.
+REPLICA_SPECS = {
+    "PyTorchJob": "pytorchReplicaSpecs",
+    "TFJob": "tfReplicaSpecs",
+    "MPIJob": "mpiReplicaSpecs",
+    "XGBoostJob": "xgbReplicaSpecs",
+    "PaddleJob": "paddleReplicaSpecs",
+    "JAXJob": "jaxReplicaSpecs",
+}
+KUBEFLOW_JOB_KINDS = list(REPLICA_SPECS)
+
+
+def replica_specs(pick: str) -> str:
+    """CEL: for a Kubeflow job `object`, `pick` (over one replica spec `r`) of each replica
+    spec; [] for any other kind."""
+    cel = "[]"
+    for kind, field in reversed(REPLICA_SPECS.items()):
+        where = f"object.spec.{field}"
+        picked = f"{where}.map(k, {where}[k]){pick}"
+        cel = f"object.kind == '{kind}' ? (has({where}) ? {picked} : []) : {cel}"
+    return cel
+
+
 # The object's own metadata and each pod template's, whatever the kind.
 _METAS = (
     "[object.metadata] + ("
-    "object.kind in ['PyTorchJob', 'TFJob'] ? ("
-    "(object.kind == 'PyTorchJob' ? (has(object.spec.pytorchReplicaSpecs) ? "
-    "object.spec.pytorchReplicaSpecs.map(r, object.spec.pytorchReplicaSpecs[r]) : []) : "
-    "(has(object.spec.tfReplicaSpecs) ? "
-    "object.spec.tfReplicaSpecs.map(r, object.spec.tfReplicaSpecs[r]) : []))"
-    ".filter(r, has(r.template) && has(r.template.metadata)).map(r, r.template.metadata)) : "
-    "object.kind == 'Job' ? (has(object.spec.template) && has(object.spec.template.metadata) "
-    "? [object.spec.template.metadata] : []) : "
+    f"object.kind in {KUBEFLOW_JOB_KINDS} ? ("
+    + replica_specs(
+        ".filter(r, has(r.template) && has(r.template.metadata)).map(r, r.template.metadata)"
+    )
+    + ") : "
     "object.kind == 'CronJob' ? (has(object.spec.jobTemplate) && "
     "has(object.spec.jobTemplate.spec) && has(object.spec.jobTemplate.spec.template) && "
     "has(object.spec.jobTemplate.spec.template.metadata) ? "
-    "[object.spec.jobTemplate.spec.template.metadata] : []) : [])"
+    "[object.spec.jobTemplate.spec.template.metadata] : []) : "
+    "object.kind in ['Job', 'Deployment', 'ReplicaSet', 'DaemonSet', 'StatefulSet'] ? "
+    "(has(object.spec.template) && has(object.spec.template.metadata) "
+    "? [object.spec.template.metadata] : []) : [])"
 )
 
 
@@ -202,7 +238,7 @@ def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
     queue_list = ", ".join(["default", *allowed.queues])
     return [
         (
-            "!(object.kind in ['PyTorchJob', 'TFJob']) || !has(object.spec.runPolicy) || "
+            f"!(object.kind in {KUBEFLOW_JOB_KINDS}) || !has(object.spec.runPolicy) || "
             f"!has({policy}) || ((!has({policy}.priorityClass) || "
             f"{policy}.priorityClass in {classes}) && "
             f"(!has({policy}.queue) || {policy}.queue in {queues}))",
@@ -214,6 +250,13 @@ def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
             f"(!has(object.spec.priorityClassName) || object.spec.priorityClassName in {classes})"
             f" && (!has(object.spec.queue) || object.spec.queue in {queues}))",
             f"a PodGroup may name only the platform's priority classes and queues ({queue_list})",
+        ),
+        # A bare Pod's own spec (red team pass 2, G2: the pod-template policy judges
+        # templates only; a Pod takes the scheduling rules alone, since the mesh's sidecar
+        # injection adds what the other pod rules refuse).
+        *(
+            (f"object.kind != 'Pod' || [object.spec].all(s, {check})", message)
+            for check, message in scheduling_checks(allowed)
         ),
         (
             f"({_METAS}).all(m, "

@@ -337,3 +337,138 @@ def test_the_platforms_own_group_fields_are_admitted(
     assert denials(printed, _podgroup(queue="team-a"))
     with pytest.raises(ValueError):
         SchedulingAllowList(queues=("x' || true || '",))
+
+
+# --- kinds the first pass did not judge (red team pass 2, G2) --------------------------------
+
+OTHER_KUBEFLOW = {
+    "MPIJob": "mpiReplicaSpecs",
+    "XGBoostJob": "xgbReplicaSpecs",
+    "PaddleJob": "paddleReplicaSpecs",
+    "JAXJob": "jaxReplicaSpecs",
+}
+POD = {"containers": [{"name": "c", "image": "python:3.11"}]}
+
+
+def _kubeflow(kind: str, pod: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
+    template: dict[str, Any] = {"spec": pod}
+    if meta:
+        template["metadata"] = meta
+    return {
+        "apiVersion": "kubeflow.org/v2beta1" if kind == "MPIJob" else "kubeflow.org/v1",
+        "kind": kind,
+        "metadata": {"name": "j", "namespace": "mallory"},
+        "spec": {OTHER_KUBEFLOW[kind]: {"Worker": {"replicas": 2, "template": template}}},
+    }
+
+
+def _apps(kind: str, pod: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": "d", "namespace": "mallory"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}, **(meta or {})}, "spec": pod},
+        },
+    }
+
+
+def _pod(pod: dict[str, Any], meta: dict[str, Any] | None = None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "mallory", **(meta or {})},
+        "spec": pod,
+    }
+
+
+SYSTEM_POD = {**POD, "priorityClassName": "system-node-critical"}
+OTHER_SCHEDULER = {**POD, "schedulerName": "my-scheduler"}
+QUEUE_META = {"annotations": {VOLCANO_QUEUE: "team-a"}}
+UNCOVERED: dict[str, Callable[[], dict[str, Any]]] = {
+    **{
+        f"{kind} runPolicy.schedulingPolicy.priorityClass system-node-critical": (
+            lambda k: lambda: _run_policy(_kubeflow(k, POD), priorityClass="system-node-critical")
+        )(kind)
+        for kind in OTHER_KUBEFLOW
+    },
+    **{
+        f"{kind} runPolicy.schedulingPolicy.queue of another team": (
+            lambda k: lambda: _run_policy(_kubeflow(k, POD), queue="team-a")
+        )(kind)
+        for kind in OTHER_KUBEFLOW
+    },
+    **{
+        f"{kind} pod template priorityClassName system-node-critical": (
+            lambda k: lambda: _kubeflow(k, SYSTEM_POD)
+        )(kind)
+        for kind in OTHER_KUBEFLOW
+    },
+    "MPIJob pod template queue annotation": lambda: _kubeflow("MPIJob", POD, QUEUE_META),
+    **{
+        f"{kind} pod template priorityClassName system-node-critical": (
+            lambda k: lambda: _apps(k, SYSTEM_POD)
+        )(kind)
+        for kind in ("Deployment", "ReplicaSet", "DaemonSet")
+    },
+    "Deployment pod template schedulerName of its own": lambda: _apps(
+        "Deployment", OTHER_SCHEDULER
+    ),
+    "DaemonSet pod template queue annotation": lambda: _apps("DaemonSet", POD, QUEUE_META),
+    "bare Pod priorityClassName system-node-critical": lambda: _pod(SYSTEM_POD),
+    "bare Pod schedulerName of its own": lambda: _pod(OTHER_SCHEDULER),
+    "bare Pod queue annotation of another team": lambda: _pod(POD, QUEUE_META),
+}
+
+
+@pytest.mark.parametrize("escape", sorted(UNCOVERED))
+def test_attack_other_kubeflow_jobs_bare_pods_and_workloads_take_the_same_lists(
+    escape: str,
+) -> None:
+    """Red team pass 2, G2: kubeflow-edit also creates MPIJobs, XGBoostJobs, PaddleJobs,
+    JAXJobs (the same runPolicy.schedulingPolicy), bare Pods, Deployments, ReplicaSets and
+    DaemonSets, which neither the pod-template nor the group policy judged: a system class,
+    another team's queue or a scheduler of one's own went through. Each is refused now; the
+    same objects naming what the platform allows pass."""
+    for scheduling in (PLATFORM_QUEUES, SchedulingAllowList()):
+        printed = [
+            m
+            for m in admission_objects(SERVICE_ACCOUNTS, scheduling=scheduling)
+            if m["kind"] == "ValidatingAdmissionPolicy"
+        ]
+        obj = UNCOVERED[escape]()
+        assert any(denials(p, obj) for p in printed), f"{escape} was admitted"
+
+
+def test_the_newly_judged_kinds_admit_what_the_platform_allows() -> None:
+    printed = [
+        m
+        for m in admission_objects(SERVICE_ACCOUNTS, scheduling=PLATFORM_QUEUES)
+        if m["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    pod = {**POD, "priorityClassName": "training-high", "schedulerName": "volcano"}
+    meta = {"annotations": {VOLCANO_QUEUE: "team-b"}}
+    allowed = [
+        *(_run_policy(_kubeflow(k, pod, meta), queue="team-b") for k in OTHER_KUBEFLOW),
+        *(_apps(k, pod, meta) for k in ("Deployment", "ReplicaSet", "DaemonSet")),
+        _pod(pod, meta),
+        # What sidecar injection adds to a pod (root, NET_ADMIN) is not the Pod rule's matter.
+        _pod(
+            {
+                **pod,
+                "initContainers": [
+                    {
+                        "name": "istio-init",
+                        "image": "istio/proxyv2",
+                        "securityContext": {
+                            "runAsUser": 0,
+                            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]},
+                        },
+                    }
+                ],
+            }
+        ),
+    ]
+    for obj in allowed:
+        assert [d for p in printed for d in denials(p, obj)] == [], obj["kind"]
