@@ -772,7 +772,13 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         "ValidatingAdmissionPolicy",  # Services (no NodePort/LoadBalancer/externalIPs)
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
-        "ValidatingAdmissionPolicy",  # VirtualServices (no identity headers written)
+        "ValidatingAdmissionPolicy",  # group scheduling (priority and queue, on every kind)
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",  # VirtualServices (own paths, the printed gateway only)
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",  # no mesh configuration of a user's own
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "Gateway",
