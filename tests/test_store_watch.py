@@ -154,9 +154,16 @@ def test_a_job_follower_is_woken_by_the_job_ending(service, monkeypatch):
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "0")
     record = service.submit(
         JobSpec.from_options({"workers": 1}),
-        Payload(source="import sys\nsys.stdin.read()"),  # runs until cancelled
+        # Runs until cancelled (a rank's stdin is /dev/null: reading it would end at once).
+        Payload(source="import time\nwhile True:\n    time.sleep(1)"),
     )
-    wait_for(lambda: service.get(record.id).state == JobState.RUNNING, message="the job to run")
+    state = wait_for(
+        lambda: (
+            (s := service.get(record.id).state) not in (JobState.QUEUED, JobState.STARTING) and s
+        ),
+        message="the job to start",
+    )
+    assert state == JobState.RUNNING, state
     job_dir = service.store.job_dir(record.id)
     assert not (job_dir / ENDED).exists()
     watcher = StoreWatcher(service.store, {record.id}, wake_on=(job_dir, CREATED))
