@@ -8,7 +8,7 @@
     job = mlc.submit(train, workers=4)      # same engine from Python
     job.wait().result
 
-Importing this package is cheap on purpose: ranks import it for `progress()`.
+Importing this package is cheap on purpose: ranks import it for `progress()` and `log()`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .runtime.reporting import progress
+from .runtime.scalars import log
 
 if TYPE_CHECKING:
     from .jobs.handle import Job
 
-__all__ = ["__version__", "progress", "submit", "get_job", "Job", "load_ipython_extension"]
+__all__ = ["__version__", "progress", "log", "submit", "get_job", "Job", "load_ipython_extension"]
 
 
 def submit(

@@ -76,6 +76,11 @@ DURATION = (
     + ")$"
 )
 
+# A logged series' name (`mlc.log(loss=...)`, a Trainer's "train/loss", a TensorBoard tag):
+# printable, no comma (`GET /jobs/{id}/metrics?series=a,b` lists them), at most 200 characters.
+SERIES_NAME = r"^[^,\u0000-\u001f\u007f]{1,200}$"
+SERIES_LIST = r"^[^,\u0000-\u001f\u007f]{1,200}(,[^,\u0000-\u001f\u007f]{1,200}){0,49}$"
+
 # The names the API document uses in `x-pattern`.
 BY_NAME: dict[str, str] = {
     "job_name": JOB_NAME,
@@ -92,6 +97,8 @@ BY_NAME: dict[str, str] = {
     "session_name": SESSION_NAME,
     "tensorboard_dir": TENSORBOARD_DIR,
     "duration": DURATION,
+    "series_name": SERIES_NAME,
+    "series_list": SERIES_LIST,
 }
 
 

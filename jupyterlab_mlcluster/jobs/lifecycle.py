@@ -191,6 +191,15 @@ class RankUpdates:
         self.last_flush = 0.0
 
     def update(self, rank: int, **fields: Any) -> None:
+        progress = fields.get("progress")
+        if isinstance(progress, dict) and "series" in progress:
+            # `mlc.log` rides on the progress report: its points are the job's series
+            # (kept at once, in order), and a report with no step of its own moves no bar.
+            self.ctx.series.add(rank, progress.pop("series"))
+            if progress.get("step") is None:
+                del fields["progress"]
+                if not fields:
+                    return
         self.pending.setdefault(rank, {}).update(fields)
 
     def get(self, rank: int, key: str) -> Any:
@@ -217,11 +226,14 @@ def clean_progress(value: dict[str, Any]) -> dict[str, Any]:
         return v if ok else None
 
     desc = value.get("desc")
-    return {
+    clean = {
         "step": number(value.get("step")),
         "total": number(value.get("total")),
         "desc": None if desc is None else str(desc)[:PROGRESS_DESC_MAX],
     }
+    if "series" in value:  # `mlc.log`'s points: RankUpdates hands them to the series store
+        clean["series"] = value["series"]
+    return clean
 
 
 def format_duration(seconds: float | None) -> str:

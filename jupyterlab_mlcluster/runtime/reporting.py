@@ -1,4 +1,5 @@
-"""The rank side of the report channel (see protocol.py): `progress()` and friends."""
+"""The rank side of the report channel (see protocol.py): `progress()` and friends
+(`mlc.log` batches onto it: scalars.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def _channel() -> tuple[str, int | None]:
     if _mode is None:
         configure()
     return _mode, _fd  # type: ignore[return-value]
+
+
+def channel_mode() -> str:
+    """'fd', 'stdout', or 'none' (outside a job: reports go nowhere)."""
+    return _channel()[0]
 
 
 def send(record: dict[str, Any]) -> bool:

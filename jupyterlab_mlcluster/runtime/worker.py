@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import reporting, stackdump
+from . import reporting, scalars, stackdump
 from .outcome import error_report, exit_report, write_error, write_result
 from .payload import Payload, read_payload_bytes
 from .user_code import run_payload, shut_down_like_an_interpreter
@@ -112,6 +112,7 @@ def execute(payload: Payload) -> int:
     status = 0
     try:
         kind, value = run_payload(payload, rank)
+        scalars.flush()  # the last points logged go out before the result says it is done
         if rank == 0:
             write_result(kind, value)
     except SystemExit as exc:
@@ -129,6 +130,7 @@ def execute(payload: Payload) -> int:
         write_error(report)
         status = 1
     finally:
+        scalars.flush()  # (a failed rank's last points too)
         if status:  # the peers waiting for this rank are read before its sockets close
             stackdump.hold_for_peers(reporting.send)
         shut_down_like_an_interpreter()

@@ -413,6 +413,24 @@ export interface components {
         current: components['schemas']['RankMetrics'];
         series: components['schemas']['MetricsSample'][];
       }[];
+      logged: components['schemas']['LoggedSeries'];
+    };
+    /** @description What the job logged (`mlc.log` and what fills it). Every point is kept in the store; each series is one rank's, in the order its points came (a restart may step back). */
+    LoggedSeries: {
+      /** @description Every series name the job has logged so far, sorted. */
+      names: string[];
+      /** @description The requested series, one entry per name and rank. */
+      series: components['schemas']['LoggedSeriesData'][];
+      /** @description Pass as `after` to get only the points stored since this answer. */
+      cursor: number;
+    };
+    LoggedSeriesData: {
+      name: string;
+      rank: number;
+      steps: number[];
+      values: number[];
+      /** @description Epoch seconds at which the rank logged each point. */
+      times: number[];
     };
     JobResult: {
       /**

@@ -32,6 +32,7 @@ from ..model import JobState, RankState
 from ..record import JobRecord
 from ..storage.fsinfo import is_storage_full, no_space_text
 from ..storage.logfiles import format_log_line
+from ..storage.series import SeriesWriter
 from ..storage.store import Change, JobStore
 from ..storage.watch import ENDED
 from .gpu_idle import IdleGpuWatch
@@ -139,6 +140,7 @@ class JobContext:
         self._attached = _attached_process(job.origin)
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
         self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
+        self.series = SeriesWriter(store.job_dir(job.id), self.logs.system)
         self._last_straggler_check = 0.0
 
     # -- cancellation -----------------------------------------------------------------
@@ -405,6 +407,7 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
     finally:
         _until_written(store, lambda: _settle(store, ctx, job_id), "the job's final state")
         with contextlib.suppress(Exception):  # only a change-feed nudge is lost
+            ctx.series.close()
             ctx.logs.close()
     return 0
 

@@ -17,6 +17,7 @@ from tornado.iostream import StreamClosedError
 from ...jobs.follow import JobFollower, Step
 from ...jobs.model import JobState, tensorboard_dir_for
 from ...jobs.service import NoJSONForm
+from ...jobs.storage.series import read_series
 from ...jobs.storage.store import UnknownJob
 from ..tensorboard import ENV_NAME as TENSORBOARD_ENV
 from ..tensorboard import (
@@ -120,11 +121,15 @@ class MetricsHandler(MLClusterHandler):
     @web.authenticated
     @authorized("read")
     async def get(self, ref: str) -> None:
-        since = self.query().get("since")
+        query = self.query()
+        since = query.get("since")
+        wanted = query["series"].split(",") if query.get("series") else []
         record = await self.job(ref)
 
         def metrics() -> dict[str, Any]:
-            history = self.app.service.store.metrics_history(record.id, since)
+            store = self.app.service.store
+            history = store.metrics_history(record.id, since)
+            logged = read_series(store.job_dir(record.id), wanted, query.get("after") or 0)
             ranks = []
             for rank in record.to_json()["ranks"]:
                 ranks.append(
@@ -134,7 +139,7 @@ class MetricsHandler(MLClusterHandler):
                         "series": history.get(rank["rank"], []),
                     }
                 )
-            return {"id": record.id, "ranks": ranks}
+            return {"id": record.id, "ranks": ranks, "logged": logged}
 
         await self.send_encoded(metrics)
 

@@ -1,0 +1,155 @@
+"""A job's logged series (`mlc.log`, the Trainer callback, the Lightning logger, TensorBoard
+scalars): kept whole in the job's directory, appended to by its supervisor only.
+
+`series.jsonl` holds one line per batch a rank sent: `{"r": rank, "p": [[step, time,
+{name: value}], ...]}`; `series-names.json` the sorted names so far (written when one is
+new, so a reader learns them without reading every point). A cursor is a byte offset into
+`series.jsonl`, always just after a newline. What a rank sends is user code's: the writer
+keeps only finite numbers under valid names, at most MAX_SERIES names a job, and says once
+in the job's log what it dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ...runtime.scalars import MAX_SERIES, finite, valid_name
+
+SERIES_FILE = "series.jsonl"
+NAMES_FILE = "series-names.json"
+MAX_POINTS = 10_000  # points of one batch kept (a rank sends at most 2000)
+
+
+class SeriesWriter:
+    """The supervisor's: checks each rank batch and appends what is good."""
+
+    def __init__(self, job_dir: Path, say: Callable[[str], None], max_series: int = MAX_SERIES):
+        self._path = job_dir / SERIES_FILE
+        self._names_path = job_dir / NAMES_FILE
+        self._say = say
+        self._said: set[str] = set()
+        self._max = max_series
+        self.names: set[str] = set(read_names(job_dir))  # an adopted job's earlier names
+        self._file: Any = None
+
+    def add(self, rank: int, points: Any, *, source: str = "mlc.log") -> int:
+        """Append `rank`'s batch; returns how many points were kept."""
+        kept: list[list[Any]] = []
+        new_names = False
+        for point in points[:MAX_POINTS] if isinstance(points, list) else []:
+            if not (isinstance(point, list) and len(point) == 3 and isinstance(point[2], dict)):
+                self._once("shape", f"dropped a {source} point of rank {rank} that is no point")
+                continue
+            step, at = finite(point[0]), finite(point[1])
+            if step is None:
+                self._once("step", f"dropped {source} points of rank {rank} without a finite step")
+                continue
+            values: dict[str, float] = {}
+            for name, value in point[2].items():
+                number = finite(value)
+                if number is None:
+                    self._once(
+                        f"value:{name}",
+                        f"dropped {source} {name}={value!r} of rank {rank} at step {point[0]}: "
+                        "not a finite number",
+                    )
+                    continue
+                if name not in self.names:
+                    if not valid_name(name):
+                        self._once(f"name:{name}", f"dropped {source} series {name!r}: bad name")
+                        continue
+                    if len(self.names) >= self._max:
+                        self._once(
+                            "cap",
+                            f"a job keeps at most {self._max} series: {name!r} and later new "
+                            "names are dropped",
+                        )
+                        continue
+                    self.names.add(name)
+                    new_names = True
+                values[name] = number
+            if values:
+                kept.append([_compact(step), at if at is not None else time.time(), values])
+        if kept:
+            if new_names:
+                _write_names(self._names_path, self.names)
+            if self._file is None:
+                self._file = open(self._path, "ab", buffering=0)  # noqa: SIM115 - held open
+            line = json.dumps({"r": rank, "p": kept}, separators=(",", ":"), allow_nan=False)
+            self._file.write(line.encode() + b"\n")
+        return len(kept)
+
+    def _once(self, key: str, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._say(f"[mlcluster] {text}")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _compact(number: float) -> float | int:
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def _write_names(path: Path, names: Iterable[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(sorted(names)))
+    os.replace(tmp, path)
+
+
+def read_names(job_dir: Path) -> list[str]:
+    try:
+        names = json.loads((job_dir / NAMES_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def read_series(job_dir: Path, names: list[str] | None, after: int = 0) -> dict[str, Any]:
+    """The job's series named in `names` (None: every one), points stored after the byte
+    offset `after`: {"names", "series": [{name, rank, steps, values, times}], "cursor"}."""
+    path = job_dir / SERIES_FILE
+    wanted = None if names is None else set(names)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    cursor = after
+    if wanted is None or wanted:
+        try:
+            with open(path, "rb") as f:
+                f.seek(after)
+                data = f.read()
+        except OSError:
+            data = b""
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        cursor = after + end
+        for raw in data[:end].splitlines():
+            try:
+                batch = json.loads(raw)
+                rank, points = int(batch["r"]), batch["p"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            for step, at, values in points:
+                for name, value in values.items():
+                    if wanted is not None and name not in wanted:
+                        continue
+                    entry = found.get((name, rank))
+                    if entry is None:
+                        entry = found[(name, rank)] = {
+                            "name": name,
+                            "rank": rank,
+                            "steps": [],
+                            "values": [],
+                            "times": [],
+                        }
+                    entry["steps"].append(step)
+                    entry["values"].append(value)
+                    entry["times"].append(at)
+    series = [found[k] for k in sorted(found)]
+    return {"names": read_names(job_dir), "series": series, "cursor": cursor}

@@ -1,0 +1,162 @@
+"""`mlc.log(step=None, **metrics)`: a rank's scalar series, batched onto the report channel.
+
+A call only checks its values and appends them to a buffer (a few microseconds), so it can
+be made every step. The buffer goes out as one signed record (protocol.py) at most every
+FLUSH_INTERVAL, or when MAX_BATCH points wait, from the caller or from a small daemon thread
+(a rank that stops logging still has its last points sent), and at the end of the rank's code.
+The record rides on the progress report (`{"type": "progress", "series": [...]}`, no
+`step`), which every backend's supervisor already reads; jobs/storage/series.py keeps it.
+
+Values must be finite real numbers (an int, a float, a NumPy or 0-d torch scalar); others
+are dropped, and the first drop of each name says so on stderr. A job logs at most
+MAX_SERIES names; past that, new names are dropped, said once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from ..patterns import SERIES_NAME, matches
+from . import reporting
+
+FLUSH_INTERVAL = 0.5  # seconds a point may wait in the buffer
+MAX_BATCH = 2000  # points in one record
+MAX_SERIES = 200  # names a job may log (the supervisor holds the job to it too)
+
+
+def finite(value: Any) -> float | None:
+    """`value` as a float when it is a finite real number, else None (text, bools, NaN,
+    infinities, tensors of more than one element...)."""
+    if isinstance(value, bool | str | bytes):
+        return None
+    if type(value) is float or type(value) is int:  # the common case, without float()
+        number = float(value)
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            return None
+    return number if math.isfinite(number) else None
+
+
+def valid_name(name: Any) -> bool:
+    return isinstance(name, str) and matches(SERIES_NAME, name)
+
+
+class _Log:
+    """This process's buffer and what it has said; one per process (reset in a fork)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.points: list[list[Any]] = []
+        self.first_at = 0.0
+        self.next_step = 0
+        self.names: set[str] = set()
+        self.said: set[str] = set()
+        self.capped = False
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+
+    def say(self, key: str, text: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            print(f"[mlcluster] mlc.log: {text}", file=sys.stderr, flush=True)
+
+
+_state = _Log()
+
+
+def log(step: float | None = None, **metrics: Any) -> None:
+    """Log scalars of this rank at `step` (default: one past this rank's last step).
+
+    Shown as curves in the job's monitor, kept with the job (`job.metrics()`, `mlcluster
+    metrics JOB`, GET /jobs/{id}/metrics?series=...) and sent to MLflow with --track mlflow.
+    Outside a distributed job it does nothing."""
+    if reporting.channel_mode() == "none":
+        return
+    state = _state
+    if step is None:
+        step = state.next_step
+    elif finite(step) is None:
+        state.say(f"step:{step!r}", f"dropped a call whose step {step!r} is not a finite number")
+        return
+    clean: dict[str, float] = {}
+    for name, value in metrics.items():
+        number = finite(value)
+        if number is None:
+            state.say(
+                f"value:{name}",
+                f"dropped {name}={value!r} at step {step} (not a finite number); "
+                f"later drops of {name!r} are not reported",
+            )
+            continue
+        if name not in state.names:
+            if not valid_name(name):
+                state.say(f"name:{name}", f"dropped series {name!r} (a name has no comma)")
+                continue
+            if len(state.names) >= MAX_SERIES:
+                if not state.capped:
+                    state.capped = True
+                    state.say(
+                        "cap",
+                        f"a job logs at most {MAX_SERIES} series; {name!r} and any further "
+                        "new names are dropped",
+                    )
+                continue
+            state.names.add(name)
+        clean[name] = number
+    state.next_step = int(step) + 1 if float(step).is_integer() else step + 1
+    if not clean:
+        return
+    now = time.time()
+    with state.lock:
+        if not state.points:
+            state.first_at = now
+        state.points.append([step, round(now, 3), clean])
+        full = len(state.points) >= MAX_BATCH or now - state.first_at >= FLUSH_INTERVAL
+    if full:
+        flush()
+    elif state.thread is None:
+        _start_thread()
+
+
+def flush() -> None:
+    """Send what waits now (the runtime calls it when the rank's code ends)."""
+    state = _state
+    with state.lock:
+        points, state.points = state.points, []
+    if points:
+        reporting.send({"type": "progress", "series": points})
+
+
+def _start_thread() -> None:
+    state = _state
+    with state.lock:
+        if state.thread is not None:
+            return
+        state.thread = threading.Thread(target=_flusher, name="mlc.log", daemon=True)
+    state.thread.start()
+
+
+def _flusher() -> None:
+    state = _state
+    while not state.wake.wait(FLUSH_INTERVAL):
+        with state.lock:
+            due = bool(state.points) and time.time() - state.first_at >= FLUSH_INTERVAL
+        if due:
+            flush()
+
+
+def _after_fork() -> None:
+    global _state
+    _state = _Log()  # a forked child (a DataLoader worker) sends nothing of its parent's
+
+
+os.register_at_fork(after_in_child=_after_fork)
+atexit.register(flush)
