@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...jobs import forensics
-from ...jobs.lifecycle import Outcome, OutcomeKind, format_duration
+from ...jobs.lifecycle import Outcome
 from ...jobs.sessions import is_session_holder
 from ...runtime.stackdump import FAILURE_ACK_ENV, STACKS_FILE_ENV
 
@@ -34,8 +34,9 @@ class GangForensics:
         self.enabled = not is_session_holder(ctx.job)
         spec = gang.spec
         after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.StallWatch(after if self.enabled else 0.0)
-        self.cancel_on_stall = spec.on_stall == "cancel"
+        self.stall = forensics.JobStall(
+            ctx, forensics.StallWatch(after if self.enabled else 0.0), spec.on_stall == "cancel"
+        )
         self.job_dir = ctx.store.job_dir(ctx.job.id)
         # The failing rank's peers, read while it waited (on_failing), for _fail_fast.
         self.at_failure: forensics.StackReport | None = None
@@ -61,10 +62,7 @@ class GangForensics:
         now = time.monotonic()
         for p in self.gang.ranks:
             self.stall.active(p.rank, now)
-        ctx = self.gang.ctx
-        if ctx.job.stall:  # an earlier attempt's
-            ctx.job.stall = None
-            ctx.store.update_job(ctx.job.id, stall=None)
+        self.stall.clear()  # an earlier attempt's
 
     def sampled(self, samples: dict[int, dict]) -> Outcome | None:
         """The gang's CPU samples (every metrics_interval); the stall rule is judged here.
@@ -74,38 +72,7 @@ class GangForensics:
         now = time.monotonic()
         for rank, sample in samples.items():
             self.stall.cpu(rank, sample.get("cpu_percent"), now)
-        changed = self.stall.check(self._live(), now)
-        if changed is None:
-            return None
-        return self._stall_changed(changed, now)
-
-    def _stall_changed(self, stalled: dict[int, float], now: float) -> Outcome | None:
-        ctx = self.gang.ctx
-        if not stalled:
-            ctx.job.stall = None
-            ctx.store.update_job(ctx.job.id, stall=None)
-            ctx.logs.system("[mlcluster] no rank is stalled any more")
-            return None
-        report = self.read(self._live(), "stalled")
-        since = time.time() - (now - min(stalled.values()))
-        which = _ranks(sorted(stalled))
-        ctx.job.stall = {
-            "ranks": sorted(stalled),
-            "since": since,
-            "where": forensics.fold_lines(report, main_only=True),
-        }
-        ctx.store.update_job(ctx.job.id, stall=ctx.job.stall)
-        what = (
-            f"{which} stalled: no output, progress or CPU for {format_duration(self.stall.after)}"
-        )
-        ctx.logs.system(f"[mlcluster] {what}; {forensics.where_text(report)}")
-        if not self.cancel_on_stall:
-            return None
-        return Outcome(
-            OutcomeKind.CANCELLED,
-            f"cancelled (--on-stall cancel): {what}",
-            where=forensics.where_text(report),
-        )
+        return self.stall.judge(self._live(), self.read, now)
 
     def on_failing(self, rank: int) -> None:
         """A rank's code raised and it waits: read its live peers first, then let it go."""
@@ -157,9 +124,6 @@ class GangForensics:
             why=why,
             timeout=SUPERVISOR_READ_TIMEOUT,
         )
-        if why == "stalled":
-            with contextlib.suppress(OSError):
-                forensics.keep(self.job_dir, report)
         return report
 
     def close(self) -> None:
@@ -171,7 +135,3 @@ class GangForensics:
         return [
             p.rank for p in self.gang.ranks if p.rank not in self.gang.done and p.poll() is None
         ]
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

@@ -31,7 +31,7 @@ from ...jobs.forensics.readers import (
     READ_TIMEOUT,
     parse_faulthandler,
 )
-from ...jobs.lifecycle import Outcome, OutcomeKind, format_duration
+from ...jobs.lifecycle import Outcome
 from ...jobs.model import RankState
 from ...jobs.sessions import is_session_holder
 from ...runtime.stackdump import main_ident_path
@@ -216,10 +216,13 @@ class AttemptForensics:
         spec = ctx.job.spec
         self.enabled = not is_session_holder(ctx.job)
         after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.StallWatch(
-            after if self.enabled else 0.0, cpu_percent=SELF_REPORTED_CPU_PERCENT
+        self.stall = forensics.JobStall(
+            ctx,
+            forensics.StallWatch(
+                after if self.enabled else 0.0, cpu_percent=SELF_REPORTED_CPU_PERCENT
+            ),
+            spec.on_stall == "cancel",
         )
-        self.cancel_on_stall = spec.on_stall == "cancel"
         self.job_dir = ctx.store.job_dir(ctx.job.id)
         self.stopping = False
 
@@ -234,37 +237,7 @@ class AttemptForensics:
         now = time.monotonic()
         for rank, sample in samples.items():
             self.stall.cpu(rank, sample.get("cpu_percent"), now)
-        changed = self.stall.check(self._live(), now)
-        if changed is None:
-            return None
-        ctx = self.attempt.ctx
-        if not changed:
-            ctx.job.stall = None
-            ctx.store.update_job(ctx.job.id, stall=None)
-            ctx.logs.system("[mlcluster] no rank is stalled any more")
-            return None
-        report = self.read(self._live(), "stalled")
-        with contextlib.suppress(OSError):
-            forensics.keep(self.job_dir, report)
-        ranks = sorted(changed)
-        ctx.job.stall = {
-            "ranks": ranks,
-            "since": time.time() - (now - min(changed.values())),
-            "where": forensics.fold_lines(report, main_only=True),
-        }
-        ctx.store.update_job(ctx.job.id, stall=ctx.job.stall)
-        which = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-        what = (
-            f"{which} stalled: no output, progress or CPU for {format_duration(self.stall.after)}"
-        )
-        ctx.logs.system(f"[mlcluster] {what}; {forensics.where_text(report)}")
-        if not self.cancel_on_stall:
-            return None
-        return Outcome(
-            OutcomeKind.CANCELLED,
-            f"cancelled (--on-stall cancel): {what}",
-            where=forensics.where_text(report),
-        )
+        return self.stall.judge(self._live(), self.read, now)
 
     def before_stop(self, why: str) -> str:
         """The live ranks' stacks, kept, before the attempt stops them: the clause for the
