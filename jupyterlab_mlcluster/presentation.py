@@ -33,6 +33,8 @@ def format_jobs_table(records) -> str:
             info = f"{stall_text(r.stall, now)}; {info}" if info else stall_text(r.stall, now)
         if r.straggler and str(r.state) == "running":
             info = f"{straggler_text(r.straggler)}; {info}" if info else straggler_text(r.straggler)
+        if r.restarts and not r.final:
+            info = f"{restarts_text(r)}; {info}" if info else restarts_text(r)
         rows.append(
             (
                 r.id,
@@ -55,6 +57,37 @@ def stall_text(stall: dict, now: float | None = None) -> str:
     where = "; ".join(stall.get("where") or [])
     age = format_age((now or time.time()) - since)
     return f"STALLED {who} for {age}" + (f": {where}" if where else "")
+
+
+def restarts_text(record) -> str:
+    """'restart 1 of 3 (attempt 0: rank 1 was killed by SIGKILL)': a restarted job's gang,
+    and why the attempt before it ended (the job record's `attempts`)."""
+    text = f"restart {record.restarts} of {record.spec.max_restarts}"
+    last = (record.attempts or [{}])[-1]
+    return text + (f" (attempt {last['attempt']}: {last['reason']})" if last.get("reason") else "")
+
+
+def attempt_lines(record) -> list[str]:
+    """Each ended attempt of a job that may restart, oldest first: 'attempt 0 (0:42):
+    failed: rank 1 was killed by SIGKILL; restarted'; the one running now last."""
+    lines = []
+    for a in record.attempts or []:
+        took = format_elapsed_short((a.get("ended") or 0) - (a.get("started") or 0))
+        why = f": {a['reason']}" if a.get("reason") else ""
+        lines.append(
+            f"attempt {a['attempt']} ({took}): {a['outcome']}{why}"
+            + ("; restarted" if a.get("restarted") else "")
+        )
+    if lines and not record.final:
+        lines.append(f"attempt {record.restarts}: {record.state}")
+    return lines
+
+
+def format_elapsed_short(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def straggler_text(straggler: dict) -> str:

@@ -94,24 +94,71 @@ def run_attempts(
         if reason:
             finish(ctx, Outcome(OutcomeKind.CANCELLED, reason))
             return
+        began = time.time()
         outcome = attempt(number)
         if (
             outcome.kind == OutcomeKind.FAILED
             and outcome.restartable
             and number < spec.max_restarts
         ):
+            said = failure_text(ctx.store, ctx.job.id, outcome)
+            history = ended_attempt(ctx, number, began, outcome, said, restarted=True)
             number += 1
             ctx.logs.system(
-                f"[mlcluster] {failure_text(ctx.store, ctx.job.id, outcome)}; {RESTART_MARKER} "
-                f"(restart {number} of {spec.max_restarts})"
+                f"[mlcluster] {said}; {RESTART_MARKER} (restart {number} of {spec.max_restarts})"
             )
-            ctx.store.update_job(ctx.job.id, restarts=number, error=None, failed_rank=None)
+            ctx.store.update_job(
+                ctx.job.id, restarts=number, error=None, failed_rank=None, attempts=history
+            )
             ctx.job.restarts = number
             forget_attempt_outputs(ctx)
             before_restart()
             continue
+        if spec.max_restarts:  # (a job that cannot restart has one attempt: the job itself)
+            said = None if outcome.kind == OutcomeKind.SUCCEEDED else ending_text(ctx, outcome)
+            history = ended_attempt(ctx, number, began, outcome, said, restarted=False)
+            ctx.store.update_job(ctx.job.id, attempts=history)
         finish(ctx, outcome)
         return
+
+
+# Attempts kept in a job's record; a job restarted more often keeps its first and its last.
+ATTEMPTS_KEPT = 50
+
+
+def ended_attempt(
+    ctx: JobContext,
+    number: int,
+    began: float,
+    outcome: Outcome,
+    said: str | None,
+    *,
+    restarted: bool,
+) -> list[dict[str, Any]]:
+    """The job's attempts with this one added: its number (TORCHELASTIC_RESTART_COUNT),
+    when it ran, how it ended and why, and whether the gang was started again after it."""
+    entry = {
+        "attempt": number,
+        "started": began,
+        "ended": time.time(),
+        "outcome": str(outcome.kind),
+        "reason": said,
+        "failed_rank": outcome.failed_rank,
+        "restarted": restarted,
+    }
+    history = [*(ctx.job.attempts or []), entry]
+    if len(history) > ATTEMPTS_KEPT:
+        history = history[:1] + history[-(ATTEMPTS_KEPT - 1) :]
+    ctx.job.attempts = history
+    return history
+
+
+def ending_text(ctx: JobContext, outcome: Outcome) -> str:
+    """What the job's error or reason says of how its last attempt ended (`finish`'s)."""
+    where = f"; {outcome.where}" if outcome.where else ""
+    if outcome.kind == OutcomeKind.FAILED:
+        return failure_text(ctx.store, ctx.job.id, outcome) + where
+    return (outcome.message or "") + where if outcome.message else outcome.where or ""
 
 
 def forget_attempt_outputs(ctx: JobContext) -> None:
@@ -126,6 +173,7 @@ def forget_attempt_outputs(ctx: JobContext) -> None:
 def finish(ctx: JobContext, outcome: Outcome) -> None:
     """The job's final state from the last attempt's outcome."""
     job_id = ctx.job.id
+    ctx.read_tensorboard(force=True)  # the scalars written last are the job's before it ends
     where = f"; {outcome.where}" if outcome.where else ""
     said = outcome.message + where if outcome.message else outcome.where or outcome.message
     if outcome.kind == OutcomeKind.SUCCEEDED:

@@ -90,6 +90,10 @@ class JobRecord:
     # While ranks straggle (jobs/forensics/straggler.py): {"ranks": [...], "since": epoch,
     # "rates": {"rank": steps/s}, "median": steps/s}; None otherwise.
     straggler: dict[str, Any] | None = None
+    # A job that may restart (--max-restarts): each ended attempt, oldest first (jobs/
+    # lifecycle.py `ended_attempt`): attempt, started, ended, outcome, reason, failed_rank,
+    # restarted.
+    attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.
     supervisor: dict[str, Any] | None = None
@@ -173,5 +177,9 @@ class JobRecord:
                 if self.straggler and self.state is JobState.RUNNING
                 else None
             ),
+            "attempts": [
+                {**a, "started": iso(a.get("started")), "ended": iso(a.get("ended"))}
+                for a in self.attempts
+            ],
             "ranks": [r.to_json() for r in self.ranks],
         }

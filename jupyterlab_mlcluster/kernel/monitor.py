@@ -107,6 +107,10 @@ def status_line(record: JobRecord) -> str:
         from ..presentation import straggler_text
 
         parts.append(straggler_text(record.straggler))
+    if record.restarts and not record.final:
+        from ..presentation import restarts_text
+
+        parts.append(restarts_text(record))
     if record.error:
         parts.append(record.error)
     return " | ".join(parts)
@@ -236,7 +240,7 @@ class WidgetView:
         self.clock.value = (
             f"<span style='opacity:0.75'>elapsed</span> <b>{format_elapsed(elapsed(record))}</b>"
         )
-        self.message.value = message_html(record)
+        self.message.value = message_html(record) + attempts_html(record)
         if record.final:
             self.close()
         self.table.value = rank_table(record)
@@ -322,6 +326,17 @@ def message_html(record: JobRecord) -> str:
     return ""
 
 
+def attempts_html(record: JobRecord) -> str:
+    """Each attempt of a restarted job and why it ended (--max-restarts); '' otherwise."""
+    from ..presentation import attempt_lines
+
+    lines = attempt_lines(record)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f"<ul class='mlc-attempts' style='margin:2px 0;padding-left:18px'>{items}</ul>"
+
+
 def summary_html(record: JobRecord) -> str:
     """The monitor without widgets: what a job that ended before the widgets were due
     leaves in the notebook (plain HTML: no comms, and it renders in a saved notebook)."""
@@ -329,7 +344,7 @@ def summary_html(record: JobRecord) -> str:
     return (
         "<div class='mlcluster-summary' style='border:1px solid var(--jp-border-color2, #ccc);"
         f"padding:6px 10px'><div>{title_html(record)} <span style='opacity:0.75'>· {elapsed_text}"
-        f"</span></div><div>{message_html(record)}</div>"
+        f"</span></div><div>{message_html(record)}</div>{attempts_html(record)}"
         f"{rank_table(record)}</div>"
     )
 

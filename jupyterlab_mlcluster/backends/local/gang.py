@@ -329,6 +329,15 @@ class Gang:
         except (TypeError, KeyError, ValueError):
             return self.failed_seen[rank]
 
+    def _killed_unreported(self, rank: int) -> bool:
+        code = self.ranks[rank].returncode
+        return (
+            code is not None
+            and code < 0
+            and rank not in self.reported_errors
+            and lifecycle.read_error_report(self.ctx.store, self.ctx.job.id, rank) is None
+        )
+
     def _fail_fast(self) -> Outcome:
         """A rank failed: stop the others, then name the rank that failed first by time.
         The rank seen first is not always it: a rank waiting in a collective fails too
@@ -344,7 +353,10 @@ class Gang:
         # from our SIGTERM is no candidate); among them, the earliest.
         when = {rank: self._failed_at(rank) for rank in self.failed_seen}
         candidates = {r: t for r, t in when.items() if t <= stopping} or when
-        culprit = min(candidates, key=lambda r: (candidates[r], r))
+        # A rank a signal ended before we stopped anything (kill -9, the OOM killer) left no
+        # report: its peers' errors ("Connection closed by peer") are stamped before its
+        # exit is even seen, yet follow from it. It is the culprit.
+        culprit = min(candidates, key=lambda r: (not self._killed_unreported(r), candidates[r], r))
         outcome = Outcome(
             OutcomeKind.FAILED,
             lifecycle.reported_failure(culprit, self.reported_errors.get(culprit)),

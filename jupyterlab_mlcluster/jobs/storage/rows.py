@@ -20,6 +20,7 @@ _JSON_COLUMNS = (
     "backend_state",
     "stall",
     "straggler",
+    "attempts",
 )
 JOB_COLUMNS = {
     "name",
@@ -42,6 +43,7 @@ JOB_COLUMNS = {
     "gpu_idle_since",
     "stall",
     "straggler",
+    "attempts",
 }
 RANK_COLUMNS = {
     "state",
@@ -97,6 +99,7 @@ def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
         gpu_idle_since=row["gpu_idle_since"],
         stall=loads("stall"),
         straggler=loads("straggler"),
+        attempts=loads("attempts") or [],
         updated=row["updated"],
         ranks=[
             RankRecord(

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     gpu_idle_since REAL,
     stall TEXT,
     straggler TEXT,
+    attempts TEXT,
     updated REAL NOT NULL
 );
 -- A listing's order (newest first, then id), with or without a state or owner filter, and
@@ -196,3 +197,5 @@ def _migrate(database: Database) -> None:
             tx.execute("ALTER TABLE jobs ADD COLUMN stall TEXT")
         if "straggler" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN straggler TEXT")
+        if "attempts" not in jobs:
+            tx.execute("ALTER TABLE jobs ADD COLUMN attempts TEXT")
