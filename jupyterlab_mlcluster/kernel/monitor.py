@@ -34,6 +34,7 @@ from ..jobs.record import JobRecord
 from ..jobs.service import JobService
 from ..jobs.storage.store import UnknownJob
 from ..jobs.storage.watch import CREATED
+from .curves import CurvePanel, Curves
 
 POLL_INTERVAL = 0.05
 MAX_REDRAWS_PER_SECOND = 4
@@ -207,7 +208,7 @@ class WidgetView:
     Only changed values are sent to the frontend.
     """
 
-    def __init__(self, record: JobRecord, on_cancel):
+    def __init__(self, record: JobRecord, on_cancel, curves: Curves):
         import ipywidgets as w
 
         self.job_id = record.id
@@ -229,8 +230,9 @@ class WidgetView:
         )
         self.logs = [w.HTML() for _ in range(workers)]
         self.tabs = w.Tab(children=self.logs, titles=[f"rank {r}" for r in range(workers)])
+        self.curves = CurvePanel(curves)  # (mlc.log's series)
         self.widget = w.VBox(
-            [header, self.message, self.table, self.tabs],
+            [header, self.message, self.table, self.curves.widget, self.tabs],
             layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px 10px"),
         )
         self.widget.add_class("mlcluster-monitor")
@@ -448,6 +450,7 @@ class JobMonitor:
             self.record.spec.workers, enabled=rank_output and not terminal and not quiet
         )
         self.view: WidgetView | None = None
+        self.curves = Curves(service.store.job_dir(job_id))
         self.status_id = f"mlcluster-status-{uuid.uuid4().hex}"
         self.last_state: str | None = None
         self.last_redraw = 0.0
@@ -478,7 +481,7 @@ class JobMonitor:
         if self.widgets_to_build:
             self.widgets_to_build = False
             try:
-                self.view = WidgetView(self.record, self.request_cancel)
+                self.view = WidgetView(self.record, self.request_cancel, self.curves)
             except ImportError:
                 return False
             return True
@@ -493,7 +496,8 @@ class JobMonitor:
                 "model_id": self.view.widget.model_id,
             }
         else:
-            bundle["text/html"] = summary_html(self.record)
+            self.curves.poll()
+            bundle["text/html"] = summary_html(self.record) + self.curves.html()
         return bundle
 
     def request_cancel(self) -> None:
@@ -548,6 +552,7 @@ class JobMonitor:
                 set(range(len(self.view.logs))) if new_view else set(self.outputs.dirty_tabs),
             )
             self.outputs.dirty_tabs.clear()
+            self.view.curves.update(force=force or self.record.final)
         self.outputs.flush(self.job_id, force=force or self.record.final)
         if state != self.last_state or new_view:
             self.last_state = state
