@@ -24,29 +24,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO)]  # tests.workloads: the hung job the tests read too
 
-HANG = textwrap.dedent(
-    """\
-    import time
-    import torch
-    import torch.distributed as dist
+from tests.workloads import HANG  # noqa: E402
 
-    dist.init_process_group("gloo")
-
-    def train_step(t):
-        dist.all_reduce(t)
-
-    print("ready", flush=True)
-    if dist.get_rank() == 1:
-        time.sleep(600)
-    train_step(torch.ones(2))
-    """
-)
 SLEEP = 'import time\nprint("ready", flush=True)\ntime.sleep(600)\n'
 
 

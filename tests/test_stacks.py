@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 from helpers import run_cli, wait_for
+from workloads import HANG
 
 from jupyterlab_mlcluster.config import MLClusterConfig
 from jupyterlab_mlcluster.jobs import forensics
@@ -21,24 +22,6 @@ from jupyterlab_mlcluster.presentation import format_jobs_table
 from jupyterlab_mlcluster.runtime.payload import Payload
 
 START = 180  # a cold rank imports torch on a busy 2-core machine
-
-HANG = textwrap.dedent(
-    """\
-    import time
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-
-    def train_step(t):
-        dist.all_reduce(t)
-
-    print("ready", flush=True)
-    if dist.get_rank() == 1:
-        time.sleep(600)
-    train_step(torch.ones(2))
-    """
-)
 
 
 def _submit(service, code: str, **options) -> str:

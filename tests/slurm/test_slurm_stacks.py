@@ -10,28 +10,11 @@ import textwrap
 
 import pytest
 from helpers import wait_for
+from workloads import HANG
 
 from jupyterlab_mlcluster.jobs import forensics
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
-
-HANG = textwrap.dedent(
-    """\
-    import time
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-
-    def train_step(t):
-        dist.all_reduce(t)
-
-    print("ready", flush=True)
-    if dist.get_rank() == 1:
-        time.sleep(600)
-    train_step(torch.ones(2))
-    """
-)
 
 SLEEPERS = textwrap.dedent(
     """\
