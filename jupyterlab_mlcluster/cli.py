@@ -118,6 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=int, default=50, help="at most this many (newest first; default 50)"
     )
     jobs.add_argument("--json", action="store_true", help="print JSON")
+    jobs.add_argument(
+        "--flat",
+        action="store_true",
+        help="every job a row (not a session's cells or a sweep's trials under it)",
+    )
+    jobs.add_argument("--parent", help="only the jobs under this session job or sweep")
+
+    export = sub.add_parser(
+        "export", help="write what runs a job again outside the notebook (script, sbatch, ...)"
+    )
+    export.add_argument("job", help="job id or name")
+    export.add_argument(
+        "--as", dest="target", required=True, choices=["script", "sbatch", "trainjob", "pytorchjob"]
+    )
+    export.add_argument("-o", "--output", required=True, help="a new (or empty) directory")
+    export.add_argument("--image", help="the image of a Kubernetes export (default: the job's)")
 
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("job", help="job id or name")
@@ -184,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "run": cmd_run,
             "jobs": cmd_jobs,
+            "export": cmd_export,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "stacks": cmd_stacks,
@@ -432,13 +449,47 @@ def _print_lines(lines: list[dict[str, Any]], view: LogText) -> None:
 def cmd_jobs(args: argparse.Namespace) -> int:
 
     service = _service()
-    records, total = service.list(states=args.state, backend=args.backend, limit=args.limit)
+    if not (args.flat or args.parent or args.json):
+        from .jobs.listing import grouped_jobs
+        from .presentation import format_job_groups
+
+        service.reap()
+        groups, total = grouped_jobs(
+            service.store, states=args.state, backend=args.backend, limit=args.limit
+        )
+        print(format_job_groups(groups))
+        shown = sum(1 for g in groups if g.head is not None)
+        if total > shown:
+            print(f"({total - shown} older jobs not shown; --limit to see more, --flat: every row)")
+        return 0
+    records, total = service.list(
+        states=args.state, backend=args.backend, parent=args.parent, limit=args.limit
+    )
     if args.json:
         print(json.dumps([r.to_json() for r in records], indent=2))
         return 0
     print(format_jobs_table(records))
     if total > len(records):
         print(f"({total - len(records)} older jobs not shown; --limit to see more)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import ExportError, job_material, write_export
+    from .export.build import build
+    from .export.verify import check_variables
+    from .jobs.owner import current_user
+
+    try:
+        material = job_material(_service(), args.job, owner=current_user())
+        check_variables(material)
+        written = write_export(build(material, args.target, image=args.image), args.output)
+    except ExportError as exc:
+        print(f"mlcluster: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"job {material.record.id} exported as {args.target} to {args.output}:")
+    for path in written:
+        print(f"  {path}")
     return 0
 
 

@@ -25,27 +25,71 @@ def text_table(rows) -> str:
 
 
 def format_jobs_table(records) -> str:
-    rows = [("ID", "NAME", "STATE", "RANKS", "BACKEND", "AGE", "INFO")]
     now = time.time()
-    for r in records:
-        info = r.error or r.reason or ""
-        if r.stall and str(r.state) == "running":
-            info = f"{stall_text(r.stall, now)}; {info}" if info else stall_text(r.stall, now)
-        if r.straggler and str(r.state) == "running":
-            info = f"{straggler_text(r.straggler)}; {info}" if info else straggler_text(r.straggler)
-        if r.restarts and not r.final:
-            info = f"{restarts_text(r)}; {info}" if info else restarts_text(r)
-        rows.append(
-            (
-                r.id,
-                r.name,
-                str(r.state),
-                rank_counts(r),
-                r.backend,
-                format_age(now - r.created),
-                info[:60],
+    return text_table([JOBS_HEADER, *(_job_row(r, now) for r in records)])
+
+
+JOBS_HEADER = ("ID", "NAME", "STATE", "RANKS", "BACKEND", "AGE", "INFO")
+
+
+def _job_row(r, now: float, indent: str = "") -> tuple[str, ...]:
+    info = r.error or r.reason or ""
+    if r.stall and str(r.state) == "running":
+        info = f"{stall_text(r.stall, now)}; {info}" if info else stall_text(r.stall, now)
+    if r.straggler and str(r.state) == "running":
+        info = f"{straggler_text(r.straggler)}; {info}" if info else straggler_text(r.straggler)
+    if r.restarts and not r.final:
+        info = f"{restarts_text(r)}; {info}" if info else restarts_text(r)
+    return (
+        indent + r.id,
+        r.name,
+        str(r.state),
+        rank_counts(r),
+        r.backend,
+        format_age(now - r.created),
+        info[:60],
+    )
+
+
+def format_job_groups(groups) -> str:
+    """`mlcluster jobs`: each top-level entry (jobs/listing.py's Group), its newest
+    children indented under it, and how many more it has."""
+    now = time.time()
+    rows = [JOBS_HEADER]
+    for group in groups:
+        if group.head is not None:
+            rows.append(_job_row(group.head, now))
+        else:
+            states: dict[str, int] = {}
+            for child in group.children:
+                states[str(child.state)] = states.get(str(child.state), 0) + 1
+            summary = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            rows.append(
+                (
+                    group.id,
+                    group.name,
+                    "sweep",
+                    "",
+                    "",
+                    format_age(now - group.newest),
+                    f"{group.count} trials" + (f" (newest: {summary})" if summary else ""),
+                )
             )
-        )
+        rows += [_job_row(child, now, "  ") for child in group.children]
+        more = group.count - len(group.children)
+        if more > 0:
+            what = "trials" if group.kind == "sweep" else "cells"
+            rows.append(
+                (
+                    f"  … {more} more {what}",
+                    f"mlcluster jobs --parent {group.id}",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                )
+            )
     return text_table(rows)
 
 

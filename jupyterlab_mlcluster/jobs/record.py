@@ -8,6 +8,7 @@ import functools
 import secrets
 from typing import Any
 
+from .grouping import parent_of
 from .model import JobSpec, JobState, RankState
 
 
@@ -142,7 +143,10 @@ class JobRecord:
             "owner": self.owner,
             "origin": dict(self.origin),
             "has_result": self.has_result,
-            # A sweep's trial: {"id": sweep id, "trial": index, "parallel": K}; else null.
+            # The job or sweep this one is listed under (a session's cell: the session's
+            # job; a sweep's trial: the sweep); null at the top level (jobs/grouping.py).
+            "parent": parent_of(self.origin),
+            # A sweep's trial: {"id": sweep id, "trial": index, "parallel": K, "name"}; else null.
             "sweep": self.origin.get("sweep"),
             # A session's gang (its ranks) or one of its cells: {"name", "id" (the gang's job),
             # "cell"}; null for other jobs (jobs/sessions.py).

@@ -22,7 +22,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..config import MLClusterConfig, get_config
@@ -30,6 +29,7 @@ from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
 from .backend import Backend, get_backend
 from .follow import JobFollower
+from .grouping import default_name
 from .model import (
     TENSORBOARD_ENV,
     JobSpec,
@@ -272,6 +272,20 @@ class JobService:
                 }
             ).encode(),
         }
+        # What `mlcluster export` needs without unpickling the payload (a server never
+        # does): what ran, what was pushed, and the environment it ran with, pinned.
+        from ..environment import pinned_requirements  # packaging: not on every import path
+
+        files["provenance.json"] = json.dumps(
+            {
+                "kind": payload.kind,
+                "filename": payload.filename,
+                "pushed": sorted(payload.push),
+                "python": sys.version.split()[0],
+                "executable": sys.executable,
+                "requirements": pinned_requirements(),
+            }
+        ).encode()
         if payload.kind == "code":
             # Numbered as the rank runs it (from Payload.first_line), so what reads the file
             # by a frame's line (a stack's reader, jobs/forensics/) finds that line.
@@ -592,20 +606,9 @@ def _current_user() -> str:
 
 
 def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
-    import re
-
-    if payload.kind in ("script", "module"):
-        base = Path(payload.filename).stem
-    elif payload.kind == "callable" and payload.function is not None:
-        base = getattr(payload.function, "__name__", "function")
-    elif origin.get("notebook"):
-        base = Path(origin["notebook"]).stem
-    elif origin.get("kind") in ("kernel", "ipython"):
-        base = "cell"
-    else:
-        base = "job"
-    slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")[:40]
-    return slug or "job"
+    return default_name(
+        payload.kind, origin, filename=payload.filename, function=payload.function
+    )
 
 
 __all__ = [

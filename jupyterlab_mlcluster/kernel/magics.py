@@ -131,11 +131,33 @@ def _kernel_origin() -> dict[str, Any]:
             origin["kernel_id"] = name[len("kernel-") : -len(".json")]
     except Exception:  # noqa: BLE001 - not in a kernel (terminal IPython)
         origin["kind"] = "ipython"
-    # jupyter_server tells kernels which notebook they serve
-    if os.environ.get("JPY_SESSION_NAME"):
-        origin["notebook"] = os.environ["JPY_SESSION_NAME"]
+    # jupyter_server tells kernels which notebook they serve (ipykernel also puts it in the
+    # namespace as __session__; VS Code as __vsc_ipynb_file__).
+    shell = _current_shell()
+    user_ns = getattr(shell, "user_ns", None) or {}
+    notebook = (
+        os.environ.get("JPY_SESSION_NAME")
+        or user_ns.get("__session__")
+        or user_ns.get("__vsc_ipynb_file__")
+    )
+    if isinstance(notebook, str) and notebook:
+        origin["notebook"] = notebook
+    # The cell's number as the notebook shows it (In [7]): the count of the execution
+    # running now. Unnamed jobs are named after it (jobs/grouping.py).
+    count = getattr(shell, "execution_count", None)
+    if isinstance(count, int) and count > 0:
+        origin["cell"] = count
     origin["user"] = current_user()  # $MLCLUSTER_USER in a notebook pod (jobs/owner.py)
     return origin
+
+
+def _current_shell() -> Any:
+    try:
+        from IPython import get_ipython
+
+        return get_ipython()
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
 
 
 WIDGET_DELAY = 0.25  # seconds
@@ -239,6 +261,7 @@ class CellRun:
 
     def submit_to_session(self, args, payload, sweep):
         """--session NAME: the cell runs on the session's live ranks (jobs/sessions.py)."""
+        from ..jobs.grouping import default_name
         from ..jobs.model import SpecError
         from ..jobs.options import spec_options
         from ..jobs.sessions import submit_cell
@@ -248,12 +271,17 @@ class CellRun:
                 "--session runs the cell on live ranks; it cannot take --sweep or --schedule"
             )
         service = self.magics.service
+        origin = _kernel_origin()
+        options = spec_options(args)
+        # A cell without --name is named after its notebook and number, not its session's
+        # name (the session's job, its parent in lists, has that).
+        options.setdefault("name", default_name("code", origin))
         record, note = submit_cell(
             service,
             args.session,
-            spec_options(args),
+            options,
             payload,
-            origin=_kernel_origin(),
+            origin=origin,
             # Only a session that starts asks (a live one's ranks are running already).
             preload=lambda: _kernel_preload(service.config),
         )

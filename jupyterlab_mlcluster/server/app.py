@@ -31,7 +31,7 @@ from ..kubeconn import KubeConnection
 from .caller_slots import CallerSlots
 from .confinement import confine
 from .events import EventBroadcaster, EventsHandler
-from .handlers import cluster, experiments, job_outputs, jobs, notebooks, sessions
+from .handlers import cluster, experiments, job_export, job_outputs, jobs, notebooks, sessions
 from .handlers.base import MLClusterHandler
 from .identity import calling_user
 from .metrics import ServerMetrics
@@ -66,6 +66,7 @@ ROUTE_HANDLERS: list[type[MLClusterHandler]] = [
     job_outputs.StacksHandler,  # /jobs/{id}/stacks
     job_outputs.TensorBoardHandler,  # /jobs/{id}/tensorboard
     job_outputs.ResultHandler,  # /jobs/{id}/result
+    job_export.JobExportHandler,  # /jobs/{id}/export
     # sweeps and schedules
     experiments.SweepsHandler,  # /sweeps
     experiments.SweepHandler,  # /sweeps/{id}

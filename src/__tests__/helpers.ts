@@ -184,6 +184,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     owner: 'alice',
     origin: {},
     has_result: false,
+    parent: null,
     sweep: null,
     session: null,
     gpu_idle_since: null,

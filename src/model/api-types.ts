@@ -251,11 +251,15 @@ export interface components {
         [key: string]: unknown;
       };
       has_result: boolean;
+      /** @description The id of what this job is listed under: a session's cell, its session's job (`session.id`); a sweep's trial, its sweep (`sweep.id`); null for a job at the top level. GET /jobs?parent= lists a group. */
+      parent: string | null;
       /** @description A sweep's trial names its sweep (GET /sweeps/{id}); null for other jobs */
       sweep: null | {
         id: string;
         trial: number;
         parallel?: number | null;
+        /** @description The sweep's name (absent for trials stored before it was kept) */
+        name?: string;
       };
       /** @description A session's gang (`cell` false) or one of the cells run on it (`cell` true); null for other jobs */
       session: null | {

@@ -170,7 +170,7 @@ def test_interrupt_cancels_every_trial(kernel, service):
     assert reply["status"] == "error"
     jobs, total = service.store.list_jobs()
     assert total == 3 and {str(j.state) for j in jobs} == {"cancelled"}
-    assert all(j.started is None for j in jobs if j.name != "sweep-t0")  # never started
+    assert all(j.started is None for j in jobs if j.origin["sweep"]["trial"] != 0)  # never started
     assert_no_job_processes(service)
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..grouping import default_name
 from ..model import JobSpec, JobState
 from ..record import iso
 from .store import ExperimentStore
@@ -70,7 +71,12 @@ def submit_sweep(
     for params in trials:
         trial_payload(payload, params).dumps()
     sweep_id = new_sweep_id()
-    base = (spec.name or "sweep")[:44]
+    # Named as a job without --name would be (its notebook and cell, its script), so the
+    # sweep and its trials (<base>-t<i>) say what they ran.
+    base = (
+        spec.name
+        or default_name(payload.kind, origin, filename=payload.filename, function=payload.function)
+    )[:44].rstrip("-")
     owner = origin.get("user") or current_user()
     store = experiments(service)
     store.insert_sweep(sweep_id, base, owner, sweep.to_dict(), origin)
@@ -81,7 +87,12 @@ def submit_sweep(
             trial_spec.name = f"{base}-t{index}"
             trial_origin = dict(
                 origin,
-                sweep={"id": sweep_id, "trial": index, "parallel": sweep.parallel},
+                sweep={
+                    "id": sweep_id,
+                    "trial": index,
+                    "parallel": sweep.parallel,
+                    "name": base,
+                },
             )
             record = service.submit(
                 trial_spec, trial_payload(payload, params), origin=trial_origin, **submit_kwargs

@@ -51,6 +51,11 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_newest ON jobs(created DESC, id);
 CREATE INDEX IF NOT EXISTS jobs_newest_by_state ON jobs(state, created DESC, id);
 CREATE INDEX IF NOT EXISTS jobs_newest_by_owner ON jobs(owner, created DESC, id);
+-- A grouped listing: the top level (no parent) or one group (a session's cells, a sweep's
+-- trials), newest first. The expression is jobs/grouping.py's PARENT_SQL, word for word.
+CREATE INDEX IF NOT EXISTS jobs_by_parent ON jobs(
+    COALESCE(json_extract(origin, '$.session_job'), json_extract(origin, '$.sweep.id')),
+    created DESC, id);
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(state, backend, priority DESC, created, id);
 -- What the reaper reads every second: the few unfinished jobs and the few with a cleanup
 -- to do, not a scan of every job ever kept. A query names these terms literally, as here,

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..grouping import PARENT_SQL, TOP_LEVEL
 from ..model import FINAL_STATES, JOB_ID_RE, JobState, RankState
 from ..record import JobRecord
 from . import logs as store_logs
@@ -359,12 +360,15 @@ class JobStore:
         states: list[str] | None = None,
         backend: str | None = None,
         owner: str | None = None,
+        parent: str | None = None,
         limit: int | None = None,
         offset: int = 0,
         newest_first: bool = True,
     ) -> tuple[list[tuple[sqlite3.Row, list[sqlite3.Row]]], int]:
         """The rows (job, its ranks) of the jobs matching every filter given (`owner`: only
-        that user's), newest first unless told; and how many match in all."""
+        that user's; `parent`: only those listed under that job or sweep, or with
+        grouping.TOP_LEVEL those under none), newest first unless told; and how many match
+        in all."""
         where, args = [], []
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
@@ -375,6 +379,11 @@ class JobStore:
         if owner is not None:
             where.append("owner = ?")
             args.append(owner)
+        if parent == TOP_LEVEL:
+            where.append(f"{PARENT_SQL} IS NULL")
+        elif parent is not None:
+            where.append(f"{PARENT_SQL} = ?")
+            args.append(parent)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         db = self._db
         total = db.execute(f"SELECT COUNT(*) FROM jobs {clause}", args).fetchone()[0]

@@ -49,6 +49,7 @@ class JobsHandler(MLClusterHandler):
                 states=states,
                 backend=q.get("backend"),
                 owner=scope,
+                parent=q.get("parent"),
                 limit=q["limit"],
                 offset=q["offset"],
             )

@@ -1,0 +1,91 @@
+"""Take a job away (issue 35, item 5): `mlcluster export JOB --as script` writes the cell as a
+script with its pushed variables beside it, run.sh and requirements.txt, and the script runs
+again under torchrun (two real processes, gloo). Bad input is refused and nothing is
+written. (The sbatch export runs on the test Slurm: tests/slurm/test_slurm_export.py; the
+Kubernetes ones against the schemas and the emulator: tests/kube/test_export_k8s.py.)"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from export_jobs import store_cell_job
+from helpers import run_cli
+
+from jupyterlab_mlcluster.export import ExportError, export_files, write_export
+
+
+def test_a_cell_exported_as_a_script_runs_again_under_torchrun(service, tmp_path):
+    out = tmp_path / "out.txt"
+    record = store_cell_job(service, env={"EXPORT_OUT": str(out)})
+    target = tmp_path / "away"
+    done = run_cli("export", record.id, "--as", "script", "-o", str(target))
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(target)) == [
+        "requirements.txt",
+        "run.sh",
+        "train_cell4.py",
+        "variables.pkl",
+    ]
+    script = (target / "train_cell4.py").read_text()
+    assert "train.ipynb, cell [4]" in script and "--push double,greeting,scale" in script
+    assert f"torch=={torch.__version__}" in (target / "requirements.txt").read_text().split("\n")
+    assert oct((target / "variables.pkl").stat().st_mode & 0o777) == "0o600"
+    # run.sh: torchrun --standalone --nproc-per-node 2, with the job's --env.
+    ran = subprocess.run(
+        ["sh", str(target / "run.sh")],
+        env={**os.environ, "PYTHON": sys.executable, "EXPORT_OUT": ""},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert out.read_text() == "9 2 hihi"  # 3 x 1 + 3 x 2 over 2 ranks; the lambda came too
+
+
+def test_bad_input_is_refused_and_nothing_is_written(service, tmp_path, monkeypatch):
+    record = store_cell_job(service)
+    target = tmp_path / "away"
+    # An unknown target, an unknown job, another user's job: a clear error, no directory.
+    done = run_cli("export", record.id, "--as", "docker", "-o", str(target))
+    assert done.returncode == 2 and "invalid choice: 'docker'" in done.stderr
+    with pytest.raises(ExportError, match="unknown export target 'docker'"):
+        export_files(service, record.id, "docker")
+    done = run_cli("export", "j0123456789", "--as", "script", "-o", str(target))
+    assert done.returncode == 2 and "no job 'j0123456789'" in done.stderr, done.stderr
+    theirs = store_cell_job(service, owner="mallory")
+    done = run_cli("export", theirs.id, "--as", "script", "-o", str(target))
+    assert done.returncode == 2 and f"no job '{theirs.id}'" in done.stderr, done.stderr
+    assert not target.exists()
+    # Pushed variables that cannot be loaded again (their module is gone): refused.
+    module_dir = tmp_path / "mods"
+    module_dir.mkdir()
+    (module_dir / "export_gone_mod.py").write_text(
+        textwrap.dedent(
+            """
+            class Thing:
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(module_dir))
+    thing = importlib.import_module("export_gone_mod").Thing()
+    gone = store_cell_job(service, push={"thing": thing}, source="print(thing)\n")
+    (module_dir / "export_gone_mod.py").unlink()
+    done = run_cli("export", gone.id, "--as", "script", "-o", str(target))
+    assert done.returncode == 2, done.stderr
+    assert f"job {gone.id}'s pushed variables cannot be saved" in done.stderr
+    assert "export_gone_mod" in done.stderr
+    assert not target.exists()
+    # A directory that holds something already is left as it was.
+    target.mkdir()
+    (target / "mine.txt").write_text("keep")
+    with pytest.raises(ExportError, match="not an empty directory"):
+        write_export(export_files(service, record.id, "script"), target)
+    assert os.listdir(target) == ["mine.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".away.")]  # no staging left
