@@ -142,9 +142,11 @@ def _kernel_origin() -> dict[str, Any]:
     )
     if isinstance(notebook, str) and notebook:
         origin["notebook"] = notebook
-    # The cell's number as the notebook shows it (In [7]): the count of the execution
-    # running now. Unnamed jobs are named after it (jobs/grouping.py).
-    count = getattr(shell, "execution_count", None)
+    # The cell's number as the notebook shows it (In [7]): the running execution's result
+    # holds it (IPython counts shell.execution_count up before the cell's code runs).
+    # Unnamed jobs are named after it (jobs/grouping.py).
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(running, "execution_count", None)
     if isinstance(count, int) and count > 0:
         origin["cell"] = count
     origin["user"] = current_user()  # $MLCLUSTER_USER in a notebook pod (jobs/owner.py)
