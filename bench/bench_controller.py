@@ -26,11 +26,11 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from notebook_controller import objects  # noqa: E402 - after the sys.path line
-from notebook_controller.crd import notebook_crd  # noqa: E402
-from tests.helpers import stop_process  # noqa: E402
-from tests.kube.fixtures import start_cluster  # noqa: E402
-from tests.kube.istio import istio_crds  # noqa: E402
+from notebook_controller import objects  # after the sys.path line
+from notebook_controller.crd import notebook_crd
+from tests.helpers import stop_process
+from tests.kube.fixtures import start_cluster
+from tests.kube.istio import istio_crds
 
 CHILDREN = [
     ("apps", "statefulsets"),
@@ -66,7 +66,7 @@ def main() -> int:
     for namespace in namespaces:
         kube.create_namespace(namespace)
 
-    log = open(os.environ.get("BENCH_LOG", Path(tempfile.mkdtemp()) / "controller.log"), "w")  # noqa: SIM115
+    log = open(os.environ.get("BENCH_LOG", Path(tempfile.mkdtemp()) / "controller.log"), "w")
     controller = subprocess.Popen(
         [
             sys.executable,

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]  # tests.workloads: the hung job the tests read too
 
-from tests.workloads import HANG  # noqa: E402
+from tests.workloads import HANG
 
 SLEEP = 'import time\nprint("ready", flush=True)\ntime.sleep(600)\n'
 

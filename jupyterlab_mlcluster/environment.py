@@ -137,7 +137,7 @@ def _scan(search: list[str]) -> dict[str, dict[str, Any]]:
         try:
             name = canonicalize_name(dist.metadata["Name"] or "")
             version = dist.version
-        except Exception:  # noqa: BLE001, S112 - a broken .dist-info: pip would not see it either
+        except Exception:  # noqa: BLE001 - a broken .dist-info: pip would not see it either
             continue
         if not name or not version or name in found:
             continue

@@ -75,7 +75,7 @@ def test_run_stops_the_job_on_a_signal_even_with_sigint_ignored(service, tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         ready = set()

@@ -197,7 +197,7 @@ def test_a_cancelled_async_wait_is_never_swallowed(tmp_path, turns):
         task = asyncio.get_running_loop().create_task(bell.wait_async(LONG))
         await asyncio.sleep(0)  # the task waits
         (tmp_path / "jobs.db-wal").write_bytes(b"x")  # a write: the next turn ends the wait
-        time.sleep(0.01)  # noqa: ASYNC251 - holds the loop: the event is ready by the next turn
+        time.sleep(0.01)  # holds the loop: the event is ready by the next turn
         for _ in range(turns):
             await asyncio.sleep(0)
         if task.done():

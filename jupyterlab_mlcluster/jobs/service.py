@@ -312,7 +312,7 @@ class JobService:
                 str(self.store.root),
                 job_id,
             ],
-            open(self.store.job_dir(job_id) / "supervisor.log", "ab"),  # noqa: SIM115
+            open(self.store.job_dir(job_id) / "supervisor.log", "ab"),
             env=dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root)),
             reaper_name=f"mlcluster-reap-{job_id}",
         )
@@ -431,7 +431,7 @@ class JobService:
         if not self.store.result_path(job_id).exists():
             return None
         try:
-            f = open(self.store.result_json_path(job_id), "rb")  # noqa: SIM115 - returned
+            f = open(self.store.result_json_path(job_id), "rb")  # returned
         except FileNotFoundError:
             raise NoJSONForm(
                 "the job recorded no JSON form of its result (it ran an older runtime)"

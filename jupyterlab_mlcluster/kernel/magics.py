@@ -733,7 +733,7 @@ class _ImportLearner:
 
         try:
             warm.learn_ahead(config, preload.kernel_modules())
-        except Exception:  # noqa: BLE001 - never in the user's way; the next job learns
+        except Exception:  # never in the user's way; the next job learns
             logging.getLogger("jupyterlab_mlcluster").debug("not learned", exc_info=True)
 
 
@@ -779,7 +779,7 @@ def _record_environment() -> None:
 
     try:
         environment.record_baseline(MLClusterConfig().store_dir)
-    except Exception:  # noqa: BLE001 - never in the way of the magics; nothing synced then
+    except Exception:  # never in the way of the magics; nothing synced then
         logging.getLogger("jupyterlab_mlcluster").debug("baseline not recorded", exc_info=True)
 
 

@@ -50,7 +50,7 @@ class DeviceSampler:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 utils.append(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 memory += nvml.nvmlDeviceGetMemoryInfo(handle).used
-            except Exception:  # noqa: BLE001,S112 - a device can vanish or deny; skip it
+            except Exception:  # noqa: BLE001 - a device can vanish or deny; skip it
                 continue
         return {
             "gpu_util": sum(utils) / len(utils) if utils else None,

@@ -106,7 +106,7 @@ def _belongs(namespace_of: UserNamespaces, owner: str, namespace: str) -> bool:
 class MLClusterApp(ExtensionApp):
     name = "mlcluster"
     load_other_extensions = True
-    classes = [*ExtensionApp.classes, MLClusterConfig]  # noqa: RUF012 - traitlets' own pattern
+    classes = [*ExtensionApp.classes, MLClusterConfig]  # traitlets' own pattern
 
     executor_threads = Int(
         8,

@@ -1,9 +1,9 @@
 # First: importing the emulator fixtures points $KUBECONFIG at the emulator, and the kubernetes
 # client reads that variable when it is imported (kopf and the controller import it).
-from tests.kube.fixtures import *  # noqa: F403, I001
+from tests.kube.fixtures import *  # noqa: I001
 
 # The Kubernetes job backend's tests: k8s, player, training_operator, volcano, metrics_api.
-from tests.kube.jobs_fixtures import *  # noqa: F403
+from tests.kube.jobs_fixtures import *
 
 from collections.abc import Callable
 from typing import Any

@@ -341,7 +341,7 @@ def jupyter_server(base_url: str, root: Path) -> Iterator[str]:
             }
         )
     )
-    log = (root / "jupyter.log").open("w")  # noqa: SIM115 - the server writes it; closed below
+    log = (root / "jupyter.log").open("w")  # the server writes it; closed below
     process = subprocess.Popen(
         [
             sys.executable,

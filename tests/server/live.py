@@ -63,7 +63,7 @@ class LiveServer:
         """Start it and wait until it answers GET /cluster (or Jupyter's `ready_path`, for a
         server whose API refuses this helper's token, such as one that verifies JWTs)."""
         (self.home / "root").mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.log_path, "ab")  # the child owns it
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -46,7 +46,7 @@ def jwks_url() -> Iterator[str]:
     document = json.dumps(_jwks()).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(document)))

@@ -130,7 +130,7 @@ class SlurmCluster:
         )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        out = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's life
+        out = open(self.root / "log" / f"{name}.out", "ab")  # the daemon's life
         proc = subprocess.Popen(
             argv,
             stdout=out,

@@ -63,7 +63,7 @@ class LogWriter:
         self._job_id = job_id
         self._files = {
             # Open for the writer's life, closed by close(): not a with block.
-            r: open(store.log_path(job_id, r), "ab", buffering=0)  # noqa: SIM115
+            r: open(store.log_path(job_id, r), "ab", buffering=0)
             for r in range(workers)
         }
         self._dirty = False

@@ -70,7 +70,7 @@ seen = {
 with open(stem + ".json", "w") as f:
     json.dump(seen, f)
 
-atexit.register(lambda: open(stem + ".atexit", "w").write("ran"))  # noqa: SIM115
+atexit.register(lambda: open(stem + ".atexit", "w").write("ran"))
 
 
 def late_writer():
@@ -80,6 +80,6 @@ def late_writer():
 
 
 threading.Thread(target=late_writer).start()  # non-daemon: the interpreter waits for it
-unclosed = open(stem + ".unclosed", "w")  # noqa: SIM115 - never closed: its buffer is flushed at exit
+unclosed = open(stem + ".unclosed", "w")  # never closed: its buffer is flushed at exit
 unclosed.write("kept")
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))

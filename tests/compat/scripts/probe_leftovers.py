@@ -118,7 +118,7 @@ seen = {
     "umask": os.umask(0o022),
     "torch_threads": torch.get_num_threads(),
     # Who started this rank (not compared: it tells a warm rank from a cold one).
-    "parent": open(f"/proc/{os.getppid()}/cmdline").read().split("\0"),  # noqa: SIM115
+    "parent": open(f"/proc/{os.getppid()}/cmdline").read().split("\0"),
 }
 os.umask(seen["umask"])
 with open(os.path.join(out, f"{tag}-{os.environ['RANK']}.json"), "w") as f:

@@ -11,7 +11,7 @@ import os
 import sys
 
 out, rank = sys.argv[1], os.environ["RANK"]
-files = [open(os.path.join(out, f"user-{rank}-{i}.txt"), "w") for i in range(8)]  # noqa: SIM115
+files = [open(os.path.join(out, f"user-{rank}-{i}.txt"), "w") for i in range(8)]
 for f in files:
     f.write("USER DATA\n")
     f.flush()
