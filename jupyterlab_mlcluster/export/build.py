@@ -167,7 +167,7 @@ def run_sh(material: JobMaterial, name: str) -> str:
 
 def sbatch_text(material: JobMaterial, name: str) -> str:
     record, config = material.record, material.config
-    spec = record.spec
+    spec = dataclasses.replace(record.spec, name=record.name)  # the job's name, given or not
     try:
         arguments = sbatch_arguments(
             spec,
