@@ -4,6 +4,7 @@
  * It talks through a `Transport` so the same code runs in JupyterLab (ServerConnection:
  * base URL, token, XSRF) and in the unit tests (plain fetch against a real local server).
  */
+import { LoggedSeries } from './curves';
 import { MetricsHistory, historyFromResponse } from './metrics';
 import { readNdjson } from './ndjson';
 import {
@@ -180,6 +181,31 @@ export class MlclusterApi {
     return historyFromResponse(
       await this.json(`jobs/${encodeURIComponent(id)}/metrics`)
     );
+  }
+
+  /**
+   * The series the job logged: `names` only (every name so far) without `series`, else
+   * the points of those series stored after `after` (a `cursor` of an earlier answer).
+   */
+  async getLogged(
+    id: string,
+    series: string[] = [],
+    after = 0
+  ): Promise<LoggedSeries> {
+    // `since` now: not the CPU/memory samples this answer also carries (the last hour's)
+    const query = new URLSearchParams({
+      since: String(Math.floor(Date.now() / 1000))
+    });
+    if (series.length) {
+      query.set('series', series.join(','));
+    }
+    if (after) {
+      query.set('after', String(after));
+    }
+    const answer = await this.json<{ logged: LoggedSeries }>(
+      `jobs/${encodeURIComponent(id)}/metrics?${query}`
+    );
+    return answer.logged;
   }
 
   /** Where the job's ranks are: read now while it runs, else the stacks it kept (409: none). */

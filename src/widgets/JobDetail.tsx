@@ -25,6 +25,7 @@ import { stallText, stacksText } from '../model/stacks';
 import { Job, Rank } from '../model/types';
 import { JobBadges, ProgressBar, StateBadge } from './JobList';
 import { LogViewer } from './LogViewer';
+import { CurveCharts } from './CurveChart';
 import { Sparkline } from './Sparkline';
 import { usePanel } from './context';
 
@@ -332,6 +333,7 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
           <RankRow key={rank.rank} rank={rank} history={history} />
         ))}
       </ul>
+      <CurveCharts job={job} />
       <LogViewer job={job} />
     </div>
   );
