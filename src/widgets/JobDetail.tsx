@@ -75,7 +75,7 @@ function useMetrics(job: Job): MetricsHistory {
     return () => {
       cancelled = true;
     };
-  }, [job.id]);
+  }, [api, job.id]);
   React.useEffect(() => {
     setHistory(current => appendJobMetrics(current, job));
   }, [job]);
