@@ -45,7 +45,9 @@ def store_cell_job(
         kind="code",
         source=source,
         first_line=2,
-        push=push if push is not None else {"scale": 3, "greeting": "hi", "double": lambda s: s * 2},
+        push=push
+        if push is not None
+        else {"scale": 3, "greeting": "hi", "double": lambda s: s * 2},
         cwd=str(Path.cwd()),
     )
     job_id = new_job_id()

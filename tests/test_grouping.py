@@ -64,7 +64,9 @@ def test_a_job_names_its_parent():
 
 def test_the_store_lists_one_group_or_the_top_level_from_its_index(store):
     cells, total = store.list_jobs(parent=SESSION, limit=5)
-    assert total == 12 and [c.name for c in cells] == [f"train-cell{n}" for n in (13, 12, 11, 10, 9)]
+    assert total == 12 and [c.name for c in cells] == [
+        f"train-cell{n}" for n in (13, 12, 11, 10, 9)
+    ]
     trials, total = store.list_jobs(parent=SWEEP)
     assert total == 3 and {t.id for t in trials} == {f"j0000000t{i:03d}" for i in range(3)}
     top, total = store.list_jobs(parent=TOP_LEVEL)
