@@ -14,6 +14,9 @@ hurts every method alike:
   stall-on       `--quiet --stall-after 5m`: a job's stall watch on (its supervisor watches each
                  output line and CPU sample for a rank that has stopped)
   stall-off      `--quiet --stall-after 0`: the watch off (`stall-on` is measured against it)
+  log-on         `--quiet`, and every rank calls `mlc.log(loss=..., lr=...)` every step
+  log-off        the same loop taking the same `loss.item()` without logging it (`log-on` is
+                 measured against it)
 
 The cell trains a small MLP with DistributedDataParallel (gloo, CPU) and, like a real
 training loop, every rank prints a line every 10 steps. Rank 0 times steps 20..20+steps
@@ -63,6 +66,7 @@ LOOP = textwrap.dedent(
         _loss = torch.nn.functional.mse_loss(_model(_x), _y)
         _loss.backward()
         _opt.step()
+        {log}
         if _step % 10 == 0:
             print(f"rank {{_rank}} step {{_step}} loss {{_loss.item():.4f}}", flush=True)
     dist.barrier()
@@ -72,13 +76,31 @@ LOOP = textwrap.dedent(
     """
 )
 
-METHODS = ("monitor", "quiet", "launcher", "session", "session-quiet", "stall-on", "stall-off")
+# The line each step adds: `log-on` logs the loss, `log-off` only takes it (the same sync).
+LOG_LINES = {
+    "log-on": "_mlc.log(loss=_loss.item(), lr=0.01)",
+    "log-off": "_loss.item()",
+    "": "pass",
+}
+METHODS = (
+    "monitor",
+    "quiet",
+    "launcher",
+    "session",
+    "session-quiet",
+    "stall-on",
+    "stall-off",
+    "log-on",
+    "log-off",
+)
 # What each method's monitor cost is measured against (the others: `quiet`).
 QUIET = {
     "session": "session-quiet",
     "session-quiet": "session-quiet",
     "stall-on": "stall-off",
     "stall-off": "stall-off",
+    "log-on": "log-off",
+    "log-off": "log-off",
 }
 
 DRIVER = """
@@ -87,7 +109,10 @@ from jupyter_client.manager import start_new_kernel
 workers, reps, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 SETUP, LOOP = sys.argv[4], sys.argv[5]
 ONLY = sys.argv[6].split(",")
+LOG_ON, LOG_OFF = sys.argv[7], sys.argv[8]
 TRAIN = SETUP + LOOP + "dist.destroy_process_group()\\n"
+def _train(loop):
+    return "import jupyterlab_mlcluster as _mlc\\n" + SETUP + loop + "dist.destroy_process_group()\\n"
 import psutil
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
 kernel = psutil.Process(km.provisioner.process.pid)
@@ -122,6 +147,8 @@ CELLS = {
     "session-quiet": "%%distributed --session monitor --quiet\\n" + LOOP,
     "stall-on": f"%%distributed --workers {workers} --quiet --stall-after 5m\\n" + TRAIN,
     "stall-off": f"%%distributed --workers {workers} --quiet --stall-after 0\\n" + TRAIN,
+    "log-on": f"%%distributed --workers {workers} --quiet\\n" + _train(LOG_ON),
+    "log-off": f"%%distributed --workers {workers} --quiet\\n" + _train(LOG_OFF),
 }
 def execute(code):
     msg_id = kc.execute(code)
@@ -183,7 +210,9 @@ def main() -> int:
     unknown = set(args.only.split(",")) - set(METHODS)
     if unknown:
         parser.error(f"--only: no method {', '.join(sorted(unknown))} (of {', '.join(METHODS)})")
-    loop = LOOP.format(steps=args.steps)
+    loop, log_on, log_off = (
+        LOOP.format(steps=args.steps, log=LOG_LINES[key]) for key in ("", "log-on", "log-off")
+    )
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -195,6 +224,8 @@ def main() -> int:
             SETUP,
             loop,
             args.only,
+            log_on,
+            log_off,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

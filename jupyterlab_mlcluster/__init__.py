@@ -121,6 +121,14 @@ def __getattr__(name: str):
         from .jobs.handle import Job
 
         return Job
+    if name == "TrainerCallback":  # imports transformers: only when asked for
+        from .runtime.hf import TrainerCallback
+
+        return TrainerCallback
+    if name == "LightningLogger":  # imports lightning: only when asked for
+        from .runtime.lightning_logger import LightningLogger
+
+        return LightningLogger
     raise AttributeError(name)
 
 

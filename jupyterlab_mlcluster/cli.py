@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     stacks.add_argument("--native", action="store_true", help="native (C) frames too")
     stacks.add_argument("--json", action="store_true", help="print the whole answer as JSON")
 
+    metrics = sub.add_parser("metrics", help="the series a job logged (mlc.log, TensorBoard)")
+    metrics.add_argument("job", help="job id or name")
+    metrics.add_argument("--csv", action="store_true", help="every point, as CSV")
+
     cancel = sub.add_parser("cancel", help="cancel a job (all ranks)")
     cancel.add_argument("job", help="job id or name")
     cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "stacks": cmd_stacks,
+            "metrics": cmd_metrics,
             "pool": cmd_pool,
             "session": cmd_session,
             "sweeps": cmd_sweeps,
@@ -521,6 +526,15 @@ def cmd_stacks(args: argparse.Namespace) -> int:
     )
     print(text)
     return 0 if complete else EXIT_FAILED
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from .jobs.storage.series import series_text
+
+    service = _service()
+    job = service.get(args.job)
+    print(series_text(service.store.job_dir(job.id), csv=args.csv), end="")
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -65,6 +65,21 @@ class Job:
         lines, _ = self._service.logs(self.id, rank)
         return logs_text(lines)
 
+    def metrics(self, *names: str) -> Any:
+        """The series the job logged (all, or those named): a pandas DataFrame with columns
+        name, rank, step, value, time (epoch seconds), one row per point, when pandas is
+        installed; else the same rows as a list of dicts."""
+        from .storage.series import point_rows, read_series
+
+        data = read_series(self._service.store.job_dir(self.id), list(names) or None)
+        columns = ("name", "rank", "step", "value", "time")
+        rows = point_rows(data)
+        try:
+            import pandas  # type: ignore[import-untyped]
+        except ImportError:
+            return [dict(zip(columns, row, strict=True)) for row in rows]
+        return pandas.DataFrame(rows, columns=list(columns))
+
     def cancel(self) -> Job:
         self._service.cancel(self.id)
         return self

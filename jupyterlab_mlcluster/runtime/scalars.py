@@ -56,7 +56,7 @@ class _Log:
         self.lock = threading.Lock()
         self.points: list[list[Any]] = []
         self.first_at = 0.0
-        self.next_step = 0
+        self.next_step: int | float = 0
         self.names: set[str] = set()
         self.said: set[str] = set()
         self.capped = False

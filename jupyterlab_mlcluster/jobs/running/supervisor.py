@@ -35,6 +35,8 @@ from ..storage.logfiles import format_log_line
 from ..storage.series import SeriesWriter
 from ..storage.store import Change, JobStore
 from ..storage.watch import ENDED
+from ..tensorboard_tail import POLL_INTERVAL as TB_POLL_INTERVAL
+from ..tensorboard_tail import TensorBoardTail, job_tensorboard_dir
 from .gpu_idle import IdleGpuWatch
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 
@@ -141,6 +143,10 @@ class JobContext:
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
         self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
         self.series = SeriesWriter(store.job_dir(job.id), self.logs.system)
+        self.tensorboard = TensorBoardTail(
+            job_tensorboard_dir(job.spec, store.tensorboard_dir(job.id))
+        )
+        self._last_tensorboard = 0.0
         self._last_straggler_check = 0.0
 
     # -- cancellation -----------------------------------------------------------------
@@ -181,6 +187,15 @@ class JobContext:
         self.heartbeat()
         self.logs.maybe_notify()
         self.check_stragglers()
+        self.read_tensorboard()
+
+    def read_tensorboard(self, force: bool = False) -> None:
+        """Scalars the ranks wrote with SummaryWriter since the last look, into the series."""
+        now = time.monotonic()
+        if force or now - self._last_tensorboard >= TB_POLL_INTERVAL:
+            self._last_tensorboard = now
+            for rank, points in self.tensorboard.poll().items():
+                self.series.add(rank, points, source="TensorBoard")
 
     # -- state --------------------------------------------------------------------------
 
@@ -407,6 +422,7 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
     finally:
         _until_written(store, lambda: _settle(store, ctx, job_id), "the job's final state")
         with contextlib.suppress(Exception):  # only a change-feed nudge is lost
+            ctx.read_tensorboard(force=True)  # what the ranks wrote last
             ctx.series.close()
             ctx.logs.close()
     return 0

@@ -153,3 +153,45 @@ def read_series(job_dir: Path, names: list[str] | None, after: int = 0) -> dict[
                     entry["times"].append(at)
     series = [found[k] for k in sorted(found)]
     return {"names": read_names(job_dir), "series": series, "cursor": cursor}
+
+
+def point_rows(data: dict[str, Any]) -> list[tuple[str, int, float, float, float]]:
+    """read_series' answer as (name, rank, step, value, time) rows, in its order."""
+    return [
+        (s["name"], s["rank"], step, value, at)
+        for s in data["series"]
+        for step, value, at in zip(s["steps"], s["values"], s["times"], strict=True)
+    ]
+
+
+def series_text(job_dir: Path, *, csv: bool = False) -> str:
+    """`mlcluster metrics JOB`: one line per series and rank (points, last step and value,
+    min, max), or with `csv` every point."""
+    data = read_series(job_dir, None)
+    if csv:
+        lines = ["name,rank,step,value,time"]
+        lines += [f"{_csv_field(n)},{r},{s!r},{v!r},{t!r}" for n, r, s, v, t in point_rows(data)]
+        return "\n".join(lines) + "\n"
+    if not data["series"]:
+        return "no series logged (mlc.log, a Trainer callback, TensorBoard scalars)\n"
+    rows = [("SERIES", "RANK", "POINTS", "LAST STEP", "LAST", "MIN", "MAX")]
+    for s in data["series"]:
+        values = s["values"]
+        rows.append(
+            (
+                s["name"],
+                str(s["rank"]),
+                str(len(values)),
+                f"{s['steps'][-1]:g}",
+                f"{values[-1]:.6g}",
+                f"{min(values):.6g}",
+                f"{max(values):.6g}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    text = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "".join(line.rstrip() + "\n" for line in text)
+
+
+def _csv_field(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in '",\n') else text

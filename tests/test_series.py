@@ -1,0 +1,145 @@
+"""mlc.log (issue 35): a rank's scalars, batched onto its signed report, kept with the job;
+what a rank sends is checked again where it is stored."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+from helpers import run_cli
+
+from jupyterlab_mlcluster.jobs.model import JobSpec
+from jupyterlab_mlcluster.jobs.storage.series import (
+    NAMES_FILE,
+    SERIES_FILE,
+    SeriesWriter,
+    read_series,
+)
+from jupyterlab_mlcluster.runtime.payload import Payload
+from jupyterlab_mlcluster.runtime.scalars import MAX_SERIES
+
+LOGGING = textwrap.dedent(
+    """
+    import os
+    import jupyterlab_mlcluster as mlc
+    rank = int(os.environ["RANK"])
+    mlc.progress(0, 300)
+    for i in range(300):
+        mlc.log(loss=1.0 / (i + 1) + rank, lr=0.01)
+    mlc.log(step=300, loss=float("nan"), acc="high", ok=1)
+    mlc.log(step=float("inf"), loss=1.0)
+    mlc.log(**{"a,b": 1.0})
+    mlc.progress(300, 300)
+    """
+)
+
+
+@pytest.mark.usefixtures("pool_mode")
+def test_every_step_logged_is_kept_and_bad_values_are_said(service, store_dir):
+    spec = JobSpec.from_options({"workers": 2})
+    job_id = service.submit(spec, Payload(source=LOGGING)).id
+    record = service.wait(job_id, timeout=120)
+    assert record.state == "succeeded", record.error
+    data = read_series(service.store.job_dir(job_id), None)
+    assert data["names"] == ["loss", "lr", "ok"]
+    got = {(s["name"], s["rank"]): s for s in data["series"]}
+    for rank in (0, 1):
+        loss = got[("loss", rank)]
+        assert loss["steps"] == list(range(300)), "every step, in order, none twice"
+        assert loss["values"][0] == 1.0 + rank and loss["values"][-1] == 1 / 300 + rank
+        assert got[("ok", rank)]["steps"] == [300]
+    # A log-only report moves no progress bar: the ranks' last progress is their own.
+    assert [r.progress["step"] for r in record.ranks] == [300, 300]
+    # The rank said what it dropped, once each; nothing of it was stored.
+    text = "\n".join(line["line"] for line in service.logs(job_id, 0)[0])
+    assert "mlc.log: dropped loss=nan at step 300 (not a finite number)" in text
+    assert "dropped acc='high' at step 300" in text
+    assert "dropped a call whose step inf is not a finite number" in text
+    assert "dropped series 'a,b'" in text
+
+    from jupyterlab_mlcluster import Job
+
+    frame = Job(service, job_id).metrics("loss")
+    assert list(frame.columns) == ["name", "rank", "step", "value", "time"]
+    assert len(frame) == 600 and set(frame["name"]) == {"loss"}
+    assert frame[frame["rank"] == 1]["value"].iloc[0] == 2.0
+
+    out = run_cli("metrics", job_id)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1].split() == [
+        "loss",
+        "0",
+        "300",
+        "299",
+        "0.00333333",
+        "0.00333333",
+        "1",
+    ]
+    csv = run_cli("metrics", job_id, "--csv").stdout.splitlines()
+    assert csv[0] == "name,rank,step,value,time" and len(csv) == 1 + 600 + 600 + 2
+    assert csv[1].startswith("loss,0,0,1.0,")
+
+
+def test_the_store_keeps_only_finite_numbers_under_good_names(tmp_path):
+    """What a rank sends is user code's: a rank sending records of its own (the key is in its
+    payload directory) gets nothing bad stored, and each kind of drop is said once."""
+    said: list[str] = []
+    writer = SeriesWriter(tmp_path, said.append, max_series=3)
+    batch = [
+        [0, 1.0, {"loss": 1.5, "nan": math.nan, "big": math.inf, "text": "1.0", "yes": True}],
+        [1, 2.0, {"loss": 1.25, "bad,name": 1.0, "": 2.0, "x" * 201: 3.0}],
+        ["two", 3.0, {"loss": 1.0}],
+        [math.nan, 3.0, {"loss": 1.0}],
+        [2, "late", {"loss": 1.0}],  # a bad time is the store's time
+        "not a point",
+        [3, 4.0, {"b": 1, "c": 2, "d": 3}],  # the cap (3) is reached at "c"
+        [4, 5.0, {"e": 1.0, "f": 2.0}],
+    ]
+    assert writer.add(0, batch) == 4
+    assert writer.add(0, "not a batch") == 0
+    assert writer.add(1, [[0, 1.0, {"loss": math.nan}]] * 5) == 0
+    writer.close()
+    stored = [json.loads(line) for line in (tmp_path / SERIES_FILE).read_text().splitlines()]
+    assert len(stored) == 1
+    assert [p[0] for p in stored[0]["p"]] == [0, 1, 2, 3]
+    assert [p[2] for p in stored[0]["p"]] == [
+        {"loss": 1.5},
+        {"loss": 1.25},
+        {"loss": 1.0},
+        {"b": 1, "c": 2},
+    ]
+    assert json.loads((tmp_path / NAMES_FILE).read_text()) == ["b", "c", "loss"]
+    text = "\n".join(said)
+    for what in (
+        "nan=nan",
+        "big=inf",
+        "text='1.0'",
+        "yes=True",
+        "'bad,name'",
+        "without a finite step",
+        "no point",
+    ):
+        assert what in text, what
+    assert sum("at most 3 series" in s for s in said) == 1, "the cap is said once"
+    assert sum("loss=nan" in s for s in said) == 1, "five drops of a name, said once"
+    # Read back: only what was kept; a cursor resumes after it.
+    data = read_series(tmp_path, ["loss"])
+    assert data["series"][0]["values"] == [1.5, 1.25, 1.0]
+    assert read_series(tmp_path, ["loss"], data["cursor"])["series"] == []
+
+
+def test_a_rank_past_the_cap_sends_no_new_name(service):
+    """The rank holds itself to the cap as well (said once on its stderr), so an eager loop
+    does not fill its channel with names the store would drop."""
+    source = (
+        "import jupyterlab_mlcluster as mlc\nfor i in range(250):\n    mlc.log(**{f's{i}': i})\n"
+    )
+    job_id = service.submit(JobSpec.from_options({"workers": 1}), Payload(source=source)).id
+    assert service.wait(job_id, timeout=120).state == "succeeded"
+    data = read_series(service.store.job_dir(job_id), None)
+    assert len(data["names"]) == MAX_SERIES == 200
+    text = "\n".join(line["line"] for line in service.logs(job_id, 0)[0])
+    assert text.count("a job logs at most 200 series; 's200' and any further new names") == 1
+    assert "[mlcluster] a job keeps at most" not in text, "the store had nothing to drop"
