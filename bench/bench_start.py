@@ -25,6 +25,13 @@ and the cell uses it, each as `%%distributed` vs notebook_launcher in a cell vs 
   transformers         `from transformers import BertConfig, BertModel`; the cell builds a
                        small BertModel from a config on every rank
   pandas+sklearn       pandas and scikit-learn; the cell fits a LogisticRegression on a frame
+  accelerate+transformers
+                       the transformers cells, and after the first one the notebook runs
+                       notebook_launcher once (a no-op on 2 processes): the kernel has imported
+                       accelerate, which the cells never use, and the pool starts building a
+                       generation with it just before the next cell, which must not wait for it
+--load N runs N busy processes beside the measurement (a loaded machine); the "worst" column
+is the slowest counted run (a median hides the one cell that waited).
 The warm pool learns the kernel's imports right after the cell that imported them (in the
 background) and serves the first %%distributed cell from a generation that has them when it
 comes after that build (--pause: seconds between the setup cell and the first measured cell;
@@ -68,6 +75,18 @@ SCENARIOS = {
             "_df = pd.DataFrame({'a': range(100), 'b': [i % 2 for i in range(100)]})\n"
             "LogisticRegression().fit(_df[['a']], _df['b'])\n"
         ),
+    ),
+}
+# The same cells as "transformers", and after the first one the notebook runs
+# notebook_launcher once: the kernel imports accelerate, which the cells never use, and the
+# pool starts learning it (a generation with it is built) just before the next cell.
+SCENARIOS["accelerate+transformers"] = SCENARIOS["transformers"]
+INTERLUDES = {
+    "accelerate+transformers": (
+        "from accelerate import notebook_launcher as _nl0\n"
+        "from bench_start import free_port as _fp0\n"
+        "def _noop(): pass\n"
+        "_nl0(_noop, num_processes=2, use_port=str(_fp0()))\n"
     ),
 }
 
@@ -190,7 +209,7 @@ for i in range(runs + 1):
 DRIVER_KERNEL = """
 import json, os, sys, time
 from jupyter_client.manager import start_new_kernel
-from bench_start import SCENARIOS, parse_marks, scenario_code, summarize
+from bench_start import INTERLUDES, SCENARIOS, parse_marks, scenario_code, summarize
 workers, runs, method, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
 SETUP = SCENARIOS[scenario][0] + "\\n" + {  # what the notebook imported before the cell
@@ -239,6 +258,8 @@ try:
     execute(SETUP)
     time.sleep(float(os.environ.get("BENCH_PAUSE", "0")))  # the user reading, writing the cell
     for i in range(runs + 1):
+        if i == 1 and scenario in INTERLUDES:  # after the first cell, before the counted ones
+            execute(INTERLUDES[scenario])
         t0 = time.time()
         out = execute(CELL)
         r = summarize(t0, parse_marks(out), time.time(), workers)
@@ -288,6 +309,13 @@ def main() -> int:
         help="notebook scenarios measured after the methods (%%%%distributed vs "
         "notebook_launcher in a cell vs torchrun), comma-separated; '' for none",
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy processes (one CPU-bound loop each) running throughout, to measure under "
+        "load (default 0)",
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
         "--pause",
@@ -324,7 +352,6 @@ def main() -> int:
         # Like with like: a cell is compared with notebook_launcher called from a cell.
         "magic": (DRIVER_KERNEL, [w, n, "magic", "torch"], warm, "launcher-in-kernel"),
     }
-    methods = {k: v for k, v in methods.items() if k not in skip}
     torchrun_of = dict.fromkeys(methods, "torchrun")
     for scenario in filter(None, args.scenarios.split(",")):
         scenario_script = (
@@ -336,31 +363,50 @@ def main() -> int:
         methods[k] = (DRIVER_KERNEL, [w, n, "launcher", scenario], base_env, None)
         methods[m] = (DRIVER_KERNEL, [w, n, "magic", scenario], warm, k)
         torchrun_of.update(dict.fromkeys((t, k, m), t))
+    # A method skipped is skipped in every scenario too ("torchrun" skips "transformers:
+    # torchrun"); a scenario's one by its full label.
+    methods = {
+        k: v for k, v in methods.items() if k not in skip and k.rpartition(": ")[2] not in skip
+    }
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
+    ]
     results: dict[str, dict[str, float]] = {}
     failed: list[str] = []
     print(
         f"# {args.workers}-rank gloo all_reduce, median of {args.runs} runs after a first "
-        f"(warm-up) one, {os.cpu_count()} CPUs",
+        f"(warm-up) one, {os.cpu_count()} CPUs, {args.load} busy processes beside",
         flush=True,
     )
-    for name, (driver, dargs, env, _) in methods.items():
-        try:
-            runs = run_driver(driver, dargs, env)
-        except RuntimeError as exc:  # say so, measure the others, exit non-zero at the end
-            print(f"  {name:<18} FAILED:\n{exc}", file=sys.stderr, flush=True)
-            failed.append(name)
-            continue
-        counted = [r for r in runs if r.get("i")]
-        results[name] = {
-            k: statistics.median(r[k] for r in counted) for k in ("up", "ready", "total")
-        }
-        results[name]["first"] = next(r["total"] for r in runs if r.get("i") == 0)
-        print(f"  {name:<18} done", file=sys.stderr, flush=True)
+    try:
+        for name, (driver, dargs, env, _) in methods.items():
+            try:
+                runs = run_driver(driver, dargs, env)
+            except RuntimeError as exc:  # say so, measure the others, exit non-zero at the end
+                print(f"  {name:<18} FAILED:\n{exc}", file=sys.stderr, flush=True)
+                failed.append(name)
+                continue
+            counted = [r for r in runs if r.get("i")]
+            results[name] = {
+                k: statistics.median(r[k] for r in counted) for k in ("up", "ready", "total")
+            }
+            results[name]["first"] = next(r["total"] for r in runs if r.get("i") == 0)
+            # The slowest counted run: a median hides the one cell that waited.
+            results[name]["worst"] = max(r["total"] for r in counted)
+            print(
+                f"  {name:<18} done (load average {os.getloadavg()[0]:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
     _stop_pools(tmp / "pool")
     width = max(map(len, methods)) + 1
     print(
         f"{'method':<{width}} {'first (s)':>9} {'up (s)':>8} {'ready (s)':>10} {'total (s)':>10} "
-        f"{'vs torchrun':>12} {'vs launcher':>12}"
+        f"{'worst (s)':>10} {'vs torchrun':>12} {'vs launcher':>12} {'worst vs l.':>12}"
     )
     for name, r in results.items():
         vs_t = results.get(torchrun_of[name], {}).get("total")
@@ -368,15 +414,17 @@ def main() -> int:
         vs_l = results.get(baseline, {}).get("total") if baseline else None
         ratio_t = f"{vs_t / r['total']:.1f}x faster" if vs_t else "-"
         ratio_l = f"{r['total'] / vs_l:.2f}x" if vs_l else "-"
+        worst_l = f"{r['worst'] / vs_l:.2f}x" if vs_l else "-"
         print(
             f"{name:<{width}} {r['first']:>9.3f} {r['up']:>8.3f} {r['ready']:>10.3f} "
-            f"{r['total']:>10.3f} {ratio_t:>12} {ratio_l:>12}"
+            f"{r['total']:>10.3f} {r['worst']:>10.3f} {ratio_t:>12} {ratio_l:>12} {worst_l:>12}"
         )
     for name in failed:
         print(f"{name:<{width}} {'failed (see above)':>30}")
     print(
         "(vs launcher: a cell against notebook_launcher in a cell of the same scenario, the "
-        "rest against notebook_launcher; first: the first run's total, not in the median)"
+        "rest against notebook_launcher; first: the first run's total, not in the median; "
+        "worst: the slowest counted run's total, and it against the launcher's median)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -5,12 +5,14 @@ for bench/bench_start.py: it takes seconds to import)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shutil
 import tempfile
 import textwrap
+import threading
 
 import pytest
 from helpers import process_gone, run_cli, wait_for
@@ -39,7 +41,7 @@ PACKAGES = {
 PROBE = textwrap.dedent(
     """
     import os, sys, psutil
-    loaded = [m for m in ("warmprobe", "slowprobe", "cudamarker", "threadstarter") if m in sys.modules]
+    loaded = [m for m in ("warmprobe", "slowprobe", "gateprobe", "cudamarker", "threadstarter") if m in sys.modules]
     zygote = psutil.Process(os.getppid()).ppid()   # rank -> supervisor -> zygote
     import warmprobe
     print(",".join(loaded) or "-", zygote, warmprobe.PID != os.getpid())
@@ -78,11 +80,11 @@ def pool(store_dir, tmp_path, monkeypatch):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def run(service, learned: list[str]) -> tuple[str, int, bool]:
+def run(service, learned: list[str], source: str = PROBE) -> tuple[str, int, bool]:
     """One rank of PROBE, submitted as a kernel would with `learned` imported."""
     record = service.submit(
         JobSpec.from_options({"workers": 1}),
-        Payload(source=PROBE),
+        Payload(source=source),
         preload=preload.candidates(learned),
     )
     record = service.wait(record.id, timeout=120)
@@ -132,16 +134,45 @@ def test_old_generation_serves_while_the_new_one_builds(pool):
     assert [g["pid"] for g in warm.pool_status(pool.config)["generations"]] == [served_by]
 
 
-def test_a_job_waits_for_the_generation_being_built_for_its_wish(pool):
-    """The kernel learned an import and its generation is still being built when the cell
-    comes (slowprobe takes 3 s): the cell waits for that generation rather than start from
-    the nearest one, whose every rank would import what it lacks at once on the cores the
-    build is using."""
+# Its import waits (up to 5 minutes) for a file the test writes: a build held open.
+GATED = "import os, time\n_end = time.monotonic() + 300\nwhile not os.path.exists({gate!r}) and time.monotonic() < _end:\n    time.sleep(0.02)\n"
+
+
+def test_a_job_waits_only_for_a_build_that_has_what_its_code_imports(pool, tmp_path, monkeypatch):
+    """The kernel learned gateprobe and its generation is being built, held open by the test:
+    a cell that does not import it starts at once on the ready generation; one that does
+    waits for that generation (rather than start from the nearest one, whose every rank
+    would import it at once on the cores the build is using) and starts from it."""
+    gate = tmp_path / "gate"
+    (tmp_path / "played" / "gateprobe").mkdir()
+    (tmp_path / "played" / "gateprobe" / "__init__.py").write_text(GATED.format(gate=str(gate)))
+    importlib.invalidate_caches()
+    # A build held open is waited for as long as the test holds it, not given up on.
+    monkeypatch.setattr(warm.serving, "START_TIMEOUT", 600.0)
     _, first, _ = run(pool, ["warmprobe"])
-    learned = preload.candidates(["warmprobe", "slowprobe"])
-    assert warm.learn_ahead(pool.config, learned)  # the build starts, in the background
-    loaded, served_by, _ = run(pool, ["warmprobe", "slowprobe"])
-    assert loaded == "warmprobe,slowprobe" and served_by != first
+    learned = preload.candidates(["warmprobe", "gateprobe"])
+    assert learned == ["warmprobe", "gateprobe"]
+    assert warm.learn_ahead(pool.config, learned)  # the build starts, and blocks on the gate
+
+    results: dict[str, tuple[str, int, bool]] = {}
+    free = threading.Thread(target=lambda: results.update(free=run(pool, learned)))
+    free.start()
+    free.join(timeout=90)
+    assert not free.is_alive(), "a cell not importing gateprobe waited for its build"
+    assert results["free"][:2] == ("warmprobe", first)
+    assert warm.client._build_underway()  # (the gate is still shut: nothing could finish it)
+
+    gated = threading.Thread(
+        target=lambda: results.update(gated=run(pool, learned, PROBE + "import gateprobe\n"))
+    )
+    gated.start()
+    wait_for(lambda: pool.list()[1] == 3, timeout=60, message="the gated cell's submit")
+    assert gated.is_alive()
+    gate.write_text("")
+    gated.join(timeout=120)
+    assert not gated.is_alive()
+    loaded, served_by, _ = results["gated"]
+    assert loaded == "warmprobe,gateprobe" and served_by != first
 
 
 def test_the_next_cell_goes_straight_to_the_generation_that_served_it(pool, monkeypatch):
@@ -172,6 +203,49 @@ def test_a_kernels_new_import_is_learned_at_its_next_cell(tmp_path, monkeypatch)
     import newcomer  # noqa: F401 - the kernel imports it between two cells
 
     assert "newcomer" in preload.kernel_modules()
+
+
+def test_what_a_jobs_own_code_imports_is_read_never_run(tmp_path):
+    """What decides whether a job waits for a build: every import statement of its code,
+    wherever it is; None (so it waits, as before) where that cannot be known."""
+    source = textwrap.dedent(
+        """
+        import a.b, c as see
+        from d import e
+        from n import *
+        from . import local
+        from .x import y
+        def f():
+            import g
+            from h.i import j
+        class K:
+            try:
+                import m
+            except ImportError:
+                pass
+        raise SystemExit("never run")
+        """
+    )
+    assert sorted(preload.code_imports(source)) == sorted(
+        ["a.b", "c", "d", "d.e", "n", "g", "h.i", "h.i.j", "m"]
+    )
+    assert preload.code_imports("") == []
+    for unknowable in (
+        "%time import torch",  # an IPython magic: ast cannot parse it
+        "!pip install x\nimport torch",
+        "import importlib\nmod = importlib.import_module('transformers')",
+        "__import__('transformers')",
+        "exec('import transformers')",
+        "def (",
+    ):
+        assert preload.code_imports(unknowable) is None, unknowable
+    script = tmp_path / "train.py"
+    script.write_text("import numpy\n")
+    assert preload.payload_imports("script", "", str(script)) == ["numpy"]
+    assert preload.payload_imports("script", "", str(tmp_path / "missing.py")) is None
+    assert preload.payload_imports("code", "import torch.nn", "<cell>") == ["torch.nn"]
+    assert preload.payload_imports("callable", "", "") is None
+    assert preload.payload_imports("module", "", "json") is not None
 
 
 def test_what_a_kernel_or_script_may_teach_the_pool(tmp_path):

@@ -220,7 +220,7 @@ class JobService:
                 if backend.ranks_inherit_environment
                 else None
             )
-            self._start_supervisor(job_id, preload or [], job_env)
+            self._start_supervisor(job_id, preload or [], job_env, payload)
         except Exception as exc:
             # If even this cannot be written (a full disk), the reaper fails the unclaimed
             # job after CLAIM_GRACE.
@@ -298,11 +298,22 @@ class JobService:
         job_id: str,
         preload: list[str] | tuple[str, ...] = (),
         job_env: dict[str, str] | None = None,
+        payload: Payload | None = None,
     ) -> None:
         if self.config.warm_pool:
             from . import warm
+            from .warm import preload as preloads
 
-            if warm.spawn_supervisor(self.config, str(self.store.root), job_id, preload, job_env):
+            # What the job's code imports: it waits for a generation being built only if
+            # that build has some of them the ready generations lack.
+            needs = (
+                preloads.payload_imports(payload.kind, payload.source, payload.filename)
+                if payload is not None
+                else None
+            )
+            if warm.spawn_supervisor(
+                self.config, str(self.store.root), job_id, preload, job_env, needs
+            ):
                 return
         start_detached(
             [

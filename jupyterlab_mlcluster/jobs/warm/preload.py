@@ -206,6 +206,63 @@ def script_imports(path: str) -> list[str]:
     return names
 
 
+# Calls that import what no import statement names: a job using one may need anything.
+_DYNAMIC_IMPORTS = frozenset({"__import__", "import_module", "exec", "eval", "run_path"})
+
+
+def code_imports(source: str) -> list[str] | None:
+    """Every module the code's own import statements name, anywhere in it (inside functions,
+    classes, `if` and `try` too), read with `ast`, never run: `import a.b` names a.b,
+    `from a import b` names a and a.b (a.b counts only where it is a module: see
+    uncovered_needs). Relative imports name the code's own modules, which no generation
+    preloads: left out. None when that cannot be known: source ast cannot parse (an IPython
+    magic, a `!` line) or that imports dynamically (__import__, importlib.import_module,
+    exec, eval, runpy.run_path)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called in _DYNAMIC_IMPORTS:
+                return None
+    return list(dict.fromkeys(names))
+
+
+def file_imports(path: str) -> list[str] | None:
+    """code_imports of a script's file (None: unreadable, or not knowable)."""
+    try:
+        with open(path, "rb") as f:
+            return code_imports(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def payload_imports(kind: str, source: str, filename: str) -> list[str] | None:
+    """code_imports of what a job runs: a cell's source, a script's or a -m module's file;
+    None for a callable (its imports are its module's, not known here) or when unknowable."""
+    if kind == "code":
+        return code_imports(source)
+    if kind == "script":
+        return file_imports(filename)
+    if kind == "module":
+        try:
+            spec = importlib.util.find_spec(filename)
+        except (ImportError, ValueError):
+            return None
+        origin = spec.origin if spec is not None else None
+        return file_imports(origin) if origin and os.path.isfile(origin) else None
+    return None
+
+
 def script_modules(path: str, refused: Iterable[str] = ()) -> list[str]:
     """What the pool may preload for a script: its top imports that are installed packages."""
     return candidates(script_imports(path), refused=refused)

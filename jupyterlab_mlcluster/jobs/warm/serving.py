@@ -56,7 +56,10 @@ def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str,
 
 
 def serving_generation(
-    config, want: list[str], env: Mapping[str, str] | None = None
+    config,
+    want: list[str],
+    env: Mapping[str, str] | None = None,
+    needs: list[str] | None = None,
 ) -> Path | None:
     """The socket of the generation that should fork a job wanting `want` preloaded, whose
     ranks' environment is `env` (None: any generation fits).
@@ -67,12 +70,19 @@ def serving_generation(
     background (memory allowing) while the nearest ready one serves; with none ready, the
     job waits for the new one (the first cell pays the preload). When generations run but
     none fits `env`, the nearest serves (its supervisor starts the ranks cold) while one
-    keyed by the job's values is prepared (_prepare_for)."""
-    return _serving(config, want, env)[0]
+    keyed by the job's values is prepared (_prepare_for).
+
+    `needs`: the modules the job's own code imports (preload.payload_imports; None: not
+    known). A generation being built for the wish is waited for only when the nearest ready
+    one lacks some of them that the build will have (_needs_build)."""
+    return _serving(config, want, env, needs)[0]
 
 
 def _serving(
-    config, want: list[str], env: Mapping[str, str] | None = None
+    config,
+    want: list[str],
+    env: Mapping[str, str] | None = None,
+    needs: list[str] | None = None,
 ) -> tuple[Path | None, bool, str | None]:
     """serving_generation(), whether the generation covers all of `want` and fits `env`,
     and (when none fits) what the pool does about it, for the job's log."""
@@ -111,14 +121,30 @@ def _serving(
             return path, False, _prepare_for(config, want, env or {}, [first], first)
         return path, path is not None, None
     nearest = max(generations, key=lambda g: (-g.get("missing", 0), g.get("started", 0.0)))
-    built = _await_build(want, nearest.get("overlay"))
-    if built is not None:
-        return built, True, None
+    if _needs_build(nearest, want, needs):
+        built = _await_build(want, nearest.get("overlay"))
+        if built is not None:
+            return built, True, None
     # One build at a time: the next cell's slightly different wish waits for this one's
     # generation (which may cover it) rather than start a second build on the same cores.
     if not _build_underway() and _within_memory(config, current, nearest):
         ensure_zygote(config, wait=False, modules=want, overlay=nearest.get("overlay"))
     return Path(nearest["socket"]), False, None
+
+
+def _needs_build(nearest: dict[str, Any], want: list[str], needs: list[str] | None) -> bool:
+    """Whether a job whose code imports `needs` would gain from the generation being built
+    for `want`: the nearest ready generation lacks one of `needs` that the build will have
+    (one of `want`). Modules outside `want` are in no build (the ranks import them either
+    way); None (the imports are not known: a magic, a callable, __import__): assume so."""
+    if needs is None:
+        return True
+    wanted = set(want)
+    relevant = [name for name in needs if name in wanted]
+    if not relevant:
+        return False
+    info = _ping(Path(nearest["socket"]), relevant)
+    return info is None or bool(info.get("missing", 1))
 
 
 def _await_build(want: list[str], overlay: Mapping[str, str | None] | None) -> Path | None:
@@ -223,13 +249,15 @@ def spawn_supervisor(
     job_id: str,
     learned: list[str] | tuple[str, ...] = (),
     job_env: Mapping[str, str] | None = None,
+    needs: list[str] | None = None,
 ) -> bool:
     """Fork the job's supervisor from the zygote. False: use a cold start instead.
 
     `learned`: modules the submitter imports (a kernel's, a script's top imports) that
     preload.py found preloadable. `job_env`: what the job's ranks' environment will be
     (the submitter's and the job's --env): the generation chosen must fit it, and when none
-    does, one keyed by its values is prepared (None: any generation fits)."""
+    does, one keyed by its values is prepared (None: any generation fits). `needs`: what
+    the job's code imports (serving_generation)."""
     global _last_choice
     want = requested_modules(config, learned)
     message: dict[str, Any] = {
@@ -250,7 +278,7 @@ def spawn_supervisor(
                 return True
             except (OSError, ValueError, RuntimeError):
                 _last_choice = None  # gone or retired: choose again
-        path, covers, note = _serving(config, want, job_env)
+        path, covers, note = _serving(config, want, job_env, needs)
     except UnsafePoolDir as exc:
         _warn_once(str(exc))
         return False
