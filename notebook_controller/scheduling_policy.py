@@ -226,6 +226,45 @@ _METAS = (
 )
 
 
+def _meta_ok(meta: str, queues: str, classes: str) -> str:
+    """CEL: the metadata map at `meta` (anything with `labels`/`annotations`) names only
+    allowed queues and priority classes."""
+    return (
+        f"[{meta}].all(m, "
+        f"(!has(m.annotations) || !('{VOLCANO_QUEUE_ANNOTATION}' in m.annotations) || "
+        f"m.annotations['{VOLCANO_QUEUE_ANNOTATION}'] in {queues}) && "
+        f"(!has(m.labels) || !('{KUEUE_PRIORITY_LABEL}' in m.labels) || "
+        f"m.labels['{KUEUE_PRIORITY_LABEL}'] in {classes}))"
+    )
+
+
+def _trainjob_metas_ok(queues: str, classes: str) -> str:
+    """CEL over a TrainJob `object`: every metadata map the Trainer carries to the JobSet,
+    its Jobs or their pods (red team pass 2, G3): `spec.labels`/`spec.annotations` (Trainer
+    v2.0), `podTemplateOverrides[].metadata` (v2.1), and in each runtime patch (v2.3) the
+    JobSet template's, each replicated job's and each pod template's. The same pod specs'
+    fields are the pod-template policy's (admission.py)."""
+    trs = "p.trainingRuntimeSpec"
+    jobs = f"{trs}.template.spec.replicatedJobs"
+    pod_meta = "r.template.spec.template.metadata"
+    overrides = "object.spec.podTemplateOverrides"
+    return (
+        "object.kind != 'TrainJob' || !has(object.spec) || ("
+        + _meta_ok("object.spec", queues, classes)
+        + f" && (!has({overrides}) || {overrides}.all(o, !has(o.metadata) || "
+        + _meta_ok("o.metadata", queues, classes)
+        + ")) && (!has(object.spec.runtimePatches) || object.spec.runtimePatches.all(p, "
+        f"!has({trs}) || !has({trs}.template) || ("
+        f"(!has({trs}.template.metadata) || "
+        + _meta_ok(f"{trs}.template.metadata", queues, classes)
+        + f") && (!has({trs}.template.spec) || !has({jobs}) || {jobs}.all(r, "
+        "!has(r.template) || ((!has(r.template.metadata) || "
+        + _meta_ok("r.template.metadata", queues, classes)
+        + ") && (!has(r.template.spec) || !has(r.template.spec.template) || "
+        f"!has({pod_meta}) || " + _meta_ok(pod_meta, queues, classes) + "))))))))"
+    )
+
+
 def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
     """(CEL over a job, PodGroup or TrainJob `object`, message): the group-level priority and
     queue fields Volcano and Kueue order and preempt by take the same allow-lists as a pod's
@@ -236,6 +275,10 @@ def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
     queues = _quoted(["default", *allowed.queues])
     policy = "object.spec.runPolicy.schedulingPolicy"
     queue_list = ", ".join(["default", *allowed.queues])
+    meta_message = (
+        f"{VOLCANO_QUEUE_ANNOTATION} may name only the platform's queues ({queue_list}), "
+        f"and {KUEUE_PRIORITY_LABEL} only its priority classes"
+    )
     return [
         (
             f"!(object.kind in {KUBEFLOW_JOB_KINDS}) || !has(object.spec.runPolicy) || "
@@ -259,12 +302,17 @@ def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
             for check, message in scheduling_checks(allowed)
         ),
         (
-            f"({_METAS}).all(m, "
-            f"(!has(m.annotations) || !('{VOLCANO_QUEUE_ANNOTATION}' in m.annotations) || "
-            f"m.annotations['{VOLCANO_QUEUE_ANNOTATION}'] in {queues}) && "
-            f"(!has(m.labels) || !('{KUEUE_PRIORITY_LABEL}' in m.labels) || "
-            f"m.labels['{KUEUE_PRIORITY_LABEL}'] in {classes}))",
-            f"{VOLCANO_QUEUE_ANNOTATION} may name only the platform's queues ({queue_list}), "
-            f"and {KUEUE_PRIORITY_LABEL} only its priority classes",
+            f"({_METAS}).all(t, {_meta_ok('t', queues, classes)})",
+            meta_message,
+        ),
+        (_trainjob_metas_ok(queues, classes), meta_message),
+        # The runtime's PodGroup settings are the platform's: a patch of them would be the
+        # user's own gang scheduling (the backend patches pod templates only).
+        (
+            "object.kind != 'TrainJob' || !has(object.spec) || "
+            "!has(object.spec.runtimePatches) || object.spec.runtimePatches.all(p, "
+            "!has(p.trainingRuntimeSpec) || !has(p.trainingRuntimeSpec.podGroupPolicy))",
+            "a TrainJob's runtimePatches may not set podGroupPolicy (the runtime's gang "
+            "scheduling is the platform's)",
         ),
     ]

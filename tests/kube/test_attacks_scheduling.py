@@ -11,6 +11,7 @@ no pod of the system classes exist there, valid against the Kubernetes schemas.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -337,6 +338,137 @@ def test_the_platforms_own_group_fields_are_admitted(
     assert denials(printed, _podgroup(queue="team-a"))
     with pytest.raises(ValueError):
         SchedulingAllowList(queues=("x' || true || '",))
+
+
+# --- a TrainJob's metadata below the top level (red team pass 2, G3) -------------------------
+
+
+def _trainjob(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "t", "namespace": "mallory"},
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, **spec},
+    }
+
+
+def _runtime_patch(runtime_spec: dict[str, Any]) -> dict[str, Any]:
+    return {"runtimePatches": [{"manager": "mallory", "trainingRuntimeSpec": runtime_spec}]}
+
+
+def _replicated(template: dict[str, Any]) -> dict[str, Any]:
+    return _runtime_patch(
+        {"template": {"spec": {"replicatedJobs": [{"name": "node", **template}]}}}
+    )
+
+
+# Where a TrainJob carries labels and annotations on to the JobSet, its Jobs or its pods.
+TRAINJOB_METAS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "spec.labels and spec.annotations (Trainer v2.0)": lambda meta: dict(meta),
+    "podTemplateOverrides[].metadata (Trainer v2.1)": lambda meta: {
+        "podTemplateOverrides": [{"targetJobs": [{"name": "node"}], "metadata": meta}]
+    },
+    "runtimePatches: the JobSet template's metadata": lambda meta: _runtime_patch(
+        {"template": {"metadata": meta}}
+    ),
+    "runtimePatches: a replicated job's metadata": lambda meta: _replicated(
+        {"template": {"metadata": meta}}
+    ),
+    "runtimePatches: a pod template's metadata (the backend's own patch)": lambda meta: _replicated(
+        {"template": {"spec": {"template": {"metadata": meta}}}}
+    ),
+}
+# Each key alone, with values neither allow-list has.
+FOREIGN_METAS = {
+    "another team's queue": {"annotations": {VOLCANO_QUEUE: "team-a"}},
+    "a Kueue priority outside the list": {"labels": {KUEUE_PRIORITY: "top-priority"}},
+    "Kueue's priority system-node-critical": {"labels": {KUEUE_PRIORITY: "system-node-critical"}},
+}
+META_MESSAGE = f"{VOLCANO_QUEUE} may name only the platform's queues"
+
+
+@pytest.mark.parametrize("where", sorted(TRAINJOB_METAS))
+def test_attack_trainjob_queue_and_priority_below_the_top_level(where: str) -> None:
+    """Red team pass 2, G3: the group policy judged a TrainJob's own metadata only, while
+    the Trainer carries the labels and annotations of `spec` (v2.0), of its pod overrides
+    (v2.1) and of each runtime patch's JobSet, replicated job and pod template (v2.3) on to
+    the objects Volcano and Kueue read. Each is judged with the same lists now, with the
+    platform's and with the defaults; the same place naming what the platform allows passes
+    (so the refusal is the rule's, not an error of the expression on that shape)."""
+    for what, meta in FOREIGN_METAS.items():
+        for scheduling in (PLATFORM_QUEUES, SchedulingAllowList()):
+            attack = _trainjob(TRAINJOB_METAS[where](copy.deepcopy(meta)))
+            refused = denials(_group_policy(scheduling), attack)
+            assert any(META_MESSAGE in d for d in refused), f"{where}: {what} was admitted"
+    allowed = {
+        "annotations": {VOLCANO_QUEUE: "team-b", "scheduling.k8s.io/group-name": "t"},
+        "labels": {KUEUE_PRIORITY: "training-high", "kueue.x-k8s.io/queue-name": "user-queue"},
+    }
+    printed = [
+        m
+        for m in admission_objects(SERVICE_ACCOUNTS, scheduling=PLATFORM_QUEUES)
+        if m["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    obj = _trainjob(TRAINJOB_METAS[where](allowed))
+    assert [d for p in printed for d in denials(p, obj)] == []
+
+
+@pytest.mark.parametrize(
+    "group_policy",
+    [
+        {"volcano": {"networkTopology": {"mode": "hard", "highestTierAllowed": 1}}},
+        {"coscheduling": {"scheduleTimeoutSeconds": 1}},
+    ],
+    ids=["volcano", "coscheduling"],
+)
+def test_attack_trainjob_runtime_patch_of_the_pod_group_policy(
+    group_policy: dict[str, Any],
+) -> None:
+    """Red team pass 2, G3: a runtime patch of `podGroupPolicy` would make the user's own
+    gang settings out of the runtime's (the backend patches pod templates only)."""
+    attack = _trainjob(_runtime_patch({"podGroupPolicy": group_policy}))
+    for scheduling in (PLATFORM_QUEUES, SchedulingAllowList()):
+        refused = denials(_group_policy(scheduling), attack)
+        assert any("podGroupPolicy" in d for d in refused), refused
+
+
+@pytest.mark.parametrize(
+    ("gang", "queue"), [("volcano", "team-b"), ("volcano", "default"), ("kueue", "user-queue")]
+)
+def test_the_backends_own_trainjob_with_a_queue_is_admitted(gang: str, queue: str) -> None:
+    """What the builder submits for a TrainJob in a queue (the queue on the TrainJob, the
+    group annotation and the job's labels in its pod patch) passes every printed policy;
+    the same object with another team's queue in its pod patch does not."""
+    from jupyterlab_mlcluster.backends.kubernetes.objects import build_job_objects
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+
+    built = build_job_objects(
+        "j3fa9c21b0",
+        JobSpec.from_options({"workers": 2, "framework": "pytorch"}, default_backend="kubernetes"),
+        namespace="mallory",
+        image="python:3.11",
+        user="mallory@example.com",
+        payload_chunks=[b"x"],
+        engine="trainjob",
+        gang=gang,
+        queue=queue,
+        service_account=SERVICE_ACCOUNTS[0],
+        report_key=b"k" * 32,
+        runtime="torch-distributed",
+    )
+    job = built.job
+    [patch] = job["spec"]["runtimePatches"]
+    [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod_meta = node["template"]["spec"]["template"]["metadata"]
+    assert pod_meta["labels"]  # the path the attack above uses is the one the backend writes
+    printed = [
+        m
+        for m in admission_objects(SERVICE_ACCOUNTS, scheduling=PLATFORM_QUEUES)
+        if m["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert [d for p in printed for d in denials(p, job)] == []
+    pod_meta.setdefault("annotations", {})[VOLCANO_QUEUE] = "team-a"
+    assert any(META_MESSAGE in d for d in denials(_group_policy(PLATFORM_QUEUES), job))
 
 
 # --- kinds the first pass did not judge (red team pass 2, G2) --------------------------------
