@@ -1,6 +1,11 @@
 """Sessions vs plain cells vs notebook_launcher: 20 small training cells on 4 ranks, one run.
 
     python bench/bench_sessions.py [--cells 20] [--workers 4] [--steps 5] [--only session]
+                                   [--backend local|slurm]
+
+`--backend slurm` runs every cell on a real one-node Slurm that the bench starts
+(tests/slurm/cluster.py: munged, slurmctld, slurmd, as root; its node has 2 CPUs, so at
+most 2 workers): the session is one allocation whose tasks serve the cells.
 
 One real kernel (jupyter_client) on a fresh job store runs, in this order:
   session    `%%distributed --session bench --workers N`: cell 1 builds a small transformers
@@ -37,6 +42,8 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 BUILD = textwrap.dedent(
     """
@@ -187,6 +194,7 @@ def main() -> int:
         default="session,plain,launcher",
         help="the methods to run besides the session (comma-separated; the session always runs)",
     )
+    parser.add_argument("--backend", choices=("local", "slurm"), default="local")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
     load_before = os.getloadavg()
@@ -195,7 +203,34 @@ def main() -> int:
         **os.environ,
         "MLCB_DIR": str(work / "probe"),
         "MLCLUSTER_STORE_DIR": str(work / "store"),  # a fresh store: nothing else queued
+        "MLCLUSTER_BACKEND": args.backend,
     }
+    cluster = None
+    if args.backend == "slurm":
+        sys.path[:0] = [str(REPO), str(REPO / "tests")]
+        from tests.slurm.cluster import SlurmCluster, missing
+
+        why = missing()
+        if why:
+            print(f"no Slurm here: {why}", file=sys.stderr)
+            return 1
+        cluster = SlurmCluster(work / "slurm")
+        cluster.start()
+        env["SLURM_CONF"] = str(cluster.conf)
+        config = work / "jupyter-config"
+        config.mkdir()
+        (config / "jupyter_mlcluster_config.json").write_text(
+            json.dumps({"MLClusterConfig": {"slurm_poll_interval": 0.2}})
+        )
+        env["JUPYTER_CONFIG_DIR"] = str(config)
+    try:
+        return _run(args, work, env, load_before)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def _run(args, work: Path, env: dict[str, str], load_before) -> int:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -233,8 +268,9 @@ def main() -> int:
         print(stdout[-2000:], stderr[-3000:], file=sys.stderr)
         return 1
     print(
-        f"{args.workers} ranks, {args.cells} cells of {args.steps} training steps each "
-        f"(GPT-2 shaped, 2 layers, DDP over gloo on CPU), {os.cpu_count()} cores"
+        f"{args.backend} backend, {args.workers} ranks, {args.cells} cells of {args.steps}"
+        f" training steps each (GPT-2 shaped, 2 layers, DDP over gloo on CPU),"
+        f" {os.cpu_count()} cores"
     )
     print(f"session: building the model once took {by['session-build'][0]['seconds']:.2f} s")
     totals = {}

@@ -45,6 +45,7 @@ class SessionCell:
         self.failed_rank: int | None = None
         self.interrupted_at: float | None = None
         self.stop: tuple[str, str] | None = None  # ("cancelled" | "timeout", why)
+        self.result_refused: str | None = None  # why rank 0's result was dropped (fails it)
 
     def rank_done(self, rank: int, status: str) -> bool:
         """Rank `rank` reported the cell done; True when the others must be interrupted

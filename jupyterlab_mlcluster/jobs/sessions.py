@@ -288,9 +288,10 @@ def start_session(
     if another process started a live session of that name meanwhile, that one wins."""
     from ..runtime.payload import Payload
 
-    if spec.backend not in ("local", "kubernetes"):
+    if spec.backend not in ("local", "kubernetes", "slurm"):
         raise SessionError(
-            f"--session: sessions run on the local and kubernetes backends, not {spec.backend!r}"
+            "--session: sessions run on the local, kubernetes and slurm backends, not"
+            f" {spec.backend!r}"
         )
     holder_spec = dataclasses.replace(spec, name=name, timeout=None, max_restarts=0)
     holder_origin = {k: v for k, v in origin.items() if k not in ("session", "session_job")}

@@ -141,7 +141,8 @@ class CommandChannel:
         threading.Thread(target=self._read, name="session-commands", daemon=True).start()
         if self.orphan_timeout > 0:
             threading.Thread(target=self._watch, name="session-orphan", daemon=True).start()
-        reporting.send({"type": "session_channel", "port": self.port})
+        # The host: a Slurm task's supervisor dials it (a pod's dials the pod's IP).
+        reporting.send({"type": "session_channel", "host": socket.gethostname(), "port": self.port})
 
     def read(self) -> tuple[bytes, bytes | None]:
         return self.lines.get()

@@ -2,8 +2,9 @@
 
 Started like any rank (cold, or forked warm from the pool; runtime/worker.py and
 jobs/warm/rank.py hand over here when $MLCLUSTER_SESSION is set), it reads commands from its
-stdin, a pipe only its supervisor holds (backends/local/session.py); in a Kubernetes pod,
-from a connection that proved the job's key (session_channel.py), cells inline. Each
+stdin, a pipe only its supervisor holds (backends/local/session.py); in a Kubernetes pod or
+a Slurm task ($MLCLUSTER_SESSION_CHANNEL=tcp), from a connection that proved the job's key
+(session_channel.py), cells inline (a pod's) or in the shared filesystem (a task's). Each
 command is one line signed like the ranks' own reports (runtime/protocol.py: an HMAC-SHA256
 over this rank's number and the JSON, with a sequence number that only goes up), so nothing
 else can make it run code, nor replay an old cell. The key: the session's own on the
@@ -282,13 +283,15 @@ def _local_dirs(payload: Payload) -> list[str]:
 
 def serve() -> int:
     """Entry point, once the rank is set up (environment, supervisor tie, report channel)."""
+    # A pod's rank, or a Slurm task (on a node of its own: no pipe reaches it), listens.
     in_pod = os.environ.get("MLCLUSTER_REPORT") == "stdout"
-    commands = None if in_pod else os.dup(0)
+    networked = in_pod or os.environ.get("MLCLUSTER_SESSION_CHANNEL") == "tcp"
+    commands = None if networked else os.dup(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the user's code reads an empty stdin, as a job's does
     os.close(devnull)
     rank = SessionRank(commands)
-    if in_pod:
+    if networked:
         from .session_channel import CommandChannel
 
         if rank.key is None:

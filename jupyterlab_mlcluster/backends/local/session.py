@@ -6,9 +6,10 @@ environment, containment and report pipes: gang.py's `Gang`), each running
 runtime/session_worker.py with a private command pipe on its stdin, and then serves cells:
 
 - a cell (a job stored `starting`, naming this session) arrives by the session's FIFO or
-  the store scan; the supervisor checks it is this session's and its owner's, claims it,
-  sends every rank a signed command (the session key, a rising sequence number), and writes
-  the ranks' output into the cell's logs while it runs;
+  the store scan; the session engine (jobs/session_engine.py) checks it is this session's
+  and its owner's and claims it; this transport sends every rank a signed command (the
+  session key, a rising sequence number) and writes the ranks' output into the cell's logs
+  while it runs;
 - each rank reports `cell_done` (ok, error, interrupted); when all have, the cell's output is
   drained and the cell finished like a job (succeeded with rank 0's result, failed with the
   failing rank's report, cancelled);
@@ -33,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
-from ...jobs.model import JobState, RankState
-from ...jobs.session_cells import SessionCell, SessionInbox
-from ...jobs.storage.store import UnknownJob
+from ...jobs.model import RankState
+from ...jobs.session_cells import SessionCell
+from ...jobs.session_engine import SessionEngine
 from ...runtime.protocol import encode_record, job_key, key_path
 from . import launcher
-from .gang import LOOP_TICK, Gang
+from .gang import Gang
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -49,44 +50,23 @@ FIFO_STREAM = "fifo"
 
 
 def serve_session(ctx: JobContext, spec, allocation, launch, sampler, tree) -> None:
-    _Server(ctx, spec, allocation, launch, sampler, tree).run()
-
-
-class _Server(SessionInbox):
-    """The session across its incarnations (a restart starts fresh ranks, same allocation)."""
-
-    def __init__(self, ctx: JobContext, spec, allocation, launch, sampler, tree):
-        super().__init__(ctx)
-        self.gang_args: tuple[Any, Any, Any, Any, Any] = (spec, allocation, launch, sampler, tree)
-
-    def run(self) -> None:
-        attempt = self.holder.restarts
-        try:
-            while True:
-                gang = SessionGang(self, attempt)
-                if gang.run_session() != "restart":
-                    return
-                attempt += 1
-                self.store.update_job(self.holder.id, restarts=attempt)
-                self.ctx.job.restarts = attempt
-                self.ctx.logs.system("[mlcluster] session restarted: fresh ranks, state lost")
-        finally:
-            self.close()
-            self.end_waiting_cells()
+    engine = SessionEngine(ctx)
+    args = (spec, allocation, launch, sampler, tree)
+    engine.run(lambda number: SessionGang(engine, number, args).run_session())
 
 
 class SessionGang(Gang):
-    """One incarnation of the session's ranks."""
+    """One incarnation of the session's ranks: the engine's transport on this machine."""
 
-    def __init__(self, server: _Server, attempt: int):
-        super().__init__(server.ctx, *server.gang_args[:3], attempt, *server.gang_args[3:])
-        self.server = server
-        self.store = server.store
+    def __init__(self, engine: SessionEngine, attempt: int, gang_args: tuple[Any, ...]):
+        spec, allocation, launch, sampler, tree = gang_args
+        super().__init__(engine.ctx, spec, allocation, launch, attempt, sampler, tree)
+        self.engine = engine
+        self.store = engine.store
         self.commands: dict[int, int] = {}  # rank -> the write end of its command pipe
         self.rank_vars: dict[int, dict[str, str]] = {}
         self.key = job_key(key_path(self.store.payload_path(self.ctx.job.id)))
         self.seq = 0
-        self.cell: SessionCell | None = None
 
     # -- ranks ---------------------------------------------------------------------------
 
@@ -129,74 +109,97 @@ class SessionGang(Gang):
                 os.close(fd)
         self.commands.clear()
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the incarnation -----------------------------------------------------------------
 
-    def run_session(self) -> str:
-        """Serve cells until the session ends ("end") or must restart ("restart")."""
+    def run_session(self) -> Outcome:
+        """Start the ranks, serve cells on them until the session ends or restarts."""
         try:
             self.start()
-            self.selector.register(self.server.fifo, selectors.EVENT_READ, (-1, FIFO_STREAM))
-            result = self.serve()
+            self.selector.register(self.engine.inbox.fifo, selectors.EVENT_READ, (-1, FIFO_STREAM))
+            outcome = self.engine.serve(self)
         except BaseException:
             self.close_commands()
             launcher.stop_ranks(self.ranks, 0.0)
             self.end_tree()
             raise
         with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(self.server.fifo)
+            self.selector.unregister(self.engine.inbox.fifo)
         self.close_commands()
         self.end_tree()
         self.drain()
-        return result
+        return outcome
 
     def on_readable(self, fd: int, stream: str) -> None:
         if stream == FIFO_STREAM:
-            self.server.read_fifo()
+            self.engine.inbox.read_fifo()
 
-    def serve(self) -> str:
-        ctx, server = self.ctx, self.server
-        server.scan(force=True)
-        while True:
-            self.pump(LOOP_TICK)
-            for p in self.ranks:
-                if p.rank in self.done or p.poll() is None:
-                    continue
-                self.done.add(p.rank)
-                self.drain_rank(p.rank)
-                return self.rank_died(p)
-            reason = ctx.cancelled()
-            if reason:
-                if reason.startswith("cancelled by user"):  # (who asked follows, if said)
-                    reason = "stopped by user" + reason[len("cancelled by user") :]
-                self.end_cell_now(f"the session was stopped ({reason})")
-                self.shut_down()
-                ctx.set_state(JobState.CANCELLED, reason=reason)
-                return "end"
-            server.scan(self.cell.id if self.cell else None)
-            if server.restart_requested:
-                server.restart_requested = False
-                self.store.update_session(ctx.job.id, restart_requested=0)
-                self.end_cell_now("the session was restarted: its state is lost")
-                self.shut_down()
-                return "restart"
-            if self.cell is not None:
-                if self.advance_cell() == "restart":
-                    return "restart"
-            elif server.pending:
-                # Past ids that name no waiting cell of this session at once, to a real one.
-                while server.pending and not self.begin_cell(server.pending.popleft()):
-                    pass
-            elif self.idle_expired():
-                idle = lifecycle.format_duration(ctx.config.session_idle_timeout)
-                why = f"ended after {idle} without a cell (MLClusterConfig.session_idle_timeout)"
-                self.shut_down()
-                ctx.set_state(JobState.SUCCEEDED, reason=why)
-                return "end"
-            self.flush()
+    # -- the engine's transport ----------------------------------------------------------
 
-    def idle_expired(self) -> bool:
-        limit = self.ctx.config.session_idle_timeout
-        return bool(limit) and time.monotonic() - self.server.last_activity > limit
+    @property
+    def rank_numbers(self) -> list[int]:
+        return [p.rank for p in self.ranks]
+
+    def await_news(self, timeout: float) -> None:
+        self.pump(timeout)
+
+    def dead(self) -> tuple[int | None, str] | None:
+        for p in self.ranks:
+            if p.rank in self.done or p.poll() is None:
+                continue
+            self.done.add(p.rank)
+            self.drain_rank(p.rank)
+            return self.rank_died(p)
+        return None
+
+    def ready(self) -> bool:
+        return True
+
+    def new_cell(self, ctx: JobContext) -> SessionCell:
+        return SessionCell(ctx)
+
+    def rank_host(self, rank: int) -> str | None:
+        return "localhost"
+
+    def send_cell(self, cell: SessionCell) -> str | None:
+        store, cell_id = self.store, cell.id
+        base = launcher.base_environment(store.read_launch(cell_id).get("env", {}))
+        for p in self.ranks:
+            self.send(
+                p.rank,
+                {
+                    "type": "cell",
+                    "job": cell_id,
+                    "payload": str(store.payload_path(cell_id)),
+                    "error": str(store.error_path(cell_id, p.rank)),
+                    "result": str(store.result_path(cell_id)) if p.rank == 0 else None,
+                    "env": {**base, **self.rank_vars[p.rank]},
+                },
+            )
+        return None
+
+    def interrupt(self, cell_id: str, ranks: list[int]) -> None:
+        for p in self.ranks:
+            if p.rank in ranks and p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGINT)
+
+    def settle_output(self) -> None:
+        for p in self.ranks:
+            self.drain_rank(p.rank)  # their last output came before their report
+            self.end_lines(p.rank)
+
+    def kill(self) -> None:
+        self.close_commands()
+        launcher.stop_ranks(self.ranks, 0.0, pump=self.pump)
+        for p in self.ranks:
+            self.done.add(p.rank)
+            self.drain_rank(p.rank)
+
+    def flush_ranks(self) -> None:
+        self.rank_updates.flush(force=True)
+
+    def cell_ended(self) -> None:
+        self.rank_updates.flush(force=True)
 
     def shut_down(self) -> None:
         """Ask every rank to end as an interpreter does (atexit), then stop what is left."""
@@ -238,7 +241,7 @@ class SessionGang(Gang):
         # rank ended.
         self.rank_updates.flush(force=True)
 
-    def rank_died(self, proc: launcher.RankProcess) -> str:
+    def rank_died(self, proc: launcher.RankProcess) -> tuple[int | None, str]:
         outcome = Outcome(OutcomeKind.FAILED, failed_rank=proc.rank, exit_code=proc.returncode)
         text = lifecycle.failure_text(self.store, self.ctx.job.id, outcome)
         if proc.returncode == 0:
@@ -248,108 +251,13 @@ class SessionGang(Gang):
         )
         self.close_commands()
         self.stop(f"rank {proc.rank} died")  # the others' output still goes to the cell's logs
-        # The session is final before its cell is: whoever reads the cell's failure and
-        # runs the next cell finds the session ended, never a dying one.
-        why = f"session ended: {text}"
-        self.ctx.set_state(JobState.FAILED, error=why, reason=text, failed_rank=proc.rank)
-        if self.cell is not None:
-            self.finish_cell(failed=(proc.rank, f"{text}; the session ended (its state is lost)"))
-        self.server.end_waiting_cells(f"the session ended before the cell ran: {text}")
-        return "end"
+        return proc.rank, text
 
-    # -- cells ---------------------------------------------------------------------------
-
-    def begin_cell(self, cell_id: str) -> bool:
-        """Start the cell on the ranks; False if `cell_id` is no waiting cell of this session."""
-        from ...jobs.running.supervisor import JobContext, claim
-
-        store, holder = self.store, self.ctx.job
-        try:
-            record = store.get_job(cell_id)
-        except UnknownJob:
-            return False
-        if (
-            record.state != JobState.STARTING
-            or record.origin.get("session_job") != holder.id
-            or record.owner != holder.owner
-            or record.spec.workers != holder.spec.workers
-        ):
-            return False  # not a waiting cell of this session: nothing to run
-        self.server.last_activity = time.monotonic()
-        launch = store.read_launch(cell_id)
-        base = launcher.base_environment(launch.get("env", {}))
-        # The ranks get the cell first: the store's bookkeeping below (the claim, the
-        # cell's state, its log files) is not on the path from submit to the user's code.
-        for p in self.ranks:
-            self.send(
-                p.rank,
-                {
-                    "type": "cell",
-                    "job": cell_id,
-                    "payload": str(store.payload_path(cell_id)),
-                    "error": str(store.error_path(cell_id, p.rank)),
-                    "result": str(store.result_path(cell_id)) if p.rank == 0 else None,
-                    "env": {**base, **self.rank_vars[p.rank]},
-                },
-            )
-        cctx = JobContext(store, record, self.ctx.config)
-        self.cell = SessionCell(cctx)
-        if not claim(store, cell_id):
-            # Settled meanwhile (cancelled before it ran, and the reaper made it final):
-            # the ranks stop it at once; its final state stays what it is.
-            self.cell.stop = ("cancelled", "cancelled before it ran")
-            self.interrupt("the cell was cancelled before it ran")
-            return True
-        self.rank_updates.flush(force=True)  # the gang's ranks as they stand, with the cell
-        now = time.time()
-        cctx.set_state(JobState.RUNNING, started=now, reason=None)
-        cctx.set_ranks(
-            {
-                p.rank: {"state": RankState.RUNNING, "host": "localhost", "started": now}
-                for p in self.ranks
-            }
-        )
-        return True
+    # -- output and figures ----------------------------------------------------------------
 
     def on_record(self, rank: int, record: dict[str, Any]) -> None:
-        cell = self.cell
-        if record.get("type") != "cell_done" or cell is None or record.get("job") != cell.id:
-            return
-        if cell.rank_done(rank, str(record.get("status"))):
-            self.interrupt(f"rank {rank} failed")
-
-    def interrupt(self, why: str) -> None:
-        cell = self.cell
-        assert cell is not None  # called while a cell runs
-        cell.interrupting(why)
-        for p in self.ranks:
-            if p.rank not in cell.done and p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGINT)
-
-    def advance_cell(self) -> str | None:
-        cell = self.cell
-        assert cell is not None  # called while a cell runs
-        why = cell.stop_reason()
-        if why:
-            self.interrupt(why)
-        if len(cell.done) == len(self.ranks):
-            for p in self.ranks:
-                self.drain_rank(p.rank)  # their last output came before their report
-                self.end_lines(p.rank)
-            self.finish_cell()
-            return None
-        grace = self.ctx.config.session_interrupt_grace
-        if cell.past_grace(grace):
-            lost = cell.stuck_text((p.rank for p in self.ranks), grace)
-            self.close_commands()
-            launcher.stop_ranks(self.ranks, 0.0, pump=self.pump)
-            for p in self.ranks:
-                self.done.add(p.rank)
-                self.drain_rank(p.rank)
-            self.finish_cell(lost=lost)
-            return "restart"
-        return None
+        if record.get("type") == "cell_done":
+            self.engine.rank_done(rank, record)
 
     def end_lines(self, rank: int) -> None:
         """What the cell printed without a newline (`print('x', end='')`, or just before an
@@ -359,39 +267,15 @@ class SessionGang(Gang):
             if parser is not None:
                 self._handle(rank, stream, parser.flush())
 
-    def end_cell_now(self, why: str) -> None:
-        """The session stops or restarts under a running cell: it is cancelled, saying so."""
-        if self.cell is not None:
-            self.cell.stop = self.cell.stop or ("cancelled", why)
-            self.finish_cell(lost=why)
-
-    def finish_cell(self, *, lost: str | None = None, failed: tuple[int, str] | None = None):
-        cell, self.cell = self.cell, None
-        assert cell is not None  # called while a cell runs
-        # The gang's ranks' news (their "started" came before their reports) is in the store
-        # before the cell's end is: whoever reads the end sees the session as it stands.
-        self.rank_updates.flush(force=True)
-        # The session's count first: whoever reads the cell's end (its kernel, at once)
-        # and then the session finds the cell counted.
-        self.server.cells += 1
-        self.server.last_activity = time.monotonic()
-        self.store.update_session(self.ctx.job.id, cells=self.server.cells, idle_since=time.time())
-        cell.finish(self.store, [p.rank for p in self.ranks], lost=lost, failed=failed)
-
-    # -- output and figures ----------------------------------------------------------------
-
     def log_line(self, rank: int, stream: str, text: str) -> None:
-        if self.cell is not None:
-            self.cell.ctx.logs.line(rank, stream, text)
-        else:
-            self.ctx.logs.line(rank, stream, text)
+        self.engine.logs_now().line(rank, stream, text)
 
     def record_samples(self, samples: dict[int, dict[str, Any]]) -> None:
         super().record_samples(samples)
-        if self.cell is not None:
-            self.store.record_metrics(self.cell.id, samples, ts=time.time())
+        if self.engine.cell is not None:
+            self.store.record_metrics(self.engine.cell.id, samples, ts=time.time())
 
     def flush(self, force: bool = False) -> None:
         super().flush(force)
-        if self.cell is not None:
-            self.cell.ctx.logs.maybe_notify()
+        if self.engine.cell is not None:
+            self.engine.cell.ctx.logs.maybe_notify()

@@ -29,6 +29,7 @@ from ...jobs import lifecycle
 from ...jobs.backend import Backend
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
+from ...jobs.sessions import is_session_holder
 from ...runtime.protocol import OutputParser, job_key, key_path
 from . import forensics, script, watch
 from .commands import SlurmCommands, SlurmError
@@ -232,6 +233,11 @@ class SlurmBackend(Backend):
     # -- inside the supervisor -------------------------------------------------------------
 
     def run(self, ctx: JobContext) -> None:
+        if is_session_holder(ctx.job):  # cells on an allocation that lives (session.py)
+            from .session import serve_session
+
+            serve_session(self, ctx)
+            return
         launch = ctx.store.read_launch(ctx.job.id)
         attempts: list[_Attempt] = []
 
