@@ -9,6 +9,7 @@ import {
 } from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
 
+import { EXPORT_TARGETS, ExportTarget } from './model/api';
 import { isFinal, sortedJobs } from './model/reducer';
 import { PanelStore } from './model/store';
 import { Job } from './model/types';
@@ -20,6 +21,7 @@ export namespace CommandIds {
   export const refresh = 'mlcluster:refresh';
   export const openTensorBoard = 'mlcluster:open-tensorboard';
   export const compareTensorBoard = 'mlcluster:compare-tensorboard';
+  export const exportJob = 'mlcluster:export-job';
 }
 
 export const PALETTE_CATEGORY = 'Distributed Jobs';
@@ -80,6 +82,27 @@ export function serverPageTab(
   widget.title.closable = true;
   widget.addClass('jp-mlc-tensorboard');
   return widget;
+}
+
+/** The export targets as the dialog offers them. */
+const EXPORT_TARGET_LABELS: [ExportTarget, string][] = [
+  ['script', 'script: the cell, and run.sh (torchrun on one machine)'],
+  ['sbatch', 'sbatch: a Slurm batch file'],
+  ['trainjob', 'trainjob: a Kubeflow Trainer TrainJob'],
+  ['pytorchjob', 'pytorchjob: a Kubeflow Training Operator PyTorchJob']
+];
+
+/** Hand `data` to the browser as a download named `name`. */
+function download(data: Blob, name: string): void {
+  const url = URL.createObjectURL(data);
+  const link = document.createElement('a');
+  link.href = url;
+  link.download = name;
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+  // After the click has handed it over (revoking at once can cancel it in some browsers).
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
 }
 
 /** Ask `question`; if accepted, run `action`, and show `failure` with its error if it fails. */
@@ -240,6 +263,57 @@ export function addCommands(
           id: ids[0],
           compare: ids.slice(1)
         });
+      }
+    }
+  });
+
+  commands.addCommand(CommandIds.exportJob, {
+    label: args => (args.id ? 'Export…' : 'Export a Distributed Job…'),
+    caption:
+      'Download what runs a job again outside the notebook: the cell as a script, its pushed variables, requirements, and run.sh, an sbatch file, a TrainJob or a PyTorchJob (args.id, args.as)',
+    execute: async args => {
+      const job = await pickJob(
+        store,
+        args,
+        sortedJobs(store.state.jobs),
+        'export'
+      );
+      if (!job) {
+        return;
+      }
+      let target = EXPORT_TARGETS.find(t => t === args.as);
+      if (!target) {
+        const labels = EXPORT_TARGET_LABELS.map(([, label]) => label);
+        const choice = await InputDialog.getItem({
+          title: `Export ${job.name} as…`,
+          items: labels
+        });
+        if (!choice.button.accept || choice.value === null) {
+          return;
+        }
+        target = EXPORT_TARGET_LABELS[labels.indexOf(choice.value)]?.[0];
+      }
+      if (!target) {
+        return;
+      }
+      let image = typeof args.image === 'string' ? args.image : undefined;
+      const kube = target === 'trainjob' || target === 'pytorchjob';
+      if (kube && !image && !job.image) {
+        const answer = await InputDialog.getText({
+          title: `The image ${job.name}'s pods run`,
+          placeholder:
+            "e.g. pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime (empty: the server's default)"
+        });
+        if (!answer.button.accept) {
+          return;
+        }
+        image = answer.value || undefined;
+      }
+      try {
+        const zip = await store.api.exportJob(job.id, target, image);
+        download(zip, `${job.name}-${target}.zip`);
+      } catch (error) {
+        await showErrorMessage(`Could not export ${job.name}`, error as Error);
       }
     }
   });

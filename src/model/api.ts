@@ -98,6 +98,15 @@ export interface NotebookRequest {
   workspace_size?: string;
 }
 
+/** What `POST /jobs/{id}/export` can write (the API document's enum). */
+export const EXPORT_TARGETS = [
+  'script',
+  'sbatch',
+  'trainjob',
+  'pytorchjob'
+] as const;
+export type ExportTarget = (typeof EXPORT_TARGETS)[number];
+
 export class MlclusterApi {
   constructor(readonly transport: Transport) {}
 
@@ -226,6 +235,22 @@ export class MlclusterApi {
       `jobs/${encodeURIComponent(id)}/tensorboard`,
       others.length ? { jobs: others } : {}
     );
+  }
+
+  /**
+   * What runs the job again outside the notebook, as one zip (`mlcluster export`): the
+   * cell as a script, its pushed variables, requirements and the target's launch file.
+   */
+  async exportJob(
+    id: string,
+    target: ExportTarget,
+    image?: string
+  ): Promise<Blob> {
+    const response = await this.call(
+      `jobs/${encodeURIComponent(id)}/export${query({ as: target, image })}`,
+      { method: 'POST' }
+    );
+    return response.blob();
   }
 
   getCluster(): Promise<Cluster> {

@@ -285,6 +285,16 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
         <button
           className="jp-mlc-button"
           onClick={() =>
+            void commands.execute(CommandIds.exportJob, { id: job.id })
+          }
+          aria-label={`Export job ${job.name}`}
+          title="Download what runs this job again outside the notebook: a script, an sbatch file, a TrainJob or a PyTorchJob"
+        >
+          Export…
+        </button>
+        <button
+          className="jp-mlc-button"
+          onClick={() =>
             void commands.execute(CommandIds.deleteJob, { id: job.id })
           }
           aria-label={`Delete job ${job.name}`}

@@ -8,6 +8,7 @@ import {
   jobProgress,
   rankSummary
 } from '../model/format';
+import { GroupEntry, groupJobs, groupSummary } from '../model/groups';
 import { listMove } from '../model/navigation';
 import { notebookName } from '../model/origin';
 import { Job } from '../model/types';
@@ -79,13 +80,16 @@ function JobRow({
   job,
   now,
   tabbable,
-  onFocus
+  onFocus,
+  group
 }: {
   job: Job;
   now: number;
   /** The one row Tab stops at; arrows move between rows (a roving tab stop). */
   tabbable: boolean;
   onFocus: () => void;
+  /** A session's job heading its cells: the toggle and the cells' summary. */
+  group?: GroupToggle;
 }) {
   const { store, commands, settings, notebookPath, showOpenNotebook } =
     usePanel();
@@ -100,6 +104,9 @@ function JobRow({
     }
   };
   const onKeyDown = (event: React.KeyboardEvent) => {
+    if (group && groupKey(event, group)) {
+      return;
+    }
     if (event.key === 'Enter' || event.key === ' ') {
       event.preventDefault();
       open();
@@ -108,41 +115,196 @@ function JobRow({
       void commands.execute(CommandIds.deleteJob, { id: job.id });
     }
   };
-  return (
-    <li className="jp-mlc-job-row-item">
-      <div
-        className={`jp-mlc-job-row jp-mlc-job-${job.state}`}
-        role="button"
-        tabIndex={tabbable ? 0 : -1}
-        data-job-id={job.id}
-        aria-label={`Job ${job.name}: ${job.state}${idleGpuSeconds(job, now) === null ? '' : ', GPUs idle'}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
-        onClick={open}
-        onKeyDown={onKeyDown}
-        onFocus={onFocus}
-      >
-        <div className="jp-mlc-job-row-main">
-          <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
-            {job.name}
-          </span>
-          <JobBadges job={job} now={now} />
-        </div>
-        <div className="jp-mlc-job-row-meta">
-          <span className="jp-mlc-job-ranks">{ranks}</span>
-          <span className="jp-mlc-job-backend">{job.backend}</span>
-          {notebook && (
-            <span
-              className="jp-mlc-job-notebook"
-              title={job.origin?.notebook ?? undefined}
-            >
-              {notebook}
-            </span>
-          )}
-          <span className="jp-mlc-job-age" title={job.created}>
-            {age}
-          </span>
-        </div>
-        <ProgressBar value={jobProgress(job)} label={`${job.name} progress`} />
+  const row = (
+    <div
+      className={`jp-mlc-job-row jp-mlc-job-${job.state}`}
+      role="button"
+      tabIndex={tabbable ? 0 : -1}
+      data-job-id={job.id}
+      {...(group ? { 'aria-expanded': group.expanded } : {})}
+      aria-label={`Job ${job.name}: ${job.state}${idleGpuSeconds(job, now) === null ? '' : ', GPUs idle'}, ${ranks}, ${job.backend} backend${notebook ? `, from ${notebook}` : ''}, created ${age === 'just now' ? 'just now' : `${age} ago`}. Enter: details; Delete: delete.`}
+      onClick={open}
+      onKeyDown={onKeyDown}
+      onFocus={onFocus}
+    >
+      <div className="jp-mlc-job-row-main">
+        {group && <GroupCaret group={group} />}
+        <span className="jp-mlc-job-name" title={`${job.name} (${job.id})`}>
+          {job.name}
+        </span>
+        <JobBadges job={job} now={now} />
       </div>
+      <div className="jp-mlc-job-row-meta">
+        <span className="jp-mlc-job-ranks">{ranks}</span>
+        {group && <span className="jp-mlc-group-summary">{group.summary}</span>}
+        <span className="jp-mlc-job-backend">{job.backend}</span>
+        {notebook && (
+          <span
+            className="jp-mlc-job-notebook"
+            title={job.origin?.notebook ?? undefined}
+          >
+            {notebook}
+          </span>
+        )}
+        <span className="jp-mlc-job-age" title={job.created}>
+          {age}
+        </span>
+      </div>
+      <ProgressBar value={jobProgress(job)} label={`${job.name} progress`} />
+    </div>
+  );
+  return group ? row : <li className="jp-mlc-job-row-item">{row}</li>;
+}
+
+/** What a group's heading row needs: whether it is open, how to open it, its summary. */
+interface GroupToggle {
+  expanded: boolean;
+  toggle: () => void;
+  summary: string;
+}
+
+/** Right opens a group, Left closes it (as a tree does); true when the key was that. */
+function groupKey(event: React.KeyboardEvent, group: GroupToggle): boolean {
+  if (
+    (event.key === 'ArrowRight' && !group.expanded) ||
+    (event.key === 'ArrowLeft' && group.expanded)
+  ) {
+    event.preventDefault();
+    event.stopPropagation();
+    group.toggle();
+    return true;
+  }
+  return false;
+}
+
+/** The caret that opens or closes a group (a click on it does not open the job). */
+function GroupCaret({ group }: { group: GroupToggle }) {
+  return (
+    <span
+      className="jp-mlc-group-toggle"
+      aria-hidden="true"
+      onClick={event => {
+        event.stopPropagation();
+        group.toggle();
+      }}
+    >
+      {group.expanded ? '▾' : '▸'}
+    </span>
+  );
+}
+
+/** A sweep's heading row: its name and its trials' states; Enter opens or closes it. */
+function SweepRow({
+  entry,
+  group,
+  tabbable,
+  onFocus
+}: {
+  entry: GroupEntry;
+  group: GroupToggle;
+  tabbable: boolean;
+  onFocus: () => void;
+}) {
+  const running = entry.children.some(job => job.state === 'running');
+  const onKeyDown = (event: React.KeyboardEvent) => {
+    if (groupKey(event, group)) {
+      return;
+    }
+    if (event.key === 'Enter' || event.key === ' ') {
+      event.preventDefault();
+      group.toggle();
+    }
+  };
+  return (
+    <div
+      className={`jp-mlc-job-row jp-mlc-group-row${running ? ' jp-mlc-job-running' : ''}`}
+      role="button"
+      tabIndex={tabbable ? 0 : -1}
+      data-job-id={entry.id}
+      aria-expanded={group.expanded}
+      aria-label={`Sweep ${entry.name}: ${group.summary}. Enter: ${group.expanded ? 'hide' : 'show'} its trials.`}
+      onClick={group.toggle}
+      onKeyDown={onKeyDown}
+      onFocus={onFocus}
+    >
+      <div className="jp-mlc-job-row-main">
+        <GroupCaret group={group} />
+        <span
+          className="jp-mlc-job-name"
+          title={`sweep ${entry.name} (${entry.id})`}
+        >
+          {entry.name}
+        </span>
+        <span className="jp-mlc-group-kind">sweep</span>
+      </div>
+      <div className="jp-mlc-job-row-meta">
+        <span className="jp-mlc-job-ranks">{group.summary}</span>
+      </div>
+    </div>
+  );
+}
+
+/** A session with its cells, or a sweep with its trials: a heading row, and its members
+ * under it while it is open (live: they come from the same store as every row). */
+function GroupItem({
+  entry,
+  now,
+  expanded,
+  onToggle,
+  tabStop,
+  setFocused
+}: {
+  entry: GroupEntry;
+  now: number;
+  expanded: boolean;
+  onToggle: () => void;
+  tabStop: string | null;
+  setFocused: (id: string) => void;
+}) {
+  const group: GroupToggle = {
+    expanded,
+    toggle: onToggle,
+    summary: groupSummary(entry)
+  };
+  const childrenId = `jp-mlc-group-${entry.id}`;
+  return (
+    <li
+      className={`jp-mlc-job-row-item jp-mlc-group jp-mlc-group-${entry.groupKind}`}
+      data-group-id={entry.id}
+    >
+      {entry.head ? (
+        <JobRow
+          job={entry.head}
+          now={now}
+          tabbable={entry.id === tabStop}
+          onFocus={() => setFocused(entry.id)}
+          group={group}
+        />
+      ) : (
+        <SweepRow
+          entry={entry}
+          group={group}
+          tabbable={entry.id === tabStop}
+          onFocus={() => setFocused(entry.id)}
+        />
+      )}
+      {expanded && (
+        <ul
+          className="jp-mlc-group-children"
+          id={childrenId}
+          aria-label={`${entry.groupKind === 'sweep' ? 'Trials' : 'Cells'} of ${entry.name}`}
+        >
+          {entry.children.map(job => (
+            <JobRow
+              key={job.id}
+              job={job}
+              now={now}
+              tabbable={job.id === tabStop}
+              onFocus={() => setFocused(job.id)}
+            />
+          ))}
+        </ul>
+      )}
     </li>
   );
 }
@@ -161,17 +323,32 @@ export function JobList({
   const [focusedId, setFocusedId] = React.useState<string | null>(
     focusId ?? null
   );
-  // Tab enters the list at the row last focused (while it exists), else at the first.
-  const tabStop = jobs.some(job => job.id === focusedId)
-    ? focusedId
-    : (jobs[0]?.id ?? null);
+  // Which groups are open (closed at first: a morning's cells are one row).
+  const entries = React.useMemo(() => groupJobs(jobs), [jobs]);
+  const [expanded, setExpanded] = React.useState<Record<string, boolean>>(
+    () => {
+      // Back from a cell's or a trial's details: its group stays open, its row focused.
+      const parent = jobs.find(job => job.id === focusId)?.parent;
+      return parent ? { [parent]: true } : {};
+    }
+  );
+  const visible = entries.flatMap(entry =>
+    entry.kind === 'group' && expanded[entry.id]
+      ? [entry.id, ...entry.children.map(job => job.id)]
+      : [entry.id]
+  );
+  // Tab enters the list at the row last focused (while it shows), else at the first.
+  const tabStop =
+    focusedId !== null && visible.includes(focusedId)
+      ? focusedId
+      : (visible[0] ?? null);
   React.useEffect(() => {
     if (focusId) {
       list.current
         ?.querySelector<HTMLElement>(`[data-job-id="${CSS.escape(focusId)}"]`)
         ?.focus();
     }
-  }, []);
+  }, [focusId]);
 
   if (jobs.length === 0) {
     return (
@@ -205,15 +382,29 @@ export function JobList({
       ref={list}
       onKeyDown={onKeyDown}
     >
-      {jobs.map(job => (
-        <JobRow
-          key={job.id}
-          job={job}
-          now={now}
-          tabbable={job.id === tabStop}
-          onFocus={() => setFocusedId(job.id)}
-        />
-      ))}
+      {entries.map(entry =>
+        entry.kind === 'group' ? (
+          <GroupItem
+            key={entry.id}
+            entry={entry}
+            now={now}
+            expanded={!!expanded[entry.id]}
+            onToggle={() =>
+              setExpanded(e => ({ ...e, [entry.id]: !e[entry.id] }))
+            }
+            tabStop={tabStop}
+            setFocused={setFocusedId}
+          />
+        ) : (
+          <JobRow
+            key={entry.id}
+            job={entry.job}
+            now={now}
+            tabbable={entry.id === tabStop}
+            onFocus={() => setFocusedId(entry.id)}
+          />
+        )
+      )}
     </ul>
   );
 }
