@@ -228,6 +228,28 @@ class MLClusterConfig(Configurable):
             raise TraitError(problem)
         return value.strip()
 
+    track = Enum(
+        ["none", "mlflow"],
+        default_value="none",
+        help="Record every job in this experiment tracker unless its `--track` says otherwise: "
+        "none, or mlflow (one MLflow run a job, at mlflow_tracking_uri).",
+    ).tag(config=True)
+
+    mlflow_tracking_uri = Unicode(
+        "",
+        help="Where `--track mlflow` records runs: a tracking server's URL "
+        "(http://mlflow.example:5000) or any URI MLflow takes. Empty: MLflow's local store, "
+        "sqlite:///<dir>/mlflow.db in the directory the job was submitted from (nothing to "
+        "start; `mlflow ui` there shows it).",
+    ).tag(config=True)
+
+    tracking_grace = Float(
+        60.0,
+        help="Seconds a tracked job's supervisor spends, after the job has ended, recording "
+        "the rest (metrics, logs, its end) in a tracker it cannot reach, before giving up "
+        "(saying so in the job's log; the job's own state never depends on it).",
+    ).tag(config=True)
+
     warm_pool = Bool(
         help="Start ranks from a warm, CUDA-clean zygote process that has already imported "
         "the heavy modules (much faster starts). Env: MLCLUSTER_WARM_POOL=0 to turn off.",

@@ -60,6 +60,8 @@ class RankState(str, enum.Enum):
 
 FRAMEWORKS = ("pytorch", "tensorflow", "jax", "none")
 ON_STALL = ("warn", "cancel")
+# Experiment trackers a job may record into (jobs/tracking/); "none" is the default.
+TRACKERS = ("none", "mlflow")
 BACKENDS = ("local", "kubernetes", "slurm")
 
 _NAME_RE = patterns.regex(patterns.JOB_NAME)
@@ -215,6 +217,9 @@ class JobSpec:
     # None: MLClusterConfig.stall_after; 0: never. What then: warn (flag it) or cancel.
     stall_after: float | None = None
     on_stall: str = "warn"
+    # Record the job in an experiment tracker (jobs/tracking/): None, MLClusterConfig.track;
+    # "none" or "mlflow".
+    track: str | None = None
 
     FIELDS = (
         "workers",
@@ -234,6 +239,7 @@ class JobSpec:
         "sync_packages",
         "stall_after",
         "on_stall",
+        "track",
     )
 
     @classmethod
@@ -303,6 +309,8 @@ class JobSpec:
             spec.stall_after = parse_stall_after(values["stall_after"])
         if "on_stall" in values:
             spec.on_stall = _one_of("on_stall", values["on_stall"], ON_STALL)
+        if "track" in values:
+            spec.track = _one_of("track", values["track"], TRACKERS)
         if "tensorboard" in values:
             spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
             if TENSORBOARD_ENV in spec.env:

@@ -82,6 +82,15 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         },
     ),
     (
+        ("--track",),
+        {
+            "default": None,
+            "choices": ["none", "mlflow"],
+            "help": "record the job as an MLflow run at MLClusterConfig.mlflow_tracking_uri "
+            "(default: MLflow's local store, ./mlflow.db) (default MLClusterConfig.track: none)",
+        },
+    ),
+    (
         ("--no-sync-packages",),
         {
             "dest": "sync_packages",
@@ -142,6 +151,7 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
         "sync_packages": getattr(args, "sync_packages", None),
         "stall_after": getattr(args, "stall_after", None),
         "on_stall": getattr(args, "on_stall", None),
+        "track": getattr(args, "track", None),
     }
     return {k: v for k, v in names.items() if v is not None}
 

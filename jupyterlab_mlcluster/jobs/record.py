@@ -11,6 +11,9 @@ from typing import Any
 from .grouping import parent_of
 from .model import JobSpec, JobState, RankState
 
+# What a tracked job's `tracking` shows (the record keeps the experiment's id too).
+TRACKING_FIELDS = ("kind", "uri", "run_id", "url", "state", "message")
+
 
 def new_job_id() -> str:
     # Starts with a letter: ids also name Kubernetes objects.
@@ -95,6 +98,9 @@ class JobRecord:
     # lifecycle.py `ended_attempt`): attempt, started, ended, outcome, reason, failed_rank,
     # restarted.
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # `--track mlflow` (jobs/tracking/mlflow_run.py): kind, uri, run_id, experiment_id, url,
+    # state, message; None for a job not tracked.
+    tracking: dict[str, Any] | None = None
     ranks: list[RankRecord] = dataclasses.field(default_factory=list)
     # Internal bookkeeping, never shown over REST.
     supervisor: dict[str, Any] | None = None
@@ -185,5 +191,8 @@ class JobRecord:
                 {**a, "started": iso(a.get("started")), "ended": iso(a.get("ended"))}
                 for a in self.attempts
             ],
+            "tracking": (
+                {k: self.tracking.get(k) for k in TRACKING_FIELDS} if self.tracking else None
+            ),
             "ranks": [r.to_json() for r in self.ranks],
         }

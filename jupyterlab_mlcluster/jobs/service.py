@@ -50,6 +50,7 @@ from .running.processes import (
 from .sessions import is_session_cell, poke_session
 from .storage.fsinfo import is_storage_full
 from .storage.store import JobStore, UnknownJob
+from .tracking.params import PARAMS_FILE, params_file
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
 
@@ -286,6 +287,8 @@ class JobService:
                 "requirements": pinned_requirements(),
             }
         ).encode()
+        # An experiment's parameters (--track): the options and these pushed scalars.
+        files[PARAMS_FILE] = params_file(payload.push)
         if payload.kind == "code":
             # Numbered as the rank runs it (from Payload.first_line), so what reads the file
             # by a frame's line (a stack's reader, jobs/forensics/) finds that line.
@@ -617,9 +620,7 @@ def _current_user() -> str:
 
 
 def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
-    return default_name(
-        payload.kind, origin, filename=payload.filename, function=payload.function
-    )
+    return default_name(payload.kind, origin, filename=payload.filename, function=payload.function)
 
 
 __all__ = [

@@ -192,6 +192,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     on_stall: 'warn',
     stall: null,
     straggler: null,
+    tracking: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
       rank,
       state: 'running',

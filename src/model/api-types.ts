@@ -165,6 +165,11 @@ export interface components {
       priority?: number;
       /** @description The ranks' $MLCLUSTER_TENSORBOARD_DIR: an absolute path or a URI such as 's3://bucket/runs/{job}' ({job} is the job id). Default: the server's MLClusterConfig.tensorboard_dir. */
       tensorboard?: string;
+      /**
+       * @description Record the job as one MLflow run (options and pushed scalars as params, rank 0's logged series as metrics, logs and result as artifacts) at the server's MLClusterConfig.mlflow_tracking_uri (default: MLflow's local store). Default: MLClusterConfig.track (none).
+       * @enum {unknown}
+       */
+      track?: 'none' | 'mlflow';
       /** @description Default true. Kubernetes, when the job runs the notebook pod's own image: install in each job pod, before the code runs, the packages installed in the notebook's environment since its pod started (false: --no-sync-packages). */
       sync_packages?: boolean;
       /** @description A rank without output, progress or CPU this long is stalled: seconds, or a duration like '5m'; 0 never. Default: MLClusterConfig.stall_after (5 minutes). The local and Slurm backends watch for stalls. */
@@ -273,6 +278,8 @@ export interface components {
       on_stall: components['schemas']['OnStall'];
       /** @description Set while ranks of the running job are stalled (no output, progress or CPU for its stall_after); null otherwise. `where` is their folded stacks, taken when the stall was seen (GET /jobs/{id}/stacks has them whole). */
       stall: null | components['schemas']['Stall'];
+      /** @description A job that may restart (max_restarts over 0), each ended attempt, oldest first (the first and the last 49 of a job restarted more often); empty otherwise. */
+      attempts: components['schemas']['Attempt'][];
       /** @description Set while ranks of the running job straggle (their step rate, from mlc.progress or tqdm, 1.5x under their peers' median over MLClusterConfig.straggler_after, 30 s); null otherwise. */
       straggler: null | components['schemas']['Straggler'];
       /**
@@ -280,6 +287,8 @@ export interface components {
        * @description Set while the job runs and every GPU its ranks report on has stayed under MLClusterConfig.idle_gpu_percent utilisation (5) since this time, for at least MLClusterConfig.idle_gpu_after seconds (600); null otherwise.
        */
       gpu_idle_since: string | null;
+      /** @description The MLflow run this job records into (`--track mlflow`); null for a job not tracked. */
+      tracking: null | components['schemas']['Tracking'];
       ranks: components['schemas']['Rank'][];
     };
     /**
@@ -310,6 +319,21 @@ export interface components {
       };
       /** @description The median step rate of all ranks reporting progress */
       median: number;
+    };
+    Attempt: {
+      /** @description Its number, as its ranks' TORCHELASTIC_RESTART_COUNT */
+      attempt: number;
+      /** Format: date-time */
+      started: string;
+      /** Format: date-time */
+      ended: string;
+      /** @enum {string} */
+      outcome: 'succeeded' | 'failed' | 'cancelled' | 'timeout';
+      /** @description Why it ended (the failing rank's error, a preemption, an eviction, a cancel's reason); null for one that succeeded */
+      reason: string | null;
+      failed_rank: number | null;
+      /** @description Whether the whole gang was started again after it */
+      restarted: boolean;
     };
     StackFrame: {
       name: string;
@@ -418,6 +442,22 @@ export interface components {
         series: components['schemas']['MetricsSample'][];
       }[];
       logged: components['schemas']['LoggedSeries'];
+    };
+    Tracking: {
+      /** @enum {unknown} */
+      kind: 'mlflow';
+      /** @description The tracking URI the run is in. */
+      uri: string;
+      /** @description Null until the run is made. */
+      run_id: string | null;
+      /** @description The run's page on a tracking server (null for a local store, which `mlflow ui` serves). */
+      url: string | null;
+      /**
+       * @description unreachable: the tracker cannot be reached now and is retried with backoff (the job runs on regardless; `message` says why).
+       * @enum {unknown}
+       */
+      state: 'pending' | 'active' | 'unreachable' | 'finished';
+      message: string | null;
     };
     /** @description What the job logged (`mlc.log` and what fills it). Every point is kept in the store; each series is one rank's, in the order its points came (a restart may step back). */
     LoggedSeries: {

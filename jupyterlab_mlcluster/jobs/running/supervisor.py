@@ -37,6 +37,7 @@ from ..storage.store import Change, JobStore
 from ..storage.watch import ENDED
 from ..tensorboard_tail import POLL_INTERVAL as TB_POLL_INTERVAL
 from ..tensorboard_tail import TensorBoardTail, job_tensorboard_dir
+from ..tracking.mlflow_run import MLflowTracker, tracking_uri
 from .gpu_idle import IdleGpuWatch
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 
@@ -401,6 +402,7 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
     ctx = JobContext(store, job, config)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, ctx.on_signal)
+    tracker = start_tracking(ctx)
     try:
         if wait_for_slot(ctx):
             get_backend(job.spec.backend, config).run(ctx)
@@ -421,11 +423,25 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
         )
     finally:
         _until_written(store, lambda: _settle(store, ctx, job_id), "the job's final state")
-        with contextlib.suppress(Exception):  # only a change-feed nudge is lost
+        with contextlib.suppress(Exception):  # (a series' last scalars at worst)
             ctx.read_tensorboard(force=True)  # what the ranks wrote last
             ctx.series.close()
+        if tracker is not None:  # the job has its final state: the run records it
+            tracker.finish()
+        with contextlib.suppress(Exception):  # only a change-feed nudge is lost
             ctx.logs.close()
     return 0
+
+
+def start_tracking(ctx: JobContext) -> MLflowTracker | None:
+    """The job's MLflow run (`--track mlflow`, else MLClusterConfig.track), started."""
+    track = ctx.job.spec.track or getattr(ctx.config, "track", "none")
+    if track != "mlflow":
+        return None
+    cwd = ctx.store.read_launch(ctx.job.id).get("cwd")
+    tracker = MLflowTracker(ctx, tracking_uri(ctx.config.mlflow_tracking_uri, cwd))
+    tracker.start()
+    return tracker
 
 
 def main(argv: list[str] | None = None) -> int:

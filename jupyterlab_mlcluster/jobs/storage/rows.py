@@ -21,6 +21,7 @@ _JSON_COLUMNS = (
     "stall",
     "straggler",
     "attempts",
+    "tracking",
 )
 JOB_COLUMNS = {
     "name",
@@ -44,6 +45,7 @@ JOB_COLUMNS = {
     "stall",
     "straggler",
     "attempts",
+    "tracking",
 }
 RANK_COLUMNS = {
     "state",
@@ -100,6 +102,7 @@ def job_from_row(row: sqlite3.Row, rank_rows: list[sqlite3.Row]) -> JobRecord:
         stall=loads("stall"),
         straggler=loads("straggler"),
         attempts=loads("attempts") or [],
+        tracking=loads("tracking"),
         updated=row["updated"],
         ranks=[
             RankRecord(

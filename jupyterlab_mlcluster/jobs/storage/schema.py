@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     stall TEXT,
     straggler TEXT,
     attempts TEXT,
+    tracking TEXT,
     updated REAL NOT NULL
 );
 -- A listing's order (newest first, then id), with or without a state or owner filter, and
@@ -204,3 +205,5 @@ def _migrate(database: Database) -> None:
             tx.execute("ALTER TABLE jobs ADD COLUMN straggler TEXT")
         if "attempts" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN attempts TEXT")
+        if "tracking" not in jobs:
+            tx.execute("ALTER TABLE jobs ADD COLUMN tracking TEXT")

@@ -1,0 +1,322 @@
+"""`--track mlflow`: the job as one MLflow run, recorded from its supervisor.
+
+The run is made when the job starts, in the experiment named by the job's
+$MLFLOW_EXPERIMENT_NAME (else "mlcluster"), with the job's options and pushed scalars as
+params (params.py); rank 0's logged series (jobs/storage/series.py) go to it as metrics as
+they come; when the job ends, its logs, cell and result as artifacts, and its end as the
+run's status. A sweep's trials are children of one parent run (made by the first trial to
+start, ended by the last to end). Where the run is (run id, a link on a tracking server) is
+the job's `tracking` field.
+
+The tracker is a thread of the supervisor: the job never waits for it and never fails
+because of it. A tracking server that cannot be reached is retried with a capped backoff
+(said once in the job's log, and in `tracking.state`); after the job ends, what is left is
+pushed for at most MLClusterConfig.tracking_grace seconds, then given up, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..backoff import Backoff
+from ..storage.series import SERIES_FILE
+from .params import job_params
+
+if TYPE_CHECKING:
+    from ..running.supervisor import JobContext
+
+PUSH_INTERVAL = 2.0  # seconds between pushes of new points
+RETRY = Backoff(first=1.0, cap=30.0)
+BATCH = 1000  # metrics in one log_batch (MLflow's own limit)
+EXPERIMENT = "mlcluster"
+# MLflow's client retries a request for minutes by default: the backoff here is ours.
+CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+OFFSET_FILE = "mlflow-offset"  # how far into series.jsonl the run has its points
+STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+def tracking_uri(setting: str, cwd: str | None) -> str:
+    """The setting, else MLflow's local store (its default since file stores were retired):
+    ./mlflow.db where the job was submitted."""
+    return setting or f"sqlite:///{Path(cwd or os.getcwd()) / 'mlflow.db'}"
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page on a tracking server (a local store has none: `mlflow ui` serves it)."""
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return None
+
+
+class MLflowTracker:
+    def __init__(self, ctx: JobContext, uri: str):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.job = ctx.job
+        self.uri = uri
+        self.grace = float(getattr(ctx.config, "tracking_grace", 60.0))
+        self.job_dir = self.store.job_dir(self.job.id)
+        saved = self.job.tracking or {}
+        # An adopted job (a new supervisor) goes on with its run.
+        self.run_id: str | None = saved.get("run_id") if saved.get("uri") == uri else None
+        self.experiment_id: str | None = saved.get("experiment_id")
+        self.params_done = self.run_id is not None
+        self.offset = self._saved_offset() if self.run_id else 0
+        self.failures = 0
+        self.stop = threading.Event()
+        self._client: Any = None
+        self.thread = threading.Thread(target=self._main, name="mlflow", daemon=True)
+        self._record("pending", None)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        """The job has ended: push the rest, end the run (at most FINAL_DEADLINE)."""
+        self.stop.set()
+        self.thread.join(self.grace + 15)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        for key, value in CLIENT_ENV.items():
+            os.environ.setdefault(key, value)
+        delay, deadline = 0.0, None
+        while True:
+            if deadline is None:
+                if self.stop.wait(delay):
+                    deadline = time.monotonic() + self.grace
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._say(
+                        f"[mlcluster] MLflow: gave up recording the job's end at {self.uri} "
+                        f"after {self.grace:g} s (the job's own state is unchanged)"
+                    )
+                    self._record("unreachable", "gave up after the job ended")
+                    return
+                time.sleep(min(delay, left))
+            final = deadline is not None
+            try:
+                self._push(final)
+            except Exception as exc:  # noqa: BLE001 - tracking never fails the job
+                self.failures += 1
+                message = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if self.failures == 1:
+                    self._say(
+                        f"[mlcluster] MLflow at {self.uri} cannot be reached ({message}); "
+                        "retrying with backoff, the job runs on"
+                    )
+                self._record("unreachable", message)
+                delay = RETRY.delay(self.failures - 1)
+                continue
+            if self.failures:
+                self._say(f"[mlcluster] MLflow at {self.uri} reached again")
+                self.failures = 0
+            if final:
+                return
+            delay = PUSH_INTERVAL
+
+    def _push(self, final: bool) -> None:
+        client = self._mlflow_client()
+        if self.run_id is None:
+            self._create_run(client)
+        if not self.params_done:
+            from mlflow.entities import Param
+
+            values = {**job_params(self.job_dir, self.spec()), **self._trial_params()}
+            params = [Param(k, v) for k, v in values.items()]
+            for i in range(0, len(params), 100):
+                client.log_batch(self.run_id, params=params[i : i + 100])
+            self.params_done = True
+            self._record("active", None)
+        self._push_points(client)
+        if final:
+            self._push_artifacts(client)
+            state = str(self.store.get_job(self.job.id).state)
+            client.set_terminated(self.run_id, STATUS.get(state, "FINISHED"))
+            self._record("finished", None)
+            self._end_parent(client)
+
+    def _trial_params(self) -> dict[str, str]:
+        """A sweep trial's parameters (a script's come as arguments, not pushed)."""
+        sweep = (self.job.origin or {}).get("sweep")
+        if not sweep:
+            return {}
+        from ..experiments.store import ExperimentStore
+
+        for trial in ExperimentStore.for_jobs(self.store).trials(str(sweep["id"])):
+            if trial.get("job_id") == self.job.id:
+                return {k: str(v)[:500] for k, v in (trial.get("params") or {}).items()}
+        return {}
+
+    def spec(self) -> dict[str, Any]:
+        return self.job.spec.to_dict()
+
+    def _mlflow_client(self) -> Any:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def _experiment(self, client: Any) -> str:
+        name = self.job.spec.env.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+        found = client.get_experiment_by_name(name)
+        if found is not None:
+            return str(found.experiment_id)
+        try:
+            return str(client.create_experiment(name))
+        except Exception:  # another job made it meanwhile
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return str(found.experiment_id)
+
+    def _create_run(self, client: Any) -> None:
+        self.experiment_id = self._experiment(client)
+        tags = {
+            "mlcluster.job_id": self.job.id,
+            "mlcluster.job_name": self.job.name,
+            "mlcluster.backend": self.job.spec.backend,
+        }
+        sweep = (self.job.origin or {}).get("sweep")
+        if sweep:
+            tags["mlcluster.sweep_id"] = str(sweep.get("id"))
+            tags["mlflow.parentRunId"] = self._parent_run(client, sweep)
+        run = client.create_run(self.experiment_id, tags=tags, run_name=self.job.name)
+        self.run_id = run.info.run_id
+        self._record("active", None)
+
+    def _push_points(self, client: Any) -> None:
+        from mlflow.entities import Metric
+
+        path = self.job_dir / SERIES_FILE
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(16 << 20)
+        except OSError:
+            return
+        pos = 0
+        metrics: list[Any] = []
+        for raw in data.splitlines(keepends=True):
+            if not raw.endswith(b"\n"):
+                break  # being written: next time
+            pos += len(raw)
+            try:
+                batch = json.loads(raw)
+            except ValueError:
+                continue
+            if batch.get("r") != 0:  # rank 0's series are the run's
+                continue
+            for step, at, values in batch.get("p", []):
+                for name, value in values.items():
+                    metrics.append(Metric(name, value, int(at * 1000), int(step)))
+            if len(metrics) >= BATCH:
+                self._log_metrics(client, metrics, self.offset + pos)
+                metrics = []
+        self._log_metrics(client, metrics, self.offset + pos)
+
+    def _log_metrics(self, client: Any, metrics: list[Any], offset: int) -> None:
+        for i in range(0, len(metrics), BATCH):
+            client.log_batch(self.run_id, metrics=metrics[i : i + BATCH])
+        if offset != self.offset:
+            self.offset = offset
+            with contextlib.suppress(OSError):  # (lost: an adopted job's points go twice)
+                (self.job_dir / OFFSET_FILE).write_text(str(offset))
+
+    def _saved_offset(self) -> int:
+        try:
+            return int((self.job_dir / OFFSET_FILE).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _push_artifacts(self, client: Any) -> None:
+        logs = self.store.log_dir(self.job.id)
+        if logs.is_dir() and any(logs.iterdir()):
+            client.log_artifacts(self.run_id, str(logs), "logs")
+        for path, where in (
+            (self.store.result_json_path(self.job.id), "result"),
+            (self.job_dir / "cell.py", "code"),
+        ):
+            if path.is_file():
+                client.log_artifact(self.run_id, str(path), where)
+
+    # -- a sweep's parent run ------------------------------------------------------------
+
+    def _parent_file(self, sweep_id: str) -> Path:
+        folder = self.store.root / "tracking"
+        folder.mkdir(exist_ok=True)
+        return folder / f"{sweep_id}.json"
+
+    def _parent_run(self, client: Any, sweep: dict[str, Any]) -> str:
+        """The sweep's parent run: made by the first trial here (an exclusive lock file),
+        read by the others."""
+        path = self._parent_file(str(sweep["id"]))
+        lock = path.with_suffix(".lock")
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    return str(json.loads(path.read_text())["run_id"])
+                time.sleep(0.2)
+            raise RuntimeError("the sweep's parent run is not made yet") from None
+        try:
+            name = sweep.get("name") or str(sweep["id"])
+            run = client.create_run(
+                self.experiment_id,
+                tags={"mlcluster.sweep_id": str(sweep["id"])},
+                run_name=str(name),
+            )
+        except BaseException:
+            lock.unlink(missing_ok=True)  # the next trial tries again
+            raise
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": run.info.run_id}))
+        os.replace(tmp, path)
+        return str(run.info.run_id)
+
+    def _end_parent(self, client: Any) -> None:
+        """The last trial to end ends the sweep's run."""
+        sweep = (self.job.origin or {}).get("sweep")
+        if not sweep:
+            return
+        from ..experiments.store import ExperimentStore
+
+        ids = ExperimentStore.for_jobs(self.store).jobs_of_sweep(str(sweep["id"]))
+        if all(self.store.get_job(i).final for i in ids if i != self.job.id):
+            parent = json.loads(self._parent_file(str(sweep["id"])).read_text())["run_id"]
+            client.set_terminated(parent, "FINISHED")
+
+    # -- what the job shows --------------------------------------------------------------
+
+    def _record(self, state: str | None, message: str | None) -> None:
+        current = dict(self.job.tracking or {})
+        fresh = {
+            "kind": "mlflow",
+            "uri": self.uri,
+            "run_id": self.run_id,
+            "experiment_id": self.experiment_id,
+            "url": run_url(self.uri, self.experiment_id, self.run_id)
+            if self.run_id and self.experiment_id
+            else None,
+            "state": state or current.get("state", "pending"),
+            "message": message if state is not None else current.get("message"),
+        }
+        if fresh != current:
+            self.job.tracking = fresh
+            with contextlib.suppress(Exception):  # a store hiccup costs a field, not the job
+                self.store.update_job(self.job.id, tracking=fresh)
+
+    def _say(self, text: str) -> None:
+        with contextlib.suppress(Exception):
+            self.ctx.logs.system(text)
