@@ -46,10 +46,10 @@ describe('groupJobs', () => {
       'train-cell3',
       'train-cell2'
     ]);
-    expect(groupSummary(warm)).toBe('2 cells: 1 running, 1 succeeded');
+    expect(groupSummary(warm)).toBe('2 cells, 1 running');
     expect(sweep.head).toBeNull();
     expect(sweep.name).toBe('tune-cell4');
-    expect(groupSummary(sweep)).toBe('2 trials: 2 succeeded');
+    expect(groupSummary(sweep)).toBe('2 trials');
   });
 
   it('keeps a session without cells a plain row, and names a sweep from its trials', () => {

@@ -70,14 +70,19 @@ export function groupJobs(jobs: Job[]): ListEntry[] {
   return entries;
 }
 
-/** '12 cells: 1 running, 11 succeeded' (states in the order they first come). */
+/**
+ * '12 cells, 1 running, 2 failed': how many, and those not (yet) succeeded by state, in the
+ * order they first come (succeeded ones are the rest: the narrow sidebar has no room).
+ */
 export function groupSummary(group: GroupEntry): string {
   const counts = new Map<string, number>();
   for (const child of group.children) {
-    counts.set(child.state, (counts.get(child.state) ?? 0) + 1);
+    if (child.state !== 'succeeded') {
+      counts.set(child.state, (counts.get(child.state) ?? 0) + 1);
+    }
   }
   const noun = group.groupKind === 'sweep' ? 'trial' : 'cell';
   const total = group.children.length;
-  const states = Array.from(counts, ([state, n]) => `${n} ${state}`).join(', ');
-  return `${total} ${noun}${total === 1 ? '' : 's'}${states ? `: ${states}` : ''}`;
+  const states = Array.from(counts, ([state, n]) => `, ${n} ${state}`).join('');
+  return `${total} ${noun}${total === 1 ? '' : 's'}${states}`;
 }
