@@ -22,13 +22,14 @@ import { usePanel } from './context';
 /** How often a running job's new points are asked for. */
 export const POLL_MS = 2000;
 
-const WIDTH = 300;
+/** Drawing width until the panel's is known; at most MAX_WIDTH. */
+const DEFAULT_WIDTH = 300;
+const MAX_WIDTH = 420;
 const HEIGHT = 150;
 const LEFT = 44;
 const RIGHT = 8;
 const TOP = 22;
 const BOTTOM = 20;
-const PLOT_W = WIDTH - LEFT - RIGHT;
 const PLOT_H = HEIGHT - TOP - BOTTOM;
 const MEAN_COLOR = '#1e88e5';
 
@@ -76,7 +77,7 @@ export function useCurves(job: Job): Curves {
       stopped = true;
       clearTimeout(timer);
     };
-  }, [job.id, final]);
+  }, [api, job.id, final]);
   return curves;
 }
 
@@ -94,10 +95,19 @@ export interface CurveChartProps {
   name: string;
   tracks: Record<number, Track>;
   mean: boolean;
+  /** CSS pixels across: one drawing unit a pixel, so text keeps its size. */
+  width?: number;
 }
 
 /** One series: one line per rank, or the ranks' mean with a min–max band. */
-export function CurveChart({ name, tracks, mean }: CurveChartProps) {
+export function CurveChart({
+  name,
+  tracks,
+  mean,
+  width = DEFAULT_WIDTH
+}: CurveChartProps) {
+  const WIDTH = width;
+  const PLOT_W = Math.max(40, WIDTH - LEFT - RIGHT);
   const ranks = Object.keys(tracks)
     .map(Number)
     .sort((a, b) => a - b);
@@ -181,7 +191,8 @@ export function CurveChart({ name, tracks, mean }: CurveChartProps) {
       data-kept={kept}
       data-drawn={drawn}
       viewBox={`0 0 ${WIDTH} ${HEIGHT}`}
-      width="100%"
+      width={WIDTH}
+      height={HEIGHT}
       role="img"
       aria-label={label}
     >
@@ -261,6 +272,19 @@ const MODES: Array<{ mode: string; label: string; title: string }> = [
 export function CurveCharts({ job }: { job: Job }) {
   const curves = useCurves(job);
   const [mode, setMode] = React.useState('auto');
+  const [width, setWidth] = React.useState(DEFAULT_WIDTH);
+  const observer = React.useRef<ResizeObserver | null>(null);
+  const measure = React.useCallback((node: HTMLElement | null) => {
+    observer.current?.disconnect();
+    if (node && typeof ResizeObserver !== 'undefined') {
+      observer.current = new ResizeObserver(([entry]) => {
+        const w = Math.floor(entry.contentRect.width);
+        setWidth(w > 0 ? Math.min(w, MAX_WIDTH) : DEFAULT_WIDTH);
+      });
+      observer.current.observe(node);
+    }
+  }, []);
+  React.useEffect(() => () => observer.current?.disconnect(), []);
   const names = Object.keys(curves.tracks).sort();
   if (!names.length) {
     return null;
@@ -274,6 +298,7 @@ export function CurveCharts({ job }: { job: Job }) {
   return (
     <section
       className="jp-mlc-curves"
+      ref={measure}
       aria-labelledby={`jp-mlc-curves-${job.id}`}
       data-mode={mean ? 'mean' : 'ranks'}
     >
@@ -319,7 +344,13 @@ export function CurveCharts({ job }: { job: Job }) {
         )}
       </div>
       {names.map(n => (
-        <CurveChart key={n} name={n} tracks={curves.tracks[n]} mean={mean} />
+        <CurveChart
+          key={n}
+          name={n}
+          tracks={curves.tracks[n]}
+          mean={mean}
+          width={width}
+        />
       ))}
       {curves.names.length > MAX_REQUESTED && (
         <div className="jp-mlc-hint">
