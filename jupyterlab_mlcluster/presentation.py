@@ -79,17 +79,8 @@ def format_job_groups(groups) -> str:
         more = group.count - len(group.children)
         if more > 0:
             what = "trials" if group.kind == "sweep" else "cells"
-            rows.append(
-                (
-                    f"  … {more} more {what}",
-                    f"mlcluster jobs --parent {group.id}",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                )
-            )
+            hint = f"mlcluster jobs --parent {group.id}"
+            rows.append(("  …", f"{more} more {what}", "", "", "", "", hint))
     return text_table(rows)
 
 

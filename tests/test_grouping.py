@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from helpers import run_cli
 
 from jupyterlab_mlcluster.jobs.grouping import TOP_LEVEL, default_name, parent_of
 from jupyterlab_mlcluster.jobs.listing import grouped_jobs
@@ -103,7 +104,8 @@ def test_the_grouped_listing_puts_cells_and_trials_under_their_group(store):
         "train-cell12",
         "train-cell11",
     ]
-    assert f"9 more cells  mlcluster jobs --parent {SESSION}" in lines[session_row + 4]
+    assert lines[session_row + 4].split()[1:4] == ["9", "more", "cells"]
+    assert lines[session_row + 4].endswith(f"mlcluster jobs --parent {SESSION}")
     assert lines[-1].startswith("j00000000001")
     assert total == 2
 
@@ -119,3 +121,19 @@ def test_an_unnamed_job_is_named_after_what_it_ran():
     long = {"kind": "kernel", "notebook": "x" * 80 + ".ipynb", "cell": 123}
     name = default_name("code", long)
     assert name.endswith("-cell123") and len(name) <= 40
+
+
+def test_mlcluster_jobs_groups_and_flat_lists_every_row(store_dir):
+    store = JobStore(store_dir)
+    fill(store)
+    store.close()
+    grouped = run_cli("jobs")
+    assert grouped.returncode == 0, grouped.stderr
+    lines = grouped.stdout.splitlines()
+    assert len(lines) == 1 + 4 + 7 + 1  # header; sweep, 3 trials; session, 5 cells, "more"; plain
+    assert lines[1].startswith(SWEEP) and "7 more cells" in grouped.stdout
+    flat = run_cli("jobs", "--flat", "--limit", "100")
+    assert flat.returncode == 0 and len(flat.stdout.splitlines()) == 1 + 17
+    under = run_cli("jobs", "--parent", SESSION, "--json")
+    assert under.returncode == 0
+    assert {j["parent"] for j in json.loads(under.stdout)} == {SESSION}
