@@ -89,7 +89,7 @@ class TensorBoardTail:
             pos = end
             values = _scalars(event, prefix) if event is not None else {}
             if values:
-                out.append((rank, [event.step, event.wall_time, values]))
+                out.append((rank, [event.step, int(event.wall_time * 1000), values]))
         self.offsets[path] = start + pos
         return out
 

@@ -112,9 +112,19 @@ def status_line(record: JobRecord) -> str:
         from ..presentation import restarts_text
 
         parts.append(restarts_text(record))
+    if record.tracking:
+        parts.append(tracking_text(record.tracking))
     if record.error:
         parts.append(record.error)
     return " | ".join(parts)
+
+
+def tracking_text(tracking: dict[str, Any]) -> str:
+    """'MLflow run <id>: <link>' (or where it is, or why it is not there yet)."""
+    run, where = tracking.get("run_id"), tracking.get("url") or tracking.get("uri")
+    if tracking.get("state") == "unreachable":
+        return f"MLflow unreachable at {tracking.get('uri')}: {tracking.get('message')}"
+    return f"MLflow run {run}: {where}" if run else f"MLflow run pending at {where}"
 
 
 def progress_fraction(progress: dict[str, Any] | None) -> float | None:
@@ -298,8 +308,22 @@ def title_html(record: JobRecord) -> str:
     return (
         f"<b>{html.escape(record.name)}</b> <code>{record.id}</code> {badge(str(record.state))}"
         f"{flag} <span style='opacity:0.75'>{record.spec.workers} ranks · {record.backend}</span>"
-        f"{tensorboard_button(record.id)}"
+        f"{tensorboard_button(record.id)}{tracking_html(record.tracking)}"
     )
+
+
+def tracking_html(tracking: dict[str, Any] | None) -> str:
+    """The job's MLflow run: a link to it on a tracking server, else where it is."""
+    if not tracking:
+        return ""
+    url = tracking.get("url")
+    if url and url.startswith(("http://", "https://")) and tracking.get("state") != "unreachable":
+        return (
+            f" <a class='mlc-tracking' href='{html.escape(url)}' target='_blank' "
+            "rel='noopener noreferrer'>MLflow run</a>"
+        )
+    text = html.escape(tracking_text(tracking))
+    return f" <span class='mlc-tracking' style='opacity:0.75'>{text}</span>"
 
 
 def message_html(record: JobRecord) -> str:

@@ -4,8 +4,9 @@ A call only checks its values and appends them to a buffer (a few microseconds),
 be made every step. The buffer goes out as one signed record (protocol.py) at most every
 FLUSH_INTERVAL, or when MAX_BATCH points wait, from the caller or from a small daemon thread
 (a rank that stops logging still has its last points sent), and at the end of the rank's code.
-The record rides on the progress report (`{"type": "progress", "series": [...]}`, no
-`step`), which every backend's supervisor already reads; jobs/storage/series.py keeps it.
+The record rides on the progress report (`{"type": "progress", "series": [[step, epoch ms,
+{name: value}], ...]}`, no `step`), which every backend's supervisor already reads;
+jobs/storage/series.py keeps it.
 
 Values must be finite real numbers (an int, a float, a NumPy or 0-d torch scalar); others
 are dropped, and the first drop of each name says so on stderr. A job logs at most
@@ -33,15 +34,15 @@ MAX_SERIES = 200  # names a job may log (the supervisor holds the job to it too)
 def finite(value: Any) -> float | None:
     """`value` as a float when it is a finite real number, else None (text, bools, NaN,
     infinities, tensors of more than one element...)."""
+    kind = type(value)
+    if kind is float:  # the common case first (x - x is 0 for finite x, NaN otherwise)
+        return value if value - value == 0.0 else None
     if isinstance(value, bool | str | bytes):
         return None
-    if type(value) is float or type(value) is int:  # the common case, without float()
+    try:
         number = float(value)
-    else:
-        try:
-            number = float(value)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            return None
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
     return number if math.isfinite(number) else None
 
 
@@ -83,11 +84,15 @@ def log(step: float | None = None, **metrics: Any) -> None:
     state = _state
     if step is None:
         step = state.next_step
-    elif finite(step) is None:
+    elif type(step) is not int and finite(step) is None:
         state.say(f"step:{step!r}", f"dropped a call whose step {step!r} is not a finite number")
         return
     clean: dict[str, float] = {}
+    names = state.names
     for name, value in metrics.items():
+        if type(value) is float and value - value == 0.0 and name in names:
+            clean[name] = value  # the common case: a finite float of a known series
+            continue
         number = finite(value)
         if number is None:
             state.say(
@@ -109,16 +114,20 @@ def log(step: float | None = None, **metrics: Any) -> None:
                         "new names are dropped",
                     )
                 continue
-            state.names.add(name)
+            names.add(name)
         clean[name] = number
-    state.next_step = int(step) + 1 if float(step).is_integer() else step + 1
+    if type(step) is int:
+        state.next_step = step + 1
+    else:
+        step = float(step)
+        state.next_step = int(step) + 1 if step.is_integer() else step + 1
     if not clean:
         return
     now = time.time()
     with state.lock:
         if not state.points:
             state.first_at = now
-        state.points.append([step, round(now, 3), clean])
+        state.points.append([step, int(now * 1000), clean])  # the time in ms: cheaper text
         full = len(state.points) >= MAX_BATCH or now - state.first_at >= FLUSH_INTERVAL
     if full:
         flush()

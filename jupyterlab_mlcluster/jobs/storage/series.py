@@ -73,8 +73,8 @@ class SeriesWriter:
                     self.names.add(name)
                     new_names = True
                 values[name] = number
-            if values:
-                kept.append([_compact(step), at if at is not None else time.time(), values])
+            if values:  # (a rank sends the time in ms; the store keeps seconds)
+                kept.append([_compact(step), at / 1000 if at is not None else time.time(), values])
         if kept:
             if new_names:
                 _write_names(self._names_path, self.names)
