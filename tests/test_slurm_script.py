@@ -49,6 +49,16 @@ def test_defaults_and_partition_from_config():
     assert not [a for a in args if a.startswith(("--gpus", "--mem", "--time", "--nice", "--qos"))]
 
 
+def test_without_a_timeout_the_tasks_get_sigterm_the_grace_before_slurms_time_limit():
+    """The partition's time limit ends a job without --timeout: its tasks are told the
+    job's grace before it (--signal), to save their work; with --timeout the supervisor
+    stops the job itself, to the second (SIGTERM, then the grace), before --time's minute."""
+    args = script.sbatch_arguments(spec(), job_id="j1", attempt_dir="/d", grace=2.5)
+    assert "--signal=TERM@3" in args
+    timed = script.sbatch_arguments(spec(timeout="90s"), job_id="j1", attempt_dir="/d", grace=3)
+    assert not [a for a in timed if a.startswith("--signal")]
+
+
 def test_priority_is_a_qos_where_configured_else_a_nice_value():
     assert script.priority_arguments(10, {"10": "high"}) == ["--qos=high"]
     assert script.priority_arguments(-3, {}) == ["--nice=3"]

@@ -104,6 +104,7 @@ class SlurmBackend(Backend):
             account=c.slurm_account,
             qos_by_priority=dict(c.slurm_priority_qos),
             extra_args=list(c.slurm_extra_args),
+            grace=c.kill_grace_period,
         )
 
     def partitions(self) -> dict[str, dict[str, Any]]:
@@ -551,6 +552,9 @@ class _Attempt:
                 rank = min(failed, key=self._failure_time)
                 where = self.forensics.before_stop("failed")
                 self.stop("a rank failed")
+                verdict = self._slurm_verdict(where)
+                if verdict is not None:  # Slurm took the allocation away: its reason
+                    return verdict
                 return Outcome(
                     OutcomeKind.FAILED,
                     lifecycle.reported_failure(rank, self.reported_errors.get(rank)),
@@ -575,6 +579,19 @@ class _Attempt:
                 continue
             self.flush()
             time.sleep(LOOP_TICK)
+
+    def _slurm_verdict(self, where: str | None) -> Outcome | None:
+        """Slurm's own reason when it ended the allocation (a preemption, its time limit, a
+        node's failure): the ranks then exit on its SIGTERM, saving what they can (sbatch
+        --signal, the partition's GraceTime), and the exit of the first is no cause. Asked
+        once the allocation is gone (`stop` waits for it)."""
+        if self.slurm_state not in script.SLURM_ENDED:
+            return None
+        kind, message = script.job_outcome(self.slurm_state) or ("failed", self.slurm_state)
+        self._mark_unfinished(RankState.CANCELLED)
+        return Outcome(
+            OutcomeKind(kind), message, restartable=kind == OutcomeKind.FAILED, where=where
+        )
 
     def _failure_time(self, rank: int) -> float:
         report = lifecycle.read_error_report(self.ctx.store, self.ctx.job.id, rank) or {}

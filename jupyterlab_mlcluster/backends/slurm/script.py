@@ -69,6 +69,11 @@ _ENDED_REASONS = {
 }
 
 
+# Final states in which Slurm itself took the allocation away: the ranks' exits (on its
+# SIGTERM) are no cause, the state is (backend.py `_slurm_verdict`).
+SLURM_ENDED = {"PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "DEADLINE", "OUT_OF_MEMORY"}
+
+
 def attempt_files(attempt_dir: str) -> dict[str, str]:
     """The file names (with Slurm's %t = task id) of one attempt's batch script and output."""
     return {
@@ -136,8 +141,10 @@ def sbatch_arguments(
     account: str = "",
     qos_by_priority: dict[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    grace: float = 0,
 ) -> list[str]:
-    """sbatch's options for one attempt of `spec` (the script itself: `batch_script`)."""
+    """sbatch's options for one attempt of `spec` (the script itself: `batch_script`).
+    `grace`: the job's (kill_grace_period), given to its tasks before Slurm's time limit."""
     if spec.image:
         raise SpecError(
             "--image only applies to the kubernetes backend; Slurm tasks run this environment"
@@ -175,6 +182,11 @@ def sbatch_arguments(
     limit = time_limit(spec.timeout)
     if limit:
         args.append(f"--time={limit}")
+    elif grace > 0:
+        # No --timeout of ours (which the supervisor enforces to the second, the minutes
+        # of --time after it): the partition's time limit ends the job. Its tasks get
+        # SIGTERM the job's grace before it, to save their work (examples/dcp_resume.py).
+        args.append(f"--signal=TERM@{max(1, math.ceil(grace))}")
     queue = spec.queue or partition
     if queue:
         args.append(f"--partition={queue}")
