@@ -55,7 +55,7 @@ def format_job_groups(groups) -> str:
     """`mlcluster jobs`: each top-level entry (jobs/listing.py's Group), its newest
     children indented under it, and how many more it has."""
     now = time.time()
-    rows = [JOBS_HEADER]
+    rows: list[tuple[str, ...]] = [JOBS_HEADER]
     for group in groups:
         if group.head is not None:
             rows.append(_job_row(group.head, now))

@@ -33,8 +33,6 @@ class JobExportHandler(MLClusterHandler):
         except ExportError as exc:
             raise web.HTTPError(400, str(exc)) from None
         self.set_header("Content-Type", "application/zip")
-        self.set_header(
-            "Content-Disposition", f'attachment; filename="{record.name}-{target}.zip"'
-        )
+        self.set_header("Content-Disposition", f'attachment; filename="{record.name}-{target}.zip"')
         # Jupyter's APIHandler.finish would call it JSON: tornado's own finish sends it as is.
         web.RequestHandler.finish(self, data)
