@@ -3,6 +3,7 @@
 import js from '@eslint/js';
 import { defineConfig } from 'eslint/config';
 import prettierRecommended from 'eslint-plugin-prettier/recommended';
+import reactHooks from 'eslint-plugin-react-hooks';
 import globals from 'globals';
 import tseslint from 'typescript-eslint';
 
@@ -28,7 +29,12 @@ export default defineConfig([
       globals: { ...globals.browser, ...globals.node },
       parserOptions: { project: 'tsconfig.eslint.json', sourceType: 'module' }
     },
+    // The rules of hooks, and every value an effect or callback reads in its dependency list
+    // (the React Compiler's rules in the plugin's `recommended` are not taken: no compiler here).
+    plugins: { 'react-hooks': reactHooks },
     rules: {
+      'react-hooks/rules-of-hooks': 'error',
+      'react-hooks/exhaustive-deps': 'error',
       '@typescript-eslint/no-unused-vars': ['warn', { args: 'none' }],
       '@typescript-eslint/no-explicit-any': 'off',
       '@typescript-eslint/no-namespace': 'off',

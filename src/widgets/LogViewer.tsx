@@ -45,9 +45,9 @@ export function LogViewer({ job }: { job: Job }) {
   const { api, settings } = usePanel();
   const buffer = React.useMemo(
     () => new TailBuffer<LogLine>(line => line.rank, settings.logTailLines),
-    [job.id]
+    // eslint-disable-next-line react-hooks/exhaustive-deps -- a new buffer for each job
+    [job.id, settings.logTailLines]
   );
-  buffer.limit = settings.logTailLines;
   const [, setVersion] = React.useState(0);
   const [status, setStatus] = React.useState<{
     state: FollowState;
@@ -60,8 +60,10 @@ export function LogViewer({ job }: { job: Job }) {
   const [scrollTop, setScrollTop] = React.useState(0);
   const [viewportHeight, setViewportHeight] = React.useState(240);
   const scroller = React.useRef<HTMLDivElement>(null);
-  const active = React.useRef(!isFinal(job));
-  active.current = !isFinal(job);
+  // Whether to keep following: read by the follower at each turn, so a finished job or the
+  // setting turned off stops it without starting over.
+  const active = React.useRef(!isFinal(job) && settings.followLogs);
+  active.current = !isFinal(job) && settings.followLogs;
 
   React.useEffect(() => {
     const controller = new AbortController();
@@ -90,7 +92,7 @@ export function LogViewer({ job }: { job: Job }) {
         status: (state, error) => setStatus({ state, error })
       },
       {
-        isActive: () => active.current && settings.followLogs,
+        isActive: () => active.current,
         signal: controller.signal
       }
     ).catch(error =>
@@ -100,7 +102,7 @@ export function LogViewer({ job }: { job: Job }) {
       controller.abort();
       cancelAnimationFrame(frame);
     };
-  }, [job.id, buffer]);
+  }, [api, job.id, buffer]);
 
   React.useEffect(() => {
     const el = scroller.current;
@@ -118,7 +120,9 @@ export function LogViewer({ job }: { job: Job }) {
   const lines = buffer.lines(rank);
   const count = lines.length;
 
-  // Keep the newest line in view while following.
+  // Keep the newest line in view while following: after every render, since lines arrive in a
+  // mutable buffer (one render per frame) whose count stops changing once it is full.
+  // eslint-disable-next-line react-hooks/exhaustive-deps -- after every render, on purpose
   React.useLayoutEffect(() => {
     const el = scroller.current;
     if (el && stick) {
