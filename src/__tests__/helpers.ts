@@ -191,6 +191,7 @@ export function makeJob(overrides: Record<string, unknown> = {}): any {
     stall_after: null,
     on_stall: 'warn',
     stall: null,
+    attempts: [],
     straggler: null,
     tracking: null,
     ranks: Array.from({ length: workers }, (_, rank) => ({
