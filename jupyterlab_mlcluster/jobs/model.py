@@ -11,6 +11,7 @@ import decimal
 import enum
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .. import bounds, patterns
@@ -255,68 +256,15 @@ class JobSpec:
                 f"unknown option(s): {', '.join(unknown)}; "
                 f"valid options are {', '.join(cls.FIELDS)}"
             )
-        values = {k: v for k, v in options.items() if v is not None}
         spec = cls(backend=default_backend)
-        if "workers" in values:
-            spec.workers = _as_int("workers", values["workers"], bounds.WORKERS)
-        if "gpus_per_worker" in values:
-            spec.gpus_per_worker = _as_int(
-                "gpus_per_worker", values["gpus_per_worker"], bounds.GPUS_PER_WORKER
+        # In FIELDS order, so the first error a user sees does not depend on the options' order.
+        for field in cls.FIELDS:
+            if options.get(field) is not None:
+                setattr(spec, field, _OPTIONS[field](options[field]))
+        if options.get("tensorboard") is not None and TENSORBOARD_ENV in spec.env:
+            raise SpecError(
+                f"give the TensorBoard directory once: --tensorboard or --env {TENSORBOARD_ENV}"
             )
-        if "cpus" in values:
-            spec.cpus = _as_float("cpus", values["cpus"], bounds.CPUS)
-        if "memory" in values:
-            spec.memory = parse_memory(values["memory"])
-        if "framework" in values:
-            spec.framework = _one_of("framework", values["framework"], FRAMEWORKS)
-        if "backend" in values:
-            spec.backend = _one_of("backend", values["backend"], BACKENDS)
-        if "image" in values:
-            image = str(values["image"]).strip()
-            if not image or any(c.isspace() for c in image):
-                raise SpecError(
-                    f"image must be a container image reference, got {values['image']!r}"
-                )
-            spec.image = image
-        if "name" in values:
-            name = str(values["name"])
-            if not _NAME_RE.fullmatch(name):
-                raise SpecError(
-                    f"name must be 1-53 lowercase letters, digits or '-', starting and ending "
-                    f"with a letter or digit (it names Kubernetes objects), got {name!r}"
-                )
-            spec.name = name
-        if "env" in values:
-            spec.env = parse_env(values["env"])
-        if "timeout" in values:
-            spec.timeout = parse_duration(values["timeout"])
-        if "max_restarts" in values:
-            spec.max_restarts = _as_int("max_restarts", values["max_restarts"], bounds.MAX_RESTARTS)
-        if "queue" in values:
-            queue = str(values["queue"]).strip()
-            if not queue:
-                raise SpecError("queue must not be empty")
-            spec.queue = queue
-        if "priority" in values:
-            spec.priority = _as_int("priority", values["priority"], bounds.PRIORITY)
-        if "sync_packages" in values:
-            if not isinstance(values["sync_packages"], bool):
-                raise SpecError(
-                    f"sync_packages must be true or false, got {values['sync_packages']!r}"
-                )
-            spec.sync_packages = values["sync_packages"]
-        if "stall_after" in values:
-            spec.stall_after = parse_stall_after(values["stall_after"])
-        if "on_stall" in values:
-            spec.on_stall = _one_of("on_stall", values["on_stall"], ON_STALL)
-        if "track" in values:
-            spec.track = _one_of("track", values["track"], TRACKERS)
-        if "tensorboard" in values:
-            spec.tensorboard = parse_tensorboard_dir(values["tensorboard"])
-            if TENSORBOARD_ENV in spec.env:
-                raise SpecError(
-                    f"give the TensorBoard directory once: --tensorboard or --env {TENSORBOARD_ENV}"
-                )
         return spec
 
     def validate(self) -> None:
@@ -435,3 +383,57 @@ def _as_float(option: str, value: Any, bound: bounds.Bound) -> float:
     if not math.isfinite(number) or not bound.contains(number):
         raise SpecError(f"{option} must be {bound.describe()}, got {_shown(value)}")
     return number
+
+
+def _image(value: Any) -> str:
+    image = str(value).strip()
+    if not image or any(c.isspace() for c in image):
+        raise SpecError(f"image must be a container image reference, got {value!r}")
+    return image
+
+
+def _name(value: Any) -> str:
+    name = str(value)
+    if not _NAME_RE.fullmatch(name):
+        raise SpecError(
+            f"name must be 1-53 lowercase letters, digits or '-', starting and ending "
+            f"with a letter or digit (it names Kubernetes objects), got {name!r}"
+        )
+    return name
+
+
+def _queue(value: Any) -> str:
+    queue = str(value).strip()
+    if not queue:
+        raise SpecError("queue must not be empty")
+    return queue
+
+
+def _sync_packages(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"sync_packages must be true or false, got {value!r}")
+    return value
+
+
+# Each option of JobSpec.FIELDS: what its user-facing value (a string where users type one)
+# becomes in the spec, or a SpecError naming the option.
+_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "workers": lambda v: _as_int("workers", v, bounds.WORKERS),
+    "gpus_per_worker": lambda v: _as_int("gpus_per_worker", v, bounds.GPUS_PER_WORKER),
+    "cpus": lambda v: _as_float("cpus", v, bounds.CPUS),
+    "memory": parse_memory,
+    "framework": lambda v: _one_of("framework", v, FRAMEWORKS),
+    "backend": lambda v: _one_of("backend", v, BACKENDS),
+    "image": _image,
+    "name": _name,
+    "env": parse_env,
+    "timeout": parse_duration,
+    "max_restarts": lambda v: _as_int("max_restarts", v, bounds.MAX_RESTARTS),
+    "queue": _queue,
+    "priority": lambda v: _as_int("priority", v, bounds.PRIORITY),
+    "tensorboard": parse_tensorboard_dir,
+    "sync_packages": _sync_packages,
+    "stall_after": parse_stall_after,
+    "on_stall": lambda v: _one_of("on_stall", v, ON_STALL),
+    "track": lambda v: _one_of("track", v, TRACKERS),
+}
