@@ -55,6 +55,7 @@ class _Log:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.sending = threading.Lock()  # held from taking the points until they are sent
         self.points: list[list[Any]] = []
         self.first_at = 0.0
         self.next_step: int | float = 0
@@ -136,12 +137,14 @@ def log(step: float | None = None, **metrics: Any) -> None:
 
 
 def flush() -> None:
-    """Send what waits now (the runtime calls it when the rank's code ends)."""
+    """Send what waits now (the runtime calls it when the rank's code ends). Returns once
+    what the flusher thread took is sent too: the rank may exit right after."""
     state = _state
-    with state.lock:
-        points, state.points = state.points, []
-    if points:
-        reporting.send({"type": "progress", "series": points})
+    with state.sending:
+        with state.lock:
+            points, state.points = state.points, []
+        if points:
+            reporting.send({"type": "progress", "series": points})
 
 
 def _start_thread() -> None:

@@ -16,6 +16,7 @@ from helpers import process_gone, wait_for
 
 from jupyterlab_mlcluster.jobs.model import SpecError
 from jupyterlab_mlcluster.jobs.service import JobService
+from jupyterlab_mlcluster.jobs.storage.series import read_series
 from tests.kube.helpers import Kube
 from tests.kube.jobs_fixtures import IMAGE, SLEEPY_CELL, cancel_running, code, log_text, spec_of
 from tests.kube.player import objects_of
@@ -590,10 +591,11 @@ def test_cluster_capacity_from_nodes_and_pod_requests(k8s, nodes, kube, kube_nam
 
 WORKING_CELL = """
 import time
-from jupyterlab_mlcluster import progress
+from jupyterlab_mlcluster import log, progress
 data = bytearray(64 * 2**20)  # resident memory the reports must show
 for step in range(1, 4):
     progress(step, 3, desc="epoch")
+    log(loss=1.0 / step)
     time.sleep(1.0)
 len(data)
 """
@@ -608,6 +610,9 @@ def test_the_runtime_reports_metrics_and_progress_through_the_pod_log(
     final = service.wait(record.id, timeout=60)
     assert final.state == "succeeded", final.error
     assert final.ranks[0].progress == {"step": 3, "total": 3, "desc": "epoch"}
+    # mlc.log's points came through the pod's log too (issue 35), and moved no progress bar.
+    (loss,) = read_series(service.store.job_dir(record.id), ["loss"])["series"]
+    assert loss["steps"] == [0, 1, 2] and loss["values"] == [1.0, 0.5, 1 / 3]
     (series,) = service.store.metrics_history(record.id).values()
     assert series and all(s["memory_bytes"] > 64 * 2**20 for s in series)
     assert all(s["gpu_util"] is None for s in series)  # no GPU here

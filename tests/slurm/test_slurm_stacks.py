@@ -164,6 +164,7 @@ SLOW_RANK = textwrap.dedent(
     print("ready", flush=True)
     for step in range(100000):
         mlc.progress(step, desc="train")
+        mlc.log(loss=1.0 / (step + 1))
         time.sleep(pause)
     """
 )
@@ -184,4 +185,12 @@ def test_a_straggler_is_named_from_the_ranks_progress_on_slurm_too(services):
     view = record.to_json()["straggler"]
     assert view["ranks"] == [1], view
     assert view["median"] > 2 * view["rates"]["1"] > 0
+    # mlc.log's points come through a Slurm rank's control file too (issue 35).
+    from jupyterlab_mlcluster.jobs.storage.series import read_series
+
+    def logged():
+        series = read_series(service.store.job_dir(job), ["loss"])["series"]
+        return len(series) == 2 and all(s["steps"][:2] == [0, 1] for s in series)
+
+    wait_for(logged, timeout=30, message="both ranks' series")
     service.cancel(job)

@@ -37,6 +37,7 @@ BATCH = 1000  # metrics in one log_batch (MLflow's own limit)
 EXPERIMENT = "mlcluster"
 # MLflow's client retries a request for minutes by default: the backoff here is ours.
 CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+JOIN_SLACK = 120.0  # seconds a supervisor waits for its tracker beyond the grace
 OFFSET_FILE = "mlflow-offset"  # how far into series.jsonl the run has its points
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
@@ -80,7 +81,9 @@ class MLflowTracker:
     def finish(self) -> None:
         """The job has ended: push the rest, end the run (at most FINAL_DEADLINE)."""
         self.stop.set()
-        self.thread.join(self.grace + 15)
+        # The grace counts from when the thread sees the end; before that it may be importing
+        # mlflow or in a request (each at most MLFLOW_HTTP_REQUEST_TIMEOUT).
+        self.thread.join(self.grace + JOIN_SLACK)
 
     # -- the thread ----------------------------------------------------------------------
 
