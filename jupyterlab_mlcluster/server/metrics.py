@@ -137,144 +137,180 @@ def build_metrics(
     and capacity stay."""
     jobs = list(jobs)
     backends = sorted({j.backend for j in jobs} | ({cluster["backend"]} if cluster else set()))
-    by_state = {(s.value, b): 0 for s in JobState for b in backends}
-    queued: dict[str, list[float]] = {b: [] for b in backends}
-    admission: dict[tuple[str, ...], list[float]] = {}
-    durations: dict[tuple[str, ...], list[float]] = {}
-    restarts = dict.fromkeys(backends, 0)
-    user_gpus: dict[str, int] = {}
-    idle_jobs = dict.fromkeys(backends, 0)
-    stalled_jobs = dict.fromkeys(backends, 0)
-    stalled: list[tuple[list[str], float, float]] = []
-    straggling_jobs = dict.fromkeys(backends, 0)
-    straggling: list[tuple[list[str], int]] = []
-    idle_gpus: dict[str, int] = {}
-    idle_for: list[tuple[list[str], float]] = []
-    ranks: dict[str, list[tuple[list[str], float]]] = {name: [] for name in _RANK_FIGURES}
+    tally = _Tally(backends, now, shared)
     for job in jobs:
-        by_state[(job.state.value, job.backend)] += 1
-        restarts[job.backend] += job.restarts
+        tally.add(job)
+    return tally.families(cluster)
+
+
+def _gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, SERIES[name][1], labels=labels or [])
+
+
+def _by_label(name: str, labels: list[str], samples: Iterable[tuple[list[str], float]]) -> Metric:
+    family = _gauge(name, labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _by_backend(name: str, counts: dict[str, int]) -> Metric:
+    return _by_label(name, ["backend"], (([backend], n) for backend, n in counts.items()))
+
+
+def _by_owner(name: str, counts: dict[str, int]) -> Metric:
+    return _by_label(name, ["owner"], (([owner], n) for owner, n in sorted(counts.items())))
+
+
+_JOB_LABELS = ["job", "name", "owner", "backend"]
+
+
+class _Tally:
+    """The figures of one snapshot, counted job by job, then laid out as SERIES' families."""
+
+    def __init__(self, backends: list[str], now: float, shared: bool) -> None:
+        self.now, self.shared = now, shared
+        self.by_state = {(s.value, b): 0 for s in JobState for b in backends}
+        self.queued: dict[str, list[float]] = {b: [] for b in backends}
+        self.admission: dict[tuple[str, ...], list[float]] = {}
+        self.durations: dict[tuple[str, ...], list[float]] = {}
+        self.restarts = dict.fromkeys(backends, 0)
+        self.user_gpus: dict[str, int] = {}
+        self.idle_jobs = dict.fromkeys(backends, 0)
+        self.stalled_jobs = dict.fromkeys(backends, 0)
+        self.stalled: list[tuple[list[str], float, float]] = []
+        self.straggling_jobs = dict.fromkeys(backends, 0)
+        self.straggling: list[tuple[list[str], float]] = []
+        self.idle_gpus: dict[str, int] = {}
+        self.idle_for: list[tuple[list[str], float]] = []
+        self.ranks: dict[str, list[tuple[list[str], float]]] = {n: [] for n in _RANK_FIGURES}
+
+    def add(self, job: JobRecord) -> None:
+        now = self.now
+        self.by_state[(job.state.value, job.backend)] += 1
+        self.restarts[job.backend] += job.restarts
         if job.state is JobState.QUEUED:
-            queued[job.backend].append(max(0.0, now - job.created))
+            self.queued[job.backend].append(max(0.0, now - job.created))
         if job.started is not None:
-            admission.setdefault((job.backend,), []).append(max(0.0, job.started - job.created))
+            admitted = max(0.0, job.started - job.created)
+            self.admission.setdefault((job.backend,), []).append(admitted)
         if job.final and job.started is not None and job.finished is not None:
             key = (job.backend, job.state.value)
-            durations.setdefault(key, []).append(max(0.0, job.finished - job.started))
-        if job.state is JobState.RUNNING and job.gpu_idle_since is not None:
-            idle_jobs[job.backend] += 1
-        if job.state is JobState.RUNNING and job.stall:
-            stalled_jobs[job.backend] += 1
+            self.durations.setdefault(key, []).append(max(0.0, job.finished - job.started))
+        if job.state is JobState.RUNNING:
+            self._running(job)
+
+    def _running(self, job: JobRecord) -> None:
+        now, shared = self.now, self.shared
+        labels = [job.id, job.name, job.owner or "", job.backend]
+        if job.gpu_idle_since is not None:
+            self.idle_jobs[job.backend] += 1
+        if job.stall:
+            self.stalled_jobs[job.backend] += 1
             if not shared:
-                labels = [job.id, job.name, job.owner or "", job.backend]
                 since = float(job.stall.get("since") or now)
-                stalled.append((labels, max(0.0, now - since), len(job.stall.get("ranks") or [])))
-        if job.state is JobState.RUNNING and job.straggler:
-            straggling_jobs[job.backend] += 1
+                stalled_ranks = len(job.stall.get("ranks") or [])
+                self.stalled.append((labels, max(0.0, now - since), stalled_ranks))
+        if job.straggler:
+            self.straggling_jobs[job.backend] += 1
             if not shared:
-                labels = [job.id, job.name, job.owner or "", job.backend]
-                straggling.append((labels, len(job.straggler.get("ranks") or [])))
-        if job.state is JobState.RUNNING and not shared:
-            owner = job.owner or ""
-            held = job.spec.workers * job.spec.gpus_per_worker
-            user_gpus[owner] = user_gpus.get(owner, 0) + held
-            if job.gpu_idle_since is not None:
-                idle_gpus[owner] = idle_gpus.get(owner, 0) + held
-                labels = [job.id, job.name, owner, job.backend]
-                idle_for.append((labels, max(0.0, now - job.gpu_idle_since)))
-            for rank in job.ranks:
-                labels = [job.id, job.name, owner, job.backend, str(rank.rank)]
-                for name, figure in _RANK_FIGURES.items():
-                    value = (rank.metrics or {}).get(figure)
-                    if isinstance(value, (int, float)):
-                        ranks[name].append((labels, float(value)))
+                self.straggling.append((labels, len(job.straggler.get("ranks") or [])))
+        if not shared:
+            self._held(job, labels)
 
-    def gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, SERIES[name][1], labels=labels or [])
+    def _held(self, job: JobRecord, labels: list[str]) -> None:
+        """The GPUs a running job holds, whether idle, and its ranks' figures (per job and
+        owner: not on a shared server)."""
+        owner = job.owner or ""
+        held = job.spec.workers * job.spec.gpus_per_worker
+        self.user_gpus[owner] = self.user_gpus.get(owner, 0) + held
+        if job.gpu_idle_since is not None:
+            self.idle_gpus[owner] = self.idle_gpus.get(owner, 0) + held
+            self.idle_for.append((labels, max(0.0, self.now - job.gpu_idle_since)))
+        for rank in job.ranks:
+            rank_labels = [*labels, str(rank.rank)]
+            for name, figure in _RANK_FIGURES.items():
+                value = (rank.metrics or {}).get(figure)
+                if isinstance(value, (int, float)):
+                    self.ranks[name].append((rank_labels, float(value)))
 
-    out: list[Metric] = []
-    family = gauge("mlcluster_jobs", ["state", "backend"])
-    for (state, backend), count in sorted(by_state.items()):
-        family.add_metric([state, backend], count)
-    out.append(family)
-    length = gauge("mlcluster_queue_length", ["backend"])
-    oldest = gauge("mlcluster_queue_oldest_wait_seconds", ["backend"])
-    for backend, waits in queued.items():
-        length.add_metric([backend], len(waits))
-        oldest.add_metric([backend], max(waits, default=0.0))
-    out += [length, oldest]
-    out.append(
-        _histogram("mlcluster_job_admission_seconds", ["backend"], admission, ADMISSION_BUCKETS)
-    )
-    out.append(
-        _histogram(
-            "mlcluster_job_duration_seconds", ["backend", "state"], durations, DURATION_BUCKETS
+    def families(self, cluster: dict[str, Any] | None) -> list[Metric]:
+        out = self._job_families()
+        if cluster is not None:
+            out += _capacity_families(cluster)
+        out.append(_by_owner("mlcluster_user_gpus_allocated", self.user_gpus))
+        for name, samples in self.ranks.items():
+            out.append(_by_label(name, [*_JOB_LABELS, "rank"], samples))
+        out += self._health_families()
+        family = _gauge("mlcluster_metrics_snapshot_timestamp_seconds")
+        family.add_metric([], self.now)
+        out.append(family)
+        return out
+
+    def _job_families(self) -> list[Metric]:
+        states = _gauge("mlcluster_jobs", ["state", "backend"])
+        for (state, backend), count in sorted(self.by_state.items()):
+            states.add_metric([state, backend], count)
+        length = _gauge("mlcluster_queue_length", ["backend"])
+        oldest = _gauge("mlcluster_queue_oldest_wait_seconds", ["backend"])
+        for backend, waits in self.queued.items():
+            length.add_metric([backend], len(waits))
+            oldest.add_metric([backend], max(waits, default=0.0))
+        restarts = CounterMetricFamily(
+            "mlcluster_job_restarts", SERIES["mlcluster_job_restarts"][1], labels=["backend"]
         )
-    )
-    restart_counts = CounterMetricFamily(
-        "mlcluster_job_restarts", SERIES["mlcluster_job_restarts"][1], labels=["backend"]
-    )
-    for backend, count in restarts.items():
-        restart_counts.add_metric([backend], count)
-    out.append(restart_counts)
-    if cluster is not None:
-        backend = [cluster["backend"]]
-        capacity = cluster.get("capacity") or {}
-        gpus, cpus = capacity.get("gpus") or {}, capacity.get("cpus") or {}
-        for name, value in (
-            ("mlcluster_gpus_capacity", gpus.get("total")),
-            ("mlcluster_gpus_allocated", _used(gpus)),
-            ("mlcluster_cpu_slots_capacity", cpus.get("total")),
-            ("mlcluster_cpu_slots_allocated", _used(cpus)),
+        for backend, count in self.restarts.items():
+            restarts.add_metric([backend], count)
+        return [
+            states,
+            length,
+            oldest,
+            _histogram(
+                "mlcluster_job_admission_seconds", ["backend"], self.admission, ADMISSION_BUCKETS
+            ),
+            _histogram(
+                "mlcluster_job_duration_seconds",
+                ["backend", "state"],
+                self.durations,
+                DURATION_BUCKETS,
+            ),
+            restarts,
+        ]
+
+    def _health_families(self) -> list[Metric]:
+        """Idle GPUs, stalled and straggling jobs."""
+        out = [
+            _by_backend("mlcluster_idle_gpu_jobs", self.idle_jobs),
+            _by_owner("mlcluster_idle_gpus", self.idle_gpus),
+            _by_label("mlcluster_job_gpu_idle_seconds", _JOB_LABELS, self.idle_for),
+            _by_backend("mlcluster_stalled_jobs", self.stalled_jobs),
+        ]
+        for name, seconds in (
+            ("mlcluster_job_stalled_ranks", False),
+            ("mlcluster_job_stalled_seconds", True),
         ):
-            if value is not None:
-                family = gauge(name, ["backend"])
-                family.add_metric(backend, value)
-                out.append(family)
-    family = gauge("mlcluster_user_gpus_allocated", ["owner"])
-    for owner, count in sorted(user_gpus.items()):
-        family.add_metric([owner], count)
-    out.append(family)
-    for name, samples in ranks.items():
-        family = gauge(name, ["job", "name", "owner", "backend", "rank"])
-        for labels, value in samples:
-            family.add_metric(labels, value)
-        out.append(family)
-    family = gauge("mlcluster_idle_gpu_jobs", ["backend"])
-    for backend, count in idle_jobs.items():
-        family.add_metric([backend], count)
-    out.append(family)
-    family = gauge("mlcluster_idle_gpus", ["owner"])
-    for owner, count in sorted(idle_gpus.items()):
-        family.add_metric([owner], count)
-    out.append(family)
-    family = gauge("mlcluster_job_gpu_idle_seconds", ["job", "name", "owner", "backend"])
-    for labels, value in idle_for:
-        family.add_metric(labels, value)
-    out.append(family)
-    family = gauge("mlcluster_stalled_jobs", ["backend"])
-    for backend, count in stalled_jobs.items():
-        family.add_metric([backend], count)
-    out.append(family)
-    for name, seconds in (
-        ("mlcluster_job_stalled_ranks", False),
-        ("mlcluster_job_stalled_seconds", True),
+            samples = ((labels, age if seconds else n) for labels, age, n in self.stalled)
+            out.append(_by_label(name, _JOB_LABELS, samples))
+        out.append(_by_backend("mlcluster_straggling_jobs", self.straggling_jobs))
+        out.append(_by_label("mlcluster_job_straggler_ranks", _JOB_LABELS, self.straggling))
+        return out
+
+
+def _capacity_families(cluster: dict[str, Any]) -> list[Metric]:
+    backend = [cluster["backend"]]
+    capacity = cluster.get("capacity") or {}
+    gpus, cpus = capacity.get("gpus") or {}, capacity.get("cpus") or {}
+    out: list[Metric] = []
+    for name, value in (
+        ("mlcluster_gpus_capacity", gpus.get("total")),
+        ("mlcluster_gpus_allocated", _used(gpus)),
+        ("mlcluster_cpu_slots_capacity", cpus.get("total")),
+        ("mlcluster_cpu_slots_allocated", _used(cpus)),
     ):
-        family = gauge(name, ["job", "name", "owner", "backend"])
-        for labels, age, stalled_ranks in stalled:
-            family.add_metric(labels, age if seconds else stalled_ranks)
-        out.append(family)
-    family = gauge("mlcluster_straggling_jobs", ["backend"])
-    for backend, count in straggling_jobs.items():
-        family.add_metric([backend], count)
-    out.append(family)
-    family = gauge("mlcluster_job_straggler_ranks", ["job", "name", "owner", "backend"])
-    for labels, count in straggling:
-        family.add_metric(labels, count)
-    out.append(family)
-    family = gauge("mlcluster_metrics_snapshot_timestamp_seconds")
-    family.add_metric([], now)
-    out.append(family)
+        if value is not None:
+            family = _gauge(name, ["backend"])
+            family.add_metric(backend, value)
+            out.append(family)
     return out
 
 
