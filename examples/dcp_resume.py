@@ -91,7 +91,8 @@ for step in range(start, STEPS):
         print(f"saved step {done}", flush=True)
     if stop.item():
         print(f"SIGTERM: saved step {done}, exiting for a restart", flush=True)
-        sys.exit(128 + signal.SIGTERM)
+        dist.destroy_process_group()
+        sys.exit(128 + signal.SIGTERM)  # not 0: the job is not done
     time.sleep(STEP_SECONDS)
 
 dist.destroy_process_group()

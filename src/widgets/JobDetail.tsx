@@ -323,6 +323,18 @@ export function JobDetail({ job, now }: { job: Job; now: number }) {
           {formatDuration(idleGpuSeconds(job, now))}. Cancel it to free them?
         </div>
       )}
+      {job.attempts.length > 0 && (
+        <ol className="jp-mlc-attempts" aria-label="Attempts">
+          {job.attempts.map(a => (
+            <li key={`${a.attempt}-${a.started}`}>
+              {`attempt ${a.attempt}: ${a.outcome}`}
+              {a.reason ? `: ${a.reason}` : ''}
+              {a.restarted ? '; restarted' : ''}
+            </li>
+          ))}
+          {!isFinal(job) && <li>{`attempt ${job.restarts}: ${job.state}`}</li>}
+        </ol>
+      )}
       <dl className="jp-mlc-fields">
         <Field label="Ranks">{rankSummary(job)}</Field>
         <Field label="Backend">

@@ -472,6 +472,72 @@ class ClusterPlayer:
                 raise
         return code
 
+    def evict(
+        self,
+        run: RankRun,
+        reason: str = "EvictionByEvictionAPI",
+        message: str = "Eviction API: evicting",
+    ) -> int:
+        """What an eviction does to a running pod: the API server marks it (DisruptionTarget)
+        and deletes it gracefully; the kubelet sends the container SIGTERM, SIGKILL after the
+        pod's terminationGracePeriodSeconds (30 s unless set), reports it Failed (the mark
+        kept) and lets it go. Returns the container's exit status."""
+        import signal
+
+        pod = self.kube.get("v1", "Pod", run.pod, self.namespace)
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        mark = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _now(),
+        }
+        conditions = [*(pod.get("status") or {}).get("conditions", []), mark]
+        self.kube.patch(
+            "v1",
+            "Pod",
+            run.pod,
+            {"status": {"conditions": conditions}},
+            self.namespace,
+            subresource="status",
+        )
+        run.process.send_signal(signal.SIGTERM)
+        try:
+            code = run.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            run.process.kill()
+            code = run.process.wait(30)
+        if run.pump is not None:
+            run.pump.join(30)
+        now = _now()
+        status = self.kube.get("v1", "Pod", run.pod, self.namespace)["status"]
+        container = pod["spec"]["containers"][0]
+        terminated = {"exitCode": code if code >= 0 else 128 - code, "reason": "Error"}
+        terminated.update(startedAt=now, finishedAt=now)
+        status.update(
+            phase="Failed",
+            conditions=[c for c in status.get("conditions", []) if c["type"] != "Ready"]
+            + [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+            containerStatuses=[
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": f"docker.io/{container['image']}@sha256:0",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        )
+        self.kube.patch(
+            "v1", "Pod", run.pod, {"status": status}, self.namespace, subresource="status"
+        )
+        with contextlib.suppress(KubeApiError):
+            self.kube.delete("v1", "Pod", run.pod, self.namespace)
+        return code
+
     def end_when_exited(self, run: RankRun) -> threading.Thread:
         """The kubelet's part while the container lives on (a session's rank): once it
         exits, however and whenever, its pod says so."""

@@ -171,6 +171,37 @@ def test_a_failed_pod_fails_the_job_in_readable_words(container, reason, message
     assert (obs.failure.rank, obs.failure.message, obs.failure.pod) == (1, message, "b")
 
 
+@pytest.mark.parametrize(
+    "why, message",
+    [
+        (
+            "EvictionByEvictionAPI",
+            "rank 1's pod was evicted (Eviction API): Eviction API: evicting",
+        ),
+        (
+            "PreemptionByScheduler",
+            "rank 1's pod was preempted by the scheduler: Eviction API: evicting",
+        ),
+    ],
+)
+def test_a_pod_kubernetes_took_away_is_no_ranks_failure(why, message):
+    """Its DisruptionTarget says why (an eviction, a preemption): that is the attempt's
+    reason, not the rank's exit on the kubelet's SIGTERM (the backend blames no rank)."""
+    taken = pod("b", index=1, phase="Failed", container=terminated(143))
+    taken["status"]["conditions"] = [
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": why,
+            "message": "Eviction API: evicting",
+        }
+    ]
+    pods = [pod("a", index=0, phase="Running", container=RUNNING), taken]
+    obs = observe(job(), pods, engine="indexed-job", workers=2)
+    assert obs.failure is not None and obs.failure.disrupted
+    assert (obs.failure.rank, obs.failure.message) == (1, message)
+
+
 def test_job_conditions_decide_too():
     deadline = job(conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
     obs = observe(deadline, [], engine="indexed-job", workers=1)

@@ -454,10 +454,13 @@ def pod_template(
     payload_prefix: str | None = None,
     with_key: bool = False,
     packages: PackageSync | None = None,
+    grace: float | None = None,
 ) -> dict[str, Any]:
     """The pod template every rank of the job runs (`payload_prefix`: the payload Secrets'
     names, `name` by default; `with_key`: the first one holds the job's record key;
-    `packages`: what the notebook added to the image, installed before the rank runs)."""
+    `packages`: what the notebook added to the image, installed before the rank runs;
+    `grace`: the job's kill_grace_period, between SIGTERM and SIGKILL when a pod is evicted
+    or deleted, as when mlcluster stops the job: Kubernetes' 30 s otherwise)."""
     env = [_env(k, v) for k, v in spec.env.items()]
     env += [
         _env("MLCLUSTER_JOB_ID", job_id),
@@ -505,6 +508,8 @@ def pod_template(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
+    if grace is not None:
+        pod_spec["terminationGracePeriodSeconds"] = max(0, math.ceil(grace))
     if engine == "indexed-job":
         pod_spec["restartPolicy"] = "Never"  # the operators take it from the replica spec
         pod_spec["subdomain"] = name
@@ -723,6 +728,7 @@ def build_job_objects(
     report_key: bytes | None = None,
     runtime: str | None = None,
     packages: PackageSync | None = None,
+    grace: float | None = None,
 ) -> JobObjects:
     """All objects of one job. `queue` is the default when the spec names none;
     `priority_class` a PriorityClass name the backend chose for `spec.priority`;
@@ -754,6 +760,7 @@ def build_job_objects(
         payload_prefix=prefix,
         with_key=report_key is not None,
         packages=packages,
+        grace=grace,
     )
     job_labels_ = dict(labels)
     if gang == "kueue" and chosen_queue:  # always named: check_request refused no queue

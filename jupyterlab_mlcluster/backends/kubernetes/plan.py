@@ -151,6 +151,7 @@ def plan_objects(
     payload_chunks: Sequence[bytes],
     attempt: int,
     report_key: bytes | None = None,
+    grace: float | None = None,
 ) -> JobObjects:
     """The objects of one attempt of a planned job (see objects.build_job_objects)."""
     return build_job_objects(
@@ -170,4 +171,5 @@ def plan_objects(
         report_key=report_key,
         runtime=plan.runtime,
         packages=PackageSync.from_dict(plan.packages),
+        grace=grace,
     )

@@ -56,6 +56,8 @@ class PodRank:
     waiting: str | None = None  # why a pending/starting pod waits, readable
     unschedulable: bool = False
     terminated_reason: str | None = None  # OOMKilled, Error, DeadlineExceeded, Evicted...
+    # Why Kubernetes took the pod away (its DisruptionTarget condition), readable.
+    disruption: str | None = None
 
     @property
     def final(self) -> bool:
@@ -69,6 +71,7 @@ class Failure:
     exit_code: int | None = None
     pod: str | None = None
     deadline: bool = False  # Kubernetes stopped it at activeDeadlineSeconds (the timeout)
+    disrupted: bool = False  # the pod was taken away (evicted, preempted): no rank's fault
 
 
 @dataclasses.dataclass
@@ -95,6 +98,28 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
         if cond.get("type") == kind:
             return cond
     return None
+
+
+# DisruptionTarget reasons (Kubernetes 1.26+) in words.
+_DISRUPTIONS = {
+    "EvictionByEvictionAPI": "evicted (Eviction API)",
+    "PreemptionByScheduler": "preempted by the scheduler",
+    "PreemptionByKubeScheduler": "preempted by the scheduler",
+    "DeletionByTaintManager": "deleted: its node is tainted (NoExecute)",
+    "DeletionByPodGC": "deleted: its node is gone",
+    "TerminationByKubelet": "terminated by the kubelet (node pressure or shutdown)",
+}
+
+
+def disruption(pod: dict[str, Any]) -> str | None:
+    """Why Kubernetes took the pod away, from its DisruptionTarget condition; None if it
+    did not: 'evicted (Eviction API): Eviction API: evicting'."""
+    cond = _true(pod, "DisruptionTarget")
+    if cond is None:
+        return None
+    reason = cond.get("reason") or ""
+    text = _DISRUPTIONS.get(reason, f"taken away ({reason})" if reason else "taken away")
+    return f"{text}: {cond['message']}" if cond.get("message") else text
 
 
 def _true(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -175,6 +200,7 @@ def pod_rank(pod: dict[str, Any], container: str) -> PodRank:
             finished=parse_time(term.get("finishedAt")) or parse_time(status.get("startTime")),
             terminated_reason=term.get("reason") or status.get("reason"),
             waiting=status.get("message") if failed and not terminated else None,
+            disruption=disruption(pod) if failed else None,
         )
     if phase == "Running" and running is not None:
         return PodRank(
@@ -257,7 +283,13 @@ def observe(
     if failed_ranks:
         first = failed_ranks[0]
         pr = ranks[first]
-        obs.failure = Failure(first, rank_failure_message(first, pr), pr.exit_code, pr.pod)
+        obs.failure = Failure(
+            first,
+            rank_failure_message(first, pr),
+            pr.exit_code,
+            pr.pod,
+            disrupted=pr.disruption is not None,
+        )
         return obs
     job_failed = _job_failed(job, engine)
     if job_failed is not None:
@@ -378,6 +410,8 @@ def _job_failed(job: dict[str, Any], engine: str) -> tuple[str, bool] | None:
 def rank_failure_message(rank: int, pr: PodRank) -> str:
     """A failed rank in a sentence, from its pod (before its error report is known)."""
     code, reason = pr.exit_code, pr.terminated_reason
+    if pr.disruption:
+        return f"rank {rank}'s pod was {pr.disruption}"
     if reason == "OOMKilled":
         return f"rank {rank} was killed: out of memory (OOMKilled; ask for more with --memory)"
     if reason == "Evicted":

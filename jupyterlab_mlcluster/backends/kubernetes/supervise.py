@@ -263,9 +263,9 @@ class _Attempt:
                 if obs.failure is not None:
                     if obs.failure.deadline:
                         return Outcome(OutcomeKind.TIMEOUT, lifecycle.timed_out(spec.timeout))
-                    return Outcome(
-                        OutcomeKind.FAILED, obs.failure.message, obs.failure.rank, obs.failure.pod
-                    )
+                    # A pod Kubernetes took away: its reason, not the rank's exit on SIGTERM.
+                    rank = None if obs.failure.disrupted else obs.failure.rank
+                    return Outcome(OutcomeKind.FAILED, obs.failure.message, rank, obs.failure.pod)
                 if obs.succeeded:
                     return Outcome(OutcomeKind.SUCCEEDED)
             else:

@@ -63,6 +63,8 @@ def create_or_adopt(attempt: _Attempt) -> None:
         payload_chunks=split_payload(ctx.store.payload_path(ctx.job.id).read_bytes()),
         attempt=attempt.number,
         report_key=run.key,
+        # An eviction or deletion gives the ranks the job's grace, as a cancel does.
+        grace=ctx.config.kill_grace_period,
     )
     if job is None:
         log.debug("creating %s %s", plan.kind, run.name)
