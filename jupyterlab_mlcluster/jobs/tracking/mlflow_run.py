@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ EXPERIMENT = "mlcluster"
 CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 JOIN_SLACK = 120.0  # seconds a supervisor waits for its tracker beyond the grace
 OFFSET_FILE = "mlflow-offset"  # how far into series.jsonl the run has its points
+_MLFLOW_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ :]")  # what MLflow refuses in a metric's name
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
@@ -53,6 +55,12 @@ def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return None
+
+
+def mlflow_name(name: str) -> str:
+    """A series' name as MLflow takes a metric's (letters, digits, _ - . / space :): a name
+    it would refuse must not stop every later point of the run."""
+    return _MLFLOW_UNSAFE.sub("_", name)[:250] or "_"
 
 
 class MLflowTracker:
@@ -221,7 +229,7 @@ class MLflowTracker:
                 continue
             for step, at, values in batch.get("p", []):
                 for name, value in values.items():
-                    metrics.append(Metric(name, value, int(at * 1000), int(step)))
+                    metrics.append(Metric(mlflow_name(name), value, int(at * 1000), int(step)))
             if len(metrics) >= BATCH:
                 self._log_metrics(client, metrics, self.offset + pos)
                 metrics = []
