@@ -87,7 +87,7 @@ def main() -> int:
         kube.create(objects.notebook_resource("warmup", "warmup", "bench", workspace_size=None))
         warmup = wait(
             lambda: kube.find("security.istio.io/v1", "AuthorizationPolicy", "warmup", "warmup"),
-            timeout=120,
+            timeout=600,  # the controller's imports, on a loaded machine
             interval=0.1,
         )
         requests_before = thread.call(lambda e: e._request_count)

@@ -70,6 +70,11 @@ class ControllerApp(Application):
     def start(self) -> None:
         import asyncio
 
+        # kubernetes.dynamic (imported with the client, never used here) imports the optional
+        # kubernetes_validate where it is installed, and with it jsonschema's format checkers,
+        # which build 38 lark grammars: some 20 MiB and seconds of start for nothing.
+        if "kubernetes" not in sys.modules:
+            sys.modules.setdefault("kubernetes_validate", None)  # type: ignore[arg-type]
         import kopf
 
         config = self.controller_config

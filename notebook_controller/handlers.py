@@ -40,9 +40,11 @@ from .config import ControllerConfig
 from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culling import ProbeError, probe_activity, should_cull
 from .events import mirrored_event, notebook_event, notebook_of_event
+from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
 from .kube import KubeClient
 from .metrics import CULLED, RECONCILE_ERRORS, RECONCILES, MetricsServer
 from .namespaces import foreign_owner_error, namespace_ownership
+from .slim import slim_notebook, slim_owned, slim_pod
 from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
@@ -125,6 +127,7 @@ class NotebookController:
         self._errors: dict[NotebookKey, str] = {}
         # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
         self._namespace_owners: dict[str, tuple[tuple[str | None, str], float]] = {}
+        self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -139,6 +142,16 @@ class NotebookController:
         )
         # kopf gives startup handlers its live (still empty) indexes; the loops read them later.
         self.indexes = {name: kwargs[name] for name in INDEX_NAMES if name in kwargs}
+        settings = kwargs.get("settings")
+        if settings is not None:  # kopf's state of each Notebook, forgotten once it is gone
+            self._kopf_state = [
+                storage
+                for storage in (
+                    settings.persistence.progress_storage,
+                    settings.persistence.diffbase_storage,
+                )
+                if isinstance(storage, MemoryProgressStorage | MemoryDiffBaseStorage)
+            ]
         self._loops.append(
             asyncio.create_task(self._every(self.config.resync_period, self.resync_all))
         )
@@ -207,25 +220,28 @@ class NotebookController:
         return self._locks.setdefault(key, asyncio.Lock())
 
     # -- indexes (kopf keeps them current from its watches) --------------------------------
-    # Index values are read, never changed: a shallow copy of each event's fresh body will do.
+    # Index values are read, never changed; each keeps only what the handlers read (slim.py).
+    # Coroutines: kopf runs a plain function in a thread, a hop per event.
     @staticmethod
-    def index_notebook(
+    async def index_notebook(
         namespace: str, name: str, body: Mapping[str, Any], **_: Any
     ) -> dict[NotebookKey, Any]:
-        return {(namespace, name): dict(body)}
+        return {(namespace, name): slim_notebook(body)}
 
     @staticmethod
-    def index_owned(namespace: str, body: Mapping[str, Any], **_: Any) -> dict[NotebookKey, Any]:
+    async def index_owned(
+        namespace: str, body: Mapping[str, Any], **_: Any
+    ) -> dict[NotebookKey, Any]:
         """Children by the Notebook their ownerReference names (uids are checked on use)."""
         owner = _notebook_owner(body)
-        return {(namespace, owner): dict(body)} if owner else {}
+        return {(namespace, owner): slim_owned(body)} if owner else {}
 
     @staticmethod
-    def index_pod(
+    async def index_pod(
         namespace: str, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
     ) -> dict[NotebookKey, Any]:
         """Pods by label (their owner is the StatefulSet, whose uid is checked on use)."""
-        return {(namespace, labels[objects.LABEL_NOTEBOOK]): dict(body)}
+        return {(namespace, labels[objects.LABEL_NOTEBOOK]): slim_pod(body)}
 
     # -- reconciling ---------------------------------------------------------------------
     async def on_notebook(
@@ -467,6 +483,9 @@ class NotebookController:
         for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
             for key in [key for key in memory if key not in present]:
                 del memory[key]
+        uids = {nb["metadata"]["uid"] for nb in notebooks}
+        for storage in self._kopf_state:
+            storage.forget_except(uids)
         for notebook in notebooks:
             meta = notebook["metadata"]
             logger = logging.LoggerAdapter(log, {"notebook": f"{meta['namespace']}/{meta['name']}"})
@@ -538,13 +557,12 @@ class NotebookController:
 
 def build_settings(config: ControllerConfig) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    # Handler progress lives in annotations: the status belongs to the Notebook's readers.
-    # kopf ignores every annotation under its own prefix when diffing, so it must not share
-    # 'mlcluster.io/' with the stop annotation (or stop/start would go unnoticed).
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_PREFIX, key="last-handled-configuration"
-    )
+    # Handler progress and the last handled configuration live in memory (kopf_state.py),
+    # not on the Notebook (the status belongs to its readers); the retry touch is an
+    # annotation. kopf ignores every annotation under its own prefix when diffing, so it must
+    # not share 'mlcluster.io/' with the stop annotation (or stop/start would go unnoticed).
+    settings.persistence.progress_storage = MemoryProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = MemoryDiffBaseStorage()
     settings.posting.level = logging.WARNING
     # kopf's own requests (watches, patches) back off with the policy every other caller
     # uses (exponential, full jitter, capped) instead of kopf's fixed 1..21 s steps.

@@ -25,6 +25,7 @@ class AsyncConnection:
 
         loaded = await load_config_async(kubeconfig)
         loaded.configuration.connection_pool_maxsize = connections
+        _proxy_once(loaded.configuration, loaded.host)
         api = client.ApiClient(loaded.configuration)
         if user_agent:
             api.user_agent = user_agent
@@ -61,3 +62,24 @@ class AsyncConnection:
         if response.status >= 400:
             raise refused(response.status, data, response.headers)
         return _decode(data) if data else None
+
+
+def _proxy_once(configuration: Any, host: str) -> None:
+    """The environment's proxy for the API server (HTTPS_PROXY, NO_PROXY, ...), read once
+    here: the client's session would read it, and ~/.netrc, on every request, each in a
+    thread of its own (two thread hops per call, most of a burst's overhead under load).
+    A proxy that needs credentials is left to the session as before."""
+    import aiohttp.helpers
+    import yarl
+
+    if configuration.proxy is None:
+        try:
+            proxy, auth = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(host))
+        except LookupError:  # none, or the API server is in NO_PROXY
+            proxy, auth = None, None
+        if auth is not None:
+            return
+        if proxy is not None:
+            configuration.proxy = str(proxy)
+    extra = getattr(configuration, "client_session_kwargs", None) or {}
+    configuration.client_session_kwargs = {**extra, "trust_env": False}

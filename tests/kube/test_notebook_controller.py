@@ -79,7 +79,10 @@ def test_create_makes_every_owned_object(kube: Kube, kube_namespace: str, contro
     assert status["url"] == prefix + "/"
     assert status["message"] == "waiting for the notebook pod to be created"
     # Deletable while the controller is down: no finalizer of ours or kopf's.
-    assert "finalizers" not in kube.get(NB, "Notebook", "nb1", kube_namespace)["metadata"]
+    meta = kube.get(NB, "Notebook", "nb1", kube_namespace)["metadata"]
+    assert "finalizers" not in meta
+    # kopf's state stays in the controller's memory: no PATCH of each Notebook to record it.
+    assert not [key for key in meta.get("annotations") or {} if key.startswith("kopf.")]
 
 
 def pending_pod(kube: Kube, namespace: str) -> dict[str, Any]:

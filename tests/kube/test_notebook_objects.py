@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from notebook_controller import events as notebook_events
-from notebook_controller import objects
+from notebook_controller import objects, slim
 from notebook_controller import status as notebook_status
 from notebook_controller.config import ControllerConfig
 from notebook_controller.crd import notebook_crd
@@ -472,6 +472,38 @@ def test_drift_is_repaired() -> None:
         "metadata": {"labels": LABELS}
     }
     # Ownership is never patched in: the controller does not adopt (see test_attacks_cluster).
+
+
+def test_what_the_indexes_keep_repairs_and_owns_as_the_whole_object() -> None:
+    """The controller's indexes keep a slim copy of each object (slim.py): every judgement
+    made on it (drift, ownership, status) is the one made on the whole object."""
+    config = ControllerConfig()
+    desired = objects.desired_children(notebook(), config, objects.IstioVersions("v1", "v1"))
+    for want in desired:
+        whole = with_server_defaults(want)
+        whole["metadata"].update(uid="uid-child", managedFields=[{"manager": "x" * 1000}])
+        kept = slim.slim_owned(whole)
+        assert objects.repair_patch(want, kept) is None, want["kind"]
+        assert "managedFields" not in kept["metadata"]
+        assert kept["metadata"]["ownerReferences"] == [
+            {k: OWNER_REF[k] for k in ("apiVersion", "kind", "name", "uid", "controller")}
+        ]
+        assert kept.get("status") == whole.get("status")
+    sts = objects.statefulset(notebook(), config)
+    edited = with_server_defaults(sts)
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
+    edited["spec"]["replicas"] = 3
+    assert objects.repair_patch(sts, slim.slim_owned(edited)) == objects.repair_patch(sts, edited)
+    assert objects.repair_patch(sts, slim.slim_owned(edited)) is not None
+    kept = slim.slim_owned(edited)
+    assert set(kept["spec"]) == {"replicas", "template"}  # not serviceName, selector, ...
+    kept["spec"]["template"]["spec"]["containers"].clear()  # a reader's copy, not the index's
+    assert kept["spec"]["template"]["spec"]["containers"]
+    running = {**pod("Running", READY), "spec": {"containers": [{"name": "notebook"}]}}
+    assert notebook_status.compute_status(notebook(), edited, slim.slim_pod(running)) == (
+        notebook_status.compute_status(notebook(), edited, running)
+    )
+    assert "spec" not in slim.slim_pod(running)
 
 
 # --- status ------------------------------------------------------------------------------------

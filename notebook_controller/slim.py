@@ -1,0 +1,107 @@
+"""What the controller's in-memory indexes keep of each object: only what it reads.
+
+At 10,000 Notebooks the indexes hold some 50,000 objects; kept whole (parsed JSON: a dict
+per mapping, a str per key and value) they were most of the controller's memory. Each value
+keeps the metadata the handlers read (names, uid, labels, annotations, ownerReferences,
+deletion), the status, and of an owned object's spec only the fields repair_patch compares,
+packed as one JSON text each and parsed again only when a reconcile compares them
+(objects._REPAIRABLE). A pod keeps no spec at all (status.py reads its status only).
+
+Pure: from a watch event's body to the value kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .objects import _REPAIRABLE
+
+# Metadata the handlers read (handlers.py, objects.py, status.py, events.py): the rest
+# (managedFields, finalizers, ...) is never looked at.
+_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+    "annotations",
+    "ownerReferences",
+)
+_OWNER_REFERENCE = ("apiVersion", "kind", "name", "uid", "controller")
+
+
+class PackedSpec(Mapping[str, Any]):
+    """Some fields of a spec, each kept as its JSON text; reading one parses it afresh (so
+    what a caller gets is its own, as a copy would be)."""
+
+    __slots__ = ("_texts",)
+
+    def __init__(self, spec: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+        self._texts = {
+            field: json.dumps(spec[field], separators=(",", ":"))
+            for field in fields
+            if field in spec
+        }
+
+    def __getitem__(self, field: str) -> Any:
+        return json.loads(self._texts[field])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __repr__(self) -> str:
+        return f"PackedSpec({dict(self)!r})"
+
+
+def _metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {key: meta[key] for key in _METADATA if key in meta}
+    if "ownerReferences" in kept:
+        kept["ownerReferences"] = [
+            {key: ref[key] for key in _OWNER_REFERENCE if key in ref}
+            for ref in kept["ownerReferences"] or ()
+        ]
+    return kept
+
+
+def slim_owned(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An owned object (StatefulSet, Service, PVC, VirtualService, AuthorizationPolicy) as
+    the reconcile reads it: metadata, status, and the spec fields it repairs, packed."""
+    kind = body.get("kind")
+    fields = _REPAIRABLE[kind][0] if kind in _REPAIRABLE else ()
+    slim: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": kind,
+        "metadata": _metadata(body.get("metadata") or {}),
+        "spec": PackedSpec(body.get("spec") or {}, fields),
+    }
+    if body.get("status") is not None:
+        slim["status"] = body["status"]
+    return slim
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A notebook's pod as the status reads it: metadata and status, no spec."""
+    slim: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": _metadata(body.get("metadata") or {}),
+    }
+    if body.get("status") is not None:
+        slim["status"] = body["status"]
+    return slim
+
+
+def slim_notebook(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Notebook: spec and status whole (the desired objects are computed from its spec),
+    the metadata the handlers read."""
+    slim = {key: body[key] for key in ("apiVersion", "kind", "spec", "status") if key in body}
+    slim["metadata"] = _metadata(body.get("metadata") or {})
+    return slim
