@@ -98,38 +98,6 @@ def installed(paths: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     return found
 
 
-def pinned_requirements(paths: Iterable[str] | None = None) -> list[str]:
-    """`name==version` of every distribution importable from `paths` (sys.path), the first
-    of a name winning as for imports: read from the names of the `.dist-info` directories
-    alone (a few ms at every submit, where `installed` reads each one's metadata: ~1 s
-    cold), and reused while no directory on `paths` changed. What a job's export pins
-    (jobs/service.py keeps it with the job, in provenance.json)."""
-    global _pinned
-    search = list(paths if paths is not None else sys.path)
-    state = _paths_state(search)
-    if _pinned is not None and _pinned[0] == state:
-        return list(_pinned[1])
-    found: dict[str, str] = {}
-    for entry in search:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in sorted(names):
-            if not name.endswith(".dist-info"):
-                continue
-            dist, _, version = name[: -len(".dist-info")].partition("-")
-            key = canonicalize_name(dist)
-            if key and version and key not in found:
-                found[key] = version
-    pinned = [f"{name}=={version}" for name, version in sorted(found.items())]
-    _pinned = (state, pinned)
-    return list(pinned)
-
-
-_pinned: tuple[tuple[Any, ...], list[str]] | None = None
-
-
 def _scan(search: list[str]) -> dict[str, dict[str, Any]]:
     user_site = _user_site()
     found: dict[str, dict[str, Any]] = {}

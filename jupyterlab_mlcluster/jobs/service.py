@@ -38,6 +38,7 @@ from .model import (
     tensorboard_dir_for,
 )
 from .owner import current_user
+from .provenance import provenance
 from .reaper import Reaper
 from .record import JobRecord, new_job_id
 from .running.processes import (
@@ -275,20 +276,9 @@ class JobService:
         }
         # What `mlcluster export` needs without unpickling the payload (a server never
         # does): what ran, what was pushed, and the environment it ran with, pinned.
-        from ..environment import pinned_requirements  # packaging: not on every import path
-
         files["provenance.json"] = json.dumps(
-            {
-                "kind": payload.kind,
-                "filename": payload.filename,
-                "pushed": sorted(payload.push),
-                "python": sys.version.split()[0],
-                "executable": sys.executable,
-                "requirements": pinned_requirements(),
-            }
+            provenance(payload.kind, payload.filename, payload.push)
         ).encode()
-        # An experiment's parameters (--track): the options and these pushed scalars.
-        files[PARAMS_FILE] = params_file(payload.push)
         if payload.kind == "code":
             # Numbered as the rank runs it (from Payload.first_line), so what reads the file
             # by a frame's line (a stack's reader, jobs/forensics/) finds that line.
