@@ -211,10 +211,11 @@ export class MlclusterApi {
     if (after) {
       query.set('after', String(after));
     }
-    const answer = await this.json<{ logged: LoggedSeries }>(
+    const answer = await this.json<{ logged?: LoggedSeries }>(
       `jobs/${encodeURIComponent(id)}/metrics?${query}`
     );
-    return answer.logged;
+    // a server from before mlc.log answers no `logged`: nothing logged
+    return answer.logged ?? { names: [], series: [], cursor: after };
   }
 
   /** Where the job's ranks are: read now while it runs, else the stacks it kept (409: none). */

@@ -99,8 +99,11 @@ export interface CurveChartProps {
   width?: number;
 }
 
-/** One series: one line per rank, or the ranks' mean with a min–max band. */
-export function CurveChart({
+/**
+ * One series: one line per rank, or the ranks' mean with a min–max band. Memoised: a job
+ * event redraws the detail, but a chart only when its points, mode or width change.
+ */
+export const CurveChart = React.memo(function CurveChart({
   name,
   tracks,
   mean,
@@ -252,7 +255,7 @@ export function CurveChart({
       {shapes}
     </svg>
   );
-}
+});
 
 const MODES: Array<{ mode: string; label: string; title: string }> = [
   {
