@@ -1,0 +1,210 @@
+"""--track mlflow (issue 35): jobs recorded as runs in a real `mlflow server` started here, and
+a tracking server that cannot be reached costs the job nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import run_cli, wait_for
+
+pytest.importorskip("mlflow")
+
+SERVER_START = 240.0  # seconds: its database is made on first start (slow on a loaded machine)
+
+SCRIPT = textwrap.dedent(
+    """
+    import argparse
+    import jupyterlab_mlcluster as mlc
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float)
+    lr = parser.parse_args().lr
+    mlc.log(step=0, **{"acc@1": 0.5})  # a name MLflow refuses as it is
+    for step in range(10):
+        mlc.log(step=step, loss=lr * (10 - step))
+    print("trained with", lr)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(root / "server.log", "wb")  # closed below
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # Its job runner (a pool of huey consumers for server-side jobs) is not ours to test.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        start_new_session=True,  # the server and its workers are stopped together
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(healthy, timeout=SERVER_START, interval=1.0, message="mlflow server up")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def settings(config_dir: Path, **values) -> None:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": values})
+    )
+
+
+def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(mlflow_server, store_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    settings(tmp_path / "jupyter-config", mlflow_tracking_uri=mlflow_server)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "MLFLOW_EXPERIMENT_NAME": "issue35"}
+    out = run_cli(
+        "run",
+        "--track",
+        "mlflow",
+        "--sweep",
+        "lr=0.5,0.25",
+        "--parallel",
+        "1",
+        "--env",
+        "MLFLOW_EXPERIMENT_NAME=issue35",
+        str(script),
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore
+
+    jobs = sorted(JobStore(store_dir).list_jobs()[0], key=lambda r: r.created)
+    assert len(jobs) == 2
+    client = MlflowClient(tracking_uri=mlflow_server)
+
+    def recorded() -> bool:  # each trial's supervisor ends its run after the job has ended
+        return all(
+            (JobStore(store_dir).get_job(j.id).tracking or {}).get("state") == "finished"
+            for j in jobs
+        )
+
+    wait_for(recorded, timeout=120, interval=0.5, message="both runs ended")
+    experiment = client.get_experiment_by_name("issue35")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    (parent,) = parents
+    assert parent.data.tags["mlcluster.sweep_id"] == jobs[0].origin["sweep"]["id"]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    wait_for(
+        lambda: client.get_run(parent.info.run_id).info.status == "FINISHED",
+        timeout=30,
+        message="the last trial ends the sweep's run",
+    )
+    for job in jobs:
+        tracking = JobStore(store_dir).get_job(job.id).tracking
+        run = client.get_run(tracking["run_id"])
+        assert tracking["url"] == (
+            f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+        )
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlcluster.job_id"] == job.id
+        lr = float(run.data.params["lr"])
+        assert run.data.params["track"] == "mlflow" and run.data.params["workers"] == "1"
+        assert run.data.params["env"] == "MLFLOW_EXPERIMENT_NAME", "names, never values"
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert [(m.step, m.value) for m in history] == [(s, lr * (10 - s)) for s in range(10)]
+        assert run.data.metrics["acc_1"] == 0.5, "renamed, and no later point was stopped"
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "logs")}
+        assert artifacts == {"logs/rank-0.log"}
+        log_text = Path(
+            client.download_artifacts(run.info.run_id, "logs/rank-0.log", str(tmp_path))
+        )
+        assert f"trained with {lr}" in log_text.read_text()
+
+
+@pytest.fixture
+def unreachable(store_dir, tmp_path):
+    """Settings naming a tracking server nobody listens at (written before the service)."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    settings(tmp_path / "jupyter-config", mlflow_tracking_uri=uri, tracking_grace=3)
+    return uri
+
+
+def test_an_unreachable_tracker_never_fails_the_job(unreachable, service):
+    """Nothing listens at the tracking URI: the job succeeds, says once that MLflow cannot be
+    reached, shows it in its record, and gives up after the grace (its supervisor ends)."""
+    from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    uri = unreachable
+    source = "import time, jupyterlab_mlcluster as mlc\nfor i in range(5):\n    mlc.log(x=i)\n    time.sleep(0.5)\n"
+    spec = JobSpec.from_options({"workers": 1, "track": "mlflow"})
+    job_id = service.submit(spec, Payload(source=source)).id
+    record = service.wait(job_id, timeout=120)
+    assert record.state == "succeeded", record.error
+    wait_for(
+        lambda: "gave up" in ((service.store.get_job(job_id).tracking or {}).get("message") or ""),
+        timeout=60,
+        interval=0.2,
+        message="the tracker gives up after the grace",
+    )
+    tracking = service.store.get_job(job_id).tracking
+    assert tracking["state"] == "unreachable" and tracking["uri"] == uri
+    text = "\n".join(line["line"] for line in service.logs(job_id, 0)[0])
+    assert text.count(f"MLflow at {uri} cannot be reached") == 1, text
+    assert "retrying with backoff, the job runs on" in text
+    assert f"gave up recording the job's end at {uri} after 3 s" in text
+    # The series are the job's whatever the tracker did.
+    assert len(run_cli("metrics", job_id, "--csv").stdout.splitlines()) == 6
+    # Bad input: an unknown tracker is refused before anything is stored.
+    with pytest.raises(SpecError, match="track"):
+        JobSpec.from_options({"track": "wandb"})
