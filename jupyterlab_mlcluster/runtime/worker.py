@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import reporting, scalars, stackdump
+from . import debugger, reporting, scalars, stackdump
 from .outcome import error_report, exit_report, write_error, write_result
 from .payload import Payload, read_payload_bytes
 from .user_code import run_payload, shut_down_like_an_interpreter
@@ -108,6 +108,7 @@ def execute(payload: Payload) -> int:
     """Run the payload in this (already set up) process; returns the exit status."""
     rank = int(os.environ.get("RANK", "0"))
     stackdump.arm()  # where the supervisor cannot read this rank from outside
+    debugger.arm_outside_session()  # no terminal here: breakpoint() says what to do instead
     reporting.send({"type": "started", "pid": os.getpid(), "time": time.time()})
     status = 0
     try:
