@@ -133,6 +133,11 @@ class EventBroadcaster:
         self._stop = threading.Event()
         self._seq = itertools.count(1)
 
+    @property
+    def scopes(self) -> frozenset[str | None]:
+        """The scopes the subscribers see (None: everything)."""
+        return self._scopes
+
     def encode(self, message: dict[str, Any]) -> str:
         """JSON with a `seq` that grows with the time a message was made (any thread), so a
         client can drop a message older than one it already applied (e.g. the snapshot)."""
@@ -210,69 +215,11 @@ class EventBroadcaster:
     # -- the watcher thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        watcher = StoreWatcher(self.service.store)
-        feed = _Coalescer(self.min_gap)
-        states: dict[str, str] = {}
-        owners: dict[str, str | None] = self.service.store.job_owners()
-        last_cluster: dict[str | None, str] = {}
-        cluster_stale, cluster_quiet_until = True, 0.0
+        feed = _StoreFeed(self)
         try:
             while not self._stop.is_set():
                 try:
-                    changes = watcher.poll()
-                    now = time.monotonic()
-                    messages: list[tuple[Key, str, Target]] = []
-                    if changes.resync:
-                        owners = self.service.store.job_owners()
-                        for scope in self._scopes:
-                            text = self.encode(self.snapshot(scope))
-                            messages.append((("snapshot", ""), text, ("scope", scope)))
-                        feed.clear()
-                        cluster_stale = True
-                    for job_id in changes.deleted:
-                        feed.forget(job_id)
-                        states.pop(job_id, None)
-                        # An owner never learned (created and purged unseen): unscoped only.
-                        target = (
-                            ("job", owners.pop(job_id)) if job_id in owners else ("scope", None)
-                        )
-                        text = self.encode({"type": "deleted", "id": job_id})
-                        messages.append((("deleted", job_id), text, target))
-                        cluster_stale = True
-                    for job_id in changes.jobs:
-                        feed.changed(("job", job_id))
-                    for job_id in changes.logs:
-                        feed.changed(("logs", job_id))
-                    for key in feed.due(now):
-                        kind, job_id = key
-                        if kind == "logs":
-                            if job_id not in owners:
-                                owners.update(self.service.store.job_owners([job_id]))
-                            if job_id in owners:
-                                text = self.encode({"type": "logs", "id": job_id})
-                                messages.append((key, text, ("job", owners[job_id])))
-                            continue
-                        try:
-                            record = self.service.store.get_job(job_id)
-                        except UnknownJob:
-                            continue  # deleted meanwhile; its "deleted" event follows
-                        owners[job_id] = record.owner
-                        if states.get(job_id) != record.state.value:
-                            states[job_id] = record.state.value
-                            cluster_stale = True  # capacity and queue change with job states
-                        text = self.encode({"type": "job", "job": record.to_json()})
-                        messages.append((key, text, ("job", record.owner)))
-                    if cluster_stale and now >= cluster_quiet_until:
-                        # At most every cluster_interval, however busy the store is.
-                        cluster_stale, cluster_quiet_until = False, now + self.cluster_interval
-                        for scope in self._scopes | {None}:
-                            cluster = self.service.cluster(owner=scope)
-                            text = json.dumps(cluster)
-                            if text != last_cluster.get(scope, text):
-                                message = self.encode({"type": "cluster", "cluster": cluster})
-                                messages.append((("cluster", ""), message, ("scope", scope)))
-                            last_cluster[scope] = text
-                    touched = changes.jobs | changes.logs | changes.deleted
+                    messages, touched = feed.turn(time.monotonic())
                     if messages or touched:
                         self._call_soon(self._publish, messages, touched)
                     self.service.reap()  # settle jobs whose supervisors died (self-throttled)
@@ -290,6 +237,90 @@ class EventBroadcaster:
                 loop.call_soon_threadsafe(fn, *args)
             except RuntimeError:  # loop closed between the check and the call
                 pass
+
+
+class _StoreFeed:
+    """What the store's changes become, turn by turn: the messages to publish, each with its
+    target. It remembers what it has said (job states, owners, each scope's cluster) so a
+    change is said once and a cluster summary only when it differs."""
+
+    def __init__(self, broadcaster: EventBroadcaster):
+        self.broadcaster = broadcaster
+        self.store = broadcaster.service.store
+        self.watcher = StoreWatcher(self.store)
+        self.due = _Coalescer(broadcaster.min_gap)
+        self.states: dict[str, str] = {}
+        self.owners: dict[str, str | None] = self.store.job_owners()
+        self.last_cluster: dict[str | None, str] = {}
+        self.cluster_stale, self.cluster_quiet_until = True, 0.0
+
+    def turn(self, now: float) -> tuple[list[tuple[Key, str, Target]], set[str]]:
+        """One poll of the store: the messages it calls for, and the jobs it touched."""
+        changes = self.watcher.poll()
+        messages: list[tuple[Key, str, Target]] = []
+        if changes.resync:
+            self._resync(messages)
+        for job_id in changes.deleted:
+            self._deleted(job_id, messages)
+        for job_id in changes.jobs:
+            self.due.changed(("job", job_id))
+        for job_id in changes.logs:
+            self.due.changed(("logs", job_id))
+        for key in self.due.due(now):
+            self._changed(key, messages)
+        if self.cluster_stale and now >= self.cluster_quiet_until:
+            # At most every cluster_interval, however busy the store is.
+            self.cluster_stale = False
+            self.cluster_quiet_until = now + self.broadcaster.cluster_interval
+            self._cluster(messages)
+        return messages, changes.jobs | changes.logs | changes.deleted
+
+    def _resync(self, messages: list[tuple[Key, str, Target]]) -> None:
+        self.owners = self.store.job_owners()
+        for scope in self.broadcaster.scopes:
+            text = self.broadcaster.encode(self.broadcaster.snapshot(scope))
+            messages.append((("snapshot", ""), text, ("scope", scope)))
+        self.due.clear()
+        self.cluster_stale = True
+
+    def _deleted(self, job_id: str, messages: list[tuple[Key, str, Target]]) -> None:
+        self.due.forget(job_id)
+        self.states.pop(job_id, None)
+        # An owner never learned (created and purged unseen): unscoped only.
+        owners = self.owners
+        target = ("job", owners.pop(job_id)) if job_id in owners else ("scope", None)
+        text = self.broadcaster.encode({"type": "deleted", "id": job_id})
+        messages.append((("deleted", job_id), text, target))
+        self.cluster_stale = True
+
+    def _changed(self, key: Key, messages: list[tuple[Key, str, Target]]) -> None:
+        kind, job_id = key
+        if kind == "logs":
+            if job_id not in self.owners:
+                self.owners.update(self.store.job_owners([job_id]))
+            if job_id in self.owners:
+                text = self.broadcaster.encode({"type": "logs", "id": job_id})
+                messages.append((key, text, ("job", self.owners[job_id])))
+            return
+        try:
+            record = self.store.get_job(job_id)
+        except UnknownJob:
+            return  # deleted meanwhile; its "deleted" event follows
+        self.owners[job_id] = record.owner
+        if self.states.get(job_id) != record.state.value:
+            self.states[job_id] = record.state.value
+            self.cluster_stale = True  # capacity and queue change with job states
+        text = self.broadcaster.encode({"type": "job", "job": record.to_json()})
+        messages.append((key, text, ("job", record.owner)))
+
+    def _cluster(self, messages: list[tuple[Key, str, Target]]) -> None:
+        for scope in self.broadcaster.scopes | {None}:
+            cluster = self.broadcaster.service.cluster(owner=scope)
+            text = json.dumps(cluster)
+            if text != self.last_cluster.get(scope, text):
+                message = self.broadcaster.encode({"type": "cluster", "cluster": cluster})
+                messages.append((("cluster", ""), message, ("scope", scope)))
+            self.last_cluster[scope] = text
 
 
 class _Coalescer:
