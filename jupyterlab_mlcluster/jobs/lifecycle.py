@@ -115,8 +115,8 @@ def run_attempts(
             before_restart()
             continue
         if spec.max_restarts:  # (a job that cannot restart has one attempt: the job itself)
-            said = None if outcome.kind == OutcomeKind.SUCCEEDED else ending_text(ctx, outcome)
-            history = ended_attempt(ctx, number, began, outcome, said, restarted=False)
+            why = None if outcome.kind == OutcomeKind.SUCCEEDED else ending_text(ctx, outcome)
+            history = ended_attempt(ctx, number, began, outcome, why, restarted=False)
             ctx.store.update_job(ctx.job.id, attempts=history)
         finish(ctx, outcome)
         return
