@@ -7,6 +7,18 @@
 # sidebar). Fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+  # The fast tier, to run while working (CI runs everything, below): the tests marked `unit`
+  # by tests/tiers.py (they use no fixture that starts a system), in parallel, each stopped
+  # after 5 s (times MLCLUSTER_TEST_WAIT_SCALE on a loaded machine). No setup, lint or jest:
+  # .venv must exist. Bytecode is cached (ignored by git) so the next run imports faster.
+  shift
+  . .venv/bin/activate
+  unset PYTHONDONTWRITEBYTECODE
+  timeout=$(python -c "import os; print(5 * float(os.environ.get('MLCLUSTER_TEST_WAIT_SCALE') or 1))")
+  exec python -m pytest tests -m unit -n "${MLCLUSTER_TEST_WORKERS:-2}" --dist loadfile \
+    --timeout "$timeout" "$@"
+fi
 bash scripts/setup.sh
 . .venv/bin/activate
 if [ ! -x /usr/bin/chromium ]; then

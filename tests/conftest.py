@@ -23,6 +23,9 @@ settings.load_profile("mlcluster-fuzz" if FUZZ else "mlcluster-ci")
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The fast tier: tests/tiers.py marks the tests that use only cheap fixtures `unit`.
+pytest_plugins = ["tiers"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_pool_dir(tmp_path_factory):

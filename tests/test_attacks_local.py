@@ -134,6 +134,7 @@ except OSError as exc:  # hung up on before the request was even read
 """
 
 
+@pytest.mark.slow
 def test_attack_another_user_talks_to_the_zygote(tmp_path, monkeypatch):
     """The zygote's socket is reachable by another user (a careless chmod): the zygote checks
     the caller's uid (SO_PEERCRED) and hangs up without a word."""
@@ -286,6 +287,7 @@ def test_attack_store_root_precreated_by_another_user_is_refused(tmp_path):
     assert os.listdir(root) == []
 
 
+@pytest.mark.slow
 def test_attack_store_root_others_may_write_is_refused(tmp_path):
     from jupyterlab_mlcluster.jobs.storage.store import JobStore, UnsafeStore
 

@@ -120,6 +120,7 @@ def test_submit_refuses_a_spec_built_in_python_before_writing_anything(
     assert_store_unchanged(store_dir, service)
 
 
+@pytest.mark.slow
 def test_mlcluster_run_refuses_out_of_range_options_and_stores_nothing(store_dir, tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass")

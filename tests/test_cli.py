@@ -15,6 +15,7 @@ import yaml
 from helpers import assert_no_job_processes, run_cli
 
 
+@pytest.mark.slow
 def test_manifests_prints_everything_a_platform_team_applies():
     proc = run_cli(
         "manifests",
@@ -55,6 +56,7 @@ def test_manifests_prints_everything_a_platform_team_applies():
     )
 
 
+@pytest.mark.slow
 def test_controller_and_manifests_take_their_own_options():
     assert "notebook-controller" in run_cli("controller", "--help").stdout
     bad = run_cli("manifests", "--nonsense=1")

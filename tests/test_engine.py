@@ -38,6 +38,7 @@ def submit(service, source: str, **options) -> str:
     return service.submit(spec, Payload(source=source, push=push, pull=pull)).id
 
 
+@pytest.mark.slow
 def test_cli_run_all_reduce(store_dir, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(ALL_REDUCE)
@@ -267,6 +268,7 @@ def test_impossible_requests_are_refused_and_nothing_is_stored(service, options,
     assert service.store.list_jobs()[1] == 0
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_options_without_submitting(store_dir, tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass")
@@ -345,6 +347,7 @@ def test_logs_follow_and_rank_filter(service, store_dir):
     assert proc.stdout.splitlines() == ["[rank 1] 1 0", "[rank 1] 1 1", "[rank 1] 1 2"]
 
 
+@pytest.mark.slow
 def test_jobs_survive_the_submitting_process(store_dir, tmp_path):
     script = tmp_path / "quick.py"
     script.write_text("print('hi')")
@@ -369,6 +372,7 @@ def test_stdout_and_stderr_are_kept_apart_with_timestamps(service):
     assert all(entry["ts"].endswith("Z") for entry in lines)
 
 
+@pytest.mark.slow
 def test_the_submitters_settings_govern_its_job(store_dir):
     """A server's c.MLClusterConfig (not in any config file) reaches the job's supervisor:
     here a short kill grace period for a rank that ignores SIGTERM."""

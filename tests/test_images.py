@@ -43,6 +43,7 @@ def _containerfile(image: str) -> Path:
     return IMAGES / f"{image.rsplit('/', 1)[1].split(':', 1)[0]}.Containerfile"
 
 
+@pytest.mark.slow
 def test_printed_manifests_name_images_built_here_at_the_package_version(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -60,6 +61,7 @@ def test_printed_manifests_name_images_built_here_at_the_package_version(
     assert set(_container_images(list(yaml.safe_load_all(shipped)))) <= images
 
 
+@pytest.mark.slow
 def test_build_script_builds_each_containerfile_from_the_wheel_as_the_manifests_name_it() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHON=sys.executable, CONTAINER_ENGINE="podman")

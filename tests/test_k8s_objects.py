@@ -496,6 +496,7 @@ def test_choose_ranks_per_pod(workers, gpus, gpus_per_node, engine, expected):
 # --- every object, every combination ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_combination_validates_against_the_schemas():
     count = 0
     for engine, gang, spec in all_combinations():
@@ -739,6 +740,7 @@ def test_small_and_empty_payloads_give_one_chunk():
     assert join_payload(chunks) == code
 
 
+@pytest.mark.slow
 def test_too_large_payload_is_refused_with_a_clear_message():
     # 1 MiB of noise repeated: zlib only looks 32 KiB back, so it cannot compress this either.
     data = os.urandom(2**20) * (MAX_COMPRESSED_BYTES // 2**20 + 1)
@@ -1064,6 +1066,7 @@ def _expand(text: str, env: dict[str, str]) -> str:
     )
 
 
+@pytest.mark.slow
 def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
     """Run the packed pod's command as the kubelet would, with what the operator adds to
     the environment, and a stand-in for the runtime module that prints what it sees."""

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.slow
 def test_a_fork_waits_for_the_extensions_background_threads():
     # In a process of its own (the hook is process-wide): a background thread that ends
     # 0.3 s after it starts; the fork, asked at once, must come after it.

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -28,12 +30,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_layers_hold():
     result = lint_imports(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
+@pytest.mark.slow
 def test_an_upward_import_breaks_the_layers(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__")
     for package in ("jupyterlab_mlcluster", "notebook_controller"):

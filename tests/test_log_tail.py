@@ -34,6 +34,7 @@ def random_log(rng: random.Random, line_count: int, crlf: bool, trailing_newline
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
 def test_tail_offset_matches_naive_reference(seed):
     rng = random.Random(seed)

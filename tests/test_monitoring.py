@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 from helpers import run_cli
 
@@ -52,6 +53,7 @@ def manifests(*args: str) -> list[dict]:
     return [o for o in yaml.safe_load_all(proc.stdout) if o]
 
 
+@pytest.mark.slow
 def test_monitoring_manifests_fit_their_schemas_and_find_the_controller():
     objects = manifests("--monitoring")
     by_kind = {o["kind"]: o for o in objects if o["kind"] in ("ServiceMonitor", "ConfigMap")}

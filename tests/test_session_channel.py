@@ -373,6 +373,7 @@ def test_a_dropped_connections_commands_are_sent_again_signed_for_the_next(rank_
     link.close()
 
 
+@pytest.mark.slow
 def test_a_rank_that_stops_reading_holds_up_no_send():
     # A partitioned pod, or one whose reading is stuck: once its buffers are full, a
     # blocking send of a cell (megabytes) held the supervisor's loop up to SEND_TIMEOUT.

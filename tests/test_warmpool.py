@@ -30,6 +30,7 @@ def warm(monkeypatch):
     monkeypatch.setenv("MLCLUSTER_WARM_POOL", "1")
 
 
+@pytest.mark.slow
 def test_ranks_come_warm_and_cold(store_dir, monkeypatch):
     from jupyterlab_mlcluster.jobs.service import JobService
 

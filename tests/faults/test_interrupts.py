@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from helpers import assert_no_job_processes
 
 from jupyterlab_mlcluster.jobs.experiments.sweep import submit_sweep
@@ -97,6 +98,7 @@ def new_record(n: int) -> JobRecord:
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_every_line_of_storing_a_job_leaves_it_whole_or_absent(tmp_path):
     store = JobStore(tmp_path / "store")
     jobs_dir = store.job_dir("x").parent

@@ -8,6 +8,8 @@ import json
 import math
 import re
 
+import pytest
+
 from jupyterlab_mlcluster.kernel import curves
 from jupyterlab_mlcluster.kernel.curves import Curves, Track, column_minmax, nice_ticks
 
@@ -45,6 +47,7 @@ def test_nice_ticks_cover_the_values():
     assert nice_ticks(5, 5)[2]  # a flat series still gets an axis
 
 
+@pytest.mark.slow
 def test_ten_thousand_points_draw_at_most_two_per_pixel_column(tmp_path):
     write_series(
         tmp_path,

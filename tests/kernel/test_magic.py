@@ -300,6 +300,7 @@ def test_fast_printing_is_coalesced(kernel):
     assert "earlier lines: %distributed_logs" in text[0]
 
 
+@pytest.mark.slow
 def test_quickstart_notebook_runs_headless(store_dir):
     """The README's demo: nbclient executes examples/quickstart.ipynb in a real kernel."""
     import subprocess
@@ -332,6 +333,7 @@ def test_quickstart_notebook_runs_headless(store_dir):
     assert "session quickstart stopped (cancelled)" in out
 
 
+@pytest.mark.slow
 def test_terminal_ipython_degrades_to_plain_lines(store_dir, tmp_path):
     import subprocess
     import sys

@@ -51,6 +51,7 @@ def _validate(obj: dict[str, Any]) -> None:
 # --- 1. a forged identity header at the ingress -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_attack_forged_identity_header_needs_a_verified_jwt() -> None:
     """Mallory sends `kubeflow-userid: alice` with no token (or a token without the claim):
     the shipped Gateway comes with a RequestAuthentication that writes the header from the
@@ -97,6 +98,7 @@ def test_attack_forged_identity_header_needs_a_verified_jwt() -> None:
     assert http["tls"] == {"httpsRedirect": True}
 
 
+@pytest.mark.slow
 def test_attack_no_issuer_means_no_open_gateway(capsys: pytest.CaptureFixture[str]) -> None:
     """Without an issuer there is no Gateway at all (it would let Mallory claim any identity),
     and `mlcluster manifests` says why on stderr."""
@@ -120,6 +122,7 @@ def _printed_server(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_attack_issuer_without_an_audience_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """Red team: with no audience, the gateway (and the server) accepted any token the issuer
     minted for any of its applications. `--oidc-issuer` without `--audience` is now an error,
@@ -143,6 +146,7 @@ def test_attack_issuer_without_an_audience_is_refused(capsys: pytest.CaptureFixt
     assert "--MLClusterApp.jwt_audiences=cli" in command
 
 
+@pytest.mark.slow
 def test_attack_no_issuer_prints_no_server_that_believes_a_bare_header(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -182,6 +186,7 @@ def _server_workload(manifests: list[dict[str, Any]]) -> tuple[str, dict[str, st
     return deployment["metadata"]["namespace"], deployment["spec"]["template"]["metadata"]["labels"]
 
 
+@pytest.mark.slow
 def test_attack_forged_header_to_the_shared_server_without_a_jwt_is_denied_at_the_gateway() -> None:
     """Mallory sends `kubeflow-userid: alice` to the shared server's route on the gateway with
     no token, or with a token that has no user claim: the gateway's DENY policy covers the
@@ -248,6 +253,7 @@ def test_attack_other_routes_on_the_gateway_never_receive_the_raw_token() -> Non
     assert not allowed(manifests, namespace, labels, Request("/jupyter/lab", headers=forged))
 
 
+@pytest.mark.slow
 def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
     """Mallory's notebook or job pod (in the mesh, her namespace's identity) calls the shared
     server's Service directly with `kubeflow-userid: alice`, around the gateway; or a pod
@@ -314,6 +320,7 @@ def test_attack_mesh_pod_calls_the_shared_server_with_a_forged_header() -> None:
 # --- 2. unmeshed pods, plain-text access, privileged pods in user namespaces ---------------------
 
 
+@pytest.mark.slow
 def test_attack_direct_pod_access_is_closed_in_user_namespaces() -> None:
     """Mallory calls `http://nb1.alice.svc/...` from her own pod, around the gateway: the user
     namespace is meshed (sidecars enforce the notebook's AuthorizationPolicy), mTLS is STRICT
@@ -474,6 +481,7 @@ ESCALATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
 @pytest.mark.parametrize("escalation", sorted(ESCALATIONS))
 def test_attack_escalating_pod_templates_are_denied_by_the_admission_policy(
@@ -650,6 +658,7 @@ FOREIGN_SECRETS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
 @pytest.mark.parametrize("escape", sorted(POD_ESCAPES))
 def test_attack_job_pods_mount_foreign_storage_pin_a_node_or_run_as_root(
@@ -664,6 +673,7 @@ def test_attack_job_pods_mount_foreign_storage_pin_a_node_or_run_as_root(
     assert denials(POLICY, obj), f"{kind} with {escape} was admitted"
 
 
+@pytest.mark.slow
 def test_gpu_tolerations_spreading_and_storage_classes_are_admitted() -> None:
     """What the rules above must not refuse: the GPU taint's toleration, node affinity on
     ordinary labels, spreading by hostname (relative, not a chosen node), a non-root group,
@@ -751,6 +761,7 @@ USER_NAMESPACE_KINDS = {
 }
 
 
+@pytest.mark.slow
 def test_attack_notebook_account_mints_a_service_account_token_secret() -> None:
     """Red team (d): the notebook's service account may create Secrets (payloads), so Mallory
     creates a `kubernetes.io/service-account-token` Secret with a name the job rules allow,
@@ -898,6 +909,7 @@ def test_attack_jobs_in_a_kubeflow_profile_namespace_are_judged_too() -> None:
     assert denials(policy, built.job) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [*JOB_KINDS, "CronJob", *MORE_KINDS[2:]])
 @pytest.mark.parametrize("secret", sorted(FOREIGN_SECRETS))
 def test_attack_job_pods_read_a_secret_the_job_did_not_create(kind: str, secret: str) -> None:
@@ -911,6 +923,7 @@ def test_attack_job_pods_read_a_secret_the_job_did_not_create(kind: str, secret:
     assert denials(POLICY, obj), f"{kind} with a {secret} was admitted"
 
 
+@pytest.mark.slow
 def test_attack_trainjob_trainer_env_reads_a_foreign_secret() -> None:
     """A TrainJob names a Secret outside its pod templates: the trainer's env, an
     initializer's env or `secretRef`: refused as in a pod spec."""
@@ -938,6 +951,7 @@ def test_attack_trainjob_trainer_env_reads_a_foreign_secret() -> None:
         assert denials(POLICY, attacked) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["indexed-job", "pytorchjob", "tfjob", "trainjob"])
 def test_the_builders_own_jobs_and_schedules_pass_the_admission_policy(engine: str) -> None:
     """What the backend really submits (its payload Secrets, volumes, service account) and a
@@ -1004,6 +1018,7 @@ def _validate_shape(obj: dict[str, Any]) -> None:
     # on which Trainer version is installed.
 
 
+@pytest.mark.slow
 def test_admission_policy_is_shipped_valid_and_bound() -> None:
     """The policy and its bindings are valid Kubernetes 1.33 objects; Notebooks are checked in
     every namespace, job kinds in the user namespaces, and a denial denies (not just warns)."""
@@ -1399,6 +1414,7 @@ def test_attack_compromised_controller_writes_outside_the_user_namespaces() -> N
     assert not can(printed, controller, "get", *lease, "kube-system", "notebook-controller")
 
 
+@pytest.mark.slow
 def test_manifests_mark_each_user_namespace_with_its_owner(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -1423,6 +1439,7 @@ def test_manifests_mark_each_user_namespace_with_its_owner(
         assert captured.out == "" and "--namespace-owner" in captured.err
 
 
+@pytest.mark.slow
 def test_the_platform_sets_the_allow_lists_on_the_command_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

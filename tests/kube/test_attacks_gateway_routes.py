@@ -79,6 +79,7 @@ def test_attack_a_token_in_the_query_string_is_no_credential_at_the_gateway() ->
     assert rule["forwardOriginalToken"] is False  # and the header token is dropped
 
 
+@pytest.mark.slow
 def test_attack_a_route_of_another_namespace_cannot_bind_to_the_gateway(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -150,6 +151,7 @@ FORGING_ROUTES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forgery", sorted(FORGING_ROUTES))
 def test_attack_a_route_in_a_user_namespace_cannot_write_the_identity_headers(
     forgery: str,
@@ -306,6 +308,7 @@ ESCAPING_ROUTES: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("escape", sorted(ESCAPING_ROUTES))
 def test_attack_a_route_in_a_user_namespace_stays_under_its_own_path_and_namespace(
     escape: str,

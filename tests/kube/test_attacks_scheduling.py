@@ -85,6 +85,7 @@ PLATFORM = SchedulingAllowList(
 PLATFORM_POLICY = admission_policy(SERVICE_ACCOUNTS, scheduling=PLATFORM)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["Notebook", *JOB_KINDS, *MORE_KINDS])
 @pytest.mark.parametrize("escape", sorted(SCHEDULING_ESCAPES))
 def test_attack_pod_templates_preempt_place_by_victim_or_pick_their_scheduler(
@@ -147,6 +148,7 @@ def test_a_system_class_or_a_name_that_breaks_the_cel_is_no_allow_list_entry(
     assert captured.out == "" and "preempts every tenant" in captured.err
 
 
+@pytest.mark.slow
 def test_the_scheduling_allow_lists_come_from_the_command_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -273,6 +275,7 @@ GROUP_ESCAPES: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("escape", sorted(GROUP_ESCAPES))
 def test_attack_group_level_priority_and_queue_fields_take_the_same_allow_lists(
     escape: str,
@@ -294,6 +297,7 @@ def test_attack_group_level_priority_and_queue_fields_take_the_same_allow_lists(
         assert any(denials(p, obj) for p in printed), f"{escape} was admitted"
 
 
+@pytest.mark.slow
 def test_the_platforms_own_group_fields_are_admitted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -387,6 +391,7 @@ FOREIGN_METAS = {
 META_MESSAGE = f"{VOLCANO_QUEUE} may name only the platform's queues"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", sorted(TRAINJOB_METAS))
 def test_attack_trainjob_queue_and_priority_below_the_top_level(where: str) -> None:
     """Red team pass 2, G3: the group policy judged a TrainJob's own metadata only, while
@@ -554,6 +559,7 @@ UNCOVERED: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("escape", sorted(UNCOVERED))
 def test_attack_other_kubeflow_jobs_bare_pods_and_workloads_take_the_same_lists(
     escape: str,
@@ -573,6 +579,7 @@ def test_attack_other_kubeflow_jobs_bare_pods_and_workloads_take_the_same_lists(
         assert any(denials(p, obj) for p in printed), f"{escape} was admitted"
 
 
+@pytest.mark.slow
 def test_the_newly_judged_kinds_admit_what_the_platform_allows() -> None:
     printed = [
         m

@@ -635,6 +635,7 @@ def test_rbac_allows_exactly_what_the_controller_does(
     ) in used
 
 
+@pytest.mark.slow
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert print_manifests(["--namespace=ml-system", "--image=registry.example.com/ml:1"]) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))

@@ -778,6 +778,7 @@ def _server_rbac(manifest: dict[str, Any]) -> bool:
     return labels.get("app.kubernetes.io/name") == SERVICE_ACCOUNT
 
 
+@pytest.mark.slow
 def test_manifests_are_valid_and_least_privilege() -> None:
     manifests = all_manifests(
         namespace="ml-system",
@@ -860,6 +861,7 @@ def test_manifests_are_valid_and_least_privilege() -> None:
         assert not {"Gateway", "RequestAuthentication"} & {m["kind"] for m in plain}
 
 
+@pytest.mark.slow
 def test_manifests_prepare_user_namespaces_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
