@@ -45,6 +45,7 @@ def test_changes_are_what_was_added_or_changed_since_the_pod_started():
     assert skipped == ["mine"]  # editable: its source is on the notebook's disk
 
 
+@pytest.mark.slow
 def test_the_first_baseline_of_a_pod_wins(tmp_path):
     path = environment.record_baseline(tmp_path)
     assert path is not None and oct(path.stat().st_mode & 0o777) == "0o600"
@@ -122,6 +123,7 @@ def test_no_sync_packages_is_a_job_option():
     assert spec_from_args(parser.parse_args(["--no-sync-packages"])).sync_packages is False
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_filled_is_said_and_the_pods_use_the_index(tmp_path, monkeypatch):
     not_a_directory = tmp_path / "cache"
     not_a_directory.write_text("")
