@@ -40,7 +40,6 @@ def lines_of(service, job_id: str, rank: int) -> list[str]:
 
 def test_a_rank_killed_with_9_restarts_the_gang_which_resumes_where_it_saved(service, tmp_path):
     from jupyterlab_mlcluster.kernel.monitor import status_line, summary_html
-    from jupyterlab_mlcluster.presentation import format_jobs_table
 
     straight = example_job(service, tmp_path / "straight", max_restarts=0)
     reference = service.wait(straight, timeout=120)
@@ -63,11 +62,8 @@ def test_a_rank_killed_with_9_restarts_the_gang_which_resumes_where_it_saved(ser
     assert first["attempt"] == 0 and first["outcome"] == "failed" and first["restarted"]
     assert first["reason"].startswith("rank 1 was killed by SIGKILL"), first
     assert first["failed_rank"] == 1 and first["started"] <= first["ended"]
-    if running.state == JobState.RUNNING:
-        line = status_line(running)
-        assert "restart 1 of 1 (attempt 0: rank 1 was killed by SIGKILL" in line, line
-        table = format_jobs_table([running])
-        assert "restart 1 of 1 (attempt 0: rank 1 was killed" in table, table
+    assert running.state in (JobState.STARTING, JobState.RUNNING)  # (the monitor: below)
+    assert "restart 1 of 1 (attempt 0: rank 1 was killed by SIGKILL" in status_line(running)
 
     final = service.wait(job_id, timeout=120)
     assert final.state == JobState.SUCCEEDED, final.error
@@ -99,3 +95,47 @@ def test_a_rank_killed_with_9_restarts_the_gang_which_resumes_where_it_saved(ser
     )
     took = datetime.datetime.fromisoformat(resumed_at).timestamp() - killed_at
     print(f"kill -9 -> resumed at step {max(before)} {took:.1f} s later")
+
+
+def test_each_attempt_is_said_in_the_monitor_and_mlcluster_jobs_and_the_first_and_last_are_kept():
+    from jupyterlab_mlcluster.jobs import lifecycle
+    from jupyterlab_mlcluster.jobs.lifecycle import Outcome, OutcomeKind
+    from jupyterlab_mlcluster.jobs.record import JobRecord
+    from jupyterlab_mlcluster.kernel.monitor import status_line, summary_html
+    from jupyterlab_mlcluster.presentation import format_jobs_table
+
+    spec = JobSpec.from_options({"workers": 2, "max_restarts": 3})
+    record = JobRecord(id="j0123456789", name="train", spec=spec, state=JobState.RUNNING)
+    record.created = record.started = time.time() - 90
+    record.restarts = 1
+    record.attempts = [
+        {
+            "attempt": 0,
+            "started": record.started,
+            "ended": record.started + 42,
+            "outcome": "failed",
+            "reason": "Slurm preempted the job (PREEMPTED)",
+            "failed_rank": None,
+            "restarted": True,
+        }
+    ]
+    said = "restart 1 of 3 (attempt 0: Slurm preempted the job (PREEMPTED))"
+    assert said in status_line(record)
+    assert "restart 1 of 3 (attempt 0: Slurm preempted" in format_jobs_table([record])
+    html = summary_html(record)
+    assert "attempt 0 (0:42): failed: Slurm preempted the job (PREEMPTED); restarted" in html
+    assert "attempt 1: running" in html
+    record.state = JobState.SUCCEEDED  # a finished job lists its attempts, says no restart
+    assert "restart 1 of 3" not in format_jobs_table([record])
+    assert "attempt 1: running" not in summary_html(record)
+
+    class Context:  # what ended_attempt reads and writes of a JobContext
+        job = record
+
+    record.attempts = []
+    outcome = Outcome(OutcomeKind.FAILED, "lost", restartable=True)
+    for n in range(lifecycle.ATTEMPTS_KEPT + 5):
+        history = lifecycle.ended_attempt(Context, n, 0.0, outcome, "lost", restarted=True)
+    assert len(history) == lifecycle.ATTEMPTS_KEPT
+    assert history[0]["attempt"] == 0 and history[-1]["attempt"] == lifecycle.ATTEMPTS_KEPT + 4
+    assert history[1]["attempt"] == 6  # the first, then the last 49
