@@ -38,7 +38,7 @@ import types
 import zlib
 from typing import Any
 
-from . import outcome, reporting, user_code
+from . import debugger, outcome, reporting, user_code
 from .payload import Payload, read_payload_bytes
 from .protocol import decode_record, key_path, read_key_file
 
@@ -102,6 +102,7 @@ class SessionRank:
     def serve(self) -> int:
         sys.modules["__main__"] = self.main  # pickling classes defined in a cell needs this
         signal.signal(signal.SIGINT, _on_sigint)
+        debugger.arm_in_session()
         reporting.send({"type": "started", "pid": os.getpid()})
         while True:
             command = self.read_command()
@@ -205,6 +206,7 @@ class SessionRank:
             report = outcome.error_report(self.rank, exc)
             sys.stderr.write(report["traceback"])
             outcome.write_error(report)
+            debugger.keep_last_failure(exc)
             return "error"
 
     def run_payload(self, payload: Payload) -> tuple[str, Any]:
