@@ -625,6 +625,18 @@ def test_the_job_schema_is_the_engines_job_shape():
         started=2.0,
         owner="me",
         origin={"kind": "rest"},
+        restarts=1,
+        attempts=[
+            {
+                "attempt": 0,
+                "started": 2.0,
+                "ended": 3.0,
+                "outcome": "failed",
+                "reason": "Slurm preempted the job (PREEMPTED)",
+                "failed_rank": None,
+                "restarted": True,
+            }
+        ],
         ranks=[
             RankRecord(
                 0,
@@ -647,6 +659,7 @@ def test_the_job_schema_is_the_engines_job_shape():
     )
     assert set(shape) == set(schemas["Job"]["properties"]) == set(schemas["Job"]["required"])
     assert set(shape["ranks"][0]) == set(schemas["Rank"]["properties"])
+    assert set(shape["attempts"][0]) == set(schemas["Attempt"]["properties"])
 
 
 async def test_jupyterlab_cache_buster_is_accepted_but_typos_are_not(api):
