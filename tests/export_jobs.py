@@ -38,6 +38,8 @@ def store_cell_job(
     workers: int = 2,
     owner: str | None = None,
     source: str = CELL,
+    origin: dict[str, Any] | None = None,
+    state: JobState = JobState.SUCCEEDED,
     **spec: Any,
 ) -> JobRecord:
     """A finished 2-rank cell of train.ipynb (cell [4]) with its pushed variables."""
@@ -58,10 +60,10 @@ def store_cell_job(
         spec=JobSpec(workers=workers, env=dict(env or {}), **spec),
         created=time.time(),
         owner=owner or service_owner(),
-        origin={"kind": "kernel", "notebook": "train.ipynb", "cell": 4},
+        origin={"kind": "kernel", "notebook": "train.ipynb", "cell": 4, **(origin or {})},
     )
     service.store.insert_job(record, data, files)
-    service.store.transition(job_id, JobState.SUCCEEDED, started=time.time(), finished=time.time())
+    service.store.transition(job_id, state, started=time.time(), finished=time.time())
     return service.store.get_job(job_id)
 
 

@@ -18,6 +18,7 @@ from export_jobs import store_cell_job
 from helpers import run_cli
 
 from jupyterlab_mlcluster.export import ExportError, export_files, write_export
+from jupyterlab_mlcluster.jobs.model import JobState
 
 
 def test_a_cell_exported_as_a_script_runs_again_under_torchrun(service, tmp_path):
@@ -89,3 +90,42 @@ def test_bad_input_is_refused_and_nothing_is_written(service, tmp_path, monkeypa
         write_export(export_files(service, record.id, "script"), target)
     assert os.listdir(target) == ["mine.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".away.")]  # no staging left
+
+
+def test_a_session_cell_exports_with_the_cells_that_ran_before_it(service, tmp_path):
+    """A session's ranks kept what earlier cells defined: its export runs those first (the
+    ones that succeeded, oldest first, each with its own pushed variables)."""
+    out = tmp_path / "out.txt"
+    session = store_cell_job(service, push={}, source="", origin={"session": "s"})
+    in_session = {"session": "s", "session_job": session.id}
+
+    def cell(n, source, state=JobState.SUCCEEDED, **push):
+        return store_cell_job(
+            service, push=push, source=source, state=state, origin={**in_session, "cell": n}
+        )
+
+    cell(2, "acc = base * 2\n", base=10)
+    cell(3, "acc = -1\nraise RuntimeError('failed: its state never reached the ranks')\n",
+         state=JobState.FAILED)  # fmt: skip
+    cell(4, "acc += bump\n", bump=1)
+    last = cell(5, "import os\nopen(os.environ['EXPORT_OUT'], 'w').write(str(acc))\n")
+    target = tmp_path / "away"
+    write_export(export_files(service, last.id, "script"), target)
+    assert sorted(p.name for p in target.glob("variables*.pkl")) == sorted(
+        [f"variables-{j.id}.pkl" for j in service.store.list_jobs(parent=session.id)[0]
+         if j.origin["cell"] in (2, 4)]
+    )  # fmt: skip
+    script = (target / "train_cell4.py").read_text()
+    sections = [line for line in script.splitlines() if line.startswith("# --- ")]
+    assert [line.split(" (job")[0] for line in sections] == [
+        f"# --- train.ipynb, cell [{n}]" for n in (2, 4, 5)
+    ]
+    ran = subprocess.run(
+        [sys.executable, str(target / "train_cell4.py")],
+        env={**os.environ, "EXPORT_OUT": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert out.read_text() == "21"

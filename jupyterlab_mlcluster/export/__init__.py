@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs.grouping import cell_label
+from ..jobs.model import JobState
 from ..jobs.storage.store import UnknownJob
 from ..runtime.payload import PayloadError, read_payload_bytes
-from .build import TARGETS, VARIABLES_FILE, ExportError, JobMaterial, build
+from .build import TARGETS, ExportError, JobMaterial, build
 
 PROVENANCE = "provenance.json"  # what the job kept for its export (jobs/service.py)
 
@@ -26,13 +27,26 @@ __all__ = ["TARGETS", "ExportError", "export_files", "export_zip", "job_material
 
 def job_material(service: Any, ref: str, owner: str | None = None) -> JobMaterial:
     """What the store kept of job `ref` (an id or name; `owner`: only among that user's
-    jobs), read without unpickling anything (a shared server calls it). ExportError when
-    its code or its pushed variables cannot be had."""
+    jobs), read without unpickling anything (a shared server calls it); a session's cell
+    with the cells that succeeded in its session before it. ExportError when its code or
+    its pushed variables cannot be had."""
     try:
         record = service.get(ref, owner=owner)
     except (UnknownJob, KeyError):
         raise ExportError(f"no job {ref!r}") from None
-    store = service.store
+    material = _material(service.store, record)
+    session_job = record.origin.get("session_job")
+    if session_job:
+        cells, _ = service.store.list_jobs(parent=session_job, owner=owner)
+        material.earlier = [
+            _material(service.store, cell)
+            for cell in sorted(cells, key=lambda c: c.created)
+            if cell.created < record.created and cell.state == JobState.SUCCEEDED
+        ]
+    return material
+
+
+def _material(store: Any, record: Any) -> JobMaterial:
     job_dir = store.job_dir(record.id)
     kept = _read_json(job_dir / PROVENANCE)
     kind = kept.get("kind") or ("code" if (job_dir / "cell.py").is_file() else "")
@@ -109,7 +123,7 @@ def export_zip(files: dict[str, bytes]) -> bytes:
 
 
 def _mode(name: str) -> int:
-    if name == VARIABLES_FILE:
+    if name.endswith(".pkl"):
         return 0o600  # what the user pushed: theirs alone, as in the job store
     return 0o755 if name.endswith((".sh", ".sbatch", ".py")) else 0o644
 

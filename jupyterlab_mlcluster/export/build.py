@@ -66,6 +66,14 @@ class JobMaterial:
     python: str  # the interpreter the job ran on ('python3' when unknown)
     config: dict[str, Any]  # the submitter's settings as the job kept them (launch.json)
     label: str  # where it came from, in words ("train.ipynb, cell [7]")
+    # A session's cell: the session's cells that succeeded before it, oldest first (their
+    # state was the ranks' when it ran); each runs ahead of it in the script.
+    earlier: list[JobMaterial] = dataclasses.field(default_factory=list)
+
+
+def variables_file(material: JobMaterial, main: JobMaterial) -> str:
+    """`variables.pkl` for the job exported, `variables-<id>.pkl` for an earlier cell's."""
+    return VARIABLES_FILE if material is main else f"variables-{material.record.id}.pkl"
 
 
 def script_name(record: JobRecord) -> str:
@@ -88,8 +96,9 @@ def build(material: JobMaterial, target: str, *, image: str | None = None) -> di
         f"{name}.py": script_text(material, name).encode(),
         REQUIREMENTS_FILE: requirements_text(material).encode(),
     }
-    if material.variables is not None:
-        files[VARIABLES_FILE] = material.variables
+    for part in (*material.earlier, material):
+        if part.variables is not None:
+            files[variables_file(part, material)] = part.variables
     if target == "script":
         files["run.sh"] = run_sh(material, name).encode()
     elif target == "sbatch":
@@ -111,28 +120,27 @@ def script_text(material: JobMaterial, name: str) -> str:
         "MASTER_ADDR and MASTER_PORT from the launcher (run.sh, srun, a PyTorchJob, a TrainJob).",
         '"""',
     ]
-    session = record.origin.get("session")
-    if record.origin.get("session_job") and session:
+    if material.earlier:
         lines += [
-            f"# This cell ran in session {session!r}, whose ranks kept what earlier cells",
-            "# defined: export those cells too if it uses their variables.",
+            f"# A cell of session {record.origin.get('session')!r}: the {len(material.earlier)}"
+            " cell(s) that succeeded in it before run first, as they did on its ranks.",
         ]
-    if material.variables is not None:
-        lines += [
-            "",
-            f"# The variables the cell was given (--push {','.join(material.pushed)}), saved",
-            "# beside this script as the job stored them: its objects are (function, args,",
-            "# kwargs, pushed variables), cloudpickled.",
-            "import os as _os",
-            "",
-            "import cloudpickle as _cloudpickle",
-            "",
-            f"with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "
-            f"{VARIABLES_FILE!r}), 'rb') as _file:",
-            '    globals().update(_cloudpickle.loads(_cloudpickle.load(_file)["objects"])[3])',
-            "del _file",
-        ]
-    lines += ["", "# --- the job's code ---", material.source.rstrip("\n"), ""]
+    parts = (*material.earlier, material)
+    if any(part.variables is not None for part in parts):
+        lines += ["", "import os as _os", "", "import cloudpickle as _cloudpickle"]
+    for part in parts:
+        lines += ["", f"# --- {part.label} (job {part.record.id}) ---"]
+        if part.variables is not None:
+            lines += [
+                f"# The variables it was given (--push {','.join(part.pushed)}), saved beside",
+                "# this script as the job stored them: its objects are (function, args, kwargs,",
+                "# pushed variables), cloudpickled.",
+                f"with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "
+                f"{variables_file(part, material)!r}), 'rb') as _file:",
+                '    globals().update(_cloudpickle.loads(_cloudpickle.load(_file)["objects"])[3])',
+            ]
+        lines.append(part.source.rstrip("\n"))
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -284,7 +292,7 @@ def configmap(name: str, labels: dict[str, str], files: dict[str, bytes]) -> dic
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     for file, content in files.items():
-        if file == VARIABLES_FILE:
+        if file.endswith(".pkl"):
             binary[file] = base64.b64encode(content).decode("ascii")
         else:
             data[file] = content.decode()

@@ -13,7 +13,13 @@ from .build import ExportError, JobMaterial
 
 
 def check_variables(material: JobMaterial) -> None:
-    """ExportError naming what fails when the pushed variables cannot be loaded again."""
+    """ExportError naming what fails when the pushed variables (of the job, or of an
+    earlier cell of its session) cannot be loaded again."""
+    for part in (*material.earlier, material):
+        _check(part)
+
+
+def _check(material: JobMaterial) -> None:
     if material.variables is None:
         return
     job_id = material.record.id
