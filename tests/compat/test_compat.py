@@ -146,11 +146,32 @@ def test_same_results_as_torchrun(case, compat_store, kernel):
     status, lines = run_mlcluster(script, env, root)
     assert status == 0, "\n".join(lines[-30:])
     assert summary(lines) == reference
+    if case == "frameworks":
+        assert_series_from_frameworks(root / "store")
 
     if case in CELL_CASES:
         status, lines, error = run_cell(kernel, script, root / "store")
         assert status == 0, error
         assert summary(lines) == reference
+
+
+def assert_series_from_frameworks(store: Path) -> None:
+    """What the Trainer callback, the Lightning logger and a SummaryWriter logged (issue 35)
+    is the job's series: each rank's Trainer loss at steps 1..4 (32 samples, 2 ranks of 4),
+    Lightning's loss at its steps, rank 0's TensorBoard scalars at theirs."""
+    from jupyterlab_mlcluster.jobs.storage.series import read_series
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore
+
+    jobs = JobStore(store)
+    newest = max(jobs.list_jobs()[0], key=lambda r: r.created)
+    logged = read_series(
+        jobs.job_dir(newest.id), ["loss", "learning_rate", "lightning_loss", "tb/loss"]
+    )
+    got = {(s["name"], s["rank"]): s["steps"] for s in logged["series"]}
+    assert got[("loss", 0)] == got[("loss", 1)] == [1, 2, 3, 4], got
+    assert got[("learning_rate", 0)] == [1, 2, 3, 4]
+    assert got[("lightning_loss", 0)] and got[("lightning_loss", 1)], got
+    assert got[("tb/loss", 0)] == [0, 1, 2] and ("tb/loss", 1) not in got
 
 
 def test_record_failure_is_the_jobs_error(compat_store, kernel):

@@ -1,7 +1,9 @@
 """Others' training APIs, one after the other in the same 2 ranks (their imports are paid once):
 DataLoader(num_workers=2, persistent_workers=True), torch.compile, a Hugging Face Trainer on
 a tiny BERT built from a config, a PyTorch Lightning Trainer(strategy="ddp"). CPU, synthetic
-data, no downloads. Each prints `RESULT {json}` with what it computed on this rank.
+data, no downloads. Each prints `RESULT {json}` with what it computed on this rank. Under
+mlcluster, the Trainer's callback, the Lightning logger and a SummaryWriter also fill the
+job's series (mlc.log; nothing outside a job), which test_compat reads back.
 """
 
 import json
@@ -9,6 +11,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+import jupyterlab_mlcluster as mlc
 
 
 def report(case, **values):
@@ -82,12 +86,13 @@ args = TrainingArguments(
     learning_rate=1e-2,
     report_to=[],
     save_strategy="no",
-    logging_strategy="no",
+    logging_strategy="steps",
+    logging_steps=1,
     use_cpu=True,
     seed=0,
     disable_tqdm=True,
 )
-trainer = Trainer(model=bert, args=args, train_dataset=Tokens())
+trainer = Trainer(model=bert, args=args, train_dataset=Tokens(), callbacks=[mlc.TrainerCallback()])
 result = trainer.train()
 weights = sum(p.detach().double().sum().item() for p in bert.parameters())
 report(
@@ -109,7 +114,9 @@ class Tiny(L.LightningModule):
 
     def training_step(self, batch, _):
         x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("lightning_loss", loss)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -124,7 +131,8 @@ lightning_trainer = L.Trainer(
     devices=2,
     strategy="ddp",
     max_epochs=2,
-    logger=False,
+    logger=mlc.LightningLogger(),
+    log_every_n_steps=1,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
@@ -139,3 +147,12 @@ report(
     steps=lightning_trainer.global_step,
     weights=rounded(tiny.layer.weight),
 )
+
+# -- TensorBoard scalars, where the job's directory is (mlcluster gives each job one)
+if os.environ.get("MLCLUSTER_TENSORBOARD_DIR") and dist.get_rank() == 0:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(os.environ["MLCLUSTER_TENSORBOARD_DIR"])
+    for i in range(3):
+        writer.add_scalar("tb/loss", 1.0 / (i + 1), i)
+    writer.close()
