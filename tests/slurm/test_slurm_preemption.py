@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import REPO, wait_for
+from helpers import REPO, WAIT_SCALE, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime.payload import Payload
@@ -37,9 +37,9 @@ def lines_of(service, job_id: str, rank: int) -> list[str]:
 def test_a_preempted_job_saves_on_sigterm_and_resumes_at_that_step(service, tmp_path):
     env = {
         "CKPT_DIR": str(tmp_path / "ckpt"),
-        "STEPS": "30",
+        "STEPS": "40",
         "CKPT_EVERY": "1000",  # no periodic checkpoint: only SIGTERM's
-        "STEP_SECONDS": "0.2",
+        "STEP_SECONDS": "0.5",  # 20 s for the urgent job to preempt it
     }
     spec = JobSpec.from_options({"backend": "slurm", "workers": 2, "max_restarts": 1, "env": env})
     job = service.submit(spec, Payload(source=EXAMPLE.read_text()))
@@ -52,9 +52,9 @@ def test_a_preempted_job_saves_on_sigterm_and_resumes_at_that_step(service, tmp_
         JobSpec.from_options({"backend": "slurm", "workers": 2, "queue": "urgent"}),
         Payload(source="print('urgent ran')"),
     )
-    record = service.wait(job.id, timeout=180)
+    record = service.wait(job.id, timeout=120 * WAIT_SCALE)
     assert record.state == JobState.SUCCEEDED, (record.error, record.attempts)
-    assert service.wait(urgent.id, timeout=60).state == JobState.SUCCEEDED
+    assert service.wait(urgent.id, timeout=20 * WAIT_SCALE).state == JobState.SUCCEEDED
     assert record.restarts == 1
     first = record.attempts[0]
     assert (first["outcome"], first["restarted"]) == ("failed", True)
@@ -63,7 +63,7 @@ def test_a_preempted_job_saves_on_sigterm_and_resumes_at_that_step(service, tmp_
     saved = [
         m.group(1) for line in text if (m := re.fullmatch(r"SIGTERM: saved step (\d+).*", line))
     ]
-    assert len(saved) == 1 and 0 < int(saved[0]) < 30, text
+    assert len(saved) == 1 and 0 < int(saved[0]) < 40, text
     # Nothing lost: the new allocation starts at the step SIGTERM saved.
     assert f"attempt 1: starting at step {saved[0]}" in text, text
-    assert service.result(job.id)[1]["step"] == 30
+    assert service.result(job.id)[1]["step"] == 40
