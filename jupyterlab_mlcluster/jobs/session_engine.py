@@ -58,7 +58,7 @@ class SessionTransport(Protocol):
 
     def new_cell(self, ctx: JobContext) -> SessionCell: ...
 
-    def send_cell(self, cell: SessionCell) -> str | None:
+    def send_cell(self, cell_id: str) -> str | None:
         """Deliver the claimed cell to every rank; an error (the cell fails with it)."""
 
     def interrupt(self, cell_id: str, ranks: list[int]) -> None: ...
@@ -233,8 +233,10 @@ class SessionEngine:
         if not claim(store, cell_id):
             self.unclaimed(cell_id)
             return True
+        # The ranks get the cell first: the cell's context (its log files) and its state
+        # are not on the path from submit to the user's code.
+        error = self.transport.send_cell(cell_id)
         cell = self.transport.new_cell(JobContext(store, record, self.ctx.config))
-        error = self.transport.send_cell(cell)
         if error is not None:
             cell.ctx.set_state(JobState.FAILED, error=error, reason=None)
             with contextlib.suppress(OSError):

@@ -155,17 +155,17 @@ class _SessionAttempt(_Attempt):
     def rank_host(self, rank: int) -> str | None:
         return self.links[rank].host
 
-    def send_cell(self, cell: SessionCell) -> str | None:
+    def send_cell(self, cell_id: str) -> str | None:
         try:
             # The cap a job's payload Secrets have: a cell crosses to the pods inline.
             data = base64.b64encode(
-                b"".join(split_payload(self.store.payload_path(cell.id).read_bytes()))
+                b"".join(split_payload(self.store.payload_path(cell_id).read_bytes()))
             )
         except PayloadTooLarge as exc:
             return str(exc)
         for rank in self.links:
             self._send(
-                rank, {"type": "cell", "job": cell.id, "payload_data": data.decode(), "env": {}}
+                rank, {"type": "cell", "job": cell_id, "payload_data": data.decode(), "env": {}}
             )
         return None
 

@@ -160,8 +160,8 @@ class SessionGang(Gang):
     def rank_host(self, rank: int) -> str | None:
         return "localhost"
 
-    def send_cell(self, cell: SessionCell) -> str | None:
-        store, cell_id = self.store, cell.id
+    def send_cell(self, cell_id: str) -> str | None:
+        store = self.store
         base = launcher.base_environment(store.read_launch(cell_id).get("env", {}))
         for p in self.ranks:
             self.send(

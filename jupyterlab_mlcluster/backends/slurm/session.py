@@ -169,8 +169,8 @@ class SessionAllocation(_Attempt):
     def rank_host(self, rank: int) -> str | None:
         return self.links[rank].host
 
-    def send_cell(self, cell: SessionCell) -> str | None:
-        store, cell_id = self.ctx.store, cell.id
+    def send_cell(self, cell_id: str) -> str | None:
+        store = self.ctx.store
         # The cell's environment: its submitter's now (as sbatch would have it), with what
         # each task added to it at the start.
         env = {**self.cell_environment(store.read_launch(cell_id)), **self.variables}
