@@ -22,25 +22,8 @@ from typing import Any
 from ...jobs.model import JobSpec
 from ...jobs.running.proctree import our_group
 
-# Variables of the submitting process that must not leak into ranks: ipykernel's inline
-# matplotlib backend has no frontend in a rank, and stale launcher variables would lie.
-_DROP_ENV_PREFIXES = ("MLCLUSTER_", "TORCHELASTIC_", "PET_", "JPY_")
-_DROP_ENV = {
-    "MPLBACKEND",
-    "JAX_COORDINATOR_ADDRESS",
-    "JAX_NUM_PROCESSES",
-    "JAX_PROCESS_ID",
-    "GROUP_RANK",
-}
-# Kept on purpose (they describe the user's environment, not a launcher).
-_KEEP_ENV = {
-    "MLCLUSTER_STORE_DIR",
-    "MLCLUSTER_BACKEND",
-    "MLCLUSTER_CPU_SLOTS",
-    "MLCLUSTER_GPUS",
-    "MLCLUSTER_WARM_POOL",
-}
-
+# Re-exported: the local gang and session, and the Slurm backend, call it from here.
+from ...runtime.submitter_env import base_environment  # noqa: F401
 
 _LOOPBACK = "127.0.0.1"
 
@@ -59,15 +42,6 @@ def job_ports(spec: JobSpec) -> dict[str, Any]:
     if spec.framework == "jax":
         ports["jax"] = free_port()
     return ports
-
-
-def base_environment(submitter_env: dict[str, str]) -> dict[str, str]:
-    env = {}
-    for key, value in submitter_env.items():
-        if key in _DROP_ENV or (key.startswith(_DROP_ENV_PREFIXES) and key not in _KEEP_ENV):
-            continue
-        env[key] = value
-    return env
 
 
 def rank_environment(
