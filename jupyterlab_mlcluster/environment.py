@@ -404,14 +404,15 @@ def wheel_matches_installed(wheel: Path, name: str) -> bool:
 
 def checked_wheels(
     cache: str | os.PathLike[str], requirements: list[str]
-) -> tuple[dict[str, list[str]] | None, list[str]]:
-    """requirement -> sha256 of the cache's wheels whose files are the notebook's installed
-    ones, for the pods to pin (the cache is on a volume others may write). None, with notes
-    saying why, unless every requirement has such a wheel: then the pods use the index."""
-    from .runtime.sync_packages import cache_wheels, file_sha256
+) -> tuple[dict[str, list[tuple[str, int, str]]] | None, list[str]]:
+    """requirement -> (file name, size, sha256) of the cache's wheels whose files are the
+    notebook's installed ones, for the pods to read by that exact name and size and pin by
+    that hash (the cache is on a volume others may write). None, with notes saying why,
+    unless every requirement has such a wheel: then the pods use the index."""
+    from .runtime.sync_packages import cache_wheels, file_digest
 
     directory = Path(cache)
-    hashes: dict[str, list[str]] = {}
+    checked: dict[str, list[tuple[str, int, str]]] = {}
     notes: list[str] = []
     for req in requirements:
         name = req.split("==")[0]
@@ -427,8 +428,11 @@ def checked_wheels(
                 f"no wheel of {req} in the cache matches the notebook's: the pods use the index"
             )
             return None, notes
+        checked[req] = []
         try:
-            hashes[req] = [file_sha256(w) for w in good]
+            for wheel in good:
+                digest, size = file_digest(wheel)
+                checked[req].append((wheel.name, size, digest))
         except OSError as exc:
             return None, [*notes, f"cannot read the wheel cache: {exc.strerror}"]
-    return hashes, notes
+    return checked, notes

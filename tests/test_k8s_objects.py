@@ -1240,6 +1240,7 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         cache_mount="/home/jovyan/team",
         cache_sub_path="ml",
         cache_hashes=(("tinypkg==0.1", ("ab" * 32,)), ("numpy==2.2.0", ("cd" * 32,))),
+        cache_files=(("tinypkg==0.1", (("tinypkg-0.1-py3-none-any.whl", 1600),)),),
     )
     common = {"namespace": "ns", "image": "img", "user": "u", "payload_chunks": [b"x"]}
     common["engine"] = engine
@@ -1271,7 +1272,12 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
             "name": "MLCLUSTER_WHEEL_HASHES",
             "value": json.dumps({"tinypkg==0.1": ["ab" * 32], "numpy==2.2.0": ["cd" * 32]}),
         },
+        {
+            "name": "MLCLUSTER_WHEEL_FILES",
+            "value": json.dumps({"tinypkg==0.1": [["tinypkg-0.1-py3-none-any.whl", 1600]]}),
+        },
     ]
+    assert PackageSync.from_dict(sync.to_dict()) == sync
     assert container["volumeMounts"][-1] == {
         "name": "wheel-cache",
         "mountPath": "/home/jovyan/team",
@@ -1287,7 +1293,7 @@ def test_package_sync_step_wraps_the_ranks_command_on_every_engine(engine, ranks
         "j7", spec, ranks_per_pod=ranks_per_pod, packages=PackageSync(("tinypkg==0.1",)), **common
     )
     (container,) = pod_of(no_cache.job)["containers"]
-    assert not {"MLCLUSTER_WHEEL_CACHE", "MLCLUSTER_WHEEL_HASHES"} & {
+    assert not {"MLCLUSTER_WHEEL_CACHE", "MLCLUSTER_WHEEL_HASHES", "MLCLUSTER_WHEEL_FILES"} & {
         e["name"] for e in container["env"]
     }
     assert len(pod_of(no_cache.job)["volumes"]) == len(before["volumes"])

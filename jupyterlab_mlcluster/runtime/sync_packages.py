@@ -7,13 +7,17 @@ environment.py) with pip, `--no-deps` (the list already holds every dependency p
 the notebook, so the pod ends up with exactly the notebook's set), then replaces itself with
 COMMAND (the rank's worker, or torchrun). Where from:
 - `$MLCLUSTER_WHEEL_CACHE`, a directory on a volume the pods share, holding wheels the
-  notebook put there and checked at submit (`$MLCLUSTER_WHEEL_HASHES`: their sha256): used
-  alone (`--no-index --require-hashes`) when it holds such a wheel for every requirement.
-  Others may write that volume: pip reads only copies in a private directory whose sha256
-  is the checked one; a wheel whose hash differs is never copied nor installed (and said);
+  notebook put there and checked at submit (`$MLCLUSTER_WHEEL_HASHES`: their sha256;
+  `$MLCLUSTER_WHEEL_FILES`: their file names and sizes): used alone (`--no-index
+  --require-hashes`) when it still holds such a wheel for every requirement. Others may
+  write that volume: only the recorded files are read (no listing: nothing planted beside
+  them is ever looked at), and pip reads only copies in a private directory whose sha256 is
+  the checked one; a wheel whose size or hash differs is never copied nor installed (and said);
 - else the package index the notebook uses (pip's own configuration: the image's pip.conf,
   and `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`/`PIP_TRUSTED_HOST` the job carries over), without
-  the cache.
+  the cache; pinned (`--require-hashes`) to the checked wheels' sha256 when the cache had
+  them at submit, so that the index can serve those very files or fail the job, saying the
+  cache lost them, never another build of the same name and version.
 
 It says what it installed and how long it took (a line in the rank's log and a signed
 `packages` record for the job's supervisor). When pip fails, the rank fails before it ran
@@ -38,10 +42,12 @@ from . import reporting
 REQUIREMENTS_ENV = "MLCLUSTER_SYNC_PACKAGES"
 CACHE_ENV = "MLCLUSTER_WHEEL_CACHE"
 HASHES_ENV = "MLCLUSTER_WHEEL_HASHES"  # requirement -> sha256 of the cache wheels checked at submit
+FILES_ENV = "MLCLUSTER_WHEEL_FILES"  # requirement -> [file name, size] of those wheels
 PIP_ERROR_LINES = 40  # of pip's output in the job's error
 PIP_TIMEOUT = 1800.0  # seconds; a hung index fails the job instead of holding its GPUs
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _PINNED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;@]+)$")
+_WHEEL_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl$")  # a name in the cache, no path
 
 
 class PackageSyncError(RuntimeError):
@@ -74,81 +80,77 @@ def _regular(path: Path) -> bool:
         return False
 
 
-def cache_has_all(cache: Path, requirements: list[str]) -> bool:
-    """Whether the cache holds a wheel for every (pinned) requirement."""
-    return all(cache_wheels(cache, r) for r in requirements)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+def file_digest(path: Path) -> tuple[str, int]:
+    """(sha256, size) of the bytes read from a regular file (no link followed)."""
+    digest, size = hashlib.sha256(), 0
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(0, "not a regular file", str(path))
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 def verified_copies(
-    cache: Path | None, requirements: list[str], hashes: dict[str, list[str]], private: Path
-) -> tuple[bool, list[str]]:
-    """Copy into `private` (a directory of ours, 0700) the cache's wheels whose copies hash
-    to what the notebook checked at submit; whether every requirement has one, and what to
-    say of the wheels that do not. pip reads the copies alone: a wheel someone planted or
-    swapped in the shared cache is never offered to it (it would pick one with a better
-    tag, then fail its hash check), and what is hashed is what pip installs."""
+    cache: Path | None,
+    requirements: list[str],
+    hashes: dict[str, list[str]],
+    files: dict[str, list[tuple[str, int]]],
+    private: Path,
+) -> tuple[list[str], list[str]]:
+    """Copy into `private` (a directory of ours, 0700) the wheels the notebook checked at
+    submit: the cache files it recorded (`files`: exact name and size), whose copies hash to
+    what it checked; the requirements left without one, and what to say of the files not
+    used. Nothing else in the shared cache is listed or read: no number of files planted
+    there, named like the wanted wheel, can hide it. pip reads the copies alone: a wheel
+    someone planted or swapped in the cache is never offered to it (it would pick one with
+    a better tag, then fail its hash check), and what is hashed is what pip installs."""
     if cache is None or not hashes:
-        return False, []
-    complete, notes = True, []
+        return list(requirements), []
+    missing, notes = [], []
     for req in requirements:
         allowed = set(hashes.get(req) or ())
-        good = False
-        candidates = _smallest_first(cache_wheels(cache, req))
-        for wheel in candidates[:MAX_CANDIDATES]:
-            copy = private / wheel.name
-            if _copy_hashed(wheel, copy, allowed) in allowed:
-                good = True
+        for name, size in files.get(req) or ():
+            if _WHEEL_FILE.match(name) is None:
+                continue
+            copy = private / name
+            if _copy_hashed(cache / name, copy, allowed, size) in allowed:
                 break  # one checked copy is all pip needs: the rest is not read
             copy.unlink(missing_ok=True)
             notes.append(
-                f"the wheel cache's {wheel.name} is not the one the notebook checked: not used"
+                f"the wheel cache's {name} is not the one the notebook checked at submit "
+                f"({_why_not(cache / name, size)}): not used"
             )
-        if not good and len(candidates) > MAX_CANDIDATES:
-            notes.append(
-                f"the wheel cache holds {len(candidates)} wheels named for {req}: "
-                f"only the {MAX_CANDIDATES} smallest were read"
-            )
-        complete = complete and good
-    return complete, notes
+        else:
+            missing.append(req)
+    return missing, notes
 
 
-def _smallest_first(wheels: list[Path]) -> list[Path]:
-    """Smallest first: whatever was planted beside the genuine wheel, what is read before it
-    is found is at most MAX_CANDIDATES files no larger than it (a huge sparse file, cheap to
-    plant, is read last, if ever)."""
+def _why_not(path: Path, size: int) -> str:
+    try:
+        found = path.lstat()
+    except OSError:
+        return "gone"
+    if not stat.S_ISREG(found.st_mode):
+        return "not a regular file"
+    if found.st_size != size:
+        return f"{found.st_size} bytes, {size} at submit"
+    return "another sha256"
 
-    def size(path: Path) -> int:
-        try:
-            return path.lstat().st_size
-        except OSError:
-            return MAX_WHEEL_BYTES + 1
-
-    return sorted(wheels, key=lambda p: (size(p), p.name))
-
-
-# The most wheels read for one requirement: the cache is shared, and anyone may fill it with
-# files named like the one wanted.
-MAX_CANDIDATES = 8
 
 # The most of one cache file read to hash it (the largest CUDA wheels are a few GB).
 MAX_WHEEL_BYTES = 16 << 30
 
 
-def _copy_hashed(source: Path, target: Path, allowed: set[str]) -> str | None:
-    """Copy a regular file (no link followed, no FIFO waited on) to `target`, new, when it
-    hashes to one of `allowed`; the sha256 of what was copied, or None where it could not be
-    read or is not allowed. The file is hashed where it lies first, no further than its size
-    when opened (a file someone keeps growing ends there), and copied only then, at most the
-    bytes that were hashed: a huge or growing file planted in the cache costs a read, never
-    the pod's disk. The copy is what is checked again and installed."""
+def _copy_hashed(source: Path, target: Path, allowed: set[str], size: int) -> str | None:
+    """Copy a regular file (no link followed, no FIFO waited on) of `size` bytes to `target`,
+    new, when it hashes to one of `allowed`; the sha256 of what was copied, or None where it
+    could not be read, has another size or is not allowed. The file is hashed where it lies
+    first, no further than its size when opened (a file someone keeps growing ends there),
+    and copied only then, at most the bytes that were hashed: a huge or growing file planted
+    in the cache costs a read, never the pod's disk. The copy is what is checked again and
+    installed."""
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -156,19 +158,19 @@ def _copy_hashed(source: Path, target: Path, allowed: set[str]) -> str | None:
     try:
         with os.fdopen(fd, "rb") as f:
             opened = os.fstat(f.fileno())
-            if not stat.S_ISREG(opened.st_mode) or opened.st_size > MAX_WHEEL_BYTES:
+            if not stat.S_ISREG(opened.st_mode) or not opened.st_size == size <= MAX_WHEEL_BYTES:
                 return None
-            digest, size = hashlib.sha256(), 0
-            while size < opened.st_size:
-                block = f.read(min(1 << 20, opened.st_size - size))
+            digest, hashed = hashlib.sha256(), 0
+            while hashed < size:
+                block = f.read(min(1 << 20, size - hashed))
                 if not block:
                     break
-                size += len(block)
+                hashed += len(block)
                 digest.update(block)
             if digest.hexdigest() not in allowed:
                 return None
             f.seek(0)
-            digest, left = hashlib.sha256(), size
+            digest, left = hashlib.sha256(), hashed
             out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(out, "wb") as w:
                 while left > 0:
@@ -184,12 +186,18 @@ def _copy_hashed(source: Path, target: Path, allowed: set[str]) -> str | None:
 
 
 def pip_command(
-    requirements: list[str], cache: Path | None, hashes: dict[str, list[str]], workdir: Path
+    requirements: list[str],
+    cache: Path | None,
+    hashes: dict[str, list[str]],
+    workdir: Path,
+    files: dict[str, list[tuple[str, int]]] | None = None,
 ) -> tuple[list[str], str, list[str]]:
-    """The pip invocation, where it installs from ('the wheel cache', 'the package index')
-    and notes. The cache's verified copies in `workdir` (private) only, with every wheel
-    pinned by the hash the notebook saw (`--require-hashes`, so pip checks again as it reads
-    them), where there is one for every requirement; else the index alone."""
+    """The pip invocation, where it installs from ('the wheel cache', 'the package index...')
+    and notes. The cache's verified copies in `workdir` (private) only, where there is one
+    for every requirement; else the index alone. Whenever the notebook checked wheels at
+    submit (`hashes`), every one is pinned by that hash (`--require-hashes`, so pip checks
+    again as it reads them), from the index too: what the index serves under that name and
+    version is installed only when it is the very file the notebook checked."""
     command = [
         sys.executable,
         "-m",
@@ -204,17 +212,24 @@ def pip_command(
     ]
     copies = workdir / "wheels"
     copies.mkdir(mode=0o700)
-    use_cache, notes = verified_copies(cache, requirements, hashes, copies)
-    if not use_cache:
+    missing, notes = verified_copies(cache, requirements, hashes, files or {}, copies)
+    if not hashes:
         return command + requirements, "the package index", notes
     lines = [
-        " ".join([req, *(f"--hash=sha256:{h}" for h in hashes[req] if _HEX64.match(h))])
+        " ".join([req, *(f"--hash=sha256:{h}" for h in hashes.get(req, ()) if _HEX64.match(h))])
         for req in requirements
     ]
     pinned = workdir / "requirements.txt"
     pinned.write_text("\n".join(lines) + "\n")
-    command += ["--require-hashes", "--no-index", "--find-links", str(copies), "-r", str(pinned)]
-    return command, "the wheel cache", notes
+    command += ["--require-hashes", "-r", str(pinned)]
+    if not missing:
+        return command + ["--no-index", "--find-links", str(copies)], "the wheel cache", notes
+    shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    source = (
+        f"the package index, pinned to the sha256 the notebook checked at submit (the wheel "
+        f"cache no longer holds the checked wheel of {shown})"
+    )
+    return command, source, notes
 
 
 def describe(requirements: list[str]) -> str:
@@ -224,11 +239,16 @@ def describe(requirements: list[str]) -> str:
 
 
 def install(
-    requirements: list[str], cache: Path | None, hashes: dict[str, list[str]] | None = None
+    requirements: list[str],
+    cache: Path | None,
+    hashes: dict[str, list[str]] | None = None,
+    files: dict[str, list[tuple[str, int]]] | None = None,
 ) -> tuple[float, str]:
     """Run pip; (seconds, source). PackageSyncError with pip's output when it fails."""
     with tempfile.TemporaryDirectory(prefix="mlcluster-sync-") as workdir:
-        command, source, notes = pip_command(requirements, cache, hashes or {}, Path(workdir))
+        command, source, notes = pip_command(
+            requirements, cache, hashes or {}, Path(workdir), files
+        )
         for note in notes:
             print(f"[mlcluster] {note}", flush=True)
         return _run_pip(command, requirements, source)
@@ -290,6 +310,24 @@ def _report_failure(exc: PackageSyncError) -> None:
     )
 
 
+def _files(data: object) -> dict[str, list[tuple[str, int]]]:
+    """$MLCLUSTER_WHEEL_FILES read: requirement -> [(file name in the cache, size)]."""
+    if not isinstance(data, dict):
+        raise ValueError("not a mapping of requirements to wheel files")
+    files: dict[str, list[tuple[str, int]]] = {}
+    for req, entries in data.items():
+        if not isinstance(entries, list):
+            raise ValueError(f"{req}: not a list of [file name, size]")
+        for entry in entries:
+            name, size = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+            if not (isinstance(name, str) and _WHEEL_FILE.match(name)):
+                raise ValueError(f"{req}: {entry!r} is not [a wheel's file name, its size]")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"{req}: {entry!r} is not [a wheel's file name, its size]")
+            files.setdefault(req, []).append((name, size))
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     command = list(sys.argv[1:] if argv is None else argv)
     if not command:
@@ -313,16 +351,21 @@ def main(argv: list[str] | None = None) -> int:
             for v in hashes.values()
         ):
             raise ValueError("not a mapping of requirements to sha256 digests")
-        if hashes and not all(_PINNED.match(r) for r in requirements):
-            raise ValueError("hashes pin name==version requirements only")
+        if hashes and not all(_PINNED.match(r) and hashes.get(r) for r in requirements):
+            raise ValueError("hashes pin every requirement, name==version, or none")
     except ValueError as exc:
         _report_failure(PackageSyncError(f"${HASHES_ENV} is malformed: {exc}"))
+        return 1
+    try:
+        files = _files(json.loads(os.environ.get(FILES_ENV) or "{}"))
+    except ValueError as exc:
+        _report_failure(PackageSyncError(f"${FILES_ENV} is malformed: {exc}"))
         return 1
     if requirements:
         cache = Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else None
         reporting.send({"type": "packages", "state": "installing", "packages": requirements})
         try:
-            seconds, source = install(requirements, cache, hashes)
+            seconds, source = install(requirements, cache, hashes, files)
         except PackageSyncError as exc:
             _report_failure(exc)
             return 1

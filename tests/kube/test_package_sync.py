@@ -33,7 +33,12 @@ import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.cli import format_jobs_table
-from jupyterlab_mlcluster.runtime.sync_packages import CACHE_ENV, HASHES_ENV, REQUIREMENTS_ENV
+from jupyterlab_mlcluster.runtime.sync_packages import (
+    CACHE_ENV,
+    FILES_ENV,
+    HASHES_ENV,
+    REQUIREMENTS_ENV,
+)
 from tests.kube.crds import trainer_schema
 from tests.kube.jobs_fixtures import IMAGE, log_text
 from tests.kube.test_trainer_v2 import as_built
@@ -214,6 +219,8 @@ def test_packages_installed_in_the_notebook_reach_the_job_pods(
     # notebook checked (its files are the notebook's installed ones), pinned by its hash.
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert json.loads(env_of(container)[HASHES_ENV]) == {"tinypkg==0.1": [digest]}
+    size = wheel.stat().st_size  # the pods read that file alone, at that size
+    assert json.loads(env_of(container)[FILES_ENV]) == {"tinypkg==0.1": [[wheel.name, size]]}
     assert {"name": "wheel-cache", "mountPath": str(shared), "readOnly": True} in container[
         "volumeMounts"
     ]

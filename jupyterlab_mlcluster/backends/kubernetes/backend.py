@@ -124,7 +124,7 @@ class KubernetesBackend(Backend):
         index, index_notes = index_settings(environment.pip_config())
         notes += index_notes
         cache = None
-        hashes: dict[str, list[str]] = {}
+        checked: dict[str, list[tuple[str, int, str]]] | None = {}
         if self.config.kubernetes_wheel_cache:
             cache = find_cache_volume(pod, self.config.kubernetes_wheel_cache)
             if cache is None:
@@ -142,8 +142,6 @@ class KubernetesBackend(Backend):
                 notes += checked_notes
                 if checked is None:
                     cache = None  # the pods never see a cache they cannot trust whole
-                else:
-                    hashes = checked
         if cache is None:
             local = environment.local_archives(r.split("==")[0] for r in requirements)
             notes += [
@@ -151,6 +149,7 @@ class KubernetesBackend(Backend):
                 "(MLClusterConfig.kubernetes_wheel_cache) the pods look for it on the index"
                 for name, path in sorted(local.items())
             ]
+        wheels = list((checked or {}).items()) if cache else []
         return PackageSync(
             requirements=tuple(requirements),
             index=index,
@@ -158,7 +157,8 @@ class KubernetesBackend(Backend):
             cache_claim=cache[0] if cache else None,
             cache_mount=cache[1] if cache else None,
             cache_sub_path=cache[2] if cache else None,
-            cache_hashes=tuple((r, tuple(h)) for r, h in hashes.items()) if cache else (),
+            cache_hashes=tuple((r, tuple(w[2] for w in ws)) for r, ws in wheels),
+            cache_files=tuple((r, tuple((w[0], w[1]) for w in ws)) for r, ws in wheels),
             notes=tuple(notes),
         )
 

@@ -22,6 +22,7 @@ SYNC_MODULE = "jupyterlab_mlcluster.runtime.sync_packages"
 REQUIREMENTS_ENV = "MLCLUSTER_SYNC_PACKAGES"
 CACHE_ENV = "MLCLUSTER_WHEEL_CACHE"
 HASHES_ENV = "MLCLUSTER_WHEEL_HASHES"
+FILES_ENV = "MLCLUSTER_WHEEL_FILES"
 CACHE_VOLUME = "wheel-cache"
 # pip's own variables for the index the notebook uses (pip reads them in the pod).
 INDEX_SETTINGS = {
@@ -43,6 +44,8 @@ class PackageSync:
     cache_sub_path: str | None = None
     # requirement -> sha256 of its wheels in the cache, checked by the notebook at submit
     cache_hashes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # requirement -> (file name, size) of those wheels: the pods read these files alone
+    cache_files: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
     notes: tuple[str, ...] = ()  # said in the job's log when it starts
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +65,10 @@ class PackageSync:
             cache_hashes=tuple(
                 (str(req), tuple(hashes)) for req, hashes in data.get("cache_hashes") or ()
             ),
+            cache_files=tuple(
+                (str(req), tuple((str(name), int(size)) for name, size in wheels))
+                for req, wheels in data.get("cache_files") or ()
+            ),
             notes=tuple(data.get("notes") or ()),
         )
 
@@ -79,6 +86,8 @@ def sync_env(sync: PackageSync) -> list[dict[str, Any]]:
         env.append({"name": CACHE_ENV, "value": sync.cache_path})
         hashes = {req: list(digests) for req, digests in sync.cache_hashes}
         env.append({"name": HASHES_ENV, "value": json.dumps(hashes)})
+        files = {req: [list(wheel) for wheel in wheels] for req, wheels in sync.cache_files}
+        env.append({"name": FILES_ENV, "value": json.dumps(files)})
     return env
 
 
