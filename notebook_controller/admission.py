@@ -35,9 +35,6 @@ root without privileges, and the rules above keep root away from the node.
 
 The expressions are CEL, evaluated by the API server (admissionregistration.k8s.io/v1,
 Kubernetes >= 1.30); the tests evaluate the same expressions with a CEL interpreter.
-
-Over 500 lines: the size is the policy itself (one CEL rule per refused escalation, each
-with its message); split, one policy would be scattered.
 """
 
 from __future__ import annotations

@@ -1,26 +1,73 @@
-"""No product module over 500 lines without a reason in its docstring (issue 24): a module
-that grows past it is split along its seams, or says why it is one room."""
+"""Product modules stay small: at most 500 lines, or named in `OVER_500` with the reason it is one
+room (this list is the one place those reasons live: module docstrings say what a module is
+for). None is over 600 lines, but for those in `OVER_600_TODO` (take one off once it is split)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 500
-REASON = "Over 500 lines"
+HARD_LIMIT = 600
+
+OVER_500 = {
+    "jupyterlab_mlcluster/cli.py": "one argparse program, its parser and each subcommand's few "
+    "lines; what the CLI and the kernel both print is presentation.py",
+    "jupyterlab_mlcluster/server/app.py": "mostly MLClusterApp's settings (traitlets with their "
+    "help strings); the handlers are handlers/, one module per resource",
+    "jupyterlab_mlcluster/jobs/service.py": "the one API of every front end (submit, read, "
+    "results, cancel) in one class; reaping and following are modules of their own",
+    "jupyterlab_mlcluster/jobs/storage/store.py": "every SQL statement on the store's tables; "
+    "its schema, rows and log reads are the modules beside it",
+    "jupyterlab_mlcluster/kernel/magics.py": "one IPython Magics class, its cell magic and each "
+    "line magic with their argument handling",
+    "jupyterlab_mlcluster/kernel/monitor.py": "the monitor's two views, its status line and its "
+    "summary share one record and one redraw rate",
+    "jupyterlab_mlcluster/backends/slurm/backend.py": "the backend and its attempt share one "
+    "Slurm job's state; the pure parts are script.py and commands.py",
+    "jupyterlab_mlcluster/backends/kubernetes/objects.py": "pure builders of every job kind "
+    "from one shared pod template, sharing its helpers",
+    "notebook_controller/admission.py": "the policy itself: one CEL rule per refused "
+    "escalation, each with its message",
+    "notebook_controller/handlers.py": "kopf's handlers and indexes are registered on one "
+    "registry, here",
+}
+# TODO(issue 32): split these along their seams (each is over 600 lines today).
+OVER_600_TODO = {
+    "jupyterlab_mlcluster/cli.py",
+    "jupyterlab_mlcluster/server/app.py",
+    "jupyterlab_mlcluster/jobs/service.py",
+    "jupyterlab_mlcluster/jobs/storage/store.py",
+    "jupyterlab_mlcluster/kernel/magics.py",
+    "jupyterlab_mlcluster/kernel/monitor.py",
+    "jupyterlab_mlcluster/backends/slurm/backend.py",
+    "jupyterlab_mlcluster/backends/kubernetes/objects.py",
+    "notebook_controller/handlers.py",
+}
 
 
-def test_every_module_over_500_lines_says_why_in_its_docstring():
-    unexplained = []
-    for package in ("jupyterlab_mlcluster", "notebook_controller"):
-        for path in sorted((ROOT / package).rglob("*.py")):
-            text = path.read_text(encoding="utf-8")
-            if text.count("\n") > LIMIT:
-                doc = ast.get_docstring(ast.parse(text)) or ""
-                if REASON not in doc:
-                    unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
-    assert not unexplained, (
-        f"split these along their seams, or say why each is one room ('{REASON}: ...' "
-        f"in its docstring): {', '.join(unexplained)}"
+def _sizes() -> dict[str, int]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8").count("\n")
+        for package in ("jupyterlab_mlcluster", "notebook_controller")
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def test_a_module_over_500_lines_is_on_the_list_with_its_reason():
+    sizes = _sizes()
+    unlisted = [f"{p} ({n} lines)" for p, n in sizes.items() if n > LIMIT and p not in OVER_500]
+    assert not unlisted, (
+        f"split these along their seams, or add each to OVER_500 with why it is one room: "
+        f"{', '.join(unlisted)}"
+    )
+    stale = sorted(p for p in OVER_500 if sizes.get(p, 0) <= LIMIT)
+    assert not stale, f"no longer over {LIMIT} lines (or gone): take them off OVER_500: {stale}"
+
+
+def test_no_module_is_over_600_lines():
+    sizes = _sizes()
+    over = [f"{p} ({n} lines)" for p, n in sizes.items() if n > HARD_LIMIT]
+    assert sorted(p.split(" ")[0] for p in over if p.split(" ")[0] not in OVER_600_TODO) == [], (
+        f"over {HARD_LIMIT} lines: split them: {over}"
     )

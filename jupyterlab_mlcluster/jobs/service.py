@@ -3,9 +3,6 @@
 It validates and stores a job, starts its supervisor, and answers questions about jobs
 from the store. It never drives a backend itself (supervisors do), so any number of
 processes can hold a JobService on the same store at once.
-
-Over 500 lines: the one API of every front end (submit, read, results, cancel) in one class;
-the reaper (reaper.py) and following (follow.py) are modules of their own.
 """
 
 from __future__ import annotations

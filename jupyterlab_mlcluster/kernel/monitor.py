@@ -14,9 +14,6 @@ rank's whole printed output (up to RANK_OUTPUT_LINES lines, resent whole on each
 most every RANK_OUTPUT_INTERVAL seconds while the job runs: the kernel shares the machine with
 the ranks, so what it sends per second must not grow with how much they print
 (bench/bench_monitor.py).
-
-Over 500 lines: the monitor's two views, its status line and its summary share one record
-and one redraw rate; the following itself is jobs/follow.py.
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@ Enabled by `jupyter-config/jupyter_server_config.d/jupyterlab_mlcluster.json`. I
 settings are traitlets of `MLClusterApp` (config file `jupyter_mlcluster_config`); the
 engine's settings are `MLClusterConfig`'s, read from the same config, so
 `c.MLClusterConfig.cpu_slots = 16` works in jupyter_server_config too.
-
-Over 500 lines: most of it is MLClusterApp's settings (traitlets with their help strings);
-the handlers are handlers/, one module per resource.
 """
 
 from __future__ import annotations

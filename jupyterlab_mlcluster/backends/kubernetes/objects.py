@@ -24,9 +24,6 @@ Rules worth knowing:
   `max_restarts` means whole-job restarts, as on the local backend: one rank cannot rejoin a
   static process group, so per-pod retries would only wait for collective timeouts. The
   backend re-creates the objects with `attempt` + 1 instead.
-
-Over 500 lines: pure builders of every job kind from one shared pod template, sharing its
-helpers; each is tested against literal dicts and the Kubernetes schemas.
 """
 
 from __future__ import annotations
