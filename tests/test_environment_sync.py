@@ -345,8 +345,8 @@ def test_attack_a_swapped_checked_wheel_sends_the_pod_to_the_index_pinned_to_the
     assert why in out, out
     assert (
         "pip could not install 1 package (tinypkg==0.1) from the package index, pinned to the "
-        "sha256 the notebook checked at submit (the wheel cache no longer holds the checked "
-        "wheel of tinypkg==0.1): " in out
+        "sha256 the notebook checked at submit (the wheel cache holds no checked wheel of "
+        "tinypkg==0.1): " in out
     ), out
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in out, out
 
@@ -406,7 +406,7 @@ def test_the_index_is_pinned_to_the_checked_hashes_whenever_the_notebook_checked
                 "at submit (gone): not used"
             ]
             if files
-            else []
+            else ["no wheel file of demo==1.0 was recorded at submit: the cache is not read"]
         )
     work = tmp_path / "index-only"
     work.mkdir()

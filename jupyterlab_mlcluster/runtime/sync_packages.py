@@ -111,6 +111,8 @@ def verified_copies(
     missing, notes = [], []
     for req in requirements:
         allowed = set(hashes.get(req) or ())
+        if not files.get(req):
+            notes.append(f"no wheel file of {req} was recorded at submit: the cache is not read")
         for name, size in files.get(req) or ():
             if _WHEEL_FILE.match(name) is None:
                 continue
@@ -227,7 +229,7 @@ def pip_command(
     shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
     source = (
         f"the package index, pinned to the sha256 the notebook checked at submit (the wheel "
-        f"cache no longer holds the checked wheel of {shown})"
+        f"cache holds no checked wheel of {shown})"
     )
     return command, source, notes
 
