@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from . import errors, reporting
+from .atomic import write_whole
 
 RESULT_CHUNK = 48 * 1024  # bytes of base64 per stdout record; keeps log lines modest
 MIB = 1024 * 1024
@@ -55,9 +56,9 @@ def write_result(kind: str, value: Any) -> None:
         # Beside the pickle, whichever backend named it (JobStore.result_json_path).
         json_path = os.path.join(os.path.dirname(path), RESULT_JSON_NAME)
         try:
-            _write_whole(json_path, json_form)
+            write_whole(json_path, json_form)
             try:
-                _write_whole(path, data)
+                write_whole(path, data)
             except BaseException:
                 with contextlib.suppress(OSError):  # no half of a result
                     os.unlink(json_path)
@@ -120,23 +121,6 @@ def _type_names(value: Any) -> str:
     return type(value).__name__
 
 
-def _write_whole(path: str, data: bytes) -> None:
-    """`path` holds all of `data` or is untouched; a failed write (a full disk) leaves no
-    partial temporary file behind to keep the disk full."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        # 0600: a pulled result may hold anything of the user's (data, tokens); nobody
-        # else on the machine may read it while it waits for delivery.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
     # Only the user's frames: not the runtime's, not runpy's (`python script.py` has neither).
     return {
@@ -169,7 +153,7 @@ def write_error(report: dict[str, Any]) -> None:
     path = os.environ.get("MLCLUSTER_ERROR_FILE")
     if path:
         try:
-            _write_whole(path, json.dumps(report).encode())
+            write_whole(path, json.dumps(report).encode())
             return
         except OSError as exc:
             # A full disk: the report goes over the report channel instead (the supervisor

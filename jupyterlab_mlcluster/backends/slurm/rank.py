@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from ...runtime.atomic import write_whole
 from ...runtime.stackdump import STACKS_FILE_ENV
 from . import script
 
@@ -66,9 +67,7 @@ def main() -> None:
         code = status if isinstance(status, int) else 1
         path = script.rank_file(attempt_dir, rank, "exit")
         with contextlib.suppress(OSError):
-            with open(f"{path}.tmp", "w") as f:
-                f.write(str(code))
-            os.replace(f"{path}.tmp", path)
+            write_whole(path, str(code))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...jobs.backoff import Backoff
+from ...runtime.atomic import write_whole
 from .commands import SlurmCommands, SlurmError
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -283,11 +284,7 @@ class Watch(threading.Thread):
             return {}
 
     def _write(self, snapshot: dict[str, Any]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(snapshot, f)
-        os.replace(tmp, self.path)
+        write_whole(self.path, json.dumps(snapshot))
 
 
 _watches: dict[tuple[int, str], Watch] = {}

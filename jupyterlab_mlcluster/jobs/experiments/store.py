@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...runtime.atomic import write_whole
 from ..model import SpecError
 from ..storage.database import Database
 from ..storage.store import job_summaries, sweep_job_ids, unfinished_among
@@ -229,11 +230,7 @@ class ExperimentStore:
         if self._db.execute("SELECT 1 FROM schedules WHERE name = ?", (row["name"],)).fetchone():
             raise ScheduleExists(f"a schedule named {row['name']!r} exists already")
         directory.mkdir(exist_ok=True, mode=0o700)
-        tmp = directory / f".payload.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, self.payload_path(row["name"]))
+        write_whole(self.payload_path(row["name"]), payload)
         try:
             with self._tx() as db:
                 db.execute(

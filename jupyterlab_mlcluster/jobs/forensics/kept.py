@@ -4,11 +4,10 @@ still says where its ranks were."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 
+from ...runtime.atomic import write_whole
 from .stacks import StackReport
 
 KEPT = 8
@@ -21,14 +20,7 @@ def keep(job_dir: Path, report: StackReport) -> None:
     data = report.to_json()
     data["live"] = False
     reports.append(data)
-    path = job_dir / FILE
-    tmp = job_dir / f"{FILE}.tmp{os.getpid()}"
-    try:
-        tmp.write_text(json.dumps(reports))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    write_whole(job_dir / FILE, json.dumps(reports))
 
 
 def kept(job_dir: Path) -> list[StackReport]:

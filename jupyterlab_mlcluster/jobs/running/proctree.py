@@ -44,6 +44,7 @@ from pathlib import Path
 
 import psutil
 
+from ...runtime.atomic import write_whole
 from .processes import process_is, this_host
 
 log = logging.getLogger("jupyterlab_mlcluster.proctree")
@@ -401,12 +402,8 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def _write_record(path: Path, record: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(record))
     except OSError as exc:
         log.warning("could not record the job's containment in %s: %s", path, exc)
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...runtime.atomic import write_whole
 from ..backoff import Backoff
 from ..storage.series import SERIES_FILE
 from .params import job_params
@@ -291,9 +292,7 @@ class MLflowTracker:
         except BaseException:
             lock.unlink(missing_ok=True)  # the next trial tries again
             raise
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": run.info.run_id}))
-        os.replace(tmp, path)
+        write_whole(path, json.dumps({"run_id": run.info.run_id}))
         return str(run.info.run_id)
 
     def _end_parent(self, client: Any) -> None:
