@@ -161,9 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     session = sub.add_parser(
         "session", help="your sessions: live ranks that %%%%distributed --session cells run on"
     )
-    session.add_argument("action", choices=["list", "stop", "restart"])
-    session.add_argument("name", nargs="?", help="the session (stop, restart)")
+    session.add_argument("action", choices=["list", "stop", "restart", "debug"])
+    session.add_argument("name", nargs="?", help="the session (stop, restart, debug)")
     session.add_argument("--json", action="store_true", help="list: print JSON")
+    session.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="debug: pdb on this rank's traceback of the last failed cell (default: the"
+        " rank that failed first)",
+    )
 
     pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
     pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
@@ -555,7 +562,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_session(args: argparse.Namespace) -> int:
-    """`mlcluster session list|stop NAME|restart NAME`: this user's sessions only."""
+    """`mlcluster session list|stop NAME|restart NAME|debug NAME`: this user's sessions
+    only."""
+    if args.action == "debug":  # pdb's prompt in this terminal (jobs/session_debug.py)
+        from .jobs.owner import current_user
+        from .jobs.session_debug import debug
+
+        def say(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        print(
+            debug(
+                _service(),
+                current_user(),
+                args.name,
+                args.rank,
+                origin={"kind": "cli"},
+                ask=input,
+                say=say,
+            )
+        )
+        return 0
     print(session_command(_service(), args.action, args.name, as_json=args.json))
     return 0
 

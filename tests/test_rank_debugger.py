@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import wait_for
+from helpers import run_cli, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime import debugger
@@ -105,3 +105,84 @@ def test_a_session_rank_keeps_its_failed_cells_exception(service):
         assert cell("print('still here', x)\n").state == "succeeded"
     finally:
         sessions.stop_session(service, None, "dbg")
+
+
+def test_post_mortem_on_a_rank_of_a_session(service):
+    """`session_debug.debug` (what %distributed_debug and `mlcluster session debug` run):
+    pdb on rank 1's traceback of the last failed cell shows its locals, `q` leaves, and the
+    session goes on with its state; bad use is refused before any cell is sent."""
+    from jupyterlab_mlcluster.jobs import session_debug, sessions
+
+    origin = {"kind": "python"}
+
+    def cell(source: str):
+        record, _ = sessions.submit_cell(
+            service, "pm", {"workers": 2}, Payload(kind="code", source=source), origin=origin
+        )
+        return service.wait(record.id, timeout=300)
+
+    def debug(rank, answers):
+        said, asked = [], []
+
+        def ask(prompt: str) -> str:
+            asked.append(prompt)
+            return answers.pop(0)
+
+        def say(text: str) -> None:
+            said.append(text)
+
+        end = session_debug.debug(service, None, "pm", rank, origin=origin, ask=ask, say=say)
+        return end, "".join(said), asked
+
+    with pytest.raises(sessions.UnknownSession):
+        debug(1, [])
+    try:
+        assert cell("z = 5\n").state == "succeeded"
+        with pytest.raises(sessions.SessionError, match="no failed cell"):
+            debug(1, [])
+        assert cell(FAILS_ON_RANK_1).state == "failed"
+        cells_before = len(service.store.session_cells(_holder(service).id, ["succeeded"]))
+        with pytest.raises(sessions.SessionError, match="--rank 2: .* ranks 0 to 1"):
+            debug(2, [])
+        assert len(service.store.session_cells(_holder(service).id, ["succeeded"])) == (
+            cells_before
+        )
+        end, said, asked = debug(None, ["p y", "where", "q"])  # rank 1 failed first
+        assert "pdb on rank 1" in said and "\n42\n" in said, said
+        assert "step()" in said and "raise ValueError" in said, said
+        assert asked == ["(Pdb) "] * 3 and "session" in end
+        with pytest.raises(sessions.SessionError, match="rank 0 did not fail"):
+            debug(0, [])
+        end, said, _ = debug(1, ["p y + 1", "c"])  # again, and `continue` leaves too
+        assert "\n43\n" in said, said
+        # From a terminal: the same prompt on stdin and stdout; its end of input leaves.
+        out = run_cli("session", "debug", "pm", "--rank", "1", input="p y * 2\n")
+        assert out.returncode == 0, out.stderr
+        assert "(Pdb) 84\n" in out.stdout and "the session and its state are kept" in out.stdout
+        out = run_cli("session", "debug", "pm", "--rank", "9", input="")
+        assert out.returncode != 0 and "--rank 9" in out.stderr, out
+        assert cell("print('kept', z)\n").state == "succeeded"
+    finally:
+        sessions.stop_session(service, None, "pm")
+
+
+def _holder(service):
+    return service.store.get_job(service.store.session_rows(name="pm")[0]["job_id"])
+
+
+def test_the_relay_refuses_files_others_could_write(tmp_path):
+    """Whoever writes pdb's input runs code as the rank's user: a relay file that others may
+    write, or a link to one, is refused before pdb starts."""
+    for part in ("in", "out"):
+        (tmp_path / part).write_bytes(b"")
+        (tmp_path / part).chmod(0o600)
+    debugger.FileRelay(str(tmp_path)).close()  # the private pair is taken
+    (tmp_path / "in").chmod(0o666)  # (what an attacker on the machine would need)
+    with pytest.raises(PermissionError, match="not a private file"):
+        debugger.FileRelay(str(tmp_path))
+    (tmp_path / "in").unlink()
+    (tmp_path / "elsewhere").write_bytes(b"import os\n")
+    (tmp_path / "elsewhere").chmod(0o600)
+    (tmp_path / "in").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        debugger.FileRelay(str(tmp_path))

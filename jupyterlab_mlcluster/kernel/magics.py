@@ -738,7 +738,11 @@ class _ImportLearner:
 
 
 def load_ipython_extension(ipython) -> None:
-    ipython.register_magics(DistributedMagics)
+    from .debug_magic import DebugMagics
+
+    magics = DistributedMagics(ipython)
+    ipython.register_magics(magics)
+    ipython.register_magics(DebugMagics(ipython, lambda: magics.service, _kernel_origin))
     if not any(isinstance(f, _ImportLearner) for f in ipython.events.callbacks["post_run_cell"]):
         ipython.events.register("post_run_cell", _ImportLearner(ipython))
     # ipykernel reads `_last_traceback` after a failed cell, but sets it only in run_cell,
