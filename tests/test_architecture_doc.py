@@ -5,7 +5,6 @@ that the packages define. A rename that leaves the map behind fails here."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -16,6 +15,7 @@ SOURCES = ("jupyterlab_mlcluster", "notebook_controller", "tests", "bench", "scr
 _SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"[\w.-]+(/[\w.-]+)*/?")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 _EXTENSION = re.compile(r"[\w.-]+\.(py|toml|yaml|json|jsonl|ts|tsx|mjs|sh|md|log|txt|css)")
 
 
@@ -36,20 +36,13 @@ def _repo_paths() -> tuple[set[str], set[str]]:
 
 
 def _defined_names() -> set[str]:
-    """Every module and every name a module of the packages defines or assigns, at any depth."""
+    """Every module of the packages and every word their code spells (a name the doc cites must
+    at least be written somewhere: defined, assigned or an attribute)."""
     names: set[str] = set()
     for package in ("jupyterlab_mlcluster", "notebook_controller"):
         for path in (REPO / package).rglob("*.py"):
             names.update(path.relative_to(REPO).with_suffix("").parts)
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                    names.add(node.name)
-                elif isinstance(node, ast.Name | ast.arg):
-                    names.add(node.id if isinstance(node, ast.Name) else node.arg)
-                elif isinstance(node, ast.Attribute):
-                    names.add(node.attr)
-                elif isinstance(node, ast.alias):
-                    names.add((node.asname or node.name).split(".")[-1])
+            names.update(_WORD.findall(path.read_text()))
     return names
 
 
