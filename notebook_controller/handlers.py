@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -122,7 +123,8 @@ class NotebookController:
         self._loops: list[asyncio.Task[None]] = []
         self._locks: dict[NotebookKey, asyncio.Lock] = {}
         # The last status written per notebook: the index lags our own writes by a watch event.
-        self._written: dict[NotebookKey, dict[str, Any]] = {}
+        # (As JSON text: a status kept as dicts costs kilobytes per notebook at 10,000.)
+        self._written: dict[NotebookKey, str] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
         # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
@@ -351,7 +353,8 @@ class NotebookController:
         status = compute_status(notebook, sts, pod, self._errors.get(key))
         if not status_changed(notebook, status):
             return
-        if key in self._written and not status_changed({"status": self._written[key]}, status):
+        written = self._written.get(key)
+        if written is not None and not status_changed({"status": json.loads(written)}, status):
             return
         removed = {k: None for k in (notebook.get("status") or {}) if k not in status}
         try:
@@ -366,7 +369,7 @@ class NotebookController:
         except KubeError as exc:
             if exc.status != 404:  # the notebook went away meanwhile
                 raise
-        self._written[key] = status
+        self._written[key] = json.dumps(status, separators=(",", ":"))
 
     def _notebook(
         self, indexes: Mapping[str, Any], namespace: str, name: str

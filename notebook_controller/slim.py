@@ -32,6 +32,8 @@ _METADATA = (
     "annotations",
     "ownerReferences",
 )
+# An owned object's: what _one, _ensure, _owned_by and repair_patch read.
+_OWNED_METADATA = ("name", "namespace", "uid", "deletionTimestamp", "labels", "ownerReferences")
 _OWNER_REFERENCE = ("apiVersion", "kind", "name", "uid", "controller")
 
 
@@ -61,8 +63,8 @@ class PackedSpec(Mapping[str, Any]):
         return f"PackedSpec({dict(self)!r})"
 
 
-def _metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
-    kept = {key: meta[key] for key in _METADATA if key in meta}
+def _metadata(meta: Mapping[str, Any], keys: tuple[str, ...] = _METADATA) -> dict[str, Any]:
+    kept = {key: meta[key] for key in keys if key in meta}
     if "ownerReferences" in kept:
         kept["ownerReferences"] = [
             {key: ref[key] for key in _OWNER_REFERENCE if key in ref}
@@ -79,7 +81,7 @@ def slim_owned(body: Mapping[str, Any]) -> dict[str, Any]:
     slim: dict[str, Any] = {
         "apiVersion": body.get("apiVersion"),
         "kind": kind,
-        "metadata": _metadata(body.get("metadata") or {}),
+        "metadata": _metadata(body.get("metadata") or {}, _OWNED_METADATA),
         "spec": PackedSpec(body.get("spec") or {}, fields),
     }
     if body.get("status") is not None:
