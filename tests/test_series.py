@@ -143,3 +143,44 @@ def test_a_rank_past_the_cap_sends_no_new_name(service):
     text = "\n".join(line["line"] for line in service.logs(job_id, 0)[0])
     assert text.count("a job logs at most 200 series; 's200' and any further new names") == 1
     assert "[mlcluster] a job keeps at most" not in text, "the store had nothing to drop"
+
+
+WIDE = textwrap.dedent(
+    """
+    import os
+    import jupyterlab_mlcluster as mlc
+    from jupyterlab_mlcluster.runtime import reporting
+    rank = int(os.environ["RANK"])
+    names = [f"layer{k:02d}/grad_norm_{'x' * 20}" for k in range(30)]
+    for i in range(2000):
+        mlc.log(**{name: i + 0.5 for name in names})
+    mlc.log(step=2000, **{"\\U0001f600" * 198 + f"{k:02d}": 1.0 for k in range(60)})
+    if rank == 0:  # one record past the supervisor's line cap, twice: said once
+        for _ in range(2):
+            reporting.send({"type": "progress", "series": [[0, 0, {"big": 1.0}]] * 8000})
+    """
+)
+
+
+@pytest.mark.usefixtures("pool_mode")
+def test_a_tight_loop_of_wide_points_keeps_every_point(service):
+    """A batch goes out by its encoded size too, under the 64 KiB line a supervisor reads
+    (2000 points of 30 names made a record of megabytes that was dropped whole), and a
+    point too large for one record goes in pieces; a record that cannot be read is said."""
+    spec = JobSpec.from_options({"workers": 2})
+    job_id = service.submit(spec, Payload(source=WIDE)).id
+    assert service.wait(job_id, timeout=120).state == "succeeded"
+    data = read_series(service.store.job_dir(job_id), None)
+    assert len(data["names"]) == 90
+    got = {(s["name"], s["rank"]): s["steps"] for s in data["series"]}
+    for rank in (0, 1):
+        for k in range(30):
+            name = f"layer{k:02d}/grad_norm_{'x' * 20}"
+            assert got[(name, rank)] == list(range(2000)), (name, rank)
+        for k in range(60):
+            assert got[("\U0001f600" * 198 + f"{k:02d}", rank)] == [2000]
+    text = "\n".join(line["line"] for line in service.logs(job_id, 0)[0])
+    assert text.count("rank 0 sent a report the supervisor could not read") == 1
+    assert "big" not in data["names"]
+    other = "\n".join(line["line"] for line in service.logs(job_id, 1)[0])
+    assert "could not read" not in other

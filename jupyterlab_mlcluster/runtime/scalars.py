@@ -2,8 +2,9 @@
 
 A call only checks its values and appends them to a buffer (a few microseconds), so it can
 be made every step. The buffer goes out as one signed record (protocol.py) at most every
-FLUSH_INTERVAL, or when MAX_BATCH points wait, from the caller or from a small daemon thread
-(a rank that stops logging still has its last points sent), and at the end of the rank's code.
+FLUSH_INTERVAL, or when MAX_BATCH points or FLUSH_BYTES of encoded text wait, from the
+caller or from a small daemon thread (a rank that stops logging still has its last points
+sent), and at the end of the rank's code.
 The record rides on the progress report (`{"type": "progress", "series": [[step, epoch ms,
 {name: value}], ...]}`, no `step`), which every backend's supervisor already reads;
 jobs/storage/series.py keeps it.
@@ -16,6 +17,7 @@ MAX_SERIES names; past that, new names are dropped, said once.
 from __future__ import annotations
 
 import atexit
+import json
 import math
 import os
 import sys
@@ -28,6 +30,13 @@ from . import reporting
 
 FLUSH_INTERVAL = 0.5  # seconds a point may wait in the buffer
 MAX_BATCH = 2000  # points in one record
+# A record is one line, and a supervisor reads lines of at most 64 KiB (OutputParser's
+# max_line): a batch goes out once FLUSH_BYTES wait, and a point larger than POINT_BYTES
+# (many long names) goes out in pieces of at most that, so a record stays under 48 KiB.
+FLUSH_BYTES = 32 * 1024
+POINT_BYTES = 16 * 1024
+_POINT_TEXT = 48  # the brackets, commas and time of a point, without its step and values
+_VALUE_TEXT = 26  # ':' and ',' and the longest repr of a float (-1.2345678901234567e-308)
 MAX_SERIES = 200  # names a job may log (the supervisor holds the job to it too)
 
 
@@ -59,7 +68,8 @@ class _Log:
         self.points: list[list[Any]] = []
         self.first_at = 0.0
         self.next_step: int | float = 0
-        self.names: set[str] = set()
+        self.names: dict[str, int] = {}  # each name's most text in a record
+        self.bytes = 0  # the most text the points waiting take
         self.said: set[str] = set()
         self.capped = False
         self.thread: threading.Thread | None = None
@@ -115,7 +125,7 @@ def log(step: float | None = None, **metrics: Any) -> None:
                         "new names are dropped",
                     )
                 continue
-            names.add(name)
+            names[name] = len(json.dumps(name)) + _VALUE_TEXT
         clean[name] = number
     if type(step) is int:
         state.next_step = step + 1
@@ -125,15 +135,45 @@ def log(step: float | None = None, **metrics: Any) -> None:
     if not clean:
         return
     now = time.time()
-    with state.lock:
-        if not state.points:
-            state.first_at = now
-        state.points.append([step, int(now * 1000), clean])  # the time in ms: cheaper text
-        full = len(state.points) >= MAX_BATCH or now - state.first_at >= FLUSH_INTERVAL
-    if full:
-        flush()
-    elif state.thread is None:
+    at = int(now * 1000)  # the time in ms: cheaper text
+    base = _POINT_TEXT + len(repr(step))
+    size = base
+    for name in clean:
+        size += names[name]
+    pieces = [(clean, size)] if size <= POINT_BYTES else _split(clean, names, base)
+    for values, size in pieces:
+        with state.lock:
+            if not state.points:
+                state.first_at = now
+            state.points.append([step, at, values])
+            state.bytes += size
+            full = (
+                len(state.points) >= MAX_BATCH
+                or state.bytes >= FLUSH_BYTES
+                or now - state.first_at >= FLUSH_INTERVAL
+            )
+        if full:
+            flush()
+    if not full and state.thread is None:
         _start_thread()
+
+
+def _split(
+    clean: dict[str, float], sizes: dict[str, int], base: int
+) -> list[tuple[dict[str, float], int]]:
+    """A point too large for one record as pieces of at most POINT_BYTES (the store puts
+    them together again: they share the step)."""
+    pieces: list[tuple[dict[str, float], int]] = []
+    values: dict[str, float] = {}
+    size = base
+    for name, value in clean.items():
+        if values and size + sizes[name] > POINT_BYTES:
+            pieces.append((values, size))
+            values, size = {}, base
+        values[name] = value
+        size += sizes[name]
+    pieces.append((values, size))
+    return pieces
 
 
 def flush() -> None:
@@ -143,6 +183,7 @@ def flush() -> None:
     with state.sending:
         with state.lock:
             points, state.points = state.points, []
+            state.bytes = 0
         if points:
             reporting.send({"type": "progress", "series": points})
 

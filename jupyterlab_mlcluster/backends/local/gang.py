@@ -213,6 +213,7 @@ class Gang:
             self.forensics.stall.active(rank)
             if kind == "line":
                 if stream == "c":
+                    self.ctx.logs.unread_record(rank)
                     continue
                 self.log_line(rank, stream, value)
             elif kind == "progress":

@@ -514,6 +514,8 @@ class _Attempt:
                 if stream != "c":
                     self.ctx.logs.line(rank, stream, value)
                     self.forensics.active(rank)
+                else:
+                    self.ctx.logs.unread_record(rank)
             elif kind == "progress":
                 self.rank_updates.update(rank, progress=lifecycle.clean_progress(value))
                 self.forensics.active(rank)

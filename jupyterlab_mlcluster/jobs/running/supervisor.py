@@ -75,6 +75,7 @@ class LogWriter:
         # What an earlier supervisor of this job (adopted, restarted) wrote counts too.
         self._written = sum(os.fstat(f.fileno()).st_size for f in self._files.values())
         self._truncated = False
+        self._unread: set[int] = set()
 
     def line(self, rank: int, stream: str, text: str) -> None:
         data = format_log_line(time.time(), stream, text)
@@ -106,6 +107,17 @@ class LogWriter:
     def system(self, text: str, rank: int | None = None) -> None:
         for r in [rank] if rank is not None else list(self._files):
             self.line(r, "s", text)
+
+    def unread_record(self, rank: int) -> None:
+        """A line on `rank`'s report channel that is no record we can read: said once."""
+        if rank not in self._unread:
+            self._unread.add(rank)
+            self.system(
+                f"[mlcluster] rank {rank} sent a report the supervisor could not read (a line"
+                " over 64 KiB, or not signed for it): it was dropped, and later ones of this"
+                " rank are not said",
+                rank=rank,
+            )
 
     def maybe_notify(self, force: bool = False) -> None:
         now = time.monotonic()
