@@ -8,7 +8,7 @@ already handles, and one pass over the ranks per check: nothing a running job wo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # A rank blocked in a collective, in I/O or on a lock reads 0.0; anything at or above this
 # (a rank computing, a background thread at work) is activity.
@@ -16,7 +16,12 @@ STALL_CPU_PERCENT = 1.0
 
 
 class StallWatch:
-    def __init__(self, after: float, cpu_percent: float = STALL_CPU_PERCENT, clock=time.monotonic):
+    def __init__(
+        self,
+        after: float,
+        cpu_percent: float = STALL_CPU_PERCENT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.after = max(0.0, float(after or 0.0))
         self.cpu_percent = cpu_percent
         self.clock = clock

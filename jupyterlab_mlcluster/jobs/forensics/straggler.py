@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 
 STRAGGLER_FACTOR = 1.5
 STRAGGLER_AFTER = 30.0
@@ -21,8 +22,11 @@ STRAGGLER_AFTER = 30.0
 
 class StragglerWatch:
     def __init__(
-        self, after: float = STRAGGLER_AFTER, factor: float = STRAGGLER_FACTOR, clock=time.monotonic
-    ):
+        self,
+        after: float = STRAGGLER_AFTER,
+        factor: float = STRAGGLER_FACTOR,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.after = max(0.0, float(after or 0.0))
         self.factor = factor
         self.clock = clock
