@@ -122,6 +122,14 @@ class MLClusterConfig(Configurable):
         "while the job goes on. Protects the store's disk, which all jobs share. 0: no cap.",
     ).tag(config=True)
 
+    max_series_mib = Int(
+        256,
+        help="Most MiB of logged series (mlc.log, Trainer and Lightning callbacks, TensorBoard "
+        "scalars: the job's series.jsonl) the job store keeps per job; past it one line in the "
+        "job's log says so and further points are dropped while the job goes on. Protects the "
+        "store's disk, which all jobs share. 0: no cap.",
+    ).tag(config=True)
+
     kill_grace_period = Float(
         30.0,
         help="Seconds ranks get between SIGTERM and SIGKILL when a job is stopped "

@@ -13,8 +13,10 @@ from helpers import run_cli
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.storage.series import (
     NAMES_FILE,
+    READ_BYTES,
     SERIES_FILE,
     SeriesWriter,
+    read_all,
     read_series,
 )
 from jupyterlab_mlcluster.runtime.payload import Payload
@@ -170,7 +172,7 @@ def test_a_tight_loop_of_wide_points_keeps_every_point(service):
     spec = JobSpec.from_options({"workers": 2})
     job_id = service.submit(spec, Payload(source=WIDE)).id
     assert service.wait(job_id, timeout=120).state == "succeeded"
-    data = read_series(service.store.job_dir(job_id), None)
+    data = read_all(service.store.job_dir(job_id), None)
     assert len(data["names"]) == 90
     got = {(s["name"], s["rank"]): s["steps"] for s in data["series"]}
     for rank in (0, 1):
@@ -184,3 +186,64 @@ def test_a_tight_loop_of_wide_points_keeps_every_point(service):
     assert "big" not in data["names"]
     other = "\n".join(line["line"] for line in service.logs(job_id, 1)[0])
     assert "could not read" not in other
+
+
+def test_a_job_past_max_series_mib_keeps_its_first_mib_and_says_so_once(service):
+    """T1: a job's series file is capped (MLClusterConfig.max_series_mib): the first MiB of
+    points is kept, one line says so, the rest is dropped and the job runs on to its end."""
+    from jupyterlab_mlcluster.config import MLClusterConfig
+    from jupyterlab_mlcluster.jobs.service import JobService
+
+    capped = JobService(config=MLClusterConfig(max_series_mib=1))
+    source = (
+        "import jupyterlab_mlcluster as mlc\n"
+        "for i in range(4000):\n"
+        "    mlc.log(**{f'metric_{k:02d}': i + 0.25 for k in range(20)})\n"
+        "'done'\n"
+    )
+    record = capped.submit(JobSpec.from_options({"workers": 1}), Payload(source=source))
+    assert capped.wait(record.id, timeout=120).state == "succeeded"
+    assert capped.result(record.id) == ("value", "done")
+    job_dir = capped.store.job_dir(record.id)
+    size = (job_dir / SERIES_FILE).stat().st_size
+    assert (1 << 20) - 64 * 1024 < size <= 1 << 20, size  # about 2.7 MiB were logged
+    steps = read_series(job_dir, ["metric_00"], limit=64 << 20)["series"][0]["steps"]
+    assert steps == list(range(len(steps))) and 1000 < len(steps) < 4000, "the first points"
+    text = "\n".join(line["line"] for line in capped.logs(record.id, 0)[0])
+    assert text.count("series truncated after 1 MiB") == 1 and "max_series_mib" in text
+
+
+def test_a_read_is_one_bounded_page_and_its_cursor_goes_on_to_the_end(tmp_path):
+    """T1: read_series parses at most about `limit` bytes per call (a GET /jobs/{id}/metrics
+    ask loaded the whole file); following the cursor brings every point, in order."""
+    from jupyterlab_mlcluster.kernel.curves import Curves
+
+    writer = SeriesWriter(tmp_path, print)
+    for start in range(0, 60_000, 500):
+        writer.add(start % 2, [[s, 1000.0, {"loss": s + 0.5}] for s in range(start, start + 500)])
+    writer.close()
+    size = (tmp_path / SERIES_FILE).stat().st_size
+    assert size > 1 << 20
+    cursor, pages, steps = 0, 0, []
+    while True:
+        page = read_series(tmp_path, ["loss"], cursor, limit=256 * 1024)
+        assert page["cursor"] - cursor <= 256 * 1024, "a bounded page"
+        cursor, pages = page["cursor"], pages + 1
+        steps += [s for entry in page["series"] for s in entry["steps"]]
+        if not page["more"]:
+            break
+    assert cursor == size and pages >= 6
+    assert sorted(steps) == list(range(60_000))
+    whole = read_all(tmp_path, None)
+    assert whole["cursor"] == size and not whole["more"]
+    assert sum(len(s["steps"]) for s in whole["series"]) == 60_000
+    for start in range(60_000, 200_000, 500):  # past READ_BYTES: the kernel's view catches up
+        writer.add(0, [[s, 1000.0, {"loss": s + 0.5}] for s in range(start, start + 500)])
+    writer.close()
+    assert size_of(tmp_path) > READ_BYTES
+    curves = Curves(tmp_path)
+    assert curves.poll() and curves.points == 200_000 and curves.cursor == size_of(tmp_path)
+
+
+def size_of(job_dir) -> int:
+    return (job_dir / SERIES_FILE).stat().st_size

@@ -69,9 +69,9 @@ class Job:
         """The series the job logged (all, or those named): a pandas DataFrame with columns
         name, rank, step, value, time (epoch seconds), one row per point, when pandas is
         installed; else the same rows as a list of dicts."""
-        from .storage.series import point_rows, read_series
+        from .storage.series import point_rows, read_all
 
-        data = read_series(self._service.store.job_dir(self.id), list(names) or None)
+        data = read_all(self._service.store.job_dir(self.id), list(names) or None)
         columns = ("name", "rank", "step", "value", "time")
         rows = point_rows(data)
         try:

@@ -239,14 +239,18 @@ class Curves:
         self.points = 0
 
     def poll(self) -> bool:
-        """Read the points stored since the last call; True if there were any."""
-        data = read_series(self.job_dir, None, self.cursor)
-        self.cursor = data["cursor"]
-        for s in data["series"]:
-            track = self.tracks.setdefault(s["name"], {}).setdefault(s["rank"], Track())
-            track.add(s["steps"], s["values"])
-            self.points += len(s["steps"])
-        return bool(data["series"])
+        """Read the points stored since the last call, page after page until caught up;
+        True if there were any."""
+        got, more = False, True
+        while more:
+            data = read_series(self.job_dir, None, self.cursor)
+            self.cursor, more = data["cursor"], data["more"]
+            for s in data["series"]:
+                track = self.tracks.setdefault(s["name"], {}).setdefault(s["rank"], Track())
+                track.add(s["steps"], s["values"])
+                self.points += len(s["steps"])
+            got = got or bool(data["series"])
+        return got
 
     def html(self, mode: str = "auto") -> str:
         """Every series' chart (the first MAX_CHARTS), '' while none was logged."""

@@ -4,12 +4,44 @@ import {
   columnMinMax,
   drawsMean,
   extent,
+  followLogged,
+  LoggedSeries,
   mergeLogged,
   niceTicks,
   tickText
 } from '../model/curves';
 
 describe('logged series', () => {
+  it('follows the cursor page after page until the server says there is no more', async () => {
+    const asked: number[] = [];
+    const pages: Record<number, LoggedSeries> = {
+      0: {
+        names: ['loss'],
+        series: [
+          { name: 'loss', rank: 0, steps: [0], values: [3], times: [1] }
+        ],
+        cursor: 50,
+        more: true
+      },
+      50: {
+        names: ['loss'],
+        series: [
+          { name: 'loss', rank: 0, steps: [1], values: [2], times: [2] }
+        ],
+        cursor: 90,
+        more: true
+      },
+      90: { names: ['loss'], series: [], cursor: 90, more: false }
+    };
+    const curves = await followLogged(EMPTY_CURVES, async after => {
+      asked.push(after);
+      return pages[after];
+    });
+    expect(asked).toEqual([0, 50, 90]);
+    expect(curves.cursor).toBe(90);
+    expect(curves.tracks.loss[0].steps).toEqual([0, 1]);
+  });
+
   it('appends what each answer brings, per name and rank, and keeps the cursor', () => {
     let curves = mergeLogged(EMPTY_CURVES, {
       names: ['loss'],
@@ -17,7 +49,8 @@ describe('logged series', () => {
         { name: 'loss', rank: 0, steps: [0, 1], values: [3, 2], times: [1, 2] },
         { name: 'loss', rank: 1, steps: [0], values: [4], times: [1] }
       ],
-      cursor: 120
+      cursor: 120,
+      more: false
     });
     curves = mergeLogged(curves, {
       names: ['loss', 'lr'],
@@ -25,7 +58,8 @@ describe('logged series', () => {
         { name: 'loss', rank: 0, steps: [2], values: [1], times: [3] },
         { name: 'lr', rank: 0, steps: [2], values: [0.1], times: [3] }
       ],
-      cursor: 200
+      cursor: 200,
+      more: false
     });
     expect(curves.cursor).toBe(200);
     expect(curves.names).toEqual(['loss', 'lr']);

@@ -467,6 +467,8 @@ export interface components {
       series: components['schemas']['LoggedSeriesData'][];
       /** @description Pass as `after` to get only the points stored since this answer. */
       cursor: number;
+      /** @description One answer reads a bounded part of the store: true when more points may follow the cursor (ask again with `after: cursor` until it is false). */
+      more: boolean;
     };
     LoggedSeriesData: {
       name: string;

@@ -215,7 +215,9 @@ export class MlclusterApi {
       `jobs/${encodeURIComponent(id)}/metrics?${query}`
     );
     // a server from before mlc.log answers no `logged`: nothing logged
-    return answer.logged ?? { names: [], series: [], cursor: after };
+    return (
+      answer.logged ?? { names: [], series: [], cursor: after, more: false }
+    );
   }
 
   /** Where the job's ranks are: read now while it runs, else the stacks it kept (409: none). */

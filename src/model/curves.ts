@@ -65,6 +65,24 @@ export function mergeLogged(curves: Curves, answer: LoggedSeries): Curves {
 }
 
 /**
+ * The curves caught up: one answer is a bounded page of the store (`more` while points
+ * follow its cursor), so ask from each answer's cursor until none is left, or `stopped`.
+ */
+export async function followLogged(
+  curves: Curves,
+  ask: (after: number) => Promise<LoggedSeries>,
+  stopped: () => boolean = () => false
+): Promise<Curves> {
+  let more = true;
+  while (more && !stopped()) {
+    const answer = await ask(curves.cursor);
+    curves = mergeLogged(curves, answer);
+    more = answer.more === true && answer.cursor > 0;
+  }
+  return curves;
+}
+
+/**
  * Downsample for drawing: per pixel column of [x0, x1], the min and the max point in the
  * order they came; columns left to right. At most 2 * columns [step, value] points.
  */

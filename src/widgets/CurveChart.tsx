@@ -9,7 +9,7 @@ import {
   columnMinMax,
   drawsMean,
   extent,
-  mergeLogged,
+  followLogged,
   niceTicks,
   rankColor,
   tickText,
@@ -58,8 +58,11 @@ export function useCurves(job: Job): Curves {
         }
         const wanted = current.names.slice(0, MAX_REQUESTED);
         if (wanted.length) {
-          const answer = await api.getLogged(job.id, wanted, current.cursor);
-          current = mergeLogged(current, answer);
+          current = await followLogged(
+            current,
+            after => api.getLogged(job.id, wanted, after),
+            () => stopped
+          );
         }
         if (!stopped) {
           state.current = current;

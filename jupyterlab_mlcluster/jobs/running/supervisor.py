@@ -155,7 +155,7 @@ class JobContext:
         self._attached = _attached_process(job.origin)
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
         self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
-        self.series = SeriesWriter(store.job_dir(job.id), self.logs.system)
+        self.series = SeriesWriter(store.job_dir(job.id), self.logs.system, config.max_series_mib)
         self.tensorboard = TensorBoardTail(
             job_tensorboard_dir(job.spec, store.tensorboard_dir(job.id))
         )

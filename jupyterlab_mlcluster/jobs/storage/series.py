@@ -23,13 +23,27 @@ from ...runtime.scalars import MAX_SERIES, finite, valid_name
 SERIES_FILE = "series.jsonl"
 NAMES_FILE = "series-names.json"
 MAX_POINTS = 10_000  # points of one batch kept (a rank sends at most 2000)
+# Bytes of series.jsonl one read_series call parses: a reader pages with the cursor
+# (`more` says there is more) instead of loading a long job's whole file at each ask.
+READ_BYTES = 4 << 20
 
 
 class SeriesWriter:
     """The supervisor's: checks each rank batch and appends what is good."""
 
-    def __init__(self, job_dir: Path, say: Callable[[str], None], max_series: int = MAX_SERIES):
+    def __init__(
+        self,
+        job_dir: Path,
+        say: Callable[[str], None],
+        max_mib: int = 0,
+        max_series: int = MAX_SERIES,
+    ):
         self._path = job_dir / SERIES_FILE
+        self._max_bytes = max(0, max_mib) << 20  # 0: no cap (MLClusterConfig.max_series_mib)
+        try:  # what an earlier supervisor of this job (adopted, restarted) wrote counts too
+            self._written = self._path.stat().st_size
+        except OSError:
+            self._written = 0
         self._names_path = job_dir / NAMES_FILE
         self._say = say
         self._said: set[str] = set()
@@ -81,7 +95,17 @@ class SeriesWriter:
             if self._file is None:
                 self._file = open(self._path, "ab", buffering=0)  # noqa: SIM115 - held open
             line = json.dumps({"r": rank, "p": kept}, separators=(",", ":"), allow_nan=False)
-            self._file.write(line.encode() + b"\n")
+            data = line.encode() + b"\n"
+            if self._max_bytes and self._written + len(data) > self._max_bytes:
+                self._once(
+                    "bytes",
+                    f"series truncated after {self._max_bytes / (1 << 20):g} MiB: further "
+                    "points of this job are not kept (MLClusterConfig.max_series_mib); the "
+                    "job goes on",
+                )
+                return 0
+            self._file.write(data)
+            self._written += len(data)
         return len(kept)
 
     def _once(self, key: str, text: str) -> None:
@@ -113,23 +137,20 @@ def read_names(job_dir: Path) -> list[str]:
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
-def read_series(job_dir: Path, names: list[str] | None, after: int = 0) -> dict[str, Any]:
+def read_series(
+    job_dir: Path, names: list[str] | None, after: int = 0, limit: int = READ_BYTES
+) -> dict[str, Any]:
     """The job's series named in `names` (None: every one), points stored after the byte
-    offset `after`: {"names", "series": [{name, rank, steps, values, times}], "cursor"}."""
-    path = job_dir / SERIES_FILE
+    offset `after`, at most about `limit` bytes of them (a line longer than it whole):
+    {"names", "series": [{name, rank, steps, values, times}], "cursor", "more"}; `more`:
+    ask again from `cursor` for the rest."""
     wanted = None if names is None else set(names)
     found: dict[tuple[str, int], dict[str, Any]] = {}
-    cursor = after
+    cursor, more = after, False
     if wanted is None or wanted:
-        try:
-            with open(path, "rb") as f:
-                f.seek(after)
-                data = f.read()
-        except OSError:
-            data = b""
-        end = data.rfind(b"\n") + 1  # a line being written is read next time
-        cursor = after + end
-        for raw in data[:end].splitlines():
+        data, more = _read_lines(job_dir / SERIES_FILE, after, limit)
+        cursor = after + len(data)
+        for raw in data.splitlines():
             try:
                 batch = json.loads(raw)
                 rank, points = int(batch["r"]), batch["p"]
@@ -152,7 +173,48 @@ def read_series(job_dir: Path, names: list[str] | None, after: int = 0) -> dict[
                     entry["values"].append(value)
                     entry["times"].append(at)
     series = [found[k] for k in sorted(found)]
-    return {"names": read_names(job_dir), "series": series, "cursor": cursor}
+    return {"names": read_names(job_dir), "series": series, "cursor": cursor, "more": more}
+
+
+def _read_lines(path: Path, after: int, limit: int) -> tuple[bytes, bool]:
+    """Whole lines from `after`, about `limit` bytes (more only to end a line); and whether
+    there may be more. A line being written is read next time."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(after)
+            data = f.read(limit)
+            while len(data) >= limit and b"\n" not in data[-limit:]:
+                chunk = f.read(limit)  # one line longer than `limit`: read to its end
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return b"", False
+    end = data.rfind(b"\n") + 1
+    return data[:end], len(data) >= limit and end > 0  # (a last ask may then find nothing)
+
+
+def read_all(job_dir: Path, names: list[str] | None) -> dict[str, Any]:
+    """read_series of every point stored now, page after page."""
+    data = read_series(job_dir, names)
+    while data["more"]:
+        page = read_series(job_dir, names, data["cursor"])
+        merge_pages(data, page)
+    return data
+
+
+def merge_pages(data: dict[str, Any], page: dict[str, Any]) -> None:
+    """`page` (asked from `data`'s cursor) appended to `data`."""
+    got = {(s["name"], s["rank"]): s for s in data["series"]}
+    for s in page["series"]:
+        entry = got.get((s["name"], s["rank"]))
+        if entry is None:
+            got[(s["name"], s["rank"])] = s
+            continue
+        for key in ("steps", "values", "times"):
+            entry[key] += s[key]
+    data["series"] = [got[k] for k in sorted(got)]
+    data.update(names=page["names"], cursor=page["cursor"], more=page["more"])
 
 
 def point_rows(data: dict[str, Any]) -> list[tuple[str, int, float, float, float]]:
@@ -167,7 +229,7 @@ def point_rows(data: dict[str, Any]) -> list[tuple[str, int, float, float, float
 def series_text(job_dir: Path, *, csv: bool = False) -> str:
     """`mlcluster metrics JOB`: one line per series and rank (points, last step and value,
     min, max), or with `csv` every point."""
-    data = read_series(job_dir, None)
+    data = read_all(job_dir, None)
     if csv:
         lines = ["name,rank,step,value,time"]
         lines += [f"{_csv_field(n)},{r},{s!r},{v!r},{t!r}" for n, r, s, v, t in point_rows(data)]
