@@ -246,9 +246,10 @@ class MLClusterConfig(Configurable):
     mlflow_tracking_uri = Unicode(
         "",
         help="Where `--track mlflow` records runs: a tracking server's URL "
-        "(http://mlflow.example:5000) or any URI MLflow takes. Empty: MLflow's local store, "
-        "sqlite:///<dir>/mlflow.db in the directory the job was submitted from (nothing to "
-        "start; `mlflow ui` there shows it).",
+        "(http://mlflow.example:5000) or any URI MLflow takes. Empty: MLflow's local store in "
+        "the job store, sqlite:///<store>/mlflow/mlflow.db (a 0700 directory with the runs' "
+        "artifacts; nothing to start). A server shared by many users refuses --track mlflow "
+        "while it is empty.",
     ).tag(config=True)
 
     tracking_grace = Float(

@@ -208,3 +208,105 @@ def test_an_unreachable_tracker_never_fails_the_job(unreachable, service):
     # Bad input: an unknown tracker is refused before anything is stored.
     with pytest.raises(SpecError, match="track"):
         JobSpec.from_options({"track": "wandb"})
+
+
+LOOK = r"""
+import json, os, sys
+base, marker = sys.argv[1], sys.argv[2].encode()
+read, refused = [], []
+for folder, _, files in os.walk(base):
+    for name in files:
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                if marker in f.read():
+                    read.append(os.path.join(folder, name))
+        except OSError:
+            refused.append(os.path.join(folder, name))
+for path in sys.argv[3:]:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        read.append(path)
+    except OSError:
+        refused.append(path)
+print(json.dumps({"read": read, "refused": refused}))
+"""
+
+
+@pytest.fixture
+def intruder():
+    """Another Unix user, made for this test and removed after it."""
+    import secrets
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("making another Unix user (useradd) needs root")
+    if shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs useradd and /usr/bin/python3")
+    name = f"mlc-intruder-{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+    )
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def test_attack_another_unix_user_reads_no_local_mlflow_run(intruder, monkeypatch):
+    """T3: with the default tracking URI the run went to <submit cwd>/mlflow.db (0644) and
+    its artifacts (the job's logs) to the supervisor's ./mlruns (0755), where another user of
+    the machine read them, and a purge left them. Now the local store is in the job store, a
+    0700 directory with a 0600 database and its artifacts, and a purge takes the run's."""
+    import shutil
+    import tempfile
+
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.jobs.service import JobService
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    base = Path(tempfile.mkdtemp(prefix="mlc-track-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)  # the place others may look: a shared /tmp, a home directory
+        work, store = base / "work", base / "store"
+        work.mkdir(mode=0o755)
+        monkeypatch.setenv("MLCLUSTER_STORE_DIR", str(store))
+        monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(base / "config"))
+        monkeypatch.chdir(work)
+        service = JobService()
+        os.chmod(store, 0o711)  # passable: the mlflow directory's own mode is what is tested
+        marker = "secret-" + os.urandom(4).hex()
+        source = f"print({marker!r})\n"
+        spec = JobSpec.from_options({"workers": 1, "track": "mlflow", "name": marker})
+        job_id = service.submit(spec, Payload(source=source)).id
+        assert service.wait(job_id, timeout=120).state == "succeeded"
+        wait_for(
+            lambda: (service.store.get_job(job_id).tracking or {}).get("state") == "finished",
+            timeout=120,
+            interval=0.2,
+            message="the run is recorded",
+        )
+        tracking = service.store.get_job(job_id).tracking
+        folder = store / "mlflow"
+        run_dir = folder / "artifacts" / tracking["run_id"]
+        named = [str(folder / "mlflow.db"), str(run_dir / "artifacts" / "logs" / "rank-0.log")]
+        look = subprocess.run(
+            ["runuser", "-u", intruder, "--", "/usr/bin/python3", "-c", LOOK, str(base), marker]
+            + named,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert look.returncode == 0, look.stderr
+        seen = json.loads(look.stdout)
+        assert seen["read"] == [], seen
+        assert set(named) <= set(seen["refused"])
+        assert not (work / "mlflow.db").exists() and not (work / "mlruns").exists()
+        assert os.stat(folder).st_mode & 0o777 == 0o700
+        assert os.stat(folder / "mlflow.db").st_mode & 0o777 == 0o600
+        assert marker in (run_dir / "artifacts" / "logs").joinpath("rank-0.log").read_text()
+        service.cancel(job_id, purge=True)
+        assert not run_dir.exists(), "a purge takes the run's artifacts"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -48,6 +48,7 @@ from .running.processes import (
 from .sessions import is_session_cell, poke_session
 from .storage.fsinfo import is_storage_full
 from .storage.store import JobStore, UnknownJob
+from .tracking.mlflow_run import purge_local_run
 from .tracking.params import PARAMS_FILE, params_file
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
@@ -545,6 +546,7 @@ class JobService:
                 time.sleep(0.05)
             if alive:
                 raise JobStillRunning(f"job {job_id} was not purged: {alive}")
+            purge_local_run(self.store.root, record.tracking)
             self.store.delete_job(job_id)
             return None
         return self.store.get_job(job_id)

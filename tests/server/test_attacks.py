@@ -135,6 +135,19 @@ async def test_attack_list_and_read_anothers_jobs(users):
     assert status == 200 and result == {"kind": "value", "value": 42}
 
 
+async def test_attack_track_mlflow_into_the_servers_own_local_store_is_refused(users):
+    """T3: a shared server naming no MLflow tracking server would record every user's runs
+    (logs, code, results) in one local store of its account: `track: mlflow` is refused
+    saying what the operator sets, and nothing is stored."""
+    alice, _ = users
+    status, body = await alice.call(
+        "POST", "jobs", body={"code": "1", "name": "tracked", "track": "mlflow"}
+    )
+    assert status == 403 and "MLClusterConfig.mlflow_tracking_uri" in body["message"], body
+    status, page = await alice.call("GET", "jobs")
+    assert status == 200 and not [j for j in page["jobs"] if j["name"] == "tracked"]
+
+
 async def test_attack_cancel_and_purge_anothers_job(users):
     """Mallory cancels alice's running job, then tries to purge it: both 404, it runs on."""
     alice, mallory = users

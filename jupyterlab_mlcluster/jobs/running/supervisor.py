@@ -450,8 +450,7 @@ def start_tracking(ctx: JobContext) -> MLflowTracker | None:
     track = ctx.job.spec.track or getattr(ctx.config, "track", "none")
     if track != "mlflow":
         return None
-    cwd = ctx.store.read_launch(ctx.job.id).get("cwd")
-    tracker = MLflowTracker(ctx, tracking_uri(ctx.config.mlflow_tracking_uri, cwd))
+    tracker = MLflowTracker(ctx, tracking_uri(ctx.config.mlflow_tracking_uri, ctx.store.root))
     tracker.start()
     return tracker
 

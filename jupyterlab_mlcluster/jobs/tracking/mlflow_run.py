@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -45,10 +46,38 @@ _MLFLOW_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ :]")  # what MLflow refuses in a 
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def tracking_uri(setting: str, cwd: str | None) -> str:
-    """The setting, else MLflow's local store (its default since file stores were retired):
-    ./mlflow.db where the job was submitted."""
-    return setting or f"sqlite:///{Path(cwd or os.getcwd()) / 'mlflow.db'}"
+LOCAL_STORE = "mlflow"  # the default local store's directory in the job store (0700)
+
+
+def tracking_uri(setting: str, store_root: Path) -> str:
+    """The setting, else MLflow's local store (its default since file stores were retired)
+    inside the job store: a directory of its owner's only, the database 0600 (a store in the
+    submit directory was world-readable, its artifacts in the supervisor's ./mlruns)."""
+    if setting:
+        return setting
+    folder = Path(store_root) / LOCAL_STORE
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    db = folder / "mlflow.db"
+    os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))  # sqlite's journals take its mode
+    os.chmod(db, 0o600)
+    return f"sqlite:///{db}"
+
+
+def local_artifacts(store_root: Path, uri: str) -> Path | None:
+    """Where the default local store keeps runs' artifacts; None for another store."""
+    folder = Path(store_root) / LOCAL_STORE
+    return folder / "artifacts" if uri == f"sqlite:///{folder / 'mlflow.db'}" else None
+
+
+def purge_local_run(store_root: Path, tracking: dict[str, Any] | None) -> None:
+    """`cancel --purge`: the job's run's artifacts (its logs, cell, result) in the default
+    local store go with the job (the run's row, params and metrics stay in the 0600 db)."""
+    tracking = tracking or {}
+    folder = local_artifacts(store_root, str(tracking.get("uri") or ""))
+    run = str(tracking.get("run_id") or "")
+    if folder is not None and re.fullmatch(r"[0-9a-f]{32}", run):  # an experiment's runs
+        shutil.rmtree(folder / run, ignore_errors=True)  # are <its artifact_location>/<run id>
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
@@ -183,8 +212,10 @@ class MLflowTracker:
         found = client.get_experiment_by_name(name)
         if found is not None:
             return str(found.experiment_id)
-        try:
-            return str(client.create_experiment(name))
+        artifacts = local_artifacts(self.store.root, self.uri)
+        try:  # (MLflow's default artifact root is ./mlruns of the process)
+            location = artifacts.as_uri() if artifacts else None
+            return str(client.create_experiment(name, artifact_location=location))
         except Exception:  # another job made it meanwhile
             found = client.get_experiment_by_name(name)
             if found is None:

@@ -32,6 +32,11 @@ SHARED_LOCAL_REFUSED = (
     "with backend kubernetes (your own namespace), or run your own server "
     "(MLClusterApp.allow_local_jobs_when_shared is off)"
 )
+SHARED_MLFLOW_REFUSED = (
+    "this server is shared by many users and names no MLflow tracking server: --track mlflow "
+    "would record every user's runs in one local store of the server's account; the operator "
+    "sets MLClusterConfig.mlflow_tracking_uri (or submit without --track mlflow)"
+)
 
 
 class JobsHandler(MLClusterHandler):
@@ -83,6 +88,10 @@ class JobsHandler(MLClusterHandler):
             if problem:
                 raise web.HTTPError(503, f"{problem}; the kubernetes backend needs one")
         await self.run(self.check_tensorboard_places, spec, owner)
+        if self.app.trust_identity_header and (spec.track or service.config.track) == "mlflow":
+            if not service.config.mlflow_tracking_uri:
+                # The default local store would be one for every user, in this server's store.
+                raise web.HTTPError(403, SHARED_MLFLOW_REFUSED)
         await self.run(self.check_quota, owner)
         namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
