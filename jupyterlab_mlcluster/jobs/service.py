@@ -277,6 +277,8 @@ class JobService:
         files["provenance.json"] = json.dumps(
             provenance(payload.kind, payload.filename, payload.push)
         ).encode()
+        # An experiment's parameters (--track): the options and these pushed scalars.
+        files[PARAMS_FILE] = params_file(payload.push)
         if payload.kind == "code":
             # Numbered as the rank runs it (from Payload.first_line), so what reads the file
             # by a frame's line (a stack's reader, jobs/forensics/) finds that line.
