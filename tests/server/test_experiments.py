@@ -115,7 +115,12 @@ async def test_sweeps_over_rest(api, mlc):
     assert code == 200 and [s["id"] for s in listing["sweeps"]] == [sweep.id]
     check("SweepList", listing)
     code, job, _ = await api("GET", "jobs", body["trials"][0]["job_id"])
-    assert code == 200 and job["sweep"] == {"id": sweep.id, "trial": 0, "parallel": 2}
+    assert code == 200 and job["sweep"] == {
+        "id": sweep.id,
+        "trial": 0,
+        "parallel": 2,
+        "name": "job",  # an unnamed sweep from no notebook or script
+    }
     for bad in ("s0000000000", "nope", "../x"):
         code, _, _ = await api("GET", "sweeps", bad)
         assert code == 404
