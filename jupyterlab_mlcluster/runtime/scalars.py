@@ -16,7 +16,6 @@ MAX_SERIES names; past that, new names are dropped, said once.
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
@@ -212,4 +211,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-atexit.register(flush)
+# No atexit hook: the rank's runtime flushes when the user's code ends, however it ends
+# (runtime/worker.py), and a hook registered here would be one more exit handler than a
+# torchrun worker has (twice over in a warm rank, which imports this module again).
