@@ -174,7 +174,7 @@ def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(mlflow_server, store
 @pytest.fixture
 def unreachable(store_dir, tmp_path):
     """Settings naming a tracking server nobody listens at (written before the service)."""
-    uri = f"http://127.0.0.1:{free_port()}"
+    uri = f"http://mlc-user:pass-{os.urandom(4).hex()}@127.0.0.1:{free_port()}/?token=tk-secret"
     settings(tmp_path / "jupyter-config", mlflow_tracking_uri=uri, tracking_grace=3)
     return uri
 
@@ -185,7 +185,8 @@ def test_an_unreachable_tracker_never_fails_the_job(unreachable, service):
     from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError
     from jupyterlab_mlcluster.runtime.payload import Payload
 
-    uri = unreachable
+    secret = unreachable.split(":")[2].split("@")[0]
+    uri = "http://127.0.0.1:" + unreachable.split(":")[3].split("/")[0] + "/"  # (T4: shown bare)
     source = "import time, jupyterlab_mlcluster as mlc\nfor i in range(5):\n    mlc.log(x=i)\n    time.sleep(0.5)\n"
     spec = JobSpec.from_options({"workers": 1, "track": "mlflow"})
     job_id = service.submit(spec, Payload(source=source)).id
@@ -203,6 +204,9 @@ def test_an_unreachable_tracker_never_fails_the_job(unreachable, service):
     assert text.count(f"MLflow at {uri} cannot be reached") == 1, text
     assert "retrying with backoff, the job runs on" in text
     assert f"gave up recording the job's end at {uri} after 3 s" in text
+    listed = json.dumps([r.to_json() for r in service.store.list_jobs()[0]])
+    for hidden in (secret, "tk-secret", "mlc-user"):
+        assert hidden not in text and hidden not in listed, hidden
     # The series are the job's whatever the tracker did.
     assert len(run_cli("metrics", job_id, "--csv").stdout.splitlines()) == 6
     # Bad input: an unknown tracker is refused before anything is stored.
@@ -310,3 +314,39 @@ def test_attack_another_unix_user_reads_no_local_mlflow_run(intruder, monkeypatc
         assert not run_dir.exists(), "a purge takes the run's artifacts"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_shared_servers_job_logs_only_into_its_owners_experiments(store_dir, tmp_path):
+    """T4b: the supervisor records with the server's MLflow credentials, and the experiment
+    came from the job's env: on a shared server (its origin says so) the experiment is under
+    the owner's name, whatever the env names; elsewhere the name is the env's."""
+    from mlflow.tracking import MlflowClient
+
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.jobs.service import JobService
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    uri = f"sqlite:///{tmp_path / 'team.db'}"
+    settings(tmp_path / "jupyter-config", mlflow_tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri)
+    client.search_experiments()  # the database made here, before the supervisors use it
+    service = JobService()
+    jobs = []
+    for origin in ({"kind": "rest", "user": "mallory", "shared": True}, None):
+        env = {"MLFLOW_EXPERIMENT_NAME": "alice/private"}
+        spec = JobSpec.from_options({"workers": 1, "track": "mlflow", "env": env})
+        job_id = service.submit(spec, Payload(source="1\n"), origin=origin).id
+        jobs.append(job_id)
+        assert service.wait(job_id, timeout=120).state == "succeeded"
+        wait_for(
+            lambda job_id=job_id: (
+                (service.store.get_job(job_id).tracking or {}).get("state") == "finished"
+            ),
+            timeout=120,
+            interval=0.2,
+            message="the run is recorded",
+        )
+    shared_run = client.get_run(service.store.get_job(jobs[0]).tracking["run_id"])
+    own_run = client.get_run(service.store.get_job(jobs[1]).tracking["run_id"])
+    assert client.get_experiment(shared_run.info.experiment_id).name == "mallory/alice/private"
+    assert client.get_experiment(own_run.info.experiment_id).name == "alice/private"

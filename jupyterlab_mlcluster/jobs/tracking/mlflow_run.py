@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ...runtime.atomic import write_whole
 from ..backoff import Backoff
@@ -80,6 +81,28 @@ def purge_local_run(store_root: Path, tracking: dict[str, Any] | None) -> None:
         shutil.rmtree(folder / run, ignore_errors=True)  # are <its artifact_location>/<run id>
 
 
+def shown_uri(uri: str) -> str:
+    """`uri` as the job's record (GET /jobs) and log show it: without a user and password
+    (`user:token@`), a query string or a fragment, where tokens are put."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc and not parts.query and not parts.fragment:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else f"{host}{parts.path}"
+
+
+def experiment_name(job: Any) -> str:
+    """The job's experiment: $MLFLOW_EXPERIMENT_NAME, else EXPERIMENT; on a server shared by
+    many users (its origin says so), under its owner's name (`alice/...`): the server's
+    MLflow credentials record every user's runs, and one must not log into another's."""
+    name = str(job.spec.env.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT)
+    origin = job.origin or {}
+    owner = str(origin.get("user") or "") if origin.get("shared") else ""
+    if owner and not name.startswith(f"{owner}/"):
+        name = f"{owner}/{name}"
+    return name
+
+
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
     """The run's page on a tracking server (a local store has none: `mlflow ui` serves it)."""
     if uri.startswith(("http://", "https://")):
@@ -99,11 +122,12 @@ class MLflowTracker:
         self.store = ctx.store
         self.job = ctx.job
         self.uri = uri
+        self.shown = shown_uri(uri)  # what the job's record and log say: no secrets
         self.grace = float(getattr(ctx.config, "tracking_grace", 60.0))
         self.job_dir = self.store.job_dir(self.job.id)
         saved = self.job.tracking or {}
         # An adopted job (a new supervisor) goes on with its run.
-        self.run_id: str | None = saved.get("run_id") if saved.get("uri") == uri else None
+        self.run_id: str | None = saved.get("run_id") if saved.get("uri") == self.shown else None
         self.experiment_id: str | None = saved.get("experiment_id")
         self.params_done = self.run_id is not None
         self.offset = self._saved_offset() if self.run_id else 0
@@ -137,7 +161,7 @@ class MLflowTracker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._say(
-                        f"[mlcluster] MLflow: gave up recording the job's end at {self.uri} "
+                        f"[mlcluster] MLflow: gave up recording the job's end at {self.shown} "
                         f"after {self.grace:g} s (the job's own state is unchanged)"
                     )
                     self._record("unreachable", "gave up after the job ended")
@@ -148,17 +172,17 @@ class MLflowTracker:
                 self._push(final)
             except Exception as exc:  # noqa: BLE001 - tracking never fails the job
                 self.failures += 1
-                message = f"{type(exc).__name__}: {str(exc)[:300]}"
+                message = f"{type(exc).__name__}: {self._hide(str(exc))[:300]}"
                 if self.failures == 1:
                     self._say(
-                        f"[mlcluster] MLflow at {self.uri} cannot be reached ({message}); "
+                        f"[mlcluster] MLflow at {self.shown} cannot be reached ({message}); "
                         "retrying with backoff, the job runs on"
                     )
                 self._record("unreachable", message)
                 delay = RETRY.delay(self.failures - 1)
                 continue
             if self.failures:
-                self._say(f"[mlcluster] MLflow at {self.uri} reached again")
+                self._say(f"[mlcluster] MLflow at {self.shown} reached again")
                 self.failures = 0
             if final:
                 return
@@ -208,7 +232,7 @@ class MLflowTracker:
         return self._client
 
     def _experiment(self, client: Any) -> str:
-        name = self.job.spec.env.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+        name = experiment_name(self.job)
         found = client.get_experiment_by_name(name)
         if found is not None:
             return str(found.experiment_id)
@@ -344,10 +368,10 @@ class MLflowTracker:
         current = dict(self.job.tracking or {})
         fresh = {
             "kind": "mlflow",
-            "uri": self.uri,
+            "uri": self.shown,
             "run_id": self.run_id,
             "experiment_id": self.experiment_id,
-            "url": run_url(self.uri, self.experiment_id, self.run_id)
+            "url": run_url(self.shown, self.experiment_id, self.run_id)
             if self.run_id and self.experiment_id
             else None,
             "state": state or current.get("state", "pending"),
@@ -357,6 +381,15 @@ class MLflowTracker:
             self.job.tracking = fresh
             with contextlib.suppress(Exception):  # a store hiccup costs a field, not the job
                 self.store.update_job(self.job.id, tracking=fresh)
+
+    def _hide(self, text: str) -> str:
+        """An error's text without the URI's secrets (a client may quote the whole URI)."""
+        text = text.replace(self.uri, self.shown)
+        parts = urlsplit(self.uri)
+        for secret in (parts.password, parts.query):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
 
     def _say(self, text: str) -> None:
         with contextlib.suppress(Exception):

@@ -96,6 +96,8 @@ class JobsHandler(MLClusterHandler):
         namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
         origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
+        if self.app.trust_identity_header:  # (its MLflow experiments go under the owner's name)
+            origin["shared"] = True
         try:
             record = await self.run(
                 service.submit,
