@@ -95,7 +95,7 @@ class JobsHandler(MLClusterHandler):
         await self.run(self.check_quota, owner)
         namespace = await self.job_namespace(spec, owner)
         payload = Payload(kind="code", source=body["code"], pull=list(body.get("pull", [])))
-        origin = {"kind": "rest", "user": owner, "server": self.app.server_id}
+        origin: dict[str, Any] = {"kind": "rest", "user": owner, "server": self.app.server_id}
         if self.app.trust_identity_header:  # (its MLflow experiments go under the owner's name)
             origin["shared"] = True
         try:
