@@ -17,6 +17,7 @@ pushed for at most MLClusterConfig.tracking_grace seconds, then given up, saying
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -228,7 +229,16 @@ class MLflowTracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            artifacts = local_artifacts(self.store.root, self.uri)
+            if artifacts is None:
+                self._client = MlflowClient(tracking_uri=self.uri)
+            else:
+                # Two supervisors meeting a new local database both run MLflow's schema
+                # migrations (the client does, when made), and one fails midway ("table
+                # _alembic_tmp_metrics already exists"): it is made under a lock.
+                with open(artifacts.parent / "init.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
     def _experiment(self, client: Any) -> str:
