@@ -13,6 +13,10 @@ python -m pip install -q --upgrade pip
 # pull a multi-GB CUDA build. The editable install also builds the sidebar (jlpm, via
 # hatch-jupyter-builder) into labextension/.
 python -m pip install -q -e ".[test]"
+# A development build of the sidebar may leave labextension/install.json; the wheel ships the
+# checkout's install.json at that very path (pyproject's shared-data), and two files at one
+# path fail `pip wheel .` (tests/test_wheel_install.py, the images' build.sh).
+rm -f labextension/install.json
 # The sidebar's tools (eslint, prettier, stylelint, jest) as package.json and yarn.lock name them:
 # the editable build above installs them only when it rebuilds the sidebar, so a checkout whose
 # labextension/ is current would lint with a node_modules older than its package.json.
