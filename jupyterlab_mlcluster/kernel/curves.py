@@ -211,6 +211,7 @@ def number(value: float) -> str:
 
 
 def tick_text(value: float) -> str:
+    value = float(value)  # (a stored step comes back from JSON as an int)
     if value.is_integer() and 1000 <= abs(value) < 1e9:
         return f"{value / 1000:g}k" if abs(value) < 1e6 else f"{value / 1e6:g}M"
     return f"{value:.3g}" if value == 0 or 1e-4 <= abs(value) < 1e5 else f"{value:.0e}"

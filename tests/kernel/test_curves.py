@@ -47,6 +47,16 @@ def test_nice_ticks_cover_the_values():
     assert nice_ticks(5, 5)[2]  # a flat series still gets an axis
 
 
+def test_a_series_of_one_point_draws_with_its_integer_step(tmp_path):
+    # A stored step comes back from JSON as an int; the step axis of one point has that one
+    # tick (Python 3.11's int has no is_integer, so this once failed a job's cell).
+    write_series(tmp_path, [(0, [[1000, 0, {"loss": 0.5}]])])
+    view = Curves(tmp_path)
+    assert view.poll()
+    html = view.html()
+    assert ">1k</text>" in html and "data-kept='1'" in html
+
+
 @pytest.mark.slow
 def test_ten_thousand_points_draw_at_most_two_per_pixel_column(tmp_path):
     write_series(
