@@ -6,14 +6,19 @@ import contextlib
 import os
 
 
+def temporary_name(path: str) -> str:
+    """The name `write_whole` writes `path` under first, in this process."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.{os.getpid()}.tmp")
+
+
 def write_whole(path: str | os.PathLike[str], data: bytes | str, *, mode: int = 0o600) -> None:
     """`path` holds all of `data` or is untouched: written to a temporary file beside it (this
     process's, never followed through a link, `mode` from the start, 0600 unless said) that
     replaces it in one rename. A failed write (a full disk) leaves no temporary file behind
     to keep the disk full."""
     path = os.fspath(path)
-    head, name = os.path.split(path)
-    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
+    tmp = temporary_name(path)
     if isinstance(data, str):
         data = data.encode()
     try:

@@ -245,7 +245,8 @@ def test_a_rank_whose_error_report_meets_a_full_disk(disk, service):
 
 UNWRITABLE_ERROR_FILE = """\
 import os
-os.mkdir(os.environ["MLCLUSTER_ERROR_FILE"] + ".tmp" + str(os.getpid()))
+from jupyterlab_mlcluster.runtime.atomic import temporary_name
+os.mkdir(temporary_name(os.environ["MLCLUSTER_ERROR_FILE"]))
 raise ValueError("boom")
 """
 
