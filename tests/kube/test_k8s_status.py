@@ -202,6 +202,20 @@ def test_a_pod_kubernetes_took_away_is_no_ranks_failure(why, message):
     assert (obs.failure.rank, obs.failure.message) == (1, message)
 
 
+def test_a_pod_taken_away_is_the_cause_when_its_peer_stopped_in_the_same_second():
+    """Kubernetes keeps times to the second: the peer that stopped on the same SIGTERM
+    (the save flag is all-reduced) ends in the second the evicted pod did, and on rank
+    order alone it would be blamed (this raced in the eviction end-to-end test)."""
+    taken = pod("b", index=1, phase="Failed", container=terminated(143))
+    taken["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    peer = pod("a", index=0, phase="Failed", container=terminated(143))
+    obs = observe(job(), [peer, taken], engine="indexed-job", workers=2)
+    assert obs.failure is not None and obs.failure.disrupted
+    assert obs.failure.message == "rank 1's pod was evicted (Eviction API)"
+
+
 def test_job_conditions_decide_too():
     deadline = job(conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
     obs = observe(deadline, [], engine="indexed-job", workers=1)

@@ -276,9 +276,12 @@ def observe(
         obs.reason = "waiting for the job object to be created"
         return obs
 
+    # The first to fail is the cause. Kubernetes keeps times to the second, so a pod taken
+    # away and a peer that stopped with it (on the same SIGTERM) often tie: the pod taken
+    # away is the cause then.
     failed_ranks = sorted(
         (r for r, pr in ranks.items() if pr.state == RankState.FAILED),
-        key=lambda r: (ranks[r].finished or float("inf"), r),
+        key=lambda r: (ranks[r].finished or float("inf"), ranks[r].disruption is None, r),
     )
     if failed_ranks:
         first = failed_ranks[0]
