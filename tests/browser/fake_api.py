@@ -55,7 +55,10 @@ def job(
                 "rank": r,
                 "state": s,
                 "exit_code": None,
+                "pid": None,
                 "host": "localhost",
+                "started": None,
+                "finished": None,
                 "metrics": {
                     "cpu_percent": 40.0 + 10 * r if s == "running" else None,
                     "memory_bytes": 300_000_000 + r * 1_000_000 if s == "running" else None,
@@ -66,6 +69,29 @@ def job(
             }
             for r, s in enumerate(ranks)
         ],
+        # The rest of the document's required fields, as a plain job has them (a test
+        # checks every canned job against the document: test_fake_api_shape.py).
+        "image": None,
+        "queue": None,
+        "priority": 0,
+        "tensorboard": None,
+        "sync_packages": False,
+        "timeout": None,
+        "max_restarts": 0,
+        "env": {},
+        "restarts": 0,
+        "owner": None,
+        "has_result": False,
+        "parent": None,
+        "sweep": None,
+        "session": None,
+        "gpu_idle_since": None,
+        "stall_after": None,
+        "on_stall": "warn",
+        "stall": None,
+        "straggler": None,
+        "attempts": [],
+        "tracking": None,
         **extra,
     }
 

@@ -98,6 +98,14 @@ def api(shared_page) -> FakeApi:
     if back.count():
         back.first.click()
     fake.drop_connections()
+    # The panel's reconnect, not the live mark the dropped socket left: a new socket (its
+    # snapshot is sent as it opens; Playwright runs the route's handler while the page waits).
+    page.wait_for_function("true")
+    for _ in range(600):
+        if fake.sockets:
+            break
+        page.wait_for_timeout(50)
+    assert fake.sockets, "the panel did not reconnect within 30 s"
     page.wait_for_selector(f"{SIDEBAR} .jp-mlc-connection-live")
     page.wait_for_function(
         f"document.querySelectorAll('{SIDEBAR} .jp-mlc-job-row').length === {len(fake.jobs)}"
