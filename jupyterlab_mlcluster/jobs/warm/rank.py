@@ -58,7 +58,7 @@ def _fresh_stdio() -> None:
     )
     # The originals too (typeshed calls them Final): the forked child has fds of its own.
     sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
-    sys.stdin = open(os.devnull)  # noqa: SIM115
+    sys.stdin = open(os.devnull)
     sys.__stdin__ = sys.stdin  # type: ignore[misc]
 
 

@@ -107,7 +107,7 @@ class Zygote:
                 try:
                     with _RecordEnvironReads(_IMPORT_READS, rank_reads):
                         importlib.import_module(name)
-                except (Exception, SystemExit):  # noqa: BLE001, S112 - not installed, or broken
+                except (Exception, SystemExit):  # noqa: BLE001 - not installed, or broken
                     continue
             problem = self.fork_problem()
             if problem is not None:
