@@ -13,8 +13,7 @@ mlcluster scheduler                         fire due schedules (a daemon)
 mlcluster controller ...                    the Kubernetes notebook-controller
 mlcluster manifests                         YAML a platform team applies
 
-Over 500 lines: one argparse program, its parser and each subcommand's few lines; what the
-CLI and the kernel both print is presentation.py, job options jobs/options.py.
+What the CLI and the kernel both print is presentation.py; the job options are jobs/options.py.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ Resync and culling run as the controller's own loops over those indexes rather t
 timers: kopf puts a finalizer on every object that has a timer, and a Notebook must stay
 deletable while the controller is down.
 
-Over 500 lines: kopf's handlers and indexes are registered on one registry, here; the pure
-parts they call are objects.py, status.py and events.py.
+The pure parts the handlers call are objects.py, status.py and events.py.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from ...jobs.running.proctree import Containment
 from ...jobs.storage.store import JobStore
 from ...runtime.protocol import OutputParser, job_key, key_path
 from ...runtime.samplers import RankSampler
+from ...runtime.submitter_env import base_environment
 from . import launcher
 from .forensics import GangForensics
 
@@ -80,7 +81,7 @@ class Gang:
 
     def start(self) -> None:
         ctx, spec, job_id = self.ctx, self.spec, self.ctx.job.id
-        base = launcher.base_environment(self.launch.get("env", {}))
+        base = base_environment(self.launch.get("env", {}))
         ports = launcher.job_ports(spec)
         store: JobStore = ctx.store
         payload_path = str(store.payload_path(job_id))

@@ -22,9 +22,6 @@ from typing import Any
 from ...jobs.model import JobSpec
 from ...jobs.running.proctree import our_group
 
-# Re-exported: the local gang and session, and the Slurm backend, call it from here.
-from ...runtime.submitter_env import base_environment  # noqa: F401
-
 _LOOPBACK = "127.0.0.1"
 
 

@@ -38,6 +38,7 @@ from ...jobs.model import RankState
 from ...jobs.session_cells import SessionCell
 from ...jobs.session_engine import SessionEngine
 from ...runtime.protocol import encode_record, job_key, key_path
+from ...runtime.submitter_env import base_environment
 from . import launcher
 from .gang import Gang
 
@@ -72,7 +73,7 @@ class SessionGang(Gang):
 
     def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
         env = dict(env, MLCLUSTER_SESSION=str(self.ctx.job.origin.get("session")))
-        base = launcher.base_environment(self.launch.get("env", {}))
+        base = base_environment(self.launch.get("env", {}))
         # What this rank's environment adds to its submitter's: kept under every cell's own.
         self.rank_vars[rank] = {k: v for k, v in env.items() if base.get(k) != v}
         read_end, write_end = os.pipe()
@@ -162,7 +163,7 @@ class SessionGang(Gang):
 
     def send_cell(self, cell_id: str) -> str | None:
         store = self.store
-        base = launcher.base_environment(store.read_launch(cell_id).get("env", {}))
+        base = base_environment(store.read_launch(cell_id).get("env", {}))
         for p in self.ranks:
             self.send(
                 p.rank,

@@ -9,8 +9,8 @@ files, and ends it with scancel: SIGTERM, then SIGKILL after `kill_grace_period`
 other backends stop their ranks. The reaper cancels what a dead supervisor left, found by
 the comment every allocation of ours carries.
 
-Over 500 lines: the backend and its attempt (submit, follow, stop) share one Slurm job's
-state; the pure parts are script.py and commands.py.
+Its pure builders and parsers are script.py; its calls of sbatch, squeue, scancel and sinfo
+are commands.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from ...jobs.backend import Backend
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState, SpecError
 from ...jobs.sessions import is_session_holder
+from ...runtime.atomic import write_whole
 from ...runtime.protocol import OutputParser, job_key, key_path
+from ...runtime.submitter_env import base_environment
 from . import forensics, script, watch
 from .commands import SlurmCommands, SlurmError
 from .watch import LOOK_BACKOFF, Following, LostSlurm
@@ -334,12 +336,10 @@ class _Attempt:
     def sbatch_environment(self) -> dict[str, str]:
         """What sbatch itself runs with (and, through --export=ALL, what each task starts
         with): the submitter's environment less launcher and Slurm variables
-        (launcher.base_environment). Never the job's own `env`: sbatch runs on the
+        (`base_environment`). Never the job's own `env`: sbatch runs on the
         submitter's host with the submitter's credentials, where a job's LD_PRELOAD, SLURM_CONF
         or SBATCH_* would act on the submission itself; those reach the tasks through the
         job's variables file (`job_variables`, read by backends/slurm/rank.py)."""
-        from ..local.launcher import base_environment
-
         env = {
             k: v
             for k, v in base_environment(self.launch.get("env", {})).items()
@@ -389,7 +389,7 @@ class _Attempt:
         base = self.sbatch_environment()
         # The job's variables reach its tasks through a file of the attempt (owner-only),
         # never through sbatch's environment (see sbatch_environment).
-        _write_private_json(script.variables_file(str(self.dir)), self.job_variables(base))
+        write_whole(script.variables_file(str(self.dir)), json.dumps(self.job_variables(base)))
         job_script = self.dir / "job.sh"
         job_script.write_text(
             script.batch_script(python=python, attempt_dir=str(self.dir), spec=self.spec)
@@ -784,12 +784,3 @@ def _read_exit(path: str) -> int | None:
         return int(Path(path).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-
-
-def _write_private_json(path: str, value: Any) -> None:
-    """Write `value` as JSON readable by its owner only, whole or not at all."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
