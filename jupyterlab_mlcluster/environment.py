@@ -34,6 +34,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from .runtime.atomic import write_whole
+
 log = logging.getLogger("jupyterlab_mlcluster.environment")
 
 BASELINE_DIR = "environments"  # under the job store's root
@@ -138,16 +140,8 @@ def record_baseline(store_dir: str | os.PathLike[str]) -> Path | None:
         body = json.dumps(
             {"prefix": os.path.realpath(sys.prefix), "recorded": time.time(), "image": image}
         ).encode()
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        try:
-            os.link(tmp, path)  # never over another process's record: the first one wins
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        with contextlib.suppress(FileExistsError):  # another process's record: the first wins
+            write_whole(path, body, replace=False)
     except OSError as exc:
         log.warning("cannot record the environment's packages in %s: %s", path, exc)
         return None

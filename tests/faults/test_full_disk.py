@@ -30,6 +30,7 @@ from helpers import assert_no_job_processes, scenario_seed, wait_for
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.service import JobService
 from jupyterlab_mlcluster.jobs.storage.store import RESERVE_BYTES, RESERVE_NAME, JobStore
+from jupyterlab_mlcluster.runtime.atomic import temporary_name
 from jupyterlab_mlcluster.runtime.payload import Payload
 from tests.faults.fulldisk import (
     CHATTY_RANK,
@@ -99,8 +100,8 @@ def test_submission_is_all_or_nothing(disk, service):
 
 def test_running_job_fails_saying_the_disk_is_full(disk, service):
     """A job writing logs when the disk fills: its ranks are stopped, the listings answer
-    all along, and once there is space it is `failed`, saying what is full. Then a new job
-    runs."""
+    all along, and once there is space it is `failed`, saying what is full, and what a rank
+    killed mid-write left (a temporary file of write_whole's) is gone. Then a new job runs."""
     figures = Figures()
     victims = [
         service.submit(JobSpec.from_options({"workers": 2}), Payload(source=CHATTY_RANK)).id
@@ -111,6 +112,12 @@ def test_running_job_fails_saying_the_disk_is_full(disk, service):
             lambda job_id=job_id: service.store.read_logs(job_id, tail=1)[0],
             message="the ranks writing",
         )
+    leftovers = []
+    for job_id in victims:
+        result = service.store.result_path(job_id)
+        leftover = Path(temporary_name(str(result)).replace(f".{os.getpid()}.", ".4194304."))
+        leftover.write_bytes(b"half a result")
+        leftovers.append(leftover)
     disk.fill()
     figures.injected += 1
     assert disk.full()
@@ -141,6 +148,7 @@ def test_running_job_fails_saying_the_disk_is_full(disk, service):
             figures.lost += 1
             figures.notes.append(f"{job_id}: {record.state} reason={record.reason!r}")
     assert_no_job_processes(service)
+    assert not [p for p in leftovers if p.exists()]
     service.store.close()
     disk.fill()
     figures.injected += 1

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from ...config import get_config
+from ...runtime.atomic import drop_leftovers
 from ..backend import get_backend
 from ..backoff import Backoff
 from ..experiments.sweep import wait_for_slot
@@ -354,15 +355,6 @@ def _failure_text(store: JobStore, exc: BaseException) -> tuple[str, bool]:
     return f"internal error in the job supervisor: {exc!r}", False
 
 
-def _drop_partial_outputs(store: JobStore, job_id: str) -> None:
-    """Half-written result/error files of the job's stopped ranks (`<name>.tmp<pid>`, from
-    a rank killed mid-write): garbage that would keep the disk full."""
-    with contextlib.suppress(OSError):
-        for path in store.job_dir(job_id).glob("*.tmp[0-9]*"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-
 def _until_written(store: JobStore, write, what: str):
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
     job's last word is written as soon as there is space for it. The store's reserve is
@@ -423,7 +415,7 @@ def supervise(store: JobStore, job_id: str, config=None) -> int:
     except BaseException as exc:  # noqa: BLE001 - a supervisor must always finish its job
         error, full = _failure_text(store, exc)
         if full:
-            _drop_partial_outputs(store, job_id)
+            drop_leftovers(store.job_dir(job_id))  # the stopped ranks' half-written outputs
         text = "".join(traceback.format_exception(exc))
         log.warning("job %s fails: %s", job_id, error)
         with contextlib.suppress(Exception):

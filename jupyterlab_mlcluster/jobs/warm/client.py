@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...runtime.atomic import write_whole
 from ..running.processes import start_detached
 from .environment import OVERLAY_VARIABLE
 from .place import (
@@ -86,16 +87,13 @@ def refused_modules(directory: Path | None = None) -> dict[str, str]:
 
 
 def _record_refusal(directory: Path, name: str, reason: str) -> None:
-    """Add one refusal to refused.json: locked, written whole (tmp + rename), never half."""
+    """Add one refusal to refused.json: locked (read, add, write), written whole, never half."""
     lock_fd = _open_private(directory / "refused.lock", os.O_WRONLY)
     with os.fdopen(lock_fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         refused = refused_modules(directory)
         refused[name] = reason
-        tmp = directory / f"refused.{os.getpid()}.tmp"
-        with os.fdopen(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
-            json.dump(refused, f)
-        os.replace(tmp, directory / "refused.json")
+        write_whole(directory / "refused.json", json.dumps(refused))
 
 
 def ensure_zygote(
