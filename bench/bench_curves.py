@@ -76,17 +76,18 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    read_ms, kernel_ms, cell_ms, side_ms = [], [], [], []
+    read_ms, kernel_ms, cell_ms, side_ms, cpu_ms = [], [], [], [], []
     drawn = side_points = 0
     path = series_dir(args.points, args.ranks)
     for _ in range(args.repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         view = Curves(path)
         view.poll()
         t1 = time.perf_counter()
         html = view.html()
         read_ms.append((t1 - t0) * 1000)
         kernel_ms.append((time.perf_counter() - t1) * 1000)
+        cpu_ms.append((time.process_time() - c0) * 1000)
     drawn = sum(int(n) for n in __import__("re").findall(r"data-points='(\d+)'", html))
     module = (REPO / "lib" / "model" / "curves.js").read_text()
     module = module.replace("export ", "") + ("\nwindow.curves = { columnMinMax, columnBand };")
@@ -111,6 +112,7 @@ def main() -> None:
     print(f"{args.points} points x {args.ranks} rank(s), {args.repeat} runs, medians:")
     print(f"  cell, kernel read + fold (once a point): {med(read_ms)}")
     print(f"  cell, kernel redraw (SVG):         {med(kernel_ms)}")
+    print(f"  cell, kernel read + fold + SVG, CPU time (less the machine's load): {med(cpu_ms)}")
     print(f"  cell, browser (insert + paint):    {med(cell_ms)}  [{drawn} of {kept} points drawn]")
     redraw = statistics.median(kernel_ms) + statistics.median(cell_ms)
     print(f"  cell, a redraw (SVG + paint):      {redraw:.1f} ms")

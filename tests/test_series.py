@@ -247,3 +247,28 @@ def test_a_read_is_one_bounded_page_and_its_cursor_goes_on_to_the_end(tmp_path):
 
 def size_of(job_dir) -> int:
     return (job_dir / SERIES_FILE).stat().st_size
+
+
+def test_a_batch_is_read_by_columns_only_when_its_points_carry_the_same_names(tmp_path):
+    """read_series takes a batch a column at a time when every point has the first point's
+    names; a batch whose names vary is read point by point, and no value is lost or misplaced."""
+    with open(tmp_path / SERIES_FILE, "w") as f:
+        for rank, points in [
+            (0, [[s, 1.0, {"loss": s + 0.5, "lr": 0.1}] for s in range(4)]),
+            (1, [[0, 2.0, {"loss": 9.0}], [1, 2.0, {"loss": 8.0, "acc": 0.5}], [2, 2.0, {}]]),
+            (1, [[3, 3.0, {"loss": 7.0, "lr": 1.0}], [4, 3.0, {"acc": 0.7, "lr": 2.0}]]),
+        ]:
+            f.write(json.dumps({"r": rank, "p": points}) + "\n")
+    got = {
+        (e["name"], e["rank"]): (e["steps"], e["values"])
+        for e in read_all(tmp_path, None)["series"]
+    }
+    assert got == {
+        ("loss", 0): ([0, 1, 2, 3], [0.5, 1.5, 2.5, 3.5]),
+        ("lr", 0): ([0, 1, 2, 3], [0.1] * 4),
+        ("loss", 1): ([0, 1, 3], [9.0, 8.0, 7.0]),
+        ("acc", 1): ([1, 4], [0.5, 0.7]),
+        ("lr", 1): ([3, 4], [1.0, 2.0]),
+    }
+    only = read_series(tmp_path, ["acc"])["series"]
+    assert [(e["rank"], e["steps"]) for e in only] == [(1, [1, 4])]

@@ -36,6 +36,27 @@ def test_a_long_series_is_kept_in_bounded_buckets_that_keep_its_extremes():
     assert min(v for _, v in drawn) == min(values)
 
 
+def test_steps_in_order_fold_into_the_buckets_a_point_at_a_time_makes():
+    """Steps in order (a stored run's first draw) are folded a bucket's run at a time; the
+    buckets are those of the point-at-a-time fold, through the widths' doublings too."""
+    steps = [s * 0.75 for s in range(30_000)]
+    values = [math.cos(s / 300) + (s % 7) * 0.01 for s in steps]
+
+    def fold(method: str) -> Track:
+        track = Track()
+        track.raw, track.width = None, 4.0  # 5,625 buckets at first: coarsened 3 times
+        for i in range(0, len(steps), 3000):
+            getattr(track, method)(steps[i : i + 3000], values[i : i + 3000])
+        return track
+
+    runs, each = fold("_add_runs"), fold("_add_each")
+    assert runs.width == each.width == 32.0 and runs.seq == each.seq == 30_000
+    assert runs.buckets.keys() == each.buckets.keys()
+    for key, b in runs.buckets.items():
+        assert b[:6] + b[7:] == each.buckets[key][:6] + each.buckets[key][7:], key
+        assert b[6] == pytest.approx(each.buckets[key][6])
+
+
 def test_few_points_are_drawn_as_they_came():
     drawn = column_minmax([(0, 1.0, 0), (1, 3.0, 1), (2, 2.0, 2)], 0, 2, curves.PLOT_WIDTH)
     assert drawn == [(0, 1.0), (1, 3.0), (2, 2.0)]

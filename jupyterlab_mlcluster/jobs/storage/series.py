@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -156,24 +157,71 @@ def read_series(
                 rank, points = int(batch["r"]), batch["p"]
             except (ValueError, KeyError, TypeError):
                 continue
-            for step, at, values in points:
-                for name, value in values.items():
-                    if wanted is not None and name not in wanted:
-                        continue
-                    entry = found.get((name, rank))
-                    if entry is None:
-                        entry = found[(name, rank)] = {
-                            "name": name,
-                            "rank": rank,
-                            "steps": [],
-                            "values": [],
-                            "times": [],
-                        }
-                    entry["steps"].append(step)
-                    entry["values"].append(value)
-                    entry["times"].append(at)
+            if not _add_columns(found, rank, points, wanted):
+                _add_points(found, rank, points, wanted)
     series = [found[k] for k in sorted(found)]
     return {"names": read_names(job_dir), "series": series, "cursor": cursor, "more": more}
+
+
+def _entry(found: dict[tuple[str, int], dict[str, Any]], name: str, rank: int) -> Any:
+    entry = found.get((name, rank))
+    if entry is None:
+        entry = found[(name, rank)] = {
+            "name": name,
+            "rank": rank,
+            "steps": [],
+            "values": [],
+            "times": [],
+        }
+    return entry
+
+
+def _add_columns(
+    found: dict[tuple[str, int], dict[str, Any]],
+    rank: int,
+    points: list[Any],
+    wanted: set[str] | None,
+) -> bool:
+    """The usual batch, whose points all carry the same names (one `mlc.log` call site),
+    taken a column at a time (list comprehensions, not a loop a point: a long job's first
+    read is most of a first draw). False, and nothing added, for any other batch."""
+    if not points:
+        return True
+    try:
+        dicts = list(map(itemgetter(2), points))
+        names = list(dicts[0])
+        columns = [(n, list(map(itemgetter(n), dicts))) for n in names]
+        # Each point has every name of the first (or KeyError), so at least as many; as many
+        # in all: exactly those. (Every name is checked, not only the wanted ones.)
+        if sum(map(len, dicts)) != len(names) * len(dicts):
+            return False
+        steps, times = list(map(itemgetter(0), points)), list(map(itemgetter(1), points))
+    except (KeyError, TypeError, IndexError):
+        return False
+    for name, values in columns:
+        if wanted is not None and name not in wanted:
+            continue
+        entry = _entry(found, name, rank)
+        entry["steps"] += steps
+        entry["values"] += values
+        entry["times"] += times
+    return True
+
+
+def _add_points(
+    found: dict[tuple[str, int], dict[str, Any]],
+    rank: int,
+    points: list[Any],
+    wanted: set[str] | None,
+) -> None:
+    for step, at, values in points:
+        for name, value in values.items():
+            if wanted is not None and name not in wanted:
+                continue
+            entry = _entry(found, name, rank)
+            entry["steps"].append(step)
+            entry["values"].append(value)
+            entry["times"].append(at)
 
 
 def _read_lines(path: Path, after: int, limit: int) -> tuple[bytes, bool]:
