@@ -252,6 +252,14 @@ class MLClusterConfig(Configurable):
         "while it is empty.",
     ).tag(config=True)
 
+    mlflow_ranks = Enum(
+        ["0", "all"],
+        default_value="0",
+        help="Whose logged series a tracked job's MLflow run gets as metrics: 0, rank 0's; "
+        "all, every rank's too, each rank past 0 in a child run of the job's run tagged "
+        "mlcluster.rank. A job's own --env MLCLUSTER_MLFLOW_RANKS=0|all says otherwise.",
+    ).tag(config=True)
+
     tracking_grace = Float(
         60.0,
         help="Seconds a tracked job's supervisor spends, after the job has ended, recording "

@@ -350,3 +350,57 @@ def test_a_shared_servers_job_logs_only_into_its_owners_experiments(store_dir, t
     own_run = client.get_run(service.store.get_job(jobs[1]).tracking["run_id"])
     assert client.get_experiment(shared_run.info.experiment_id).name == "mallory/alice/private"
     assert client.get_experiment(own_run.info.experiment_id).name == "alice/private"
+
+
+RANKS = """
+import os, jupyterlab_mlcluster as mlc
+rank = int(os.environ["RANK"])
+for step in range(5):
+    mlc.log(step=step, loss=10 * rank + step)
+"""
+
+
+def test_every_ranks_series_goes_to_a_child_run_tagged_with_its_rank(
+    mlflow_server, store_dir, tmp_path
+):
+    """mlflow_ranks "all": rank 0's series stay the job's run's metrics, and each other rank's
+    go to a child run of it tagged mlcluster.rank (only rank 0's reached MLflow)."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.jobs.service import JobService
+    from jupyterlab_mlcluster.jobs.tracking.mlflow_run import all_ranks
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    settings(tmp_path / "jupyter-config", mlflow_tracking_uri=mlflow_server, mlflow_ranks="all")
+    service = JobService()
+    env = {"MLFLOW_EXPERIMENT_NAME": "issue35-ranks"}
+    spec = JobSpec.from_options({"workers": 2, "track": "mlflow", "env": env})
+    job_id = service.submit(spec, Payload(source=RANKS)).id
+    assert service.wait(job_id, timeout=180).state == "succeeded"
+    wait_for(
+        lambda: (service.store.get_job(job_id).tracking or {}).get("state") == "finished",
+        timeout=120,
+        interval=0.2,
+        message="the run is recorded",
+    )
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = client.get_run(service.store.get_job(job_id).tracking["run_id"])
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(s, s) for s in range(5)], "rank 0's"
+    children = client.search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+    )
+    assert [c.data.tags["mlcluster.rank"] for c in children] == ["1"]
+    (child,) = children
+    assert child.info.status == "FINISHED" and child.data.tags["mlcluster.job_id"] == job_id
+    history = client.get_metric_history(child.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(s, 10 + s) for s in range(5)]
+    # A job's own env says otherwise than the setting, either way.
+    config = SimpleNamespace(mlflow_ranks="all")
+    job = SimpleNamespace(spec=SimpleNamespace(env={"MLCLUSTER_MLFLOW_RANKS": "0"}))
+    assert not all_ranks(job, config) and all_ranks(job, SimpleNamespace(mlflow_ranks="0")) is False
+    job.spec.env["MLCLUSTER_MLFLOW_RANKS"] = "all"
+    assert all_ranks(job, SimpleNamespace(mlflow_ranks="0"))

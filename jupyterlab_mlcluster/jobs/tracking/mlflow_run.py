@@ -3,7 +3,10 @@
 The run is made when the job starts, in the experiment named by the job's
 $MLFLOW_EXPERIMENT_NAME (else "mlcluster"), with the job's options and pushed scalars as
 params (params.py); rank 0's logged series (jobs/storage/series.py) go to it as metrics as
-they come; when the job ends, its logs, cell and result as artifacts, and its end as the
+they come, and with MLClusterConfig.mlflow_ranks "all" (or the job's
+$MLCLUSTER_MLFLOW_RANKS) every other rank's to a child run of it tagged mlcluster.rank (MLflow's
+metrics have no tags; a run a rank keeps the job's run comparable with other jobs'); when the
+job ends, its logs, cell and result as artifacts, and its end as the
 run's status. A sweep's trials are children of one parent run (made by the first trial to
 start, ended by the last to end). Where the run is (run id, a link on a tracking server) is
 the job's `tracking` field.
@@ -44,6 +47,8 @@ EXPERIMENT = "mlcluster"
 CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 JOIN_SLACK = 120.0  # seconds a supervisor waits for its tracker beyond the grace
 OFFSET_FILE = "mlflow-offset"  # how far into series.jsonl the run has its points
+RANK_RUNS_FILE = "mlflow-ranks.json"  # {rank: run id}: ranks past 0's child runs (mlflow_ranks)
+RANKS_ENV = "MLCLUSTER_MLFLOW_RANKS"  # a job's own choice of MLClusterConfig.mlflow_ranks
 _MLFLOW_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ :]")  # what MLflow refuses in a metric's name
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
@@ -104,6 +109,13 @@ def experiment_name(job: Any) -> str:
     return name
 
 
+def all_ranks(job: Any, config: Any) -> bool:
+    """Whether every rank's series go to MLflow (else rank 0's): the job's $RANKS_ENV, else
+    MLClusterConfig.mlflow_ranks."""
+    choice = str(job.spec.env.get(RANKS_ENV) or getattr(config, "mlflow_ranks", "0"))
+    return choice.strip().lower() == "all"
+
+
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
     """The run's page on a tracking server (a local store has none: `mlflow ui` serves it)."""
     if uri.startswith(("http://", "https://")):
@@ -132,6 +144,8 @@ class MLflowTracker:
         self.experiment_id: str | None = saved.get("experiment_id")
         self.params_done = self.run_id is not None
         self.offset = self._saved_offset() if self.run_id else 0
+        self.all_ranks = all_ranks(self.job, ctx.config)
+        self.rank_runs: dict[int, str] = self._saved_rank_runs() if self.run_id else {}
         self.failures = 0
         self.stop = threading.Event()
         self._client: Any = None
@@ -206,7 +220,8 @@ class MLflowTracker:
         if final:
             self._push_artifacts(client)
             state = str(self.store.get_job(self.job.id).state)
-            client.set_terminated(self.run_id, STATUS.get(state, "FINISHED"))
+            for run_id in [*self.rank_runs.values(), self.run_id]:
+                client.set_terminated(run_id, STATUS.get(state, "FINISHED"))
             self._record("finished", None)
             self._end_parent(client)
 
@@ -282,7 +297,7 @@ class MLflowTracker:
         except OSError:
             return
         pos = 0
-        metrics: list[Any] = []
+        metrics: dict[str, list[Any]] = {}  # by run
         for raw in data.splitlines(keepends=True):
             if not raw.endswith(b"\n"):
                 break  # being written: next time
@@ -291,19 +306,50 @@ class MLflowTracker:
                 batch = json.loads(raw)
             except ValueError:
                 continue
-            if batch.get("r") != 0:  # rank 0's series are the run's
+            run_id = self._run_of(client, batch.get("r"))
+            if run_id is None:
                 continue
+            into = metrics.setdefault(run_id, [])
             for step, at, values in batch.get("p", []):
                 for name, value in values.items():
-                    metrics.append(Metric(mlflow_name(name), value, int(at * 1000), int(step)))
-            if len(metrics) >= BATCH:
+                    into.append(Metric(mlflow_name(name), value, int(at * 1000), int(step)))
+            if sum(map(len, metrics.values())) >= BATCH:
                 self._log_metrics(client, metrics, self.offset + pos)
-                metrics = []
+                metrics = {}
         self._log_metrics(client, metrics, self.offset + pos)
 
-    def _log_metrics(self, client: Any, metrics: list[Any], offset: int) -> None:
-        for i in range(0, len(metrics), BATCH):
-            client.log_batch(self.run_id, metrics=metrics[i : i + BATCH])
+    def _run_of(self, client: Any, rank: Any) -> str | None:
+        """The run a rank's points go to: rank 0's the job's; another's its own child run
+        (made on its first point) when every rank's are recorded, else none."""
+        if rank == 0:
+            return self.run_id
+        if not (self.all_ranks and isinstance(rank, int) and rank > 0):
+            return None
+        if rank not in self.rank_runs:
+            tags = {
+                "mlflow.parentRunId": str(self.run_id),
+                "mlcluster.rank": str(rank),
+                "mlcluster.job_id": self.job.id,
+            }
+            run = client.create_run(
+                self.experiment_id, tags=tags, run_name=f"{self.job.name} rank {rank}"
+            )
+            self.rank_runs[rank] = str(run.info.run_id)
+            with contextlib.suppress(OSError):  # (lost: an adopted job makes the run again)
+                write_whole(self.job_dir / RANK_RUNS_FILE, json.dumps(self.rank_runs))
+        return self.rank_runs[rank]
+
+    def _saved_rank_runs(self) -> dict[int, str]:
+        try:
+            saved = json.loads((self.job_dir / RANK_RUNS_FILE).read_text())
+            return {int(rank): str(run) for rank, run in saved.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _log_metrics(self, client: Any, metrics: dict[str, list[Any]], offset: int) -> None:
+        for run_id, points in metrics.items():
+            for i in range(0, len(points), BATCH):
+                client.log_batch(run_id, metrics=points[i : i + BATCH])
         if offset != self.offset:
             self.offset = offset
             with contextlib.suppress(OSError):  # (lost: an adopted job's points go twice)
