@@ -37,8 +37,13 @@ def main_ident_path(stacks_file: str | Path) -> Path:
 
 
 def arm() -> bool:
-    """Register the helper when the launcher asked for it; False where it is not armed."""
+    """Register the helper when the launcher asked for it (a pod's rank: stack_port.py's);
+    False where it is not armed."""
     path = os.environ.get(STACKS_FILE_ENV)
+    if not path and os.environ.get("MLCLUSTER_REPORT") == "stdout":
+        from .stack_port import listen  # a pod's rank: asked over its pod's network
+
+        return listen()
     if not path or signal.getsignal(HELPER_SIGNAL) is not signal.SIG_DFL:
         return False
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)

@@ -166,6 +166,7 @@ def cancel_running(
 
     final = service.cancel(job_id)
     player.kill_deleted()
-    assert final.state == "cancelled" and final.reason == "cancelled by user"
+    # (then where the ranks were, or why they could not be read: issue 33)
+    assert final.state == "cancelled" and final.reason.startswith("cancelled by user")
     assert [r.state for r in final.ranks] == ["cancelled", "cancelled"]
     assert objects_of(kube, namespace, job_id) == {}

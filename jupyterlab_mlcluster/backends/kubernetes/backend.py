@@ -425,6 +425,16 @@ class KubernetesBackend(Backend):
         # ends (the reaper deletes its objects: cleanup_orphans). A job lives on.
         return SupervisorLost.FAIL if is_session_holder(job) else SupervisorLost.RESPAWN
 
+    # Its supervisor feeds the stall watch from the pods' logs (forensics.py).
+    watches_stalls = True
+
+    def collect_stacks(self, store, job, ranks: list[int] | None, native: bool):
+        """Each rank's own helper, asked over its pod's network (stacks.py): a pod has no
+        SYS_PTRACE, so nothing reads a rank from outside."""
+        from .stacks import collect
+
+        return collect(store, job, ranks, native)
+
     def cleanup_orphans(self, store, job) -> None:
         """The supervisor died (the job is cancelled), or a final job still has a pending
         cleanup: delete its job object (foreground; its pods and owned objects go with

@@ -44,6 +44,7 @@ from .client import (
     message_of,
     served_kinds,
 )
+from .forensics import AttemptForensics
 from .kueue import KueueView, Standing, standing_text
 from .logs import PodLogFollower, PodOutput
 from .objects import (
@@ -176,6 +177,9 @@ class _Attempt:
         self.queued_reason: str | None = None  # observe()'s reason while waiting for pods
         self.held_reason: str | None = None  # observe()'s reason while suspended
         self.admitted_once = False
+        # Stalls, and the stacks of ranks still alive when the attempt ends (forensics.py).
+        self.forensics = AttemptForensics(self)
+        self.stalled: Outcome | None = None  # --on-stall cancel's
 
     # -- the whole attempt ------------------------------------------------------------------
 
@@ -248,8 +252,11 @@ class _Attempt:
         ctx, spec = self.ctx, self.spec
         changed = True
         while True:
-            stop = lifecycle.stop_requested(ctx)
+            stop = lifecycle.stop_requested(ctx) or self.stalled
             if stop is not None:
+                if stop.where is None:  # (a stall's were taken when it was seen)
+                    stop.where = self.forensics.before_stop(str(stop.kind)) or None
+                self.forensics.stopping = True
                 return stop  # (the objects are deleted on the way out: run's finally)
             if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(
@@ -265,7 +272,16 @@ class _Attempt:
                         return Outcome(OutcomeKind.TIMEOUT, lifecycle.timed_out(spec.timeout))
                     # A pod Kubernetes took away: its reason, not the rank's exit on SIGTERM.
                     rank = None if obs.failure.disrupted else obs.failure.rank
-                    return Outcome(OutcomeKind.FAILED, obs.failure.message, rank, obs.failure.pod)
+                    # The peers still waiting for the failed rank (read as it failed).
+                    where = (
+                        None
+                        if rank is None
+                        else self.forensics.before_stop("failed", exclude={rank}) or None
+                    )
+                    failure = obs.failure
+                    return Outcome(
+                        OutcomeKind.FAILED, failure.message, rank, failure.pod, where=where
+                    )
                 if obs.succeeded:
                     return Outcome(OutcomeKind.SUCCEEDED)
             else:
@@ -308,6 +324,7 @@ class _Attempt:
                 fields["state"] = later_rank_state(fields["state"], RankState.RUNNING)
             self._rank_update(rank, fields)
         self._flush()
+        self.forensics.pods_changed()  # (a pod's IP: where its ranks' stack helpers are)
         order = _STATE_ORDER[obs.state]
         # Within one attempt a job only moves forward, unless Kueue suspends it again (preemption).
         if order > self.state_order or (obs.suspended and order < self.state_order):
@@ -389,6 +406,7 @@ class _Attempt:
                 samples.setdefault(rank, {"gpu_util": None, "gpu_memory_bytes": None}).update(usage)
         if samples:
             self.ctx.record_metrics(samples)
+        self.stalled = self.stalled or self.forensics.sampled(samples)
 
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))

@@ -94,8 +94,10 @@ def log_ended(attempt: _Attempt, pod_name: str, error: BaseException | None) -> 
 def rank_item(attempt: _Attempt, rank: int, kind: str, value: Any) -> None:
     if kind == "line":
         attempt.ctx.logs.line(rank, "o", value)
+        attempt.forensics.active(rank)
     elif kind == "progress":
         attempt._rank_update(rank, {"progress": lifecycle.clean_progress(value)})
+        attempt.forensics.active(rank)
     elif kind == "control":
         control(attempt, rank, value)
 
@@ -105,11 +107,17 @@ def control(attempt: _Attempt, rank: int, record: dict[str, Any]) -> None:
     job_id = attempt.ctx.job.id
     if rtype == "started":
         attempt.started_ranks.add(rank)
+        attempt.forensics.active(rank)
         state = attempt.written.get(rank, {}).get("state", RankState.PENDING)
         if not RankState(state).final:
             attempt._rank_update(rank, {"state": RankState.RUNNING})
     elif rtype == "progress":
         attempt._rank_update(rank, {"progress": lifecycle.clean_progress(record)})
+        attempt.forensics.active(rank)
+    elif rtype == "stacks_port":  # where its stack helper listens (forensics.py)
+        attempt.forensics.port(rank, record.get("port"))
+    elif rtype == "failing":  # its code raised; it waits while its peers are read
+        attempt.forensics.on_failing(rank)
     elif rtype == "metrics":
         attempt.runtime_metrics[rank] = {
             k: record.get(k)

@@ -69,6 +69,9 @@ class JobStall:
         what = (
             f"{which} stalled: no output, progress or CPU for {format_duration(self.watch.after)}"
         )
+        blind = [r for r in ranks if r not in self.watch.cpu_seen]
+        if blind:  # nothing said how busy they were: judged without that, and said so
+            what += f" (no CPU figure for rank {', '.join(map(str, blind))})"
         where = where_text(report)
         self.ctx.logs.system(f"[mlcluster] {what}; {where}")
         if not self.cancel_on_stall:

@@ -27,6 +27,7 @@ class StallWatch:
         self.clock = clock
         self.last_active: dict[int, float] = {}
         self.flagged: tuple[int, ...] = ()
+        self.cpu_seen: set[int] = set()  # ranks with a CPU figure (where none: say so)
 
     @property
     def enabled(self) -> bool:
@@ -37,6 +38,8 @@ class StallWatch:
         self.last_active[rank] = self.clock() if now is None else now
 
     def cpu(self, rank: int, percent: float | None, now: float | None = None) -> None:
+        if percent is not None:
+            self.cpu_seen.add(rank)
         if percent is not None and percent >= self.cpu_percent:
             self.active(rank, now)
 
