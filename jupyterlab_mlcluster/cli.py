@@ -25,16 +25,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import backends  # noqa: F401 - a front end fills the backend registry
 from .jobs.log_text import LogText
 from .jobs.model import JobState, SpecError
 from .jobs.options import (
+    JOB_ARGUMENTS,
     SCHEDULE_ARGUMENTS,
     SWEEP_ARGUMENTS,
     add_arguments,
-    add_job_arguments,
     grace_from_args,
     schedule_options_from_args,
     spec_from_args,
@@ -47,6 +49,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 1
 
+# A command's arguments: (flags, add_argument's keywords) each.
+Arguments = Sequence[tuple[tuple[str, ...], dict[str, Any]]]
+
 
 def _service():
     from .jobs.service import JobService
@@ -54,193 +59,77 @@ def _service():
     return JobService()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mlcluster", description="Distributed jobs from JupyterLab and the shell."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of `mlcluster`: its line in `--help`, its arguments (in order) or
+    subcommands of its own, and what runs it. A command that `hands_over` has a command line
+    of its own: it is listed here and gets the rest of the line unparsed."""
 
-    run = sub.add_parser("run", help="run a script (or -m module) on N ranks")
-    add_job_arguments(run)
-    add_arguments(run, SWEEP_ARGUMENTS)
-    _add_script_arguments(run)
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int] | None = None
+    arguments: Arguments = ()
+    subcommands: Sequence[Command] = ()
+    hands_over: Callable[[list[str]], int] | None = None
 
-    sweeps = sub.add_parser("sweeps", help="list sweeps, or show one sweep's trials")
-    sweeps.add_argument("sweep", nargs="?", help="a sweep id: its trials table")
-    sweeps.add_argument("--json", action="store_true", help="print JSON")
-
-    schedule = sub.add_parser("schedule", help="scheduled trainings (cron)")
-    schedule_sub = schedule.add_subparsers(dest="schedule_command", required=True)
-    add = schedule_sub.add_parser("add", help="register a script to run on a cron schedule")
-    add.add_argument("--cron", required=True, help='cron expression, e.g. "0 2 * * *"')
-    add_job_arguments(add)
-    add_arguments(add, SCHEDULE_ARGUMENTS)
-    _add_script_arguments(add)
-    schedule_list = schedule_sub.add_parser("list", help="list schedules")
-    schedule_list.add_argument("--json", action="store_true", help="print JSON")
-    for action, text in (
-        ("pause", "stop firing (runs in progress go on)"),
-        ("resume", "fire again from the next tick"),
-        ("delete", "forget the schedule (its runs' jobs stay)"),
-        ("runs", "the schedule's runs"),
-    ):
-        p = schedule_sub.add_parser(action, help=text)
-        p.add_argument("name", help="the schedule's name")
-        if action == "runs":
-            p.add_argument("--json", action="store_true", help="print JSON")
-
-    submit = schedule_sub.add_parser(
-        "submit",
-        help="submit a schedule's stored job now and follow it (what its CronJob's pod runs)",
-    )
-    submit.add_argument("--schedule", required=True, help="the schedule's name")
-    submit.add_argument("--timezone", default="UTC", help="the schedule's time zone")
-    submit.add_argument("--spec", required=True, help="the job spec (JSON file)")
-    submit.add_argument("--payload", required=True, help="the job's payload (pickle file)")
-
-    scheduler = sub.add_parser("scheduler", help="fire due schedules until stopped (a daemon)")
-    scheduler.add_argument(
-        "--interval", type=float, default=10.0, help="seconds between passes (default 10)"
-    )
-    scheduler.add_argument(
-        "--clock",
-        default=None,
-        metavar="START@SPEED",
-        help="simulated time for tests and dry runs: epoch or ISO START, SPEED x real time",
-    )
-    scheduler.add_argument("--once", action="store_true", help="one pass, then exit")
-
-    jobs = sub.add_parser("jobs", help="list jobs")
-    jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
-    jobs.add_argument("--backend", help="only jobs of this backend")
-    jobs.add_argument(
-        "--limit", type=int, default=50, help="at most this many (newest first; default 50)"
-    )
-    jobs.add_argument("--json", action="store_true", help="print JSON")
-    jobs.add_argument(
-        "--flat",
-        action="store_true",
-        help="every job a row (not a session's cells or a sweep's trials under it)",
-    )
-    jobs.add_argument("--parent", help="only the jobs under this session job or sweep")
-
-    export = sub.add_parser(
-        "export", help="write what runs a job again outside the notebook (script, sbatch, ...)"
-    )
-    export.add_argument("job", help="job id or name")
-    export.add_argument(
-        "--as", dest="target", required=True, choices=["script", "sbatch", "trainjob", "pytorchjob"]
-    )
-    export.add_argument("-o", "--output", required=True, help="a new (or empty) directory")
-    export.add_argument("--image", help="the image of a Kubernetes export (default: the job's)")
-
-    logs = sub.add_parser("logs", help="print a job's logs")
-    logs.add_argument("job", help="job id or name")
-    logs.add_argument("--rank", type=int, default=None, help="only this rank")
-    logs.add_argument(
-        "--follow", "-f", action="store_true", help="keep printing until the job ends"
-    )
-
-    stacks = sub.add_parser(
-        "stacks", help="where a job's ranks are: every thread's stack of every rank, folded"
-    )
-    stacks.add_argument("job", help="job id or name (a finished job: the stacks it kept)")
-    stacks.add_argument("--rank", type=int, default=None, help="only this rank")
-    stacks.add_argument("--native", action="store_true", help="native (C) frames too")
-    stacks.add_argument("--json", action="store_true", help="print the whole answer as JSON")
-
-    metrics = sub.add_parser("metrics", help="the series a job logged (mlc.log, TensorBoard)")
-    metrics.add_argument("job", help="job id or name")
-    metrics.add_argument("--csv", action="store_true", help="every point, as CSV")
-
-    cancel = sub.add_parser("cancel", help="cancel a job (all ranks)")
-    cancel.add_argument("job", help="job id or name")
-    cancel.add_argument("--purge", action="store_true", help="also forget the job and its logs")
-
-    session = sub.add_parser(
-        "session", help="your sessions: live ranks that %%%%distributed --session cells run on"
-    )
-    session.add_argument("action", choices=["list", "stop", "restart", "debug"])
-    session.add_argument("name", nargs="?", help="the session (stop, restart, debug)")
-    session.add_argument("--json", action="store_true", help="list: print JSON")
-    session.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        help="debug: pdb on this rank's traceback of the last failed cell (default: the"
-        " rank that failed first)",
-    )
-
-    pool = sub.add_parser("pool", help="the warm pool of pre-started, CUDA-clean interpreters")
-    pool.add_argument("action", choices=["status", "start", "stop"], nargs="?", default="status")
-
-    # Listed for --help; main() hands them to the notebook-controller's own applications.
-    sub.add_parser(
-        "controller", help="run the notebook-controller (Kubernetes); --help for its options"
-    )
-    sub.add_parser(
-        "manifests", help="print CRDs, RBAC, the controller Deployment, Istio objects as YAML"
-    )
-    return parser
+    def add_to(self, parsers: Any) -> None:
+        """Its parser among `parsers` (an add_subparsers' action)."""
+        parser = parsers.add_parser(self.name, help=self.help)
+        add_arguments(parser, self.arguments)
+        if self.subcommands:
+            inner = parser.add_subparsers(dest=f"{self.name}_command", required=True)
+            for command in self.subcommands:
+                command.add_to(inner)
 
 
-def _add_script_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m"
-    )
-    parser.add_argument("script", help="the Python script (or module with -m)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+class CommandLine:
+    """`mlcluster`: its commands, the parser they make, and running the one asked for, with
+    the errors a user can act on said in a line (status 2: usage) instead of a traceback."""
 
+    def __init__(self, commands: Sequence[Command]):
+        self.commands = {command.name: command for command in commands}
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # The cluster-side commands are traitlets applications with options of their own.
-    if argv and argv[0] == "controller":
-        from notebook_controller.cli import run_controller
+    def parser(self) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(
+            prog="mlcluster", description="Distributed jobs from JupyterLab and the shell."
+        )
+        parsers = parser.add_subparsers(dest="command", required=True)
+        for command in self.commands.values():
+            command.add_to(parsers)
+        return parser
 
-        return run_controller(argv[1:])
-    if argv and argv[0] == "manifests":
-        from notebook_controller.cli import print_manifests
+    def main(self, argv: list[str] | None = None) -> int:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = self.commands.get(argv[0]) if argv else None
+        if command is not None and command.hands_over is not None:
+            return command.hands_over(argv[1:])
+        args = self.parser().parse_args(argv)
+        from .jobs.storage.store import UnsafeStore
 
-        return print_manifests(argv[1:])
-    args = build_parser().parse_args(argv)
-    from .jobs.storage.store import UnsafeStore
+        run = self.commands[args.command].run
+        assert run is not None  # every command that is parsed here runs
+        try:
+            return run(args)
+        except (SpecError, ValueError, UnsafeStore) as exc:
+            print(f"mlcluster: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyError as exc:  # UnknownJob
+            print(f"mlcluster: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:  # before there was a job to cancel (a submitted one follows us)
+            return EXIT_CANCELLED
+        except BrokenPipeError:
+            return _reader_gone()
+        except Exception as exc:
+            # A full disk under the store is the user's to fix, not a traceback to read.
+            from .config import get_config
+            from .jobs.storage.fsinfo import is_storage_full, no_space_text
 
-    try:
-        return {
-            "run": cmd_run,
-            "jobs": cmd_jobs,
-            "export": cmd_export,
-            "logs": cmd_logs,
-            "cancel": cmd_cancel,
-            "stacks": cmd_stacks,
-            "metrics": cmd_metrics,
-            "pool": cmd_pool,
-            "session": cmd_session,
-            "sweeps": cmd_sweeps,
-            "schedule": cmd_schedule,
-            "scheduler": cmd_scheduler,
-        }[args.command](args)
-    except (SpecError, ValueError, UnsafeStore) as exc:
-        print(f"mlcluster: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyError as exc:  # UnknownJob
-        print(f"mlcluster: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:  # before there was a job to cancel (a submitted one follows us)
-        return EXIT_CANCELLED
-    except BrokenPipeError:
-        return _reader_gone()
-    except Exception as exc:
-        # A full disk under the store is the user's to fix, not a traceback to read.
-        from .config import get_config
-        from .jobs.storage.fsinfo import is_storage_full, no_space_text
-
-        store = get_config().store_dir
-        if not is_storage_full(exc, store):
-            raise
-        print(f"mlcluster: error: {no_space_text(store)} ({exc})", file=sys.stderr)
-        return EXIT_FAILED
+            store = get_config().store_dir
+            if not is_storage_full(exc, store):
+                raise
+            print(f"mlcluster: error: {no_space_text(store)} ({exc})", file=sys.stderr)
+            return EXIT_FAILED
 
 
 def _reader_gone() -> int:
@@ -815,6 +704,204 @@ def _current_user() -> str:
     from .jobs.service import _current_user as user
 
     return user()
+
+
+# -- the command table ---------------------------------------------------------------------
+
+
+def _arg(*flags: str, **keywords: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """One argument of a command, as `add_argument(*flags, **keywords)` adds it."""
+    return flags, keywords
+
+
+_JSON = _arg("--json", action="store_true", help="print JSON")
+_JOB = _arg("job", help="job id or name")
+_RANK = _arg("--rank", type=int, default=None, help="only this rank")
+_NAME = _arg("name", help="the schedule's name")
+_SCRIPT = (
+    _arg("-m", dest="module", action="store_true", help="run SCRIPT as a module, like python -m"),
+    _arg("script", help="the Python script (or module with -m)"),
+    _arg("args", nargs=argparse.REMAINDER, help="arguments for the script"),
+)
+
+
+def _controller(argv: list[str]) -> int:
+    from notebook_controller.cli import run_controller
+
+    return run_controller(argv)
+
+
+def _manifests(argv: list[str]) -> int:
+    from notebook_controller.cli import print_manifests
+
+    return print_manifests(argv)
+
+
+SCHEDULE_COMMANDS = (
+    Command(
+        "add",
+        "register a script to run on a cron schedule",
+        arguments=(
+            _arg("--cron", required=True, help='cron expression, e.g. "0 2 * * *"'),
+            *JOB_ARGUMENTS,
+            *SCHEDULE_ARGUMENTS,
+            *_SCRIPT,
+        ),
+    ),
+    Command("list", "list schedules", arguments=(_JSON,)),
+    Command("pause", "stop firing (runs in progress go on)", arguments=(_NAME,)),
+    Command("resume", "fire again from the next tick", arguments=(_NAME,)),
+    Command("delete", "forget the schedule (its runs' jobs stay)", arguments=(_NAME,)),
+    Command("runs", "the schedule's runs", arguments=(_NAME, _JSON)),
+    Command(
+        "submit",
+        "submit a schedule's stored job now and follow it (what its CronJob's pod runs)",
+        arguments=(
+            _arg("--schedule", required=True, help="the schedule's name"),
+            _arg("--timezone", default="UTC", help="the schedule's time zone"),
+            _arg("--spec", required=True, help="the job spec (JSON file)"),
+            _arg("--payload", required=True, help="the job's payload (pickle file)"),
+        ),
+    ),
+)
+
+COMMANDS = (
+    Command(
+        "run",
+        "run a script (or -m module) on N ranks",
+        cmd_run,
+        (*JOB_ARGUMENTS, *SWEEP_ARGUMENTS, *_SCRIPT),
+    ),
+    Command(
+        "sweeps",
+        "list sweeps, or show one sweep's trials",
+        cmd_sweeps,
+        (_arg("sweep", nargs="?", help="a sweep id: its trials table"), _JSON),
+    ),
+    Command("schedule", "scheduled trainings (cron)", cmd_schedule, subcommands=SCHEDULE_COMMANDS),
+    Command(
+        "scheduler",
+        "fire due schedules until stopped (a daemon)",
+        cmd_scheduler,
+        (
+            _arg(
+                "--interval", type=float, default=10.0, help="seconds between passes (default 10)"
+            ),
+            _arg(
+                "--clock",
+                default=None,
+                metavar="START@SPEED",
+                help="simulated time for tests and dry runs: epoch or ISO START, SPEED x real time",
+            ),
+            _arg("--once", action="store_true", help="one pass, then exit"),
+        ),
+    ),
+    Command(
+        "jobs",
+        "list jobs",
+        cmd_jobs,
+        (
+            _arg("--state", action="append", help="only jobs in this state (repeatable)"),
+            _arg("--backend", help="only jobs of this backend"),
+            _arg(
+                "--limit", type=int, default=50, help="at most this many (newest first; default 50)"
+            ),
+            _JSON,
+            _arg(
+                "--flat",
+                action="store_true",
+                help="every job a row (not a session's cells or a sweep's trials under it)",
+            ),
+            _arg("--parent", help="only the jobs under this session job or sweep"),
+        ),
+    ),
+    Command(
+        "export",
+        "write what runs a job again outside the notebook (script, sbatch, ...)",
+        cmd_export,
+        (
+            _JOB,
+            _arg(
+                "--as",
+                dest="target",
+                required=True,
+                choices=["script", "sbatch", "trainjob", "pytorchjob"],
+            ),
+            _arg("-o", "--output", required=True, help="a new (or empty) directory"),
+            _arg("--image", help="the image of a Kubernetes export (default: the job's)"),
+        ),
+    ),
+    Command(
+        "logs",
+        "print a job's logs",
+        cmd_logs,
+        (
+            _JOB,
+            _RANK,
+            _arg("--follow", "-f", action="store_true", help="keep printing until the job ends"),
+        ),
+    ),
+    Command(
+        "stacks",
+        "where a job's ranks are: every thread's stack of every rank, folded",
+        cmd_stacks,
+        (
+            _arg("job", help="job id or name (a finished job: the stacks it kept)"),
+            _RANK,
+            _arg("--native", action="store_true", help="native (C) frames too"),
+            _arg("--json", action="store_true", help="print the whole answer as JSON"),
+        ),
+    ),
+    Command(
+        "metrics",
+        "the series a job logged (mlc.log, TensorBoard)",
+        cmd_metrics,
+        (_JOB, _arg("--csv", action="store_true", help="every point, as CSV")),
+    ),
+    Command(
+        "cancel",
+        "cancel a job (all ranks)",
+        cmd_cancel,
+        (_JOB, _arg("--purge", action="store_true", help="also forget the job and its logs")),
+    ),
+    Command(
+        "session",
+        "your sessions: live ranks that %%%%distributed --session cells run on",
+        cmd_session,
+        (
+            _arg("action", choices=["list", "stop", "restart", "debug"]),
+            _arg("name", nargs="?", help="the session (stop, restart, debug)"),
+            _arg("--json", action="store_true", help="list: print JSON"),
+            _arg(
+                "--rank",
+                type=int,
+                default=None,
+                help="debug: pdb on this rank's traceback of the last failed cell (default: the"
+                " rank that failed first)",
+            ),
+        ),
+    ),
+    Command(
+        "pool",
+        "the warm pool of pre-started, CUDA-clean interpreters",
+        cmd_pool,
+        (_arg("action", choices=["status", "start", "stop"], nargs="?", default="status"),),
+    ),
+    Command(
+        "controller",
+        "run the notebook-controller (Kubernetes); --help for its options",
+        hands_over=_controller,
+    ),
+    Command(
+        "manifests",
+        "print CRDs, RBAC, the controller Deployment, Istio objects as YAML",
+        hands_over=_manifests,
+    ),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return CommandLine(COMMANDS).main(argv)
 
 
 if __name__ == "__main__":
