@@ -272,3 +272,39 @@ def test_a_batch_is_read_by_columns_only_when_its_points_carry_the_same_names(tm
     }
     only = read_series(tmp_path, ["acc"])["series"]
     assert [(e["rank"], e["steps"]) for e in only] == [(1, [1, 4])]
+
+
+def test_a_session_cells_points_are_that_cells(service):
+    """A session's ranks log into the running cell's job (its monitor and GET
+    /jobs/{cell}/metrics read it), not the session's: each cell keeps its own points, the
+    last ones too (sent before the cell's end)."""
+    import os
+
+    from jupyterlab_mlcluster.jobs import sessions
+
+    def cell(source: str):
+        record, _ = sessions.submit_cell(
+            service,
+            "logs",
+            {"workers": 2},
+            Payload(kind="code", source=source, cwd=os.getcwd()),
+            origin={"kind": "python"},
+        )
+        return service.wait(record.id, timeout=300)
+
+    log = "import os, jupyterlab_mlcluster as mlc\nr = int(os.environ['RANK'])\n"
+    first = cell(log + "for s in range(3):\n    mlc.log(step=s, first=s + r)\n")
+    second = cell(log + "mlc.log(step=0, second=10.0 + r)\n")
+    try:
+        assert first.state == second.state == "succeeded", (first.error, second.error)
+
+        def series(job_id: str) -> dict:
+            data = read_all(service.store.job_dir(job_id), None)
+            return {(s["name"], s["rank"]): s["values"] for s in data["series"]}
+
+        assert series(first.id) == {("first", 0): [0, 1, 2], ("first", 1): [1, 2, 3]}
+        assert series(second.id) == {("second", 0): [10.0], ("second", 1): [11.0]}
+        holder = service.store.session_rows(name="logs")[0]["job_id"]
+        assert series(holder) == {}
+    finally:
+        sessions.stop_session(service, None, "logs")

@@ -22,6 +22,7 @@ from .model import JobState
 
 if TYPE_CHECKING:
     from .running.supervisor import JobContext
+    from .storage.series import SeriesWriter
     from .storage.store import JobStore
 
 # Written into the ranks' logs before a restart; log readers split attempts on it.
@@ -232,9 +233,17 @@ class RankUpdates:
     """Per-rank changes gathered and written together: a rank's state goes out at the
     next flush, progress at most every RANK_FLUSH_INTERVAL."""
 
-    def __init__(self, ctx: JobContext, *, states_at_once: bool = True):
+    def __init__(
+        self,
+        ctx: JobContext,
+        *,
+        states_at_once: bool = True,
+        series: Callable[[], SeriesWriter] | None = None,
+    ):
         self.ctx = ctx
         self.states_at_once = states_at_once
+        # Where `mlc.log`'s points go now: the job's series (a session's: its running cell's).
+        self.series = series or (lambda: ctx.series)
         self.pending: dict[int, dict[str, Any]] = {}
         self.last_flush = 0.0
 
@@ -243,7 +252,7 @@ class RankUpdates:
         if isinstance(progress, dict) and "series" in progress:
             # `mlc.log` rides on the progress report: its points are the job's series
             # (kept at once, in order), and a report with no step of its own moves no bar.
-            self.ctx.series.add(rank, progress.pop("series"))
+            self.series().add(rank, progress.pop("series"))
             if progress.get("step") is None:
                 del fields["progress"]
                 if not fields:

@@ -30,10 +30,18 @@ from .storage.watch import ENDED
 
 if TYPE_CHECKING:
     from .running.supervisor import JobContext
+    from .storage.series import SeriesWriter
     from .storage.store import JobStore
 
 SCAN_INTERVAL = 1.0  # the store scan behind the FIFO's wake-ups
 MAX_PENDING = 256  # wake-ups queued at most (a flood of them is dropped)
+
+
+def series_now(cell: SessionCell | None, session: JobContext) -> SeriesWriter:
+    """Where a session rank's logged points (`mlc.log`, on its progress report) go: the
+    running cell's job, whose monitor and GET /jobs/{cell}/metrics show them; between cells,
+    the session's own. (A rank sends its last points before its `cell_done`.)"""
+    return (cell.ctx if cell is not None else session).series
 
 
 class SessionCell:

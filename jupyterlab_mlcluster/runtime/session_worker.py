@@ -38,7 +38,7 @@ import types
 import zlib
 from typing import Any
 
-from . import debugger, outcome, reporting, user_code
+from . import debugger, outcome, reporting, scalars, user_code
 from .payload import Payload, read_payload_bytes
 from .protocol import decode_record, key_path, read_key_file
 
@@ -111,6 +111,9 @@ class SessionRank:
             if command.get("type") == "cell":
                 status = self.run_cell(command)
                 with contextlib.suppress(Exception):
+                    # The cell's last `mlc.log` points before its end: they are the cell's
+                    # (a session's supervisor puts them in its running cell's series).
+                    scalars.flush()
                     sys.stdout.flush()
                     sys.stderr.flush()
                 # After the output: the supervisor drains the pipes when this arrives.

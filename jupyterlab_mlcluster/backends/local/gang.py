@@ -27,6 +27,7 @@ from .forensics import GangForensics
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -65,7 +66,7 @@ class Gang:
         self.parsers: dict[tuple[int, str], OutputParser] = {}
         # Ranks' states wait for the next flush with their progress (a rank's
         # start is seen within RANK_FLUSH_INTERVAL anyway; its exit forces a flush).
-        self.rank_updates = lifecycle.RankUpdates(ctx, states_at_once=False)
+        self.rank_updates = lifecycle.RankUpdates(ctx, states_at_once=False, series=self.series_now)
         self.last_metrics = 0.0
         self.open_fds = 0
         self.done: set[int] = set()  # ranks whose exit we have seen
@@ -78,6 +79,10 @@ class Gang:
         self.stall_outcome: Outcome | None = None
 
     # -- start ------------------------------------------------------------------------
+
+    def series_now(self) -> SeriesWriter:
+        """Where the ranks' logged points go now (a session's: its running cell's)."""
+        return self.ctx.series
 
     def start(self) -> None:
         ctx, spec, job_id = self.ctx, self.spec, self.ctx.job.id

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
-from ...jobs.session_cells import SessionCell
+from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
 from ...runtime.protocol import encode_record, job_key, key_path
 from ...runtime.submitter_env import base_environment
@@ -44,6 +44,7 @@ from .gang import Gang
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -157,6 +158,9 @@ class SessionGang(Gang):
 
     def new_cell(self, ctx: JobContext) -> SessionCell:
         return SessionCell(ctx)
+
+    def series_now(self) -> SeriesWriter:
+        return series_now(self.engine.cell, self.ctx)
 
     def rank_host(self, rank: int) -> str | None:
         return "localhost"

@@ -39,6 +39,7 @@ from .watch import LOOK_BACKOFF, Following, LostSlurm
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
     from ...jobs.storage.store import JobStore
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -308,7 +309,7 @@ class _Attempt:
         self.slurm_id: str | None = None
         self.slurm_state = "PENDING"
         self.running = False
-        self.rank_updates = lifecycle.RankUpdates(ctx)
+        self.rank_updates = lifecycle.RankUpdates(ctx, series=self.series_now)
         key = job_key(key_path(str(ctx.store.payload_path(ctx.job.id))))
         self.files: dict[tuple[int, str], _RankFile] = {}
         self.parsers: dict[tuple[int, str], OutputParser] = {}
@@ -330,6 +331,10 @@ class _Attempt:
         self.last_metrics = float("-inf")
         self.forensics = forensics.AttemptForensics(self)
         self.stalled: Outcome | None = None  # --on-stall cancel's
+
+    def series_now(self) -> SeriesWriter:
+        """Where the ranks' logged points go now (a session's: its running cell's)."""
+        return self.ctx.series
 
     # -- submit ------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
-from ...jobs.session_cells import SessionCell
+from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
 from ...runtime.protocol import job_key, key_path
 from ..kubernetes.session_link import RankLink
@@ -44,6 +44,7 @@ from .watch import LostSlurm
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
     from .backend import SlurmBackend
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -126,6 +127,9 @@ class SessionAllocation(_Attempt):
         return outcome
 
     # -- the engine's transport ----------------------------------------------------------
+
+    def series_now(self) -> SeriesWriter:
+        return series_now(self.engine.cell, self.ctx)
 
     @property
     def rank_numbers(self) -> list[int]:
