@@ -37,7 +37,6 @@ import time
 
 from . import reporting
 from .protocol import decode_record, encode_record, key_path, read_key_file
-from .stackdump import FAILURE_ACK_ENV
 
 PORT_ENV = "MLCLUSTER_STACKS_PORT"
 HELLO = b"MLCLUSTER-STACKS "
@@ -46,9 +45,10 @@ MAX_ASK = 1024  # a signed ask is about 250 bytes
 MAX_DUMP = 512 * 1024  # faulthandler writes at most 100 frames of 100 threads
 
 
-def listen() -> bool:
-    """Start the helper where this rank is a pod's (its records go to stdout) and the job's
-    key is here; False where it is not started."""
+def listen(ack_env: str) -> bool:
+    """Start the helper where the job's key is here (a pod's rank: stackdump.arm); False
+    where it is not started. `ack_env`: the variable naming the file an ack touches
+    (stackdump's, set here when the launcher did not)."""
     setting = os.environ.get(PORT_ENV, "0") or "0"
     payload = os.environ.get("MLCLUSTER_PAYLOAD")
     key = read_key_file(key_path(payload)) if payload else None
@@ -64,17 +64,19 @@ def listen() -> bool:
         )
     except OSError:
         return False
-    if not os.environ.get(FAILURE_ACK_ENV):
+    if not os.environ.get(ack_env):
         ack = f"mlcluster-{os.getpid()}-{secrets.token_hex(8)}.ack"
-        os.environ[FAILURE_ACK_ENV] = os.path.join(tempfile.gettempdir(), ack)
-    helper = _Helper(server, key, rank, threading.main_thread().ident)
+        os.environ[ack_env] = os.path.join(tempfile.gettempdir(), ack)
+    helper = _Helper(server, key, rank, threading.main_thread().ident, os.environ[ack_env])
     threading.Thread(target=helper.serve, name="mlcluster-stacks", daemon=True).start()
     return reporting.send({"type": "stacks_port", "port": server.getsockname()[1]})
 
 
 class _Helper:
-    def __init__(self, server: socket.socket, key: bytes, rank: int, main: int | None):
-        self.server, self.key, self.rank, self.main = server, key, rank, main
+    def __init__(
+        self, server: socket.socket, key: bytes, rank: int, main: int | None, ack: str = ""
+    ):
+        self.server, self.key, self.rank, self.main, self.ack = server, key, rank, main, ack
 
     def serve(self) -> None:
         while True:
@@ -105,7 +107,7 @@ class _Helper:
             return
         theirs = str(ask.get("nonce") or "")[:64]
         if ask.get("ack"):
-            _touch(os.environ.get(FAILURE_ACK_ENV, ""))
+            _touch(self.ack)
             answer = {"type": "stacks_acked", "nonce": theirs}
         else:
             text = dump()

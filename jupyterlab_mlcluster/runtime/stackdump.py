@@ -43,7 +43,7 @@ def arm() -> bool:
     if not path and os.environ.get("MLCLUSTER_REPORT") == "stdout":
         from .stack_port import listen  # a pod's rank: asked over its pod's network
 
-        return listen()
+        return listen(FAILURE_ACK_ENV)
     if not path or signal.getsignal(HELPER_SIGNAL) is not signal.SIG_DFL:
         return False
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)

@@ -157,31 +157,39 @@ def test_a_stall_with_on_stall_cancel_ends_the_job_with_where(k8s, player):
 
 
 @pytest.fixture
-def helper():
-    """A rank's helper (this process's stacks), listening on a port of this machine."""
+def helper(tmp_path):
+    """A rank's helper (this process's stacks), listening on a port of this machine; an
+    ack touches tmp_path/ack."""
     server = socket.create_server(("127.0.0.1", 0))
     key = b"k" * 32
-    serving = stack_port._Helper(server, key, 3, threading.main_thread().ident)
+    ack = tmp_path / "ack"
+    serving = stack_port._Helper(server, key, 3, threading.main_thread().ident, str(ack))
     threading.Thread(target=serving.serve, daemon=True).start()
-    yield server.getsockname()[1], key
+    yield server.getsockname()[1], key, ack
     server.close()
 
 
 def test_the_helper_answers_an_ask_signed_with_the_jobs_key(helper):
-    port, key = helper
+    port, key, ack = helper
     answer = stacks.ask("127.0.0.1", port, key, 3)
     dumped = stacks.rank_stacks(answer, 3)
     assert dumped.reader == READER
     main = next(t for t in dumped.threads if t.main)
     assert any(f.name.startswith("test_the_helper_answers") for f in main.frames)
+    assert not ack.exists()
+    assert stacks.ask("127.0.0.1", port, key, 3, ack=True)["type"] == "stacks_acked"
+    assert ack.exists()  # a failing rank waiting for its peers to be read goes on
 
 
 def test_an_ask_without_the_jobs_key_gets_no_stacks(helper):
-    port, key = helper
+    port, key, ack = helper
     with pytest.raises(ReadFailed, match="closed the connection without an answer"):
         stacks.ask("127.0.0.1", port, b"x" * 32, 3)  # another job's key
     with pytest.raises(ReadFailed, match="closed the connection without an answer"):
         stacks.ask("127.0.0.1", port, key, 2)  # signed for another rank
+    with pytest.raises(ReadFailed, match="closed the connection without an answer"):
+        stacks.ask("127.0.0.1", port, b"x" * 32, 3, ack=True)
+    assert not ack.exists()  # nobody else lets a failing rank go
 
 
 def _impostor(answer) -> int:
