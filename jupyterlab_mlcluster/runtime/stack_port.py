@@ -34,6 +34,7 @@ import socket
 import tempfile
 import threading
 import time
+from typing import Any
 
 from . import reporting
 from .protocol import decode_record, encode_record, key_path, read_key_file
@@ -108,7 +109,7 @@ class _Helper:
         theirs = str(ask.get("nonce") or "")[:64]
         if ask.get("ack"):
             _touch(self.ack)
-            answer = {"type": "stacks_acked", "nonce": theirs}
+            answer: dict[str, Any] = {"type": "stacks_acked", "nonce": theirs}
         else:
             text = dump()
             answer = {
