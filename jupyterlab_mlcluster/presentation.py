@@ -51,9 +51,10 @@ def _job_row(r, now: float, indent: str = "") -> tuple[str, ...]:
     )
 
 
-def format_job_groups(groups) -> str:
-    """`mlcluster jobs`: each top-level entry (jobs/listing.py's Group), its newest
-    children indented under it, and how many more it has."""
+def format_job_groups(groups, command: str = "mlcluster jobs") -> str:
+    """`mlcluster jobs` (and `%distributed_jobs`, its `command`): each top-level entry
+    (jobs/listing.py's Group), its newest children indented under it, and how many more it
+    has."""
     now = time.time()
     rows: list[tuple[str, ...]] = [JOBS_HEADER]
     for group in groups:
@@ -79,7 +80,7 @@ def format_job_groups(groups) -> str:
         more = group.count - len(group.children)
         if more > 0:
             what = "trials" if group.kind == "sweep" else "cells"
-            hint = f"mlcluster jobs --parent {group.id}"
+            hint = f"{command} --parent {group.id}"
             rows.append(("  …", f"{more} more {what}", "", "", "", "", hint))
     return text_table(rows)
 

@@ -485,16 +485,31 @@ class DistributedMagics(Magics):
     @magic_arguments.argument(
         "--limit", type=int, default=20, help="how many, newest first (default 20)"
     )
+    @magic_arguments.argument(
+        "--flat", action="store_true", help="every job a row (default: cells and trials grouped)"
+    )
+    @magic_arguments.argument(
+        "--parent", help="only the cells of this session or trials of this sweep"
+    )
     @line_magic
     def distributed_jobs(self, line: str) -> None:
-        """List distributed jobs (from every kernel, the CLI and the sidebar)."""
+        """List distributed jobs (from every kernel, the CLI and the sidebar): a session's
+        cells under the session, a sweep's trials under the sweep, as `mlcluster jobs`."""
         from IPython.display import display
 
-        from .tables import jobs_bundle
+        from ..jobs.listing import grouped_jobs
+        from .tables import groups_bundle, jobs_bundle
 
         args = magic_arguments.parse_argstring(self.distributed_jobs, line)
-        records, total = self.service.list(states=args.state, limit=args.limit)
-        display(jobs_bundle(records, total), raw=True)
+        if args.flat or args.parent:
+            records, total = self.service.list(
+                states=args.state, parent=args.parent, limit=args.limit
+            )
+            display(jobs_bundle(records, total), raw=True)
+            return
+        self.service.reap()
+        groups, total = grouped_jobs(self.service.store, states=args.state, limit=args.limit)
+        display(groups_bundle(groups, total), raw=True)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("action", choices=["list", "stop", "restart"])

@@ -232,6 +232,38 @@ def test_no_wait_returns_a_handle_and_jobs_are_listed(kernel, service):
     assert "[rank 1] done" in "".join(c["text"] for c in outputs(msgs, "stream"))
 
 
+def test_distributed_jobs_groups_cells_and_trials_as_mlcluster_jobs_does(kernel, store_dir):
+    """%distributed_jobs lists a session's cells under the session and a sweep's trials under
+    the sweep (the CLI's grouping, jobs/listing.py); --flat every row, --parent one group."""
+    from test_grouping import SESSION, SWEEP, fill
+
+    from jupyterlab_mlcluster.jobs.storage.store import JobStore
+
+    store = JobStore(store_dir)
+    fill(store)  # a plain job, a session with 12 cells, a sweep of 3 trials
+    store.close()
+    msgs, _ = kernel.execute("%distributed_jobs")
+    (table,) = [m["data"] for m in outputs(msgs, "display_data")]
+    lines = table["text/plain"].splitlines()
+    assert len(lines) == 1 + 4 + 7 + 1, lines  # header; sweep, 3 trials; session, 5, "more"; plain
+    assert lines[1].startswith(SWEEP) and lines[2].startswith("  j0000000t002")
+    assert "7 more cells" in table["text/plain"]
+    assert f"%distributed_jobs --parent {SESSION}" in table["text/plain"]
+    assert table["text/html"].count("padding-left") == 3 + 5 + 1 and SWEEP in table["text/html"]
+    msgs, _ = kernel.execute("%distributed_jobs --flat --limit 100")
+    (flat,) = [m["data"] for m in outputs(msgs, "display_data")]
+    assert (
+        len(flat["text/plain"].splitlines()) == 1 + 17 and "padding-left" not in flat["text/html"]
+    )
+    msgs, _ = kernel.execute(f"%distributed_jobs --parent {SESSION} --limit 3")
+    (under,) = [m["data"] for m in outputs(msgs, "display_data")]
+    assert [line.split()[1] for line in under["text/plain"].splitlines()[1:4]] == [
+        "train-cell13",
+        "train-cell12",
+        "train-cell11",
+    ]
+
+
 def test_cancel_button_stops_the_job(kernel, service):
     button = {}
 
