@@ -404,3 +404,35 @@ def test_every_ranks_series_goes_to_a_child_run_tagged_with_its_rank(
     assert not all_ranks(job, config) and all_ranks(job, SimpleNamespace(mlflow_ranks="0")) is False
     job.spec.env["MLCLUSTER_MLFLOW_RANKS"] = "all"
     assert all_ranks(job, SimpleNamespace(mlflow_ranks="0"))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_shared_servers_scheduled_run_records_under_its_owners_name(service, tmp_path, shared):
+    """T4b for what a shared server submits itself: the runs of its users' schedules (its
+    scheduler fires them) record under the owner's name as a job posted by the owner does;
+    a server not shared keeps the env's name."""
+    from types import SimpleNamespace
+
+    from jupyterlab_mlcluster.jobs.experiments.scheduler import create_schedule
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.jobs.tracking.mlflow_run import experiment_name
+    from jupyterlab_mlcluster.runtime.payload import Payload
+    from jupyterlab_mlcluster.server.scheduling import ServerScheduler
+
+    path = tmp_path / "job.py"
+    path.write_text("print('tick')\n")
+    env = {"MLFLOW_EXPERIMENT_NAME": "bob/private"}
+    create_schedule(
+        service,
+        spec=JobSpec.from_options({"framework": "none", "env": env}),
+        payload=Payload(kind="script", filename=str(path)),
+        options={"name": "nightly", "cron": "0 * * * *"},
+        owner="alice",
+        origin={"kind": "kernel"},
+        now=1_000_000_000.0,
+    )
+    server = SimpleNamespace(service=service, trust_identity_header=shared)
+    (fired,) = ServerScheduler(server, 60).scheduler.fire_due(now=1_000_000_000.0 + 3600)
+    record = service.wait(fired["job_id"], timeout=120)
+    assert record.state == "succeeded" and record.owner == "alice"
+    assert experiment_name(record) == ("alice/bob/private" if shared else "bob/private")

@@ -27,7 +27,7 @@ class ServerScheduler:
     def __init__(self, app: MLClusterApp, interval: float):
         self.app = app
         self.interval = interval
-        self.scheduler = Scheduler(app.service)
+        self.scheduler = Scheduler(app.service, shared=app.trust_identity_header)
         self._task: asyncio.Task | None = None
         self.passes = 0
 

@@ -112,8 +112,12 @@ def experiments(service) -> ExperimentStore:
 
 
 class Scheduler:
-    def __init__(self, service, clock: Clock | None = None):
+    def __init__(self, service, clock: Clock | None = None, *, shared: bool = False):
         self.service = service
+        # A server shared by many users fires its users' schedules: each run is marked as a
+        # job that server submitted for its owner (origin "shared"), as POST /jobs marks one,
+        # so its MLflow experiment goes under the owner's name (jobs/tracking/mlflow_run.py).
+        self.shared = shared
         self.store = experiments(service)
         self.clock = clock or Clock()
 
@@ -165,6 +169,8 @@ class Scheduler:
         origin = dict(row["origin"], kind="schedule", schedule=row["name"], tick=tick)
         if row["owner"]:
             origin["user"] = row["owner"]
+        if self.shared:
+            origin["shared"] = True
         record = self.service.submit(spec, payload, origin=origin, cwd=origin.get("cwd"))
         return record.id
 
