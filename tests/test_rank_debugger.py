@@ -4,7 +4,9 @@ session, and the job ends (its peer waiting in a sleep is stopped) instead of ha
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, wait_for
@@ -55,6 +57,14 @@ def step():
 step()
 """
 
+PAUSES_ON_RANK_1 = """\
+import os
+x = 41 + int(os.environ["RANK"])
+if x == 42:
+    breakpoint()
+print("after", x)
+"""
+
 LOOKS_BACK = """\
 import sys, os
 e = getattr(sys, "last_exc", None)
@@ -72,8 +82,9 @@ def test_a_session_rank_keeps_its_failed_cells_exception(service):
     """A session cell fails on rank 1: the next cell finds the exception where the
     interactive interpreter keeps one, from the cell's own frames (not the runtime's), the
     failing frame's locals in it; rank 0, which did not fail, has none. breakpoint() in a
-    session cell says it has no prompt yet (before: a bare BdbQuit), and the session goes on."""
-    from jupyterlab_mlcluster.jobs import sessions
+    session cell pauses its rank, `mlcluster session debug` opens pdb there, and the
+    session goes on."""
+    from jupyterlab_mlcluster.jobs import session_debug, sessions
 
     def cell(source: str):
         record, _ = sessions.submit_cell(
@@ -98,10 +109,28 @@ def test_a_session_rank_keeps_its_failed_cells_exception(service):
         looked = lines(cell(LOOKS_BACK))
         assert looked[1] == ["last ValueError ['<module>', 'step'] 42"], looked
         assert looked[0] == ["last NoneType [] None"], looked
-        paused = cell("x = 1\nbreakpoint()\n")
-        assert paused.state == "failed"
-        assert "breakpoint() on rank 0" in (paused.error or "") + "\n".join(lines(paused)[0])
-        assert "cannot yet open pdb's prompt" in "\n".join(lines(paused)[0] + lines(paused)[1])
+        # breakpoint() in a cell nobody waits on in a kernel: the terminal's
+        # `mlcluster session debug` opens pdb there, live; `c` resumes, the cell ends well.
+        record, _ = sessions.submit_cell(
+            service,
+            "dbg",
+            {"workers": 2},
+            Payload(kind="code", source=PAUSES_ON_RANK_1, cwd=os.getcwd()),
+            origin={"kind": "python"},
+        )
+        job_dir = str(service.store.job_dir(record.id))
+        wait_for(
+            lambda: session_debug.paused_ranks(job_dir, set(), print),
+            timeout=120,
+            message="rank 1's pause",
+        )
+        out = run_cli("session", "debug", "dbg", input="p x\nc\n")
+        assert out.returncode == 0, out.stderr
+        assert "rank 1 paused at cell.py:4" in out.stdout, out.stdout
+        assert "(Pdb rank 1) 42\n" in out.stdout and "goes on" in out.stdout, out.stdout
+        paused = service.wait(record.id, timeout=120)
+        assert paused.state == "succeeded", paused.error
+        assert "after 42" in lines(paused)[1], lines(paused)
         assert cell("print('still here', x)\n").state == "succeeded"
     finally:
         sessions.stop_session(service, None, "dbg")
@@ -186,3 +215,32 @@ def test_the_relay_refuses_files_others_could_write(tmp_path):
     (tmp_path / "in").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
         debugger.FileRelay(str(tmp_path))
+
+
+def test_a_paused_ranks_link_must_be_private(tmp_path):
+    """Whatever is typed at a paused rank's prompt goes into its link's input, and what its
+    output says is shown as pdb's: a link (runtime/live_pause.py) that is not a private
+    directory of this user with private files is refused, said, and never attended."""
+    from jupyterlab_mlcluster.jobs import session_debug
+
+    def pause(name: str, rank: int) -> Path:
+        directory = tmp_path / name
+        directory.mkdir(mode=0o700)
+        (directory / "out").write_text(json.dumps({"paused": {"rank": rank, "where": "x:1"}}))
+        (directory / "in").write_bytes(b"")
+        for part in ("in", "out"):
+            (directory / part).chmod(0o600)
+        return directory
+
+    pause("pause-0-aa", 0)
+    (pause("pause-1-bb", 1) / "in").chmod(0o622)  # others may type into it
+    (pause("pause-2-cc", 2)).chmod(0o777)  # others may swap its files
+    (pause("pause-3-dd", 3) / "out").unlink()
+    (tmp_path / "pause-3-dd" / "out").symlink_to(tmp_path / "pause-0-aa" / "out")
+    said: list[str] = []
+    seen: set[str] = set()
+    found = session_debug.paused_ranks(str(tmp_path), seen, said.append)
+    assert [(p.rank, p.where) for p in found] == [(0, "x:1")], (found, said)
+    assert len(said) == 3 and all("refused a paused rank's pdb link" in s for s in said), said
+    assert session_debug.paused_ranks(str(tmp_path), seen, said.append) == []  # said once
+    assert len(said) == 3

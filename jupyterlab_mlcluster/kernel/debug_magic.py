@@ -1,5 +1,6 @@
 """`%distributed_debug`: pdb on a session's rank, its prompt the notebook's input request
-(jobs/session_debug.py does the work; `mlcluster session debug` is the terminal's)."""
+(jobs/session_debug.py does the work; `mlcluster session debug` is the terminal's; a rank
+paused at `breakpoint()` gets it from pause_prompt.py)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,6 @@ class DebugMagics(Magics):
         from ..jobs.session_debug import debug
 
         args = magic_arguments.parse_argstring(self.distributed_debug, line)
-
-        def say(text: str) -> None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
         try:
             end = debug(
                 self.service(),
@@ -53,3 +49,8 @@ class DebugMagics(Magics):
         except SpecError as exc:
             raise UsageError(f"%distributed_debug: {exc}") from None
         print(end)
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -299,6 +299,8 @@ class CellRun:
         service = self.magics.service
         args = self.args
         self.job_id = record.id
+        if args.session is not None:  # (a rank paused at breakpoint() gets pdb's prompt)
+            from .pause_prompt import PausingMonitor as JobMonitor
         self.monitor = JobMonitor(
             service,
             record.id,

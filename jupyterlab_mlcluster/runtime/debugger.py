@@ -8,23 +8,23 @@ therefore fails the rank at once with an error that says what to do instead. A
 honours it.
 
 In a session's rank, a failed cell's exception is kept as the interactive interpreter keeps
-it (`sys.last_exc`, `sys.last_type`, `sys.last_value`, `sys.last_traceback`), from the cell's
-own frames on: the next cell can look at it, and it is what a post-mortem debugger inspects.
-`relay_post_mortem` runs pdb on it, its prompt relayed through two private files to the
-notebook's input request or a terminal (jobs/session_debug.py). Pausing a live rank at
-`breakpoint()` is not built yet: in a session cell it fails the cell, saying so, and the
-post-mortem then opens at that very line.
+it (`sys.last_exc`, `sys.last_traceback`, ...), from the cell's own frames on: the next cell
+can look at it, and it is what a post-mortem debugger inspects. `relay_post_mortem` runs pdb
+on it, its prompt relayed through two private files to the notebook's input request or a
+terminal (jobs/session_debug.py). `breakpoint()` in a session's cell pauses the rank in a
+live pdb over the same kind of relay (live_pause.py); where the rank shares no files with
+the notebook (a pod), it fails the cell there, saying so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import stat
 import sys
-import time
 from typing import Any
+
+from .pdb_relay import IDLE_LIMIT, POLL, FileRelay, open_private
+
+__all__ = ["IDLE_LIMIT", "POLL", "FileRelay", "open_private"]  # (the relay's, used here too)
 
 NEEDS_SESSION = (
     "breakpoint() on rank {rank} ({where}): a debugger on a rank needs a session. This job's"
@@ -35,10 +35,10 @@ NEEDS_SESSION = (
 )
 
 
-NO_PROMPT_YET = (
-    "breakpoint() on rank {rank} ({where}): this version cannot yet open pdb's prompt from a"
-    " session's rank in the notebook. The cell stops here, failed: `%distributed_debug --rank"
-    " {rank}` opens pdb at this line (a post-mortem), and the session is kept."
+NO_PROMPT_HERE = (
+    "breakpoint() on rank {rank} ({where}): pdb's prompt cannot reach this rank: it shares no"
+    " files with the notebook (a Kubernetes session's pod), and its debugger needs them. The"
+    " cell stops here, failed; the session is kept."
 )
 _RUNTIME = __name__.rpartition(".")[0] + "."  # this package's frames are not the cell's
 
@@ -48,7 +48,7 @@ class NeedsSessionError(RuntimeError):
 
 
 class NoPromptError(RuntimeError):
-    """breakpoint() was called in a session's cell, where no prompt reaches yet."""
+    """breakpoint() was called in a session's rank that no prompt can reach."""
 
 
 def _chosen_hook() -> str | None:
@@ -70,11 +70,55 @@ def refuse_outside_session(*args: Any, **kwargs: Any) -> Any:
     raise NeedsSessionError(NEEDS_SESSION.format(**_where()))
 
 
-def refuse_in_session(*args: Any, **kwargs: Any) -> Any:
-    """sys.breakpointhook of a session's rank, until its prompt is built."""
+class _Cell:
+    """The session cell this rank runs now (session_worker.py says)."""
+
+    directory: str | None = None  # its job directory, where a local or Slurm rank may write
+    pause: Any = None  # the live pdb of a breakpoint() in it (live_pause.Pause), if any
+
+
+def cell_begins(error_file: str | None) -> None:
+    """A cell starts; `error_file`: where its error report goes (in its job directory),
+    None for a pod's rank (no shared files)."""
+    _Cell.directory = os.path.dirname(error_file) if error_file else None
+
+
+def cell_ends() -> None:
+    """The cell's code returned: a pdb still open there ends with it."""
+    pause, _Cell.pause, _Cell.directory = _Cell.pause, None, None
+    if pause is not None:
+        pause.end("the cell ended")
+
+
+def pause_in_session(*args: Any, **kwargs: Any) -> Any:
+    """sys.breakpointhook of a session's rank: a live pdb at the caller's line."""
     if _chosen_hook() is not None:
         return sys.__breakpointhook__(*args, **kwargs)
-    raise NoPromptError(NO_PROMPT_YET.format(**_where()))
+    if _Cell.directory is None:
+        raise NoPromptError(NO_PROMPT_HERE.format(**_where()))
+    from . import live_pause  # (pdb: only when asked for)
+
+    frame = sys._getframe(1)  # breakpoint() is C: the hook's caller is the user's frame
+    if _Cell.pause is None:
+        cell = frame  # its outermost frame: the runtime's code runs it
+        while cell.f_back is not None and not is_runtime_frame(cell.f_back):
+            cell = cell.f_back
+        try:
+            _Cell.pause = live_pause.Pause.open(_Cell.directory, frame, cell.f_back, _forget)
+        except OSError as exc:
+            where = _where()
+            raise NoPromptError(
+                f"breakpoint() on rank {where['rank']} ({where['where']}): pdb's link could"
+                f" not be made in {_Cell.directory}: {exc}. The cell stops here, failed; the"
+                " session is kept."
+            ) from exc
+    _Cell.pause.debugger.set_trace(frame)
+    return None
+
+
+def _forget(pause: Any) -> None:
+    if _Cell.pause is pause:
+        _Cell.pause = None
 
 
 def arm_outside_session() -> None:
@@ -82,7 +126,7 @@ def arm_outside_session() -> None:
 
 
 def arm_in_session() -> None:
-    sys.breakpointhook = refuse_in_session
+    sys.breakpointhook = pause_in_session
 
 
 def keep_last_failure(exc: BaseException) -> None:
@@ -98,13 +142,14 @@ def keep_last_failure(exc: BaseException) -> None:
 
 
 def _ours(tb: Any) -> bool:
-    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith(_RUNTIME)
+    return is_runtime_frame(tb.tb_frame)
+
+
+def is_runtime_frame(frame: Any) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith(_RUNTIME)
 
 
 # -- pdb on a failed cell, over two files (jobs/session_debug.py is the other end) ----------
-
-POLL = 0.05  # how often the rank looks for the next line typed
-IDLE_LIMIT = 1800.0  # nobody typed for this long: pdb ends, and the rank takes cells again
 
 
 def _cell_of_last_failure() -> str | None:
@@ -113,63 +158,6 @@ def _cell_of_last_failure() -> str | None:
 
 def keep_cell_of_failure(cell: str | None) -> None:
     sys._mlcluster_last_cell = cell  # type: ignore[attr-defined]
-
-
-class FileRelay:
-    """pdb's stdin and stdout for a session's rank: what it prints goes to `out` as JSON
-    lines ({"out": text}, {"ask": true} when it waits for a line, {"error": text},
-    {"end": true}); what is typed comes as lines appended to `lines`. Both files were made
-    by their owner, this rank's user, in a directory only that user can enter."""
-
-    def __init__(self, directory: str, idle_limit: float = IDLE_LIMIT):
-        self.out = _open_private(os.path.join(directory, "out"), os.O_WRONLY | os.O_APPEND)
-        self.lines = os.fdopen(_open_private(os.path.join(directory, "in"), os.O_RDONLY), "rb")
-        self.idle_limit, self.buffered = idle_limit, b""
-
-    def send(self, **record: Any) -> None:
-        os.write(self.out, json.dumps(record).encode() + b"\n")
-
-    def write(self, text: str) -> int:
-        if text:
-            self.send(out=text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def readline(self) -> str:
-        """The next line typed; "" (pdb's end of input) once nobody typed for the limit."""
-        self.send(ask=True)
-        deadline = time.monotonic() + self.idle_limit
-        while b"\n" not in self.buffered:
-            chunk = self.lines.read()
-            if chunk:
-                self.buffered += chunk
-                continue
-            if time.monotonic() > deadline:
-                self.send(out=f"\nnothing typed for {self.idle_limit:g} s: leaving pdb\n")
-                return ""
-            time.sleep(POLL)
-        line, _, self.buffered = self.buffered.partition(b"\n")
-        return line.decode(errors="replace") + "\n"
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.send(end=True)
-        with contextlib.suppress(OSError):
-            os.close(self.out)
-        self.lines.close()
-
-
-def _open_private(path: str, flags: int) -> int:
-    """`path`, only if it is a plain file of this user that nobody else may write (whoever
-    writes the typed lines drives pdb: runs code as this user)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        os.close(fd)
-        raise PermissionError(f"{path}: not a private file of this user; no debugger")
-    return fd
 
 
 def relay_post_mortem(rank: int, cell: str, directory: str) -> None:

@@ -189,10 +189,12 @@ class SessionRank:
             try:
                 payload = Payload.loads(_payload_bytes(command))
                 _CellState.job = str(command.get("job"))
+                debugger.cell_begins(command.get("error"))  # breakpoint()'s pdb: beside it
                 _CellState.running = True
                 kind, value = self.run_payload(payload)
             finally:
                 _CellState.running = False
+                debugger.cell_ends()
                 self.remember_local_modules()
             if self.rank == 0:
                 outcome.write_result(kind, value)

@@ -1,6 +1,9 @@
-"""`%distributed_debug` in a real kernel (issue 33 item 4): pdb's prompt is the kernel's
-input request (answered here on the stdin channel, as a notebook does); a session cell fails
-on rank 1, `p y` shows its local, `q` leaves, the session goes on; bad use is a usage error."""
+"""pdb on a session's rank in a real kernel (issue 33 item 4): its prompt is the kernel's
+input request (answered here on the stdin channel, as a notebook does). `%distributed_debug`:
+a session cell fails on rank 1, `p y` shows its local, `q` leaves, the session goes on; bad
+use is a usage error. `breakpoint()` in a session cell: the waiting cell opens pdb's prompt
+on the paused rank, named, one rank at a time; `c` resumes; an interrupt there ends the cell;
+a kernel without stdin says so and the rank goes on; the session is kept throughout."""
 
 from __future__ import annotations
 
@@ -18,10 +21,20 @@ step()
 """
 
 
-def _run_answering(kernel, code: str, answers: list[str]):
-    """Run `code`, answering each input request with the next of `answers`."""
+PAUSES = """%%distributed --session bp --workers 2 --framework none --push BOTH
+import os
+x = 41 + int(os.environ["RANK"])
+if x == 42 or BOTH:
+    breakpoint()
+print("after", x)
+"""
+
+
+def _run_answering(kernel, code: str, answers: list[str | None], allow_stdin: bool = True):
+    """Run `code`, answering each input request with the next of `answers` (None: interrupt
+    the kernel instead)."""
     prompts: list[str] = []
-    msg_id = kernel.kc.execute(code, allow_stdin=True)
+    msg_id = kernel.kc.execute(code, allow_stdin=allow_stdin)
     done = threading.Event()
 
     def answer() -> None:
@@ -32,7 +45,11 @@ def _run_answering(kernel, code: str, answers: list[str]):
                 continue
             if msg["msg_type"] == "input_request":
                 prompts.append(msg["content"]["prompt"])
-                kernel.kc.input(answers.pop(0) if answers else "q")
+                answer = answers.pop(0) if answers else "q"
+                if answer is None:
+                    kernel.km.interrupt_kernel()
+                else:
+                    kernel.kc.input(answer)
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -66,3 +83,43 @@ def test_distributed_debug_in_a_kernel(kernel, service):
     )
     assert reply["status"] == "ok", reply
     kernel.execute("%distributed_session stop dbg")
+
+
+def test_breakpoint_in_a_session_cell(kernel, service):
+    _, reply = kernel.execute("BOTH = False")
+    assert reply["status"] == "ok", reply
+    text, reply, prompts = _run_answering(kernel, PAUSES, ["p x", "c"])
+    assert reply["status"] == "ok", (reply, text)
+    assert prompts == ["(Pdb rank 1) "] * 2, (prompts, text)
+    assert "rank 1 paused at cell.py:5" in text and "\n42\n" in text, text
+    assert "rank 1 goes on" in text, text
+
+    # Interrupted at the prompt: pdb is left, the cell ends as interrupted, the session stays.
+    text, reply, prompts = _run_answering(kernel, PAUSES, [None])
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", (reply, text)
+    assert prompts == ["(Pdb rank 1) "], prompts
+
+    # Both ranks pause: one prompt at a time, each named.
+    _, reply = kernel.execute("BOTH = True")
+    text, reply, prompts = _run_answering(kernel, PAUSES, ["c", "c"])
+    assert reply["status"] == "ok", (reply, text)
+    assert sorted(prompts) == ["(Pdb rank 0) ", "(Pdb rank 1) "], (prompts, text)
+    first, second = (prompt.split()[2].rstrip(")") for prompt in prompts)
+    assert (
+        text.index(f"rank {first} paused")
+        < text.index(f"rank {first} goes on")
+        < text.index(f"rank {second} paused")
+        < text.index(f"rank {second} goes on")
+    ), text
+
+    # A kernel run without stdin cannot ask: it says so, and the rank goes on.
+    _, reply = kernel.execute("BOTH = False")
+    text, reply, prompts = _run_answering(kernel, PAUSES, [], allow_stdin=False)
+    assert reply["status"] == "ok" and not prompts, (reply, text)
+    assert "rank 1: pdb's prompt cannot open here" in text and "the rank goes on" in text, text
+
+    _, reply = kernel.execute(
+        "%%distributed --session bp --workers 2 --framework none\nprint('kept', x)\n"
+    )
+    assert reply["status"] == "ok", reply
+    kernel.execute("%distributed_session stop bp")
