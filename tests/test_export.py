@@ -129,3 +129,26 @@ def test_a_session_cell_exports_with_the_cells_that_ran_before_it(service, tmp_p
     )
     assert ran.returncode == 0, ran.stderr
     assert out.read_text() == "21"
+
+
+def test_a_script_exports_as_it_ran_not_as_it_was_edited_since(service, tmp_path):
+    """A script job's ranks read the file when they start; its export is that text, kept at
+    submit, not the file as it is when exported (it read the edited file)."""
+    from jupyterlab_mlcluster.jobs.model import JobSpec
+    from jupyterlab_mlcluster.jobs.provenance import SCRIPT_FILE
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    path = tmp_path / "train.py"
+    path.write_text("print('as it ran')\n")
+    spec = JobSpec.from_options({"workers": 1})
+    record = service.submit(spec, Payload(kind="script", filename=str(path)))
+    assert service.wait(record.id, timeout=120).state == "succeeded"
+    assert "as it ran" in [line["line"] for line in service.logs(record.id)[0]]
+    path.write_text("print('edited since')\n")
+    files = export_files(service, record.id, "script")
+    (script,) = [text.decode() for name, text in files.items() if name.endswith(".py")]
+    assert "print('as it ran')" in script and "edited since" not in script
+    # A job whose text was not kept (an earlier version's) says so: nothing is guessed.
+    (service.store.job_dir(record.id) / SCRIPT_FILE).unlink()
+    with pytest.raises(ExportError, match="whose text was not kept when it was submitted"):
+        export_files(service, record.id, "script")

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..jobs.grouping import cell_label
 from ..jobs.model import JobState
+from ..jobs.provenance import MAX_SCRIPT_BYTES, SCRIPT_FILE
 from ..jobs.storage.store import UnknownJob
 from ..runtime.payload import PayloadError, read_payload_bytes
 from .build import TARGETS, ExportError, JobMaterial, build
@@ -59,12 +60,16 @@ def _material(store: Any, record: Any) -> JobMaterial:
         label = cell_label(record.origin) or "a cell"
     elif kind == "script":
         filename = str(kept.get("filename") or "")
-        try:
-            source = Path(filename).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        try:  # as submitted: the file may have been edited since
+            source = (job_dir / SCRIPT_FILE).read_text(encoding="utf-8")
+        except FileNotFoundError:
             raise ExportError(
-                f"job {record.id} ran the script {filename}, which cannot be read now ({exc})"
+                f"job {record.id} ran the script {filename}, whose text was not kept when it "
+                f"was submitted (unreadable then, over {MAX_SCRIPT_BYTES >> 20} MiB, or by an "
+                "earlier version): what it ran cannot be had"
             ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ExportError(f"job {record.id}'s script is not readable: {exc}") from None
         label = filename
     else:
         raise ExportError(

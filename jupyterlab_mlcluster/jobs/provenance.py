@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 _pinned: tuple[tuple[Any, ...], list[str]] | None = None
+SCRIPT_FILE = "script.py"  # a script job's text as submitted
+MAX_SCRIPT_BYTES = 4 << 20  # a longer script is not kept (its export says so)
 
 
 def provenance(kind: str, filename: str, pushed: Iterable[str]) -> dict[str, Any]:
@@ -24,6 +26,18 @@ def provenance(kind: str, filename: str, pushed: Iterable[str]) -> dict[str, Any
         "executable": sys.executable,
         "requirements": pinned_requirements(),
     }
+
+
+def script_text(filename: str, cwd: str | None) -> bytes | None:
+    """A script job's text as it is at submit: its ranks read the file when they start, and
+    an export of the job must not read it as it is by then (edited since). None when it
+    cannot be read or is over MAX_SCRIPT_BYTES."""
+    try:
+        with open(os.path.join(cwd or os.getcwd(), filename), "rb") as f:
+            data = f.read(MAX_SCRIPT_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_SCRIPT_BYTES else None
 
 
 def _state(paths: list[str]) -> tuple[Any, ...]:

@@ -35,7 +35,7 @@ from .model import (
     tensorboard_dir_for,
 )
 from .owner import current_user
-from .provenance import provenance
+from .provenance import SCRIPT_FILE, provenance, script_text
 from .reaper import Reaper
 from .record import JobRecord, new_job_id
 from .running.processes import (
@@ -277,6 +277,10 @@ class JobService:
         files["provenance.json"] = json.dumps(
             provenance(payload.kind, payload.filename, payload.push)
         ).encode()
+        if payload.kind == "script":
+            text = script_text(payload.filename, cwd)
+            if text is not None:
+                files[SCRIPT_FILE] = text
         # An experiment's parameters (--track): the options and these pushed scalars.
         files[PARAMS_FILE] = params_file(payload.push)
         if payload.kind == "code":
