@@ -13,6 +13,9 @@
 Each job runs in a store of its own, in a temporary directory; cold ranks (the warm pool
 off) unless --warm. `--backend slurm`: the same on a real one-node Slurm started for the run
 (tests/slurm/cluster.py, as root; its node has 2 CPUs, so at most 2 ranks).
+`--backend kubernetes`: against the API emulator (tests/kube, a thread of this process), the
+pods' ranks run here by its ClusterPlayer with the pod IP 127.0.0.1: read by each rank's own
+helper over its pod's stack port (runtime/stack_port.py), as in a pod without SYS_PTRACE.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path[:0] = [str(REPO)]  # tests.workloads: the hung job the tests read too
 from tests.workloads import HANG
 
 SLEEP = 'import time\nprint("ready", flush=True)\ntime.sleep(600)\n'
+PLAYER: list = []  # --backend kubernetes: the ClusterPlayer that runs the pods' ranks
 
 
 def _service():
@@ -47,7 +51,18 @@ def _submit(service, code: str, **options) -> str:
     from jupyterlab_mlcluster.runtime.payload import Payload
 
     options.setdefault("backend", os.environ.get("MLCLUSTER_BACKEND", "local"))
-    return service.submit(JobSpec.from_options(options), Payload(kind="code", source=code)).id
+    job = service.submit(JobSpec.from_options(options), Payload(kind="code", source=code)).id
+    if PLAYER:  # the cluster's side: the pods created, placed and their containers run
+        import socket
+
+        player = PLAYER[0]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        for pod in player.create_pods(player.resumed(job)).values():
+            player.schedule(pod)
+            player.run_rank(pod, extra_env={"MASTER_PORT": port}, pod_ip="127.0.0.1")
+    return job
 
 
 def _ready_at(service, job_id: str, ranks: int, timeout: float = 300) -> float:
@@ -134,7 +149,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--stall-after", type=float, default=5.0)
     parser.add_argument("--warm", action="store_true", help="ranks from the warm pool")
-    parser.add_argument("--backend", choices=["local", "slurm"], default="local")
+    parser.add_argument("--backend", choices=["local", "slurm", "kubernetes"], default="local")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLCLUSTER_STORE_DIR"] = os.path.join(tmp, "store")
@@ -157,12 +172,44 @@ def main() -> None:
             cluster = SlurmCluster(Path(tmp) / "slurm")
             cluster.start()
             os.environ["SLURM_CONF"] = str(cluster.conf)
+        emulator = None
+        if args.backend == "kubernetes":
+            emulator = _start_emulator(Path(tmp))
         try:
             bench_stacks(args.workers, args.runs)
             bench_stall(args.workers, args.stall_after)
         finally:
             if cluster is not None:
                 cluster.stop()
+            if emulator is not None:
+                PLAYER[0].stop_all()
+                emulator.thread.stop()
+
+
+def _start_emulator(tmp: Path):
+    """The API emulator (its pod logs are written in its process: a thread of this one),
+    this process's jobs going to it."""
+    import json
+
+    sys.path[:0] = [str(REPO / "tests")]
+    from tests.kube.fixtures import start_cluster
+    from tests.kube.player import ClusterPlayer
+
+    os.environ["KUBECONFIG"] = str(tmp / "kubeconfig.yaml")
+    os.environ["JUPYTER_CONFIG_DIR"] = str(tmp / "jupyter-config")
+    os.environ["MLCLUSTER_BACKEND"] = "kubernetes"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+    )
+    settings = {"kubernetes_namespace": "bench", "kubernetes_image": "registry.example.com/nb:1"}
+    (tmp / "jupyter-config").mkdir()
+    (tmp / "jupyter-config" / "jupyter_mlcluster_config.json").write_text(
+        json.dumps({"MLClusterConfig": settings})
+    )
+    emulator = start_cluster(Path(os.environ["KUBECONFIG"]))
+    emulator.kube.create_namespace("bench")
+    PLAYER.append(ClusterPlayer(emulator.kube, "bench", tmp / "node"))
+    return emulator
 
 
 if __name__ == "__main__":
