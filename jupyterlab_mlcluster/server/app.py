@@ -24,6 +24,7 @@ from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 from .. import backends  # noqa: F401 - a front end fills the backend registry
 from ..config import MLClusterConfig
 from ..jobs.service import JobService
+from ..jobs.storage.snapshot import JobSnapshot
 from ..kubeconn import KubeConnection
 from .caller_slots import CallerSlots
 from .confinement import confine
@@ -550,6 +551,7 @@ class MLClusterApp(ExtensionApp):
             per_user=self.tensorboard_max_per_user,
             total=self.tensorboard_max_total,
         )
+        self.job_snapshot = JobSnapshot(self.service.store)
         self.metrics = ServerMetrics(
             self._metrics_source,
             self.run,
@@ -616,7 +618,8 @@ class MLClusterApp(ExtensionApp):
 
     def _metrics_source(self) -> tuple[list[Any], dict[str, Any] | None]:
         """The store's jobs and the cluster summary (blocking; the metrics' executor read)."""
-        jobs, _ = self.service.list()
+        self.service.reap()
+        jobs = self.job_snapshot.records()  # what changed since the last read, not every job
         try:
             cluster = self.service.cluster()
         except Exception:  # noqa: BLE001 - a cluster out of reach: no capacity figures

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...runtime.atomic import write_whole
 from ..grouping import PARENT_SQL, TOP_LEVEL
 from ..model import FINAL_STATES, JOB_ID_RE, JobState, RankState
 from ..record import JobRecord
@@ -152,18 +153,10 @@ class JobStore:
         path = self.root / RESERVE_NAME
         if self.database.read_only or path.exists():
             return
-        tmp = path.with_name(f"{RESERVE_NAME}.tmp{os.getpid()}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                # Real blocks (not a sparse file): deleting it must give the space back.
-                os.posix_fallocate(fd, 0, RESERVE_BYTES)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        # Zeros written, not a sparse file: real blocks, whose deletion gives space back. A
+        # full disk leaves neither the reserve nor write_whole's temporary file.
+        with contextlib.suppress(OSError):
+            write_whole(path, bytes(RESERVE_BYTES), mode=0o600)
 
     def release_reserve(self) -> bool:
         """Give the reserve's space back (a full disk); True if there was one to give."""
@@ -361,15 +354,20 @@ class JobStore:
         backend: str | None = None,
         owner: str | None = None,
         parent: str | None = None,
+        ids: list[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
         newest_first: bool = True,
     ) -> tuple[list[tuple[sqlite3.Row, list[sqlite3.Row]]], int]:
         """The rows (job, its ranks) of the jobs matching every filter given (`owner`: only
         that user's; `parent`: only those listed under that job or sweep, or with
-        grouping.TOP_LEVEL those under none), newest first unless told; and how many match
-        in all."""
-        where, args = [], []
+        grouping.TOP_LEVEL those under none; `ids`: only those of these ids still stored),
+        newest first unless told; and how many match in all."""
+        where: list[str] = []
+        args: list[Any] = []
+        if ids is not None:
+            where.append("id IN (SELECT value FROM json_each(?))")
+            args.append(json.dumps(ids))
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
