@@ -18,6 +18,7 @@ import pytest
 from helpers import wait_for
 
 from jupyterlab_mlcluster.jobs import sessions
+from jupyterlab_mlcluster.jobs.storage.series import read_all
 from jupyterlab_mlcluster.runtime.payload import Payload
 from jupyterlab_mlcluster.runtime.protocol import encode_record
 from jupyterlab_mlcluster.runtime.session_channel import HELLO
@@ -137,11 +138,20 @@ def test_a_slurm_session_keeps_its_allocation_and_state_across_cells(service, sl
         "s",
         "dist.all_reduce(model)\n"
         "print('rank', dist.get_rank(), 'sum', model.tolist(), flush=True)\n"
+        "import jupyterlab_mlcluster as mlc\n"
+        "mlc.log(step=0, total=model.sum().item() + dist.get_rank())\n"
         "(os.environ['SLURM_JOB_ID'], model.tolist(), x)\n",
         x=7,
     )
     assert second.state == "succeeded", second.error
     assert service.result(second.id) == ("value", (allocation, [3.0, 3.0], 7))
+    # mlc.log in a session cell: that cell's series, not the session's (issue 35).
+    logged = read_all(service.store.job_dir(second.id), None)["series"]
+    assert {(s["name"], s["rank"]): s["values"] for s in logged} == {
+        ("total", 0): [6.0],
+        ("total", 1): [7.0],
+    }
+    assert read_all(service.store.job_dir(holder.id), None)["series"] == []
     assert lines(service, second.id) == ["0:rank 0 sum [3.0, 3.0]", "1:rank 1 sum [3.0, 3.0]"]
 
     # A failing rank fails the cell with its traceback; the other is interrupted.
