@@ -3,9 +3,9 @@ for real (ClusterPlayer, each pod's IP 127.0.0.1): a pod has no SYS_PTRACE, so e
 own helper (runtime/stack_port.py) answers its supervisor, or the asking process, over its
 pod's network, with records signed with the job's key; the answer says that reader.
 
-The hang of a 2-rank gloo job folded by rank, then cancelled with its stacks kept; a rank
-failing while its peer waits in all_reduce (the peer read while the failing rank waits);
-a stall with --on-stall cancel. And the helper's exchange itself: it answers only an ask
+The hang of a 2-rank gloo job folded by rank, then its sleeping rank failing while its peer
+waits in all_reduce (the peer read while the failing rank waits); a cancel keeping where the
+ranks were; a stall with --on-stall cancel. And the helper's exchange itself: it answers only an ask
 signed with the job's key, and an answer not signed so is refused."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import threading
 
 import pytest
 from helpers import wait_for
-from workloads import HANG
 
 from jupyterlab_mlcluster.backends.kubernetes import stacks
 from jupyterlab_mlcluster.jobs import forensics
@@ -84,10 +83,15 @@ def ready(service, job: str, ranks: int) -> None:
     wait_for(all_said, timeout=180, message=f"{ranks} ranks ready")
 
 
-def test_a_hung_gloo_job_folds_by_rank_from_the_ranks_own_helpers(k8s, player):
+def test_a_hung_gloo_job_folds_by_rank_then_its_failing_rank_waits_while_its_peer_is_read(
+    k8s, player, tmp_path
+):
+    """The one end-to-end proof: rank 0 waits in all_reduce for rank 1, which sleeps, then
+    raises; its peer is read before its exit closes the gloo sockets."""
     service = k8s()
-    job = service.submit(spec_of(workers=2), code(HANG)).id
-    run_pods(player, player.resumed(job))
+    job = service.submit(spec_of(workers=2), code(FAILING_PEER)).id
+    go = tmp_path / "go"
+    runs = run_pods(player, player.resumed(job), GO=str(go))
     ready(service, job, 2)
 
     def folded():
@@ -100,7 +104,7 @@ def test_a_hung_gloo_job_folds_by_rank_from_the_ranks_own_helpers(k8s, player):
     assert report.readers == [READER]
     lines = forensics.fold_lines(report, main_only=True)
     assert any(line.startswith("rank 0: all_reduce ← train_step (") for line in lines), lines
-    assert any(line.startswith("rank 1: ") and "time.sleep(600)" in line for line in lines), lines
+    assert any(line.startswith("rank 1: ") and "time.sleep(0.05)" in line for line in lines)
     # The helper's own thread is not one of the rank's.
     assert all(len(r.threads) <= 3 for r in report.ranks), [len(r.threads) for r in report.ranks]
     assert [r.rank for r in service.stacks(job, rank=1).ranks] == [1]
@@ -109,24 +113,6 @@ def test_a_hung_gloo_job_folds_by_rank_from_the_ranks_own_helpers(k8s, player):
     with pytest.raises(forensics.StacksUnavailable, match="--native .* in a pod"):
         service.stacks(job, native=True)
 
-    record = service.cancel(job)
-    player.kill_deleted()
-    assert record.state == JobState.CANCELLED
-    # Taken before the pods were deleted, and kept with the job.
-    assert record.reason.startswith("cancelled by user; "), record.reason
-    assert "rank 0 was in all_reduce ← train_step" in record.reason, record.reason
-    kept = forensics.kept(service.store.job_dir(job))
-    assert [k.why for k in kept] == ["cancelled"] and {r.rank for r in kept[0].ranks} == {0, 1}
-    assert service.stacks(job).why == "cancelled"  # a finished job: the stacks it kept
-
-
-def test_a_failing_rank_waits_while_its_peer_in_all_reduce_is_read(k8s, player, tmp_path):
-    service = k8s()
-    job = service.submit(spec_of(workers=2), code(FAILING_PEER)).id
-    go = tmp_path / "go"
-    runs = run_pods(player, player.resumed(job), GO=str(go))
-    ready(service, job, 2)
-    wait_for(lambda: "all_reduce" in str(service.stacks(job, rank=0).folds()), timeout=60)
     go.touch()
     assert player.end_rank(runs[1]) == 1
     final = service.wait(job, timeout=60)
@@ -136,6 +122,23 @@ def test_a_failing_rank_waits_while_its_peer_in_all_reduce_is_read(k8s, player, 
     assert "rank 0 was still in all_reduce ← train_step" in final.error, final.error
     kept = forensics.kept(service.store.job_dir(job))
     assert [k.why for k in kept] == ["failed"] and [r.rank for r in kept[0].ranks] == [0]
+    assert service.stacks(job).why == "failed"  # a finished job: the stacks it kept
+
+
+def test_a_cancel_keeps_where_the_ranks_were_before_the_pods_go(k8s, player):
+    service = k8s()
+    job = service.submit(spec_of(workers=2, framework="none"), code(SLEEPERS)).id
+    run_pods(player, player.resumed(job))
+    ready(service, job, 2)
+    wait_for(lambda: "wait_here" in str(service.stacks(job).folds()), timeout=60)
+    record = service.cancel(job)
+    player.kill_deleted()
+    assert record.state == JobState.CANCELLED
+    assert record.reason.startswith("cancelled by user; ranks 0, 1 were in wait_here ("), (
+        record.reason
+    )
+    kept = forensics.kept(service.store.job_dir(job))
+    assert [k.why for k in kept] == ["cancelled"] and {r.rank for r in kept[0].ranks} == {0, 1}
 
 
 def test_a_stall_with_on_stall_cancel_ends_the_job_with_where(k8s, player):
