@@ -121,13 +121,33 @@ def _type_names(value: Any) -> str:
     return type(value).__name__
 
 
+MESSAGE_MAX = 16 * 1024  # characters of an exception's message kept in its report
+TRACEBACK_MAX = 64 * 1024  # characters of its traceback kept (the end: where it was raised)
+
+
+def _cut(text: str, most: int) -> str:
+    if len(text) <= most:
+        return text
+    end = "\n" if text.endswith("\n") else ""
+    return f"{text[:most]}… ({len(text.rstrip(chr(10))) - most} characters more){end}"
+
+
 def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
     # Only the user's frames: not the runtime's, not runpy's (`python script.py` has neither).
+    # Bounded: a pod sends it as one log line, which its supervisor reads up to a limit (an
+    # exception carrying a huge repr came out as raw text there, and the report was lost).
+    message = _cut(str(exc), MESSAGE_MAX)
+    traceback = "".join(
+        _cut(line, MESSAGE_MAX) for line in errors.format_user_traceback(exc).splitlines(True)
+    )
+    if len(traceback) > TRACEBACK_MAX:  # the end: where it was raised, and what
+        cut = len(traceback) - TRACEBACK_MAX
+        traceback = f"({cut} characters of the traceback before)…\n{traceback[-TRACEBACK_MAX:]}"
     return {
         "rank": rank,
         "exc_type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": errors.format_user_traceback(exc),
+        "message": message,
+        "traceback": traceback,
         "timestamp": time.time(),
         "pid": os.getpid(),
     }
