@@ -12,7 +12,7 @@ import pytest
 from jupyterlab_mlcluster.server.openapi import build_document
 
 from .browser.test_grouped_list import grouped_fixture
-from .browser.test_sidebar_ui import jobs_fixture
+from .browser.test_sidebar_ui import jobs_fixture, restarted_fixture
 
 SCHEMAS = build_document(max_workers=8)["components"]["schemas"]
 
@@ -25,7 +25,7 @@ def check(schema: str, value: Any) -> None:
     )
 
 
-@pytest.mark.parametrize("fixture", [jobs_fixture, grouped_fixture])
+@pytest.mark.parametrize("fixture", [jobs_fixture, restarted_fixture, grouped_fixture])
 def test_every_canned_job_fits_the_document(fixture):
     fake = fixture()
     assert fake.jobs

@@ -430,3 +430,66 @@ def test_slurm_partitions_show_their_idle_cpus_and_gpus(lab_page, api):
         "cpu",
         "0 of 2 CPUs idle",
     ]
+
+
+def restarted_job() -> dict:
+    """A gang that may restart twice, on its second attempt: the first ended when a pod of
+    it was evicted (what the Kubernetes backend's record says of such an attempt)."""
+    return job(
+        "j5",
+        "finetune-llm",
+        "running",
+        2,
+        created="2026-11-22T01:10:00.000Z",
+        backend="kubernetes",
+        image="registry.example.com/nb:1",
+        max_restarts=2,
+        restarts=1,
+        attempts=[
+            {
+                "attempt": 0,
+                "started": "2026-11-22T01:10:05.000Z",
+                "ended": "2026-11-22T01:24:40.000Z",
+                "outcome": "failed",
+                "reason": "rank 1's pod was evicted (Eviction API)",
+                "failed_rank": 1,
+                "restarted": True,
+            }
+        ],
+    )
+
+
+def restarted_fixture() -> FakeApi:
+    """The canned jobs and the restarted one (test_fake_api_shape.py checks them all)."""
+    api = jobs_fixture()
+    api.jobs["j5"] = restarted_job()
+    return api
+
+
+def test_job_detail_lists_its_attempts_and_why_each_ended(lab_page, api, artifacts):
+    page = lab_page
+    open_sidebar(page)
+    restarted = restarted_fixture().jobs["j5"]
+    api.push({"type": "job", "job": restarted})
+    row = page.locator(f'{SIDEBAR} [data-job-id="j5"]')
+    row.click()
+    detail = page.locator(f"{SIDEBAR} .jp-mlc-detail")
+    detail.wait_for()
+    assert detail.locator(".jp-mlc-detail-title").inner_text() == "finetune-llm"
+    attempts = detail.get_by_role("list", name="Attempts")
+    attempts.wait_for()
+    # the ended attempt with why it ended, then the one running now (TORCHELASTIC_RESTART_COUNT 1)
+    assert attempts.locator("li").all_inner_texts() == [
+        "attempt 0: failed: rank 1's pod was evicted (Eviction API); restarted",
+        "attempt 1: running",
+    ]
+    detail.screenshot(path=artifacts / "sidebar-job-attempts.png")
+
+    # It ends: the running attempt's line goes, the ended ones stay.
+    ended = dict(restarted, state="succeeded", finished="2026-11-22T02:00:00.000Z")
+    ended["ranks"] = [dict(r, state="succeeded", exit_code=0) for r in restarted["ranks"]]
+    api.push({"type": "job", "job": ended})
+    attempts.locator("li", has_text="attempt 1: running").wait_for(state="detached")
+    assert attempts.locator("li").all_inner_texts() == [
+        "attempt 0: failed: rank 1's pod was evicted (Eviction API); restarted"
+    ]
