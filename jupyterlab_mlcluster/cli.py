@@ -72,9 +72,12 @@ class Command:
     subcommands: Sequence[Command] = ()
     hands_over: Callable[[list[str]], int] | None = None
 
-    def add_to(self, parsers: Any) -> None:
-        """Its parser among `parsers` (an add_subparsers' action)."""
+    def add_to(self, parsers: Any, *, whole: bool = True) -> None:
+        """Its parser among `parsers` (an add_subparsers' action); not `whole`: its line in
+        `--help` only (a command not asked for: its arguments would never parse anything)."""
         parser = parsers.add_parser(self.name, help=self.help)
+        if not whole:
+            return
         add_arguments(parser, self.arguments)
         if self.subcommands:
             inner = parser.add_subparsers(dest=f"{self.name}_command", required=True)
@@ -89,13 +92,16 @@ class CommandLine:
     def __init__(self, commands: Sequence[Command]):
         self.commands = {command.name: command for command in commands}
 
-    def parser(self) -> argparse.ArgumentParser:
+    def parser(self, asked: str | None = None) -> argparse.ArgumentParser:
+        """The whole parser, or (`asked`: the line's first word, a command) one whose other
+        commands are their `--help` lines only: a command's start pays for its own
+        arguments, not the ~120 of every command (argparse's and gettext's work)."""
         parser = argparse.ArgumentParser(
             prog="mlcluster", description="Distributed jobs from JupyterLab and the shell."
         )
         parsers = parser.add_subparsers(dest="command", required=True)
         for command in self.commands.values():
-            command.add_to(parsers)
+            command.add_to(parsers, whole=asked is None or command.name == asked)
         return parser
 
     def main(self, argv: list[str] | None = None) -> int:
@@ -103,7 +109,8 @@ class CommandLine:
         command = self.commands.get(argv[0]) if argv else None
         if command is not None and command.hands_over is not None:
             return command.hands_over(argv[1:])
-        args = self.parser().parse_args(argv)
+        # The first word names the command (the top parser has no options but --help).
+        args = self.parser(command.name if command is not None else None).parse_args(argv)
         from .jobs.storage.store import UnsafeStore
 
         run = self.commands[args.command].run

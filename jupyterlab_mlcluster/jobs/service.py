@@ -25,7 +25,6 @@ from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
 from ..runtime.protocol import KEY_BYTES, KEY_FILE
 from .backend import Backend, get_backend
-from .follow import JobFollower
 from .grouping import default_name
 from .model import (
     TENSORBOARD_ENV,
@@ -48,7 +47,6 @@ from .running.processes import (
 from .sessions import is_session_cell, poke_session
 from .storage.fsinfo import is_storage_full
 from .storage.store import JobStore, UnknownJob
-from .tracking.mlflow_run import purge_local_run
 from .tracking.params import PARAMS_FILE, params_file
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
@@ -354,6 +352,8 @@ class JobService:
         self, job_id: str, rank: int | None = None, cursor: str | None = None, poll: float = 0.1
     ) -> Iterator[dict[str, Any]]:
         """Yield log lines as they come, until the job is final and everything is read."""
+        from .follow import JobFollower  # (asyncio and inotify: not for a command that only reads)
+
         follower = JobFollower(
             self.store, job_id, rank=rank, cursor=cursor, reap=self.reap, backstop=poll
         )
@@ -466,6 +466,8 @@ class JobService:
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""
+        from .follow import JobFollower
+
         follower = JobFollower(self.store, job_id, logs=False, reap=self.reap, backstop=WAIT_POLL)
         return follower.until_final(timeout)
 
@@ -552,6 +554,8 @@ class JobService:
                 time.sleep(0.05)
             if alive:
                 raise JobStillRunning(f"job {job_id} was not purged: {alive}")
+            from .tracking.mlflow_run import purge_local_run
+
             purge_local_run(self.store.root, record.tracking)
             self.store.delete_job(job_id)
             return None
