@@ -5,7 +5,7 @@ pod's network, with records signed with the job's key; the answer says that read
 
 The hang of a 2-rank gloo job folded by rank, then its sleeping rank failing while its peer
 waits in all_reduce (the peer read while the failing rank waits); a cancel keeping where the
-ranks were; a stall with --on-stall cancel. And the helper's exchange itself: it answers only an ask
+ranks were; a stall with --on-stall cancel; a straggler named from its pod log's progress. And the helper's exchange itself: it answers only an ask
 signed with the job's key, and an answer not signed so is refused."""
 
 from __future__ import annotations
@@ -154,6 +154,36 @@ def test_a_stall_with_on_stall_cancel_ends_the_job_with_where(k8s, player):
     assert "no CPU figure" not in record.reason  # the ranks report their own
     assert "wait_here (" in record.reason, record.reason
     assert "stalled" in {k.why for k in forensics.kept(service.store.job_dir(job))}
+
+
+SLOW_RANK = textwrap.dedent(
+    """\
+    import os, time
+    import jupyterlab_mlcluster as mlc
+
+    pause = 0.6 if os.environ["RANK"] == "1" else 0.1
+    for step in range(100000):
+        mlc.progress(step, desc="train")
+        time.sleep(pause)
+    """
+)
+
+
+def test_a_straggler_is_named_from_the_progress_in_its_pod_log(k8s, player):
+    service = k8s(straggler_after=3)
+    job = service.submit(spec_of(workers=2, framework="none"), code(SLOW_RANK)).id
+    run_pods(player, player.resumed(job))
+
+    def named():
+        record = service.get(job)
+        assert not record.final, (record.state, record.error)
+        return record if record.straggler else None
+
+    view = wait_for(named, timeout=120, message="the straggler named").to_json()["straggler"]
+    assert view["ranks"] == [1], view
+    assert view["median"] > 2 * view["rates"]["1"] > 0
+    service.cancel(job)
+    player.kill_deleted()
 
 
 # -- the exchange itself -------------------------------------------------------------------
