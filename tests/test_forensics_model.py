@@ -195,3 +195,27 @@ def test_a_stall_reads_in_the_jobs_table_the_monitor_rest_and_metrics():
     families = {f.name: f for f in build_metrics([ended], None, now=100.0)}
     assert [s.value for s in families["mlcluster_stalled_jobs"].samples] == [0]
     assert not families["mlcluster_job_stalled_seconds"].samples
+
+
+def test_a_stall_judged_without_any_cpu_figure_says_so(tmp_path):
+    """Where nothing said how busy a rank was (a pod without its CPU records or the metrics
+    API), its stall says it was judged on output and progress alone."""
+    from types import SimpleNamespace
+
+    said: list[str] = []
+    ctx = SimpleNamespace(
+        job=SimpleNamespace(id="j1", stall=None),
+        store=SimpleNamespace(job_dir=lambda _id: tmp_path, update_job=lambda *a, **k: None),
+        logs=SimpleNamespace(system=said.append),
+    )
+    clock = [0.0]
+    stall = forensics.JobStall(ctx, StallWatch(10, clock=lambda: clock[0]), True)
+    for rank in (0, 1):
+        stall.active(rank, 0.0)
+    stall.cpu(0, 0.2, 1.0)  # rank 0 said its CPU (idle); rank 1 never did
+    report = forensics.StackReport(job="j1", ranks=[_rank(0, SLEEPING), _rank(1, SLEEPING)])
+    outcome = stall.judge([0, 1], lambda ranks, why: report, now=11.0)
+    assert outcome is not None and outcome.message.endswith(
+        "ranks 0, 1 stalled: no output, progress or CPU for 10s (no CPU figure for rank 1)"
+    ), outcome.message
+    assert "(no CPU figure for rank 1)" in said[0]
