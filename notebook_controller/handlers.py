@@ -128,6 +128,7 @@ class NotebookController:
         self._errors: dict[NotebookKey, str] = {}
         # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
         self._namespace_owners: dict[str, tuple[tuple[str | None, str], float]] = {}
+        self._namespace_reads: dict[str, asyncio.Future[tuple[str | None, str]]] = {}
         self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
 
@@ -195,16 +196,32 @@ class NotebookController:
         """Who owns `namespace`, and why its Profile does not decide that ("" if it does or
         there is none): namespaces.namespace_ownership, read at most every
         NAMESPACE_OWNER_TTL seconds."""
-        assert self.kube is not None
         known = self._namespace_owners.get(namespace)
         now = asyncio.get_running_loop().time()
         if known is not None and now - known[1] < NAMESPACE_OWNER_TTL:
             return known[0]
+        # One read at a time per namespace: the reconciles of a burst of Notebooks there
+        # wait for it together, instead of each reading the namespace and its Profile.
+        reading = self._namespace_reads.get(namespace)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_namespace_owner(namespace, now))
+            self._namespace_reads[namespace] = reading
+            reading.add_done_callback(lambda done: self._read_done(namespace, done))
+        return await asyncio.shield(reading)  # a waiter cancelled leaves the read to the rest
+
+    async def _read_namespace_owner(self, namespace: str, now: float) -> tuple[str | None, str]:
+        assert self.kube is not None
         namespace_obj = await self.kube.get("v1", "Namespace", None, namespace)
         profile = await self.kube.get(PROFILE_API_VERSION, "Profile", None, namespace)
         ownership = namespace_ownership(namespace_obj, profile)
         self._namespace_owners[namespace] = (ownership, now)
         return ownership
+
+    def _read_done(self, namespace: str, done: asyncio.Future[Any]) -> None:
+        if self._namespace_reads.get(namespace) is done:
+            del self._namespace_reads[namespace]
+        if not done.cancelled():
+            done.exception()  # its waiters (if any are left) raise it; never "not retrieved"
 
     async def refusal(self, notebook: Mapping[str, Any]) -> str | None:
         """Why this Notebook gets no children at all: its owner is not one identity, or is not
