@@ -331,6 +331,32 @@ def test_attack_a_pod_printing_without_newlines_is_cut_not_buffered():
     assert at_once == sizes
 
 
+def test_a_report_too_long_for_a_pod_line_is_dropped_whole_and_said_once():
+    """A signed record over MAX_POD_LINE is cut (its MAC then fails): none of it is shown as
+    text, one 'unread' item says so (the supervisor's once-said line), with its blank line
+    before it; the lines around it and a resumed stream's counting are as without it."""
+    from jupyterlab_mlcluster.backends.kubernetes.logs import MAX_POD_LINE
+
+    record = encode_record({"type": "error", "message": "x" * MAX_POD_LINE}, KEY, 0)
+    log = b"a\n\n" + record + b"b\n" + encode_record({"type": "started", "pid": 1}, KEY, 0)
+    expected = [
+        (0, "line", "a"),
+        (0, "unread", None),
+        (0, "line", "b"),
+        (0, "control", {"type": "started", "pid": 1}),
+    ]
+    assert feed(PodOutput([0], key=KEY), log) == expected
+    output = PodOutput([0], key=KEY)  # the same, arriving in pieces (cut while it comes)
+    assert feed(output, *[log[i : i + 300_000] for i in range(0, len(log), 300_000)]) == expected
+    assert output.seen() == {0: 2}
+    resumed = PodOutput([0], skip={0: 2}, key=KEY)  # said by the stream before
+    assert feed(resumed, log) == expected[3:]
+    assert resumed.seen() == {0: 2}
+    # In a packed pod: the rank whose line it is; its tail goes with it.
+    packed = b"[1]:\n[1]:" + record + b"[0]:zero\n"
+    assert feed(PodOutput([0, 1], key=KEY), packed) == [(1, "unread", None), (0, "line", "zero")]
+
+
 def test_a_packed_pod_log_goes_to_each_rank():
     log = b"[1]:one\n[0]:zero\nINFO torchrun says hi\n[1]:" + encode_record(
         {"type": "error", "rank": 1}, KEY, 1

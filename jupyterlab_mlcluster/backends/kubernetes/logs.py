@@ -27,7 +27,7 @@ from typing import Any
 # after the last one came from the current attempt's pods (what a resumed stream skips).
 from ...jobs.lifecycle import RESTART_MARKER
 from ...jobs.storage.store import JobStore
-from ...runtime.protocol import OutputParser
+from ...runtime.protocol import MARKER, OutputParser
 from .client import Connection, kind_of
 from .objects import split_packed_line
 
@@ -131,6 +131,14 @@ class _RankLines:
             return
         yield "line", text
 
+    def unread(self) -> Iterator[tuple[str, Any]]:
+        """A report too long to read (cut, its MAC fails): no line of the user's (so not
+        counted), and its blank line before it was ours. Among skipped lines it was said
+        before."""
+        self._blank = False
+        if self.skip == 0:
+            yield "unread", None
+
     def finish(self) -> Iterator[tuple[str, Any]]:
         for kind, value in self.parser.flush():
             yield from self._item(kind, value)
@@ -143,10 +151,12 @@ MAX_POD_LINE = 1 << 20  # bytes; a result chunk's record is ~64 KiB
 
 
 class PodOutput:
-    """The bytes of one pod's log -> (rank, kind, value) with kind 'line', 'control' or
-    'progress'. A packed pod (several ranks, torchrun inside) prefixes each line with its
-    rank; torchrun's own lines belong to the pod's first rank. Control records count only when
-    signed with the job's `key` by the rank whose line it is (runtime/protocol.py)."""
+    """The bytes of one pod's log -> (rank, kind, value) with kind 'line', 'control',
+    'progress' or 'unread'. A packed pod (several ranks, torchrun inside) prefixes each line
+    with its rank; torchrun's own lines belong to the pod's first rank. Control records count
+    only when signed with the job's `key` by the rank whose line it is (runtime/protocol.py).
+    A line over MAX_POD_LINE that starts with the record marker is a report cut short: it is
+    dropped whole (never shown as text) and said by one ('unread', None) item."""
 
     def __init__(
         self, ranks: list[int], skip: dict[int, int] | None = None, key: bytes | None = None
@@ -155,6 +165,8 @@ class PodOutput:
         self.packed = len(self.ranks) > 1
         self._buffer = b""
         self._lines = {r: _RankLines((skip or {}).get(r, 0), key, r) for r in self.ranks}
+        self._cut = False  # the line being read was cut already (its first chunk is out)
+        self._dropping = False  # ... and it is a report cut short: the rest goes too
 
     def feed(self, data: bytes) -> Iterator[tuple[int, str, Any]]:
         self._buffer += data
@@ -164,29 +176,44 @@ class PodOutput:
         # stream must count the same lines), as the local backend's parser does.
         for raw in complete:
             for start in range(0, max(len(raw), 1), MAX_POD_LINE):
-                yield from self._line(raw[start : start + MAX_POD_LINE].decode("utf-8", "replace"))
+                yield from self._chunk(raw[start : start + MAX_POD_LINE], len(raw) > MAX_POD_LINE)
+            self._cut = self._dropping = False
         while len(self._buffer) > MAX_POD_LINE:
             raw, self._buffer = self._buffer[:MAX_POD_LINE], self._buffer[MAX_POD_LINE:]
-            yield from self._line(raw.decode("utf-8", "replace"))
+            yield from self._chunk(raw, True)
 
     def finish(self) -> Iterator[tuple[int, str, Any]]:
         """The stream ended: what is left (a last line without a newline)."""
         if self._buffer:
             raw, self._buffer = self._buffer, b""
-            yield from self._line(raw.decode("utf-8", "replace"))
+            yield from self._chunk(raw, len(raw) > MAX_POD_LINE)
+        self._cut = self._dropping = False
         for rank, lines in self._lines.items():
             for kind, value in lines.finish():
                 yield rank, kind, value
 
-    def _line(self, text: str) -> Iterator[tuple[int, str, Any]]:
-        rank = self.ranks[0]
-        if self.packed:
-            packed_rank, text = split_packed_line(text)
-            # torchrun's own lines (no rank) and unknown ranks go to the first rank's log
-            if packed_rank is not None and packed_rank in self._lines:
-                rank = packed_rank
+    def _chunk(self, raw: bytes, long: bool) -> Iterator[tuple[int, str, Any]]:
+        """One piece of a line: the whole line, or (`long`) one cut every MAX_POD_LINE bytes."""
+        first, self._cut = not self._cut, long
+        if self._dropping:
+            return
+        rank, text = self._rank_of(raw.decode("utf-8", "replace"))
+        if first and long and text.startswith(MARKER):
+            self._dropping = True
+            for kind, value in self._lines[rank].unread():
+                yield rank, kind, value
+            return
         for kind, value in self._lines[rank].feed(text):
             yield rank, kind, value
+
+    def _rank_of(self, text: str) -> tuple[int, str]:
+        if self.packed:
+            packed_rank, rest = split_packed_line(text)
+            # torchrun's own lines (no rank) and unknown ranks go to the first rank's log
+            if packed_rank is not None and packed_rank in self._lines:
+                return packed_rank, rest
+            return self.ranks[0], rest
+        return self.ranks[0], text
 
     def seen(self) -> dict[int, int]:
         """Text lines per rank already stored: delivered or skipped so far, plus what was

@@ -18,7 +18,7 @@ from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
 from ...runtime.outcome import RESULT_CHUNK
 from .client import message_of
-from .logs import PodLogFollower, PodOutput
+from .logs import MAX_POD_LINE, PodLogFollower, PodOutput
 from .objects import pod_ranks
 from .status import container_phase
 
@@ -100,6 +100,8 @@ def rank_item(attempt: _Attempt, rank: int, kind: str, value: Any) -> None:
         attempt.forensics.active(rank)
     elif kind == "control":
         control(attempt, rank, value)
+    elif kind == "unread":  # a report over MAX_POD_LINE, cut short: dropped, said once
+        attempt.ctx.logs.unread_record(rank, over=f"{MAX_POD_LINE >> 20} MiB")
 
 
 def control(attempt: _Attempt, rank: int, record: dict[str, Any]) -> None:

@@ -109,13 +109,14 @@ class LogWriter:
         for r in [rank] if rank is not None else list(self._files):
             self.line(r, "s", text)
 
-    def unread_record(self, rank: int) -> None:
-        """A line on `rank`'s report channel that is no record we can read: said once."""
+    def unread_record(self, rank: int, over: str = "64 KiB") -> None:
+        """A line on `rank`'s report channel that is no record we can read: said once.
+        `over`: the longest line that channel reads."""
         if rank not in self._unread:
             self._unread.add(rank)
             self.system(
                 f"[mlcluster] rank {rank} sent a report the supervisor could not read (a line"
-                " over 64 KiB, or not signed for it): it was dropped, and later ones of this"
+                f" over {over}, or not signed for it): it was dropped, and later ones of this"
                 " rank are not said",
                 rank=rank,
             )
