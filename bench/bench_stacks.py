@@ -6,7 +6,12 @@
             rank 1, which sleeps), as `mlcluster stacks JOB` answers them: wall time of the
             whole command (a fresh process: imports, store, py-spy on every rank), beside
             `mlcluster jobs --limit 1` (the same CLI's start, no stacks), and of
-            JobService.stacks alone in this process; medians over --runs (target <= 2 s)
+            JobService.stacks alone in this process; medians over --runs (target <= 2 s),
+            with the CPU seconds each took (theirs and their readers': what the machine's
+            load does not change) and the load average. The commands run from a bytecode
+            cache (as an installed package's do: PYTHONDONTWRITEBYTECODE, set in some dev
+            shells, would have them compile every source file changed since it was last
+            cached), warmed by a run not counted
   stall     a job whose ranks all sleep, --stall-after S: seconds from the ranks' last
             output until the job's record says it is stalled (target <= S + 10 s)
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -90,24 +96,39 @@ def bench_stacks(workers: int, runs: int) -> None:
     while "all_reduce" not in " ".join(forensics.fold_lines(service.stacks(job))):
         time.sleep(0.2)
     cli, inproc, baseline = [], [], []
-    text = ""
-    for _ in range(runs):
-        began = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "jupyterlab_mlcluster.cli", "jobs", "--limit", "1"],
-            capture_output=True,
-            check=True,
-        )
-        baseline.append(time.perf_counter() - began)
+    cli_cpu, baseline_cpu = [], []
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(
+        os.path.dirname(os.environ["MLCLUSTER_STORE_DIR"]), "pyc"
+    )
+
+    def command(*args: str) -> tuple[float, float, str]:
+        """Wall and CPU seconds (its own and its children's: the readers) of one run."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
         out = subprocess.run(
-            [sys.executable, "-m", "jupyterlab_mlcluster.cli", "stacks", job],
+            [sys.executable, "-m", "jupyterlab_mlcluster.cli", *args],
             capture_output=True,
             text=True,
             check=True,
+            env=env,
         )
-        cli.append(time.perf_counter() - began)
-        text = out.stdout
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return wall, cpu, out.stdout
+
+    command("jobs", "--limit", "1")  # the bytecode cache written: runs not counted
+    command("stacks", job)
+    load = os.getloadavg()
+    text = ""
+    for _ in range(runs):
+        wall, cpu, _ = command("jobs", "--limit", "1")
+        baseline.append(wall)
+        baseline_cpu.append(cpu)
+        wall, cpu, text = command("stacks", job)
+        cli.append(wall)
+        cli_cpu.append(cpu)
         began = time.perf_counter()
         service.stacks(job)
         inproc.append(time.perf_counter() - began)
@@ -115,12 +136,15 @@ def bench_stacks(workers: int, runs: int) -> None:
     print(text.split("\n", 1)[1].split("\n    ")[0] if "\n" in text else text)
     print(
         f"stacks of a hung {workers}-rank job: `mlcluster stacks` {statistics.median(cli):.2f} s"
-        f" (min {min(cli):.2f}), JobService.stacks {statistics.median(inproc):.2f} s"
-        f" (min {min(inproc):.2f}); median of {runs}; target <= 2 s"
+        f" (min {min(cli):.2f}; CPU {statistics.median(cli_cpu):.2f} s),"
+        f" JobService.stacks {statistics.median(inproc):.2f} s (min {min(inproc):.2f});"
+        f" median of {runs}; target <= 2 s"
     )
     print(
         f"  (the same CLI's start alone, `mlcluster jobs --limit 1`: "
-        f"{statistics.median(baseline):.2f} s)"
+        f"{statistics.median(baseline):.2f} s, CPU {statistics.median(baseline_cpu):.2f} s;"
+        f" load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after,"
+        f" on {os.cpu_count()} CPUs)"
     )
 
 
