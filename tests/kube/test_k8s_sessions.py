@@ -25,6 +25,7 @@ from helpers import process_gone, wait_for
 
 from jupyterlab_mlcluster.jobs import sessions
 from jupyterlab_mlcluster.jobs.service import JobService
+from jupyterlab_mlcluster.jobs.storage.series import read_series
 from jupyterlab_mlcluster.runtime.protocol import encode_record, job_key, key_path
 from jupyterlab_mlcluster.runtime.session_channel import HELLO
 from tests.kube.jobs_fixtures import code, log_text
@@ -118,7 +119,20 @@ def test_a_session_keeps_globals_and_the_process_group_across_cells(
     ]
     assert all(r.process.poll() is None for r in session.runs.values())
     assert second.origin["session_job"] == holder.id
-    assert sessions.get_session(service, None, "llm").cells == 3
+    # mlc.log's points are the running cell's (its monitor, GET /jobs/{cell}/metrics), not
+    # the session's, its last ones too (sent before the cell's end).
+    logged = session.run(
+        "import jupyterlab_mlcluster as mlc\nmlc.log(step=0, loss=float(dist.get_rank()))\n"
+    )
+    assert logged.state == "succeeded", logged.error
+
+    def series(job_id: str) -> dict:
+        data = read_series(service.store.job_dir(job_id), None)["series"]
+        return {(s["name"], s["rank"]): s["values"] for s in data}
+
+    assert series(logged.id) == {("loss", 0): [0.0], ("loss", 1): [1.0]}
+    assert series(holder.id) == {}
+    assert sessions.get_session(service, None, "llm").cells == 4
     # A partial line ends with its cell (issue 30): the rank's report starts on a line of its
     # own, so the pod log ends the line before the cell's end.
     partial = session.run("print('x', end='', flush=True)\n")

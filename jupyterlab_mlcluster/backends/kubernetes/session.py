@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
-from ...jobs.session_cells import SessionCell
+from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
@@ -55,6 +55,7 @@ from .supervise_logs import LOOP_TICK, write_atomically
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
     from .client import Connection
     from .plan import JobPlan
 
@@ -120,6 +121,9 @@ class _SessionAttempt(_Attempt):
         return self.ctx.store
 
     # -- the engine's transport -------------------------------------------------------------
+
+    def series_now(self) -> SeriesWriter:
+        return series_now(self.engine.cell, self.ctx)
 
     @property
     def rank_numbers(self) -> list[int]:

@@ -67,6 +67,7 @@ from .volcano import PodGroupView
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.series import SeriesWriter
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
@@ -151,7 +152,7 @@ class _Attempt:
         self.result_received = 0  # base64 characters of result chunks held
         self.json_form_refused = False  # rank 0's JSON form was over max_result_json_mib
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
-        self.rank_updates = lifecycle.RankUpdates(run.ctx)
+        self.rank_updates = lifecycle.RankUpdates(run.ctx, series=self.series_now)
         self.written: dict[int, dict[str, Any]] = {}
         self.state_order = -1
         self.last_metrics = 0.0
@@ -180,6 +181,10 @@ class _Attempt:
         # Stalls, and the stacks of ranks still alive when the attempt ends (forensics.py).
         self.forensics = AttemptForensics(self)
         self.stalled: Outcome | None = None  # --on-stall cancel's
+
+    def series_now(self) -> SeriesWriter:
+        """Where the ranks' logged points go now (a session's: its running cell's)."""
+        return self.ctx.series
 
     # -- the whole attempt ------------------------------------------------------------------
 
