@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from jupyterlab_mlcluster.backends.kubernetes.session_link import SEND_TIMEOUT, RankLink
+from jupyterlab_mlcluster.jobs.session_link import SEND_TIMEOUT, RankLink
 from jupyterlab_mlcluster.runtime import session_channel
 from jupyterlab_mlcluster.runtime.payload import Payload
 from jupyterlab_mlcluster.runtime.protocol import (

@@ -7,6 +7,8 @@ ceiling doubles from `first` up to `cap`, and the wait is a uniform random time 
 Random, so that many clients failing together (an API server restart, a shared disk that
 filled up) do not come back in step; capped, so that recovery is noticed within `cap`.
 
+`backoff_from_env` is the policy as the environment scales it (tests shorten it).
+
 It lives in jobs/, the engine layer, because jobs/ may not import kubeconn (nor backends/
 or server/); kubeconn re-exports it.
 """
@@ -14,6 +16,7 @@ or server/); kubeconn re-exports it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 
 
@@ -46,3 +49,13 @@ class Backoff:
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.cap))
         return wait
+
+
+def backoff_from_env() -> Backoff:
+    """The policy; `MLCLUSTER_KUBE_BACKOFF=first,cap` (seconds) changes its scale (tests)."""
+    value = os.environ.get("MLCLUSTER_KUBE_BACKOFF", "")
+    try:
+        first, cap = (float(v) for v in value.split(","))
+    except ValueError:
+        return Backoff()
+    return Backoff(first=max(first, 0.001), cap=max(cap, first))

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from ..jobs.backoff import Backoff
+from ..jobs.backoff import Backoff, backoff_from_env
 from .errors import NO_CLUSTER, ClusterUnavailable, KubeError, _is_transport_error
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
@@ -73,16 +72,6 @@ class RepeatFilter(logging.Filter):
 
 
 _DIGITS = re.compile(r"\d+")
-
-
-def backoff_from_env() -> Backoff:
-    """The policy; `MLCLUSTER_KUBE_BACKOFF=first,cap` (seconds) changes its scale (tests)."""
-    value = os.environ.get("MLCLUSTER_KUBE_BACKOFF", "")
-    try:
-        first, cap = (float(v) for v in value.split(","))
-    except ValueError:
-        return Backoff()
-    return Backoff(first=max(first, 0.001), cap=max(cap, first))
 
 
 def retryable(exc: BaseException) -> bool:

@@ -7,7 +7,7 @@ the same deletion at the end. What differs: the pods run runtime/session_worker.
 ($MLCLUSTER_SESSION in their environment) and serve cells instead of running one payload:
 
 - each rank listens on a port it names in a signed record of its pod log; a `RankLink`
-  (session_link.py) connects to the pod's IP there (connecting and writing on a thread
+  (jobs/session_link.py) connects to the pod's IP there (connecting and writing on a thread
   of its own: this loop never waits for a rank), both sides proving the job's key, and
   carries the sequence-numbered commands signed for that connection; dropped, it
   reconnects with backoff, and a rank unreachable for
@@ -44,11 +44,11 @@ from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
 from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
+from ...jobs.session_link import RankLink
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
 from .payload import PayloadTooLarge, split_payload
-from .session_link import RankLink
 from .status import container_phase
 from .supervise import JobRun, _Attempt
 from .supervise_logs import LOOP_TICK, write_atomically

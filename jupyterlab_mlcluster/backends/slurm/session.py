@@ -35,8 +35,8 @@ from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
+from ...jobs.session_link import RankLink
 from ...runtime.protocol import job_key, key_path
-from ..kubernetes.session_link import RankLink
 from . import script
 from .backend import _Attempt
 from .commands import SlurmError

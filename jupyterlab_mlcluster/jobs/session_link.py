@@ -1,14 +1,16 @@
-"""The session supervisor's connection to one rank's pod (runtime/session_channel.py).
+"""The session supervisor's connection to one rank (runtime/session_channel.py): a pod's
+(backends/kubernetes/session.py) or a Slurm task's (backends/slurm/session.py).
 
-The rank says which port it listens on in a signed record of its pod log; the pod's IP is
-in its status. The link connects there, and both sides prove they hold the job's key
-(session_channel.py's handshake) before any command goes out. Connecting and the
+The rank says which port it listens on in a signed record (a pod's log, a task's report
+file); the pod's IP is in its status, the task's host in its record. The link connects
+there, and both sides prove they hold the job's key (session_channel.py's handshake)
+before any command goes out. Connecting and the
 handshake (up to CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT against a pod that does not answer),
 then writing the commands (a cell's payload is megabytes, and a pod that stopped reading
 takes none: up to SEND_TIMEOUT), run on a thread of the link's own (`_Wire`): the
 supervisor's loop only looks whether it is connected and queues what it sends, so one
 unreachable rank never holds up the others' output, a cancel or a cell's end. A
-connection that fails or drops is tried again with kubeconn's backoff (jitter, a cap); the
+connection that fails or drops is tried again with the one backoff (jitter, a cap); the
 session gives up on a rank that stays unreachable for `give_up_after` seconds
 (`MLClusterConfig.kubernetes_session_channel_timeout`; session.py ends it, saying so).
 Commands are lines signed with the connection's key (session_channel.connection_key: the
@@ -30,15 +32,15 @@ import threading
 import time
 from typing import Any
 
-from ... import kubeconn
-from ...runtime.protocol import decode_record, encode_record
-from ...runtime.session_channel import HANDSHAKE_TIMEOUT, HELLO, MAX_HELLO, connection_key
+from ..runtime.protocol import decode_record, encode_record
+from ..runtime.session_channel import HANDSHAKE_TIMEOUT, HELLO, MAX_HELLO, connection_key
+from .backoff import Backoff, backoff_from_env
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CONNECT_TIMEOUT = 5.0
 SEND_TIMEOUT = 60.0  # one cell's payload to one rank
-BACKOFF = kubeconn.Backoff(first=kubeconn.backoff_from_env().first, cap=5.0)
+BACKOFF = Backoff(first=backoff_from_env().first, cap=5.0)
 
 
 class LinkError(Exception):
