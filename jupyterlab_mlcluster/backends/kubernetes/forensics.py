@@ -12,11 +12,9 @@ A session's attempt has none of it: its ranks idle between cells by design.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import forensics
-from ...jobs.lifecycle import Outcome
 from ...jobs.model import RankState
 from ...jobs.sessions import is_session_holder
 from . import stacks
@@ -33,25 +31,15 @@ SUPERVISOR_READ_TIMEOUT = 5.0
 SELF_REPORTED_CPU_PERCENT = 3.0
 
 
-class AttemptForensics:
+class AttemptForensics(forensics.AttemptForensics):
     def __init__(self, attempt: _Attempt):
-        self.attempt = attempt
-        ctx = attempt.ctx
-        spec = ctx.job.spec
-        self.enabled = not is_session_holder(ctx.job)
-        after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.JobStall(
-            ctx,
-            forensics.StallWatch(
-                after if self.enabled else 0.0, cpu_percent=SELF_REPORTED_CPU_PERCENT
-            ),
-            spec.on_stall == "cancel",
+        super().__init__(
+            attempt.ctx, not is_session_holder(attempt.ctx.job), SELF_REPORTED_CPU_PERCENT
         )
-        self.job_dir = ctx.store.job_dir(ctx.job.id)
+        self.attempt = attempt
         self.ports: dict[int, int] = {}
         self.endpoints: dict[int, dict[str, Any]] = {}
         self.at_failure: forensics.StackReport | None = None
-        self.stopping = False
         with contextlib.suppress(OSError):  # an earlier attempt's pods are gone
             stacks.write_endpoints(self.job_dir, attempt.number, {})
 
@@ -84,24 +72,11 @@ class AttemptForensics:
 
     # -- what the supervisor sees -----------------------------------------------------
 
-    def active(self, rank: int) -> None:
-        if self.stall.enabled:
-            self.stall.active(rank)
-
-    def sampled(self, samples: dict[int, dict[str, Any]]) -> Outcome | None:
-        """The ranks' CPU figures; the stall rule judged. An outcome: end the job."""
-        if not self.stall.enabled or self.stopping:
-            return None
-        now = time.monotonic()
-        for rank, sample in samples.items():
-            self.stall.cpu(rank, sample.get("cpu_percent"), now)
-        return self.stall.judge(self._live(), self.read, now)
-
     def on_failing(self, rank: int) -> None:
         """A rank's code raised and it waits: read its live peers, then let it go."""
         try:
             if self.enabled and not self.stopping and self.at_failure is None:
-                peers = [r for r in self._live() if r != rank]
+                peers = [r for r in self.live() if r != rank]
                 self.at_failure = self.read(peers, "failed") if peers else None
         finally:
             stacks.let_go(self.endpoints.get(rank), self.attempt.run_.key, rank)
@@ -116,14 +91,9 @@ class AttemptForensics:
         self.stopping = True
         report = self.at_failure if why == "failed" else None
         if report is None:
-            live = [r for r in self._live() if r not in (exclude or set())]
+            live = [r for r in self.live() if r not in (exclude or set())]
             report = self.read(live, why) if live else None
-        if report is None or not (report.ranks or report.missing):
-            return ""
-        report.why = why
-        with contextlib.suppress(OSError):
-            forensics.keep(self.job_dir, report)
-        return forensics.where_text(report, still=why == "failed")
+        return self.kept(report, why)
 
     def read(self, ranks: list[int], why: str) -> forensics.StackReport:
         return stacks.read_stacks(
@@ -136,7 +106,7 @@ class AttemptForensics:
             timeout=SUPERVISOR_READ_TIMEOUT,
         )
 
-    def _live(self) -> list[int]:
+    def live(self) -> list[int]:
         a = self.attempt
         return [
             r

@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ...jobs import forensics
-from ...jobs.lifecycle import Outcome
 from ...jobs.sessions import is_session_holder
 from ...runtime.stackdump import FAILURE_ACK_ENV, STACKS_FILE_ENV
 
@@ -26,21 +25,13 @@ if TYPE_CHECKING:
 SUPERVISOR_READ_TIMEOUT = 5.0
 
 
-class GangForensics:
+class GangForensics(forensics.AttemptForensics):
     def __init__(self, gang: Gang):
+        super().__init__(gang.ctx, not is_session_holder(gang.ctx.job))
         self.gang = gang
-        ctx = gang.ctx
-        self.config = ctx.config
-        self.enabled = not is_session_holder(ctx.job)
-        spec = gang.spec
-        after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.JobStall(
-            ctx, forensics.StallWatch(after if self.enabled else 0.0), spec.on_stall == "cancel"
-        )
-        self.job_dir = ctx.store.job_dir(ctx.job.id)
+        self.config = gang.ctx.config
         # The failing rank's peers, read while it waited (on_failing), for _fail_fast.
         self.at_failure: forensics.StackReport | None = None
-        self.stopping = False
         self.acks: list = []
 
     # -- the ranks' environment -------------------------------------------------------
@@ -64,21 +55,11 @@ class GangForensics:
             self.stall.active(p.rank, now)
         self.stall.clear()  # an earlier attempt's
 
-    def sampled(self, samples: dict[int, dict]) -> Outcome | None:
-        """The gang's CPU samples (every metrics_interval); the stall rule is judged here.
-        An outcome when the job must end (--on-stall cancel)."""
-        if not self.stall.enabled or self.stopping:
-            return None
-        now = time.monotonic()
-        for rank, sample in samples.items():
-            self.stall.cpu(rank, sample.get("cpu_percent"), now)
-        return self.stall.judge(self._live(), self.read, now)
-
     def on_failing(self, rank: int) -> None:
         """A rank's code raised and it waits: read its live peers first, then let it go."""
         try:
             if not self.stopping and self.at_failure is None:
-                peers = [r for r in self._live() if r != rank]
+                peers = [r for r in self.live() if r != rank]
                 self.at_failure = self.read(peers, "failed") if peers else None
         finally:
             path = self._ack_path(rank)
@@ -95,15 +76,10 @@ class GangForensics:
             return ""
         report = self.at_failure if why == "failed" else None
         if report is None:
-            live = [r for r in self._live() if r not in (exclude or set())]
+            live = [r for r in self.live() if r not in (exclude or set())]
             report = self.read(live, why) if live else None
         self.stopping = True
-        if report is None or not (report.ranks or report.missing):
-            return ""
-        report.why = why
-        with contextlib.suppress(OSError):  # (a full disk: the job's reason still says it)
-            forensics.keep(self.job_dir, report)
-        return forensics.where_text(report, still=why == "failed")
+        return self.kept(report, why)
 
     def read(self, ranks: list[int], why: str) -> forensics.StackReport:
         targets = [
@@ -131,7 +107,7 @@ class GangForensics:
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def _live(self) -> list[int]:
+    def live(self) -> list[int]:
         return [
             p.rank for p in self.gang.ranks if p.rank not in self.gang.done and p.poll() is None
         ]

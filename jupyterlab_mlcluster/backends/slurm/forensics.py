@@ -31,7 +31,6 @@ from ...jobs.forensics.readers import (
     READ_TIMEOUT,
     parse_faulthandler,
 )
-from ...jobs.lifecycle import Outcome
 from ...jobs.model import RankState
 from ...jobs.sessions import is_session_holder
 from ...runtime.stackdump import main_ident_path
@@ -207,37 +206,18 @@ def _settled(fd: int, deadline: float) -> str | None:
     return None
 
 
-class AttemptForensics:
+class AttemptForensics(forensics.AttemptForensics):
     """One attempt's stall watch and the stacks it keeps (the supervisor's side)."""
 
     def __init__(self, attempt: Any):
-        self.attempt = attempt
-        ctx = attempt.ctx
-        spec = ctx.job.spec
-        self.enabled = not is_session_holder(ctx.job)
-        after = spec.stall_after if spec.stall_after is not None else ctx.config.stall_after
-        self.stall = forensics.JobStall(
-            ctx,
-            forensics.StallWatch(
-                after if self.enabled else 0.0, cpu_percent=SELF_REPORTED_CPU_PERCENT
-            ),
-            spec.on_stall == "cancel",
+        super().__init__(
+            attempt.ctx, not is_session_holder(attempt.ctx.job), SELF_REPORTED_CPU_PERCENT
         )
-        self.job_dir = ctx.store.job_dir(ctx.job.id)
-        self.stopping = False
+        self.attempt = attempt
 
-    def active(self, rank: int) -> None:
-        if self.stall.enabled:
-            self.stall.active(rank)
-
-    def sampled(self, samples: dict[int, dict[str, Any]]) -> Outcome | None:
-        """The ranks' own CPU figures; the stall rule judged. An outcome: end the job."""
-        if not self.stall.enabled or self.stopping or not self.attempt.running:
-            return None
-        now = time.monotonic()
-        for rank, sample in samples.items():
-            self.stall.cpu(rank, sample.get("cpu_percent"), now)
-        return self.stall.judge(self._live(), self.read, now)
+    def watching(self) -> bool:
+        """The ranks' own CPU figures count once the allocation runs."""
+        return super().watching() and self.attempt.running
 
     def before_stop(self, why: str) -> str:
         """The live ranks' stacks, kept, before the attempt stops them: the clause for the
@@ -245,15 +225,10 @@ class AttemptForensics:
         if not self.enabled or not self.attempt.running or self.stopping:
             return ""
         self.stopping = True
-        live = self._live()
+        live = self.live()
         if not live:
             return ""
-        report = self.read(live, why)
-        if not (report.ranks or report.missing):
-            return ""
-        with contextlib.suppress(OSError):
-            forensics.keep(self.job_dir, report)
-        return forensics.where_text(report, still=why == "failed")
+        return self.kept(self.read(live, why), why)
 
     def read(self, ranks: list[int], why: str) -> forensics.StackReport:
         attempt = self.attempt
@@ -270,6 +245,6 @@ class AttemptForensics:
             timeout=SUPERVISOR_READ_TIMEOUT,
         )
 
-    def _live(self) -> list[int]:
+    def live(self) -> list[int]:
         a = self.attempt
         return [r for r in sorted(a.started_ranks) if r not in a.exits]

@@ -1,8 +1,10 @@
 """Forensics of a job's ranks: their stacks on demand (`stacks.py` the data and its folds,
 `readers.py` py-spy or the rank's own helper, `kept.py` what a job keeps), and the stall
-watch (`stall.py`; `job_stall.py` declares it on the job). Backends hand stacks over through
+watch (`stall.py`; `job_stall.py` declares it on the job; `attempt.py`, what every
+backend's attempt forensics share). Backends hand stacks over through
 `Backend.collect_stacks`; the local one reads its ranks' processes here."""
 
+from .attempt import AttemptForensics
 from .job_stall import JobStall
 from .kept import keep, kept
 from .readers import (
@@ -31,6 +33,7 @@ from .stall import StallWatch
 
 __all__ = [
     "NATIVE_UNAVAILABLE",
+    "AttemptForensics",
     "Fold",
     "JobStall",
     "Frame",
