@@ -23,8 +23,9 @@ settings.load_profile("mlcluster-fuzz" if FUZZ else "mlcluster-ci")
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The fast tier: tests/tiers.py marks the tests that use only cheap fixtures `unit`.
-pytest_plugins = ["tiers"]
+# The fast tier: tests/tiers.py marks the tests that use only cheap fixtures `unit`; tests/balance.py
+# hands the longest test files to xdist first.
+pytest_plugins = ["tiers", "balance"]
 
 
 @pytest.fixture(scope="session", autouse=True)
