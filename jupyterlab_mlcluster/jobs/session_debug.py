@@ -4,7 +4,8 @@ A post-mortem (`%distributed_debug`): on the traceback of the session's last fai
 The debugger runs as a cell of the session (so interrupting it, cancelling it and the
 session's own end work as for any cell): on the chosen rank, pdb inspects the exception that
 rank kept (runtime/debugger.py) with its stdin and stdout on two files in a directory of the
-session's (the user's store, mode 0700); here each line pdb prints is said, and each time it
+session's (the user's store, mode 0700; a pod's supervisor mirrors them:
+backends/kubernetes/session_pdb.py); here each line pdb prints is said, and each time it
 waits for a line the caller is asked (the kernel's input request, or the terminal). Leaving
 pdb (`q`, `c`, end of input) ends the cell; the session and its ranks' state are kept.
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from .service import JobService
 
 POLL = 0.05
-FILE_BACKENDS = ("local", "slurm")  # the rank reads the session's directory (not a pod)
 
 
 def last_failed_cell(service: JobService, holder: JobRecord) -> JobRecord | None:
@@ -76,11 +76,6 @@ def debug(
         name = live[0]
     info = get_session(service, owner, name)
     holder = info.holder
-    if holder.spec.backend not in FILE_BACKENDS:
-        raise SessionError(
-            f"session {name!r} runs on {holder.spec.backend}: the debugger reaches ranks of"
-            f" {' and '.join(FILE_BACKENDS)} sessions only, for now"
-        )
     if rank is not None and not 0 <= rank < holder.spec.workers:
         raise SessionError(
             f"--rank {rank}: session {name!r} has ranks 0 to {holder.spec.workers - 1}"

@@ -12,8 +12,9 @@ it (`sys.last_exc`, `sys.last_traceback`, ...), from the cell's own frames on: t
 can look at it, and it is what a post-mortem debugger inspects. `relay_post_mortem` runs pdb
 on it, its prompt relayed through two private files to the notebook's input request or a
 terminal (jobs/session_debug.py). `breakpoint()` in a session's cell pauses the rank in a
-live pdb over the same kind of relay (live_pause.py); where the rank shares no files with
-the notebook (a pod), it fails the cell there, saying so.
+live pdb over the same kind of relay (live_pause.py). A pod's rank shares no files with the
+notebook: its relay goes over its report channel and the session's channel instead
+(pdb_relay.ChannelRelay), which its supervisor mirrors into such files.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import os
 import sys
 from typing import Any
 
-from .pdb_relay import IDLE_LIMIT, POLL, FileRelay, open_private
+from . import reporting
+from .pdb_relay import IDLE_LIMIT, POLL, ChannelRelay, FileRelay, open_private
 
 __all__ = ["IDLE_LIMIT", "POLL", "FileRelay", "open_private"]  # (the relay's, used here too)
 
@@ -37,8 +39,8 @@ NEEDS_SESSION = (
 
 NO_PROMPT_HERE = (
     "breakpoint() on rank {rank} ({where}): pdb's prompt cannot reach this rank: it shares no"
-    " files with the notebook (a Kubernetes session's pod), and its debugger needs them. The"
-    " cell stops here, failed; the session is kept."
+    " files with the notebook, nor has it a report channel. The cell stops here, failed; the"
+    " session is kept."
 )
 _RUNTIME = __name__.rpartition(".")[0] + "."  # this package's frames are not the cell's
 
@@ -74,6 +76,7 @@ class _Cell:
     """The session cell this rank runs now (session_worker.py says)."""
 
     directory: str | None = None  # its job directory, where a local or Slurm rank may write
+    over_channel = False  # a pod's rank: pdb's prompt goes over its channels instead
     pause: Any = None  # the live pdb of a breakpoint() in it (live_pause.Pause), if any
 
 
@@ -81,11 +84,13 @@ def cell_begins(error_file: str | None) -> None:
     """A cell starts; `error_file`: where its error report goes (in its job directory),
     None for a pod's rank (no shared files)."""
     _Cell.directory = os.path.dirname(error_file) if error_file else None
+    _Cell.over_channel = error_file is None and _in_pod()
 
 
 def cell_ends() -> None:
     """The cell's code returned: a pdb still open there ends with it."""
     pause, _Cell.pause, _Cell.directory = _Cell.pause, None, None
+    _Cell.over_channel = False
     if pause is not None:
         pause.end("the cell ended")
 
@@ -94,7 +99,7 @@ def pause_in_session(*args: Any, **kwargs: Any) -> Any:
     """sys.breakpointhook of a session's rank: a live pdb at the caller's line."""
     if _chosen_hook() is not None:
         return sys.__breakpointhook__(*args, **kwargs)
-    if _Cell.directory is None:
+    if _Cell.directory is None and not _Cell.over_channel:
         raise NoPromptError(NO_PROMPT_HERE.format(**_where()))
     from . import live_pause  # (pdb: only when asked for)
 
@@ -114,6 +119,10 @@ def pause_in_session(*args: Any, **kwargs: Any) -> Any:
             ) from exc
     _Cell.pause.debugger.set_trace(frame)
     return None
+
+
+def _in_pod() -> bool:
+    return reporting.channel_mode() == "stdout"
 
 
 def _forget(pause: Any) -> None:
@@ -167,7 +176,12 @@ def relay_post_mortem(rank: int, cell: str, directory: str) -> None:
         return
     import pdb  # (only here: every rank imports this module)
 
-    relay = FileRelay(directory)
+    # (A pod's: the supervisor mirrors it into `directory`, named by its last part.)
+    relay: FileRelay | ChannelRelay = (
+        ChannelRelay(os.path.basename(directory), post_mortem=True)
+        if _in_pod()
+        else FileRelay(directory)
+    )
     try:
         tb = getattr(sys, "last_traceback", None)
         if tb is None or _cell_of_last_failure() != cell:

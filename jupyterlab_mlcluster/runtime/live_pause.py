@@ -3,7 +3,9 @@
 pdb's stdin and stdout are a `debugger.FileRelay`, as for a post-mortem, over two files this
 rank makes (O_EXCL, 0600) in a 0700 directory of the cell's job directory, named
 `pause-<rank>-<random>` once complete (made under a hidden name, then renamed, so that
-whoever lists the job directory never sees half of one). Its first record says where the
+whoever lists the job directory never sees half of one). A pod's rank has no such
+directory: its `pdb_relay.ChannelRelay` says the same records, and its supervisor makes the
+directory (backends/kubernetes/session_pdb.py). Its first record says where the
 rank paused; the notebook that waits on the cell (or `mlcluster session debug`) claims it
 and relays the prompt (jobs/session_debug.py). The other ranks are not told: they wait where
 their code waits for this one (a collective, or the cell's end).
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .pdb_relay import FileRelay
+from .pdb_relay import ChannelRelay, FileRelay
 
 _RUNTIME = __name__.rpartition(".")[0] + "."  # this package's frames are not the cell's
 
@@ -36,8 +38,8 @@ PREFIX = "pause-"  # pause-<rank>-<random>: a complete pause directory
 class Pause:
     def __init__(
         self,
-        directory: str,
-        relay: FileRelay,
+        directory: str | None,
+        relay: FileRelay | ChannelRelay,
         rank: int,
         caller: Any,
         on_end: Callable[[Pause], None],
@@ -50,12 +52,26 @@ class Pause:
 
     @classmethod
     def open(
-        cls, job_dir: str, frame: FrameType, caller: Any, on_end: Callable[[Pause], None]
+        cls,
+        job_dir: str | None,
+        frame: FrameType,
+        caller: Any,
+        on_end: Callable[[Pause], None],
     ) -> Pause:
-        """A pause at `frame` (OSError: its link could not be made)."""
+        """A pause at `frame` (OSError: its link could not be made); `job_dir` None: over
+        the rank's channels (a pod's)."""
         rank = int(os.environ.get("RANK", "0"))
         where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         token = secrets.token_hex(8)
+        if job_dir is None:
+            channel = ChannelRelay(token)
+            try:
+                channel.send(paused={"rank": rank, "where": where})
+            except OSError:
+                channel.close()
+                raise
+            _said(rank, where)
+            return cls(None, channel, rank, caller, on_end)
         staging = os.path.join(job_dir, f".{PREFIX}{rank}-{token}")
         try:
             os.mkdir(staging, 0o700)
@@ -69,13 +85,7 @@ class Pause:
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        print(
-            f"mlcluster: rank {rank} paused at {where} (breakpoint()): its pdb prompt opens"
-            " below the cell that waits on it, or with `mlcluster session debug --rank"
-            f" {rank}`",
-            file=sys.stderr,
-            flush=True,
-        )
+        _said(rank, where)
         return cls(directory, relay, rank, caller, on_end)
 
     def in_cell(self, frame: FrameType | None) -> bool:
@@ -99,9 +109,19 @@ class Pause:
         with contextlib.suppress(OSError):
             self.relay.send(resumed=how)
         self.relay.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
         self.caller = None  # (its frame's locals go with it)
         print(f"mlcluster: rank {self.rank} left pdb ({how})", file=sys.stderr, flush=True)
+
+
+def _said(rank: int, where: str) -> None:
+    print(
+        f"mlcluster: rank {rank} paused at {where} (breakpoint()): its pdb prompt opens"
+        f" below the cell that waits on it, or with `mlcluster session debug --rank {rank}`",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class LivePdb(pdb.Pdb):

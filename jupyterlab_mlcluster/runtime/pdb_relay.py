@@ -1,18 +1,27 @@
 """pdb's stdin and stdout on a session's rank, over two private files: a post-mortem's
 (debugger.relay_post_mortem) and a paused rank's (live_pause.py); jobs/session_debug.py is
-the other end."""
+the other end. A pod's rank shares no files with the notebook: its `ChannelRelay` says the
+same records on its report channel (its pod log) and takes the lines typed from the
+session's channel; its supervisor mirrors both into such a pair of files
+(backends/kubernetes/session_pdb.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import queue
+import secrets
 import stat
+import threading
 import time
 from typing import Any
 
+from . import reporting
+
 POLL = 0.05  # how often the rank looks for the next line typed
 IDLE_LIMIT = 1800.0  # nobody typed for this long: pdb ends, and the rank goes on
+MAX_TEXT = 32 * 1024  # one record's text (a longer print goes in several); one typed line
 
 
 class FileRelay:
@@ -70,3 +79,69 @@ def open_private(path: str, flags: int) -> int:
         os.close(fd)
         raise PermissionError(f"{path}: not a private file of this user; no debugger")
     return fd
+
+
+# The channel relays open on this rank (link -> the lines typed for it): the session
+# channel's reading thread delivers to them (session_channel.py).
+_LINKS: dict[str, queue.SimpleQueue[str]] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+class ChannelRelay:
+    """pdb's stdin and stdout for a pod's rank: each record FileRelay would write goes out
+    as a signed report, {"type": "pdb", "link": link, "post_mortem": bool, "record": ...};
+    a line typed comes as a signed `pdb_in` command naming the link (`deliver`)."""
+
+    def __init__(self, link: str | None = None, *, post_mortem: bool = False):
+        self.link, self.post_mortem = link or secrets.token_hex(8), post_mortem
+        self.idle_limit = IDLE_LIMIT
+        self.typed: queue.SimpleQueue[str] = queue.SimpleQueue()
+        with _LINKS_LOCK:
+            _LINKS[self.link] = self.typed
+
+    def send(self, **record: Any) -> None:
+        text = record.get("out")
+        if isinstance(text, str) and len(text) > MAX_TEXT:
+            for start in range(0, len(text), MAX_TEXT):
+                self.send(out=text[start : start + MAX_TEXT])
+            return
+        report = {"type": "pdb", "link": self.link, "post_mortem": self.post_mortem}
+        if not reporting.send({**report, "record": record}):
+            raise OSError("this rank has no report channel: pdb's prompt cannot reach it")
+
+    def write(self, text: str) -> int:
+        if text:
+            self.send(out=text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def readline(self) -> str:
+        """The next line typed; "" (pdb's end of input) once nobody typed for the limit."""
+        self.send(ask=True)
+        deadline = time.monotonic() + self.idle_limit
+        while True:
+            try:  # (in slices: the cell's interrupt raises here between two)
+                return self.typed.get(timeout=min(1.0, self.idle_limit)) + "\n"
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    self.send(out=f"\nnothing typed for {self.idle_limit:g} s: leaving pdb\n")
+                    return ""
+
+    def close(self) -> None:
+        with _LINKS_LOCK:
+            _LINKS.pop(self.link, None)
+        with contextlib.suppress(OSError):
+            self.send(end=True)
+
+
+def deliver(link: Any, line: Any) -> None:
+    """A line typed for the relay `link` (an authentic command's); one for no open relay
+    (pdb left meanwhile) is dropped."""
+    if not isinstance(line, str) or not isinstance(link, str):
+        return
+    with _LINKS_LOCK:
+        typed = _LINKS.get(link)
+    if typed is not None:
+        typed.put(line[:MAX_TEXT].replace("\n", " "))

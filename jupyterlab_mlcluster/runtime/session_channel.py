@@ -41,6 +41,7 @@ long before (it gives up on a rank sooner: MLClusterConfig.kubernetes_session_ch
 
 `interrupt` commands are acted on here, at once, while the rank's main thread runs a cell:
 SIGINT to itself (KeyboardInterrupt in the cell's code, as the local supervisor's signal).
+So are `pdb_in` commands, a line typed at a pdb of this rank's (pdb_relay.ChannelRelay).
 Integrity and authenticity, not secrecy: see SECURITY.md (a cell's code crosses the pod
 network as the payload Secrets' data does the API server's).
 """
@@ -63,7 +64,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import reporting
+from . import pdb_relay, reporting
 from .protocol import decode_record, encode_record
 
 HELLO = b"MLCLUSTER-SESSION-HELLO "
@@ -366,6 +367,10 @@ class CommandChannel:
                 self.on_interrupt(job if isinstance(job, str) else None)
             else:
                 self.refusals.note("a replayed interrupt")
+            return
+        if record.get("type") == "pdb_in":  # a line typed at a paused rank's pdb, now
+            if fresh:
+                pdb_relay.deliver(record.get("link"), record.get("line"))
             return
         self.lines.put((raw, conn_key))
 

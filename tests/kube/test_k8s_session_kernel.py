@@ -1,11 +1,15 @@
 """`%%distributed --session NAME --backend kubernetes` in a real kernel, against the API
 emulator, with the player running the pods' ranks for real: the magic, its live output and
 result, a kernel interrupt (KeyboardInterrupt in every rank's code, the session kept), and
-`%distributed_session list | stop` work on this backend as locally."""
+`%distributed_session list | stop` work on this backend as locally. pdb on a pod's rank
+(issue 33 item 4): `breakpoint()` pauses it, its prompt the kernel's input request (the pod
+shares no files with the kernel: the supervisor mirrors the prompt over the session's
+channel), and `%distributed_debug` opens a post-mortem; the session is kept."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from helpers import start_kernel, wait_for
@@ -109,3 +113,123 @@ def test_a_kernel_runs_cells_in_a_kubernetes_session(k8s, player, kernel, kube, 
     wait_for(lambda: objects_of(kube, kube_namespace, holder.id) == {}, timeout=60)
     for run in runs.values():
         assert run.wait(30) == 0  # asked to stop: atexit ran, exit 0
+
+
+def _answering(kernel, code: str, answers: list[str]):
+    """Run `code`, answering each input request (pdb's prompt) with the next of `answers`."""
+    prompts: list[str] = []
+    msg_id = kernel.kc.execute(code, allow_stdin=True)
+    done = threading.Event()
+
+    def answer() -> None:
+        while not done.is_set():
+            try:
+                msg = kernel.kc.get_stdin_msg(timeout=0.2)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing asked yet
+                continue
+            if msg["msg_type"] == "input_request":
+                prompts.append(msg["content"]["prompt"])
+                kernel.kc.input(answers.pop(0) if answers else "q")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        msgs, reply = kernel.collect(msg_id, timeout=180)
+    finally:
+        done.set()
+        thread.join(5)
+    return "".join(m.get("text", "") for m in outputs(msgs, "stream")), reply, prompts
+
+
+def test_pdb_on_a_kubernetes_session_rank(k8s, player, kernel):
+    service = k8s()
+    msg_id = kernel.kc.execute(
+        "%%distributed --session dbg --backend kubernetes --workers 2 --framework none\nz = 5\n"
+    )
+    holder = wait_for(
+        lambda: [
+            j
+            for j in service.store.list_jobs()[0]
+            if j.origin.get("session") == "dbg" and not j.origin.get("session_job")
+        ],
+        timeout=60,
+        message="the session's holder job",
+    )[0]
+    runs = {}
+    for rank, pod in player.create_pods(player.resumed(holder.id)).items():
+        player.schedule(pod)
+        runs[rank] = player.run_rank(pod, pod_ip="127.0.0.1")
+        player.end_when_exited(runs[rank])
+    _, reply = kernel.collect(msg_id, timeout=120)
+    assert reply["status"] == "ok", (reply, [r.text for r in runs.values()])
+
+    # breakpoint() on rank 1: its prompt, named, here; `p x` shows its local; `c` resumes.
+    text, reply, prompts = _answering(
+        kernel,
+        "%%distributed --session dbg\n"
+        "import os\n"
+        "x = 41 + int(os.environ['RANK'])\n"
+        "if x == 42:\n"
+        "    breakpoint()\n"
+        "print('after', x)\n",
+        ["p x", "c"],
+    )
+    assert reply["status"] == "ok", (reply, text)
+    assert prompts == ["(Pdb rank 1) "] * 2, (prompts, text)
+    assert "rank 1 paused at cell.py:5" in text and "\n42\n" in text, text
+    assert "rank 1 goes on" in text, text
+
+    # A failed cell's post-mortem on rank 1: its local, then `q`; the session goes on.
+    _, reply = kernel.execute(
+        "%%distributed --session dbg\n"
+        "def step():\n"
+        "    y = 41 + int(os.environ['RANK'])\n"
+        "    if y == 42:\n"
+        "        raise ValueError(f'boom {y}')\n"
+        "step()\n",
+        timeout=120,
+    )
+    assert reply["status"] == "error", reply
+    text, reply, prompts = _answering(kernel, "%distributed_debug --rank 1", ["p y", "q"])
+    assert reply["status"] == "ok", (reply, text)
+    assert prompts == ["(Pdb) ", "(Pdb) "], (prompts, text)
+    assert "pdb on rank 1" in text and "\n42\n" in text, text
+
+    # A rank's code holds the job's key: what it says of pdb is judged, never trusted.
+    _, reply = kernel.execute(
+        "%%distributed --session dbg\n"
+        "from jupyterlab_mlcluster.runtime import reporting\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    pdb = {'type': 'pdb', 'record': {'paused': {'rank': 0, 'where': 'x'}}}\n"
+        "    reporting.send({**pdb, 'link': '../../../pwned'})\n"
+        "    reporting.send({**pdb, 'link': '0123456789abcdef', 'post_mortem': True})\n"
+        "    reporting.send({**pdb, 'link': 'fedcba9876543210', 'record': {'out': 'hi'}})\n",
+        timeout=120,
+    )
+    assert reply["status"] == "ok", reply
+    refusals = [
+        f"refused rank 1's {why}"
+        for why in (
+            "a pdb report that is not the relay's",
+            "a pdb link (a post-mortem's output in a cell that is no debugger's)",
+            "a pdb link that did not begin with a pause",
+        )
+    ]
+    wait_for(
+        lambda: all(
+            r in "\n".join(line["line"] for line in service.logs(holder.id)[0]) for r in refusals
+        ),
+        timeout=30,
+        message="the forged pdb reports refused, said in the session's log",
+    )
+    assert not list(service.store.root.parent.rglob("*pwned*"))
+    assert not list(service.store.root.rglob(".pause-*")) + list(
+        service.store.root.rglob("pause-*")
+    )
+
+    msgs, reply = kernel.execute("%%distributed --session dbg\nprint('kept', z)\n")
+    assert rank_texts(msgs) == {0: "[rank 0] kept 5", 1: "[rank 1] kept 5"}, reply
+    assert all(run.process.poll() is None for run in runs.values())  # the same ranks
+    kernel.execute("%distributed_session stop dbg")
+    for run in runs.values():
+        assert run.wait(30) == 0

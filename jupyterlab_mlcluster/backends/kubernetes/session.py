@@ -19,6 +19,9 @@ the same deletion at the end. What differs: the pods run runtime/session_worker.
   signed `cell_done` (after its output, in the same stream) finishes the cell as locally:
   succeeded with rank 0's result (its signed chunks), failed with the failing rank's
   report, cancelled;
+- pdb on a rank (`breakpoint()`, `%distributed_debug`): its prompt's records come in the
+  pod log, the lines typed go back as commands, mirrored into the files the notebook's side
+  reads (session_pdb.py);
 - an interrupt (the cell's cancel, its timeout, another rank's failure) is an `interrupt`
   command: the rank raises KeyboardInterrupt in the cell's code. Ranks that do not return
   within `session_interrupt_grace`, and a restart request, renew the pods (a new attempt:
@@ -49,6 +52,7 @@ from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
 from .payload import PayloadTooLarge, split_payload
+from .session_pdb import PdbMirror
 from .status import container_phase
 from .supervise import JobRun, _Attempt
 from .supervise_logs import LOOP_TICK, write_atomically
@@ -108,11 +112,13 @@ class _SessionAttempt(_Attempt):
         self.stopping = False
         self.changed = True  # news came since the pods were last looked at
         self.dropped: set[int] = set()  # ranks whose channel dropped (said once)
+        self.pdb = PdbMirror(self.store, self.ctx.job.id, self._send, self.ctx.logs.system)
 
     def _follow(self) -> Outcome:
         try:
             return self.engine.serve(self)
         finally:
+            self.pdb.close_all()
             for link in self.links.values():
                 link.close()
 
@@ -132,6 +138,7 @@ class _SessionAttempt(_Attempt):
     def await_news(self, timeout: float) -> None:
         supervise_logs.ensure_log_streams(self)
         self.changed = self._pump(timeout) or self.changed
+        self.pdb.poll()
 
     def dead(self) -> tuple[int | None, str] | None:
         if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
@@ -187,6 +194,7 @@ class _SessionAttempt(_Attempt):
         self.rank_updates.flush(force=True)
 
     def cell_ended(self) -> None:
+        self.pdb.close_all()
         for link in self.links.values():
             link.forget()
         self.rank_updates.flush(force=True)
@@ -294,6 +302,9 @@ class _SessionAttempt(_Attempt):
                 return
             if rtype == "cell_done":
                 self.engine.rank_done(rank, value)
+                return
+            if rtype == "pdb":
+                self.pdb.take(rank, value, cell.id if cell is not None else None)
                 return
             if cell is not None and rtype == "error":
                 report = {k: v for k, v in value.items() if k != "type"}
