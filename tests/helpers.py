@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -47,11 +48,12 @@ def job_processes(service, job_id: str) -> list[psutil.Process]:
     found = []
     record = service.store.get_job(job_id)
     sup = record.supervisor or {}
-    if process_is(sup.get("pid"), sup.get("create_time")):
-        found.append(psutil.Process(sup["pid"]))
-    for _rank, pid, started in service.store.rank_processes(job_id):
+    candidates = [(sup.get("pid"), sup.get("create_time"))]
+    candidates += [(pid, started) for _rank, pid, started in service.store.rank_processes(job_id)]
+    for pid, started in candidates:
         if process_is(pid, started):
-            found.append(psutil.Process(pid))
+            with contextlib.suppress(psutil.NoSuchProcess):  # it ended since: not left over
+                found.append(psutil.Process(pid))
     return found
 
 

@@ -191,7 +191,8 @@ def stop_process_group(process: subprocess.Popen, grace: float = 10.0) -> None:
 def browser_page(
     *, width: int = 1400, height: int = 900, color_scheme: str = "light"
 ) -> Iterator[Page]:
-    """A fresh headless chromium page; browser console errors are kept on `page.console_errors`."""
+    """A fresh headless chromium page; browser console errors are kept on `page.console_errors`,
+    answers of status 400 and over on `page.failed_responses` ('404 GET <url>')."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -205,6 +206,17 @@ def browser_page(
             page.on(
                 "console",
                 lambda msg: msg.type == "error" and page.console_errors.append(msg.text),  # type: ignore[attr-defined]
+            )
+            # The console's "Failed to load resource" names no URL: the failing answer does.
+            page.failed_responses = []  # type: ignore[attr-defined]
+            page.on(
+                "response",
+                lambda response: (
+                    response.status >= 400
+                    and page.failed_responses.append(  # type: ignore[attr-defined]
+                        f"{response.status} {response.request.method} {response.url}"
+                    )
+                ),
             )
             yield page
         finally:
