@@ -24,7 +24,39 @@ IDLE_LIMIT = 1800.0  # nobody typed for this long: pdb ends, and the rank goes o
 MAX_TEXT = 32 * 1024  # one record's text (a longer print goes in several); one typed line
 
 
-class FileRelay:
+class Relay:
+    """pdb's stdin and stdout: what it prints goes out as records ({"out": text}, {"ask":
+    true} when it waits for a line, {"error": text}, {"end": true}); a subclass says how
+    records go out (`send`) and how a typed line comes in (`typed`)."""
+
+    idle_limit: float = IDLE_LIMIT
+
+    def send(self, **record: Any) -> None:
+        raise NotImplementedError
+
+    def typed(self, deadline: float) -> str | None:
+        """The next line typed, without its newline; None once `deadline` has passed."""
+        raise NotImplementedError
+
+    def write(self, text: str) -> int:
+        if text:
+            self.send(out=text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def readline(self) -> str:
+        """The next line typed; "" (pdb's end of input) once nobody typed for the limit."""
+        self.send(ask=True)
+        line = self.typed(time.monotonic() + self.idle_limit)
+        if line is None:
+            self.send(out=f"\nnothing typed for {self.idle_limit:g} s: leaving pdb\n")
+            return ""
+        return line + "\n"
+
+
+class FileRelay(Relay):
     """pdb's stdin and stdout for a session's rank: what it prints goes to `out` as JSON
     lines ({"out": text}, {"ask": true} when it waits for a line, {"error": text},
     {"end": true}); what is typed comes as lines appended to `lines`. Both files were made
@@ -38,29 +70,17 @@ class FileRelay:
     def send(self, **record: Any) -> None:
         os.write(self.out, json.dumps(record).encode() + b"\n")
 
-    def write(self, text: str) -> int:
-        if text:
-            self.send(out=text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def readline(self) -> str:
-        """The next line typed; "" (pdb's end of input) once nobody typed for the limit."""
-        self.send(ask=True)
-        deadline = time.monotonic() + self.idle_limit
+    def typed(self, deadline: float) -> str | None:
         while b"\n" not in self.buffered:
             chunk = self.lines.read()
             if chunk:
                 self.buffered += chunk
                 continue
             if time.monotonic() > deadline:
-                self.send(out=f"\nnothing typed for {self.idle_limit:g} s: leaving pdb\n")
-                return ""
+                return None
             time.sleep(POLL)
         line, _, self.buffered = self.buffered.partition(b"\n")
-        return line.decode(errors="replace") + "\n"
+        return line.decode(errors="replace")
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -87,7 +107,7 @@ _LINKS: dict[str, queue.SimpleQueue[str]] = {}
 _LINKS_LOCK = threading.Lock()
 
 
-class ChannelRelay:
+class ChannelRelay(Relay):
     """pdb's stdin and stdout for a pod's rank: each record FileRelay would write goes out
     as a signed report, {"type": "pdb", "link": link, "post_mortem": bool, "record": ...};
     a line typed comes as a signed `pdb_in` command naming the link (`deliver`)."""
@@ -95,9 +115,9 @@ class ChannelRelay:
     def __init__(self, link: str | None = None, *, post_mortem: bool = False):
         self.link, self.post_mortem = link or secrets.token_hex(8), post_mortem
         self.idle_limit = IDLE_LIMIT
-        self.typed: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
         with _LINKS_LOCK:
-            _LINKS[self.link] = self.typed
+            _LINKS[self.link] = self.lines
 
     def send(self, **record: Any) -> None:
         text = record.get("out")
@@ -109,25 +129,13 @@ class ChannelRelay:
         if not reporting.send({**report, "record": record}):
             raise OSError("this rank has no report channel: pdb's prompt cannot reach it")
 
-    def write(self, text: str) -> int:
-        if text:
-            self.send(out=text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def readline(self) -> str:
-        """The next line typed; "" (pdb's end of input) once nobody typed for the limit."""
-        self.send(ask=True)
-        deadline = time.monotonic() + self.idle_limit
+    def typed(self, deadline: float) -> str | None:
         while True:
             try:  # (in slices: the cell's interrupt raises here between two)
-                return self.typed.get(timeout=min(1.0, self.idle_limit)) + "\n"
+                return self.lines.get(timeout=min(1.0, self.idle_limit))
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    self.send(out=f"\nnothing typed for {self.idle_limit:g} s: leaving pdb\n")
-                    return ""
+                    return None
 
     def close(self) -> None:
         with _LINKS_LOCK:
