@@ -158,3 +158,19 @@ def start_kernel(kernel_name: str = "python3", startup_timeout: float = 60, **kw
         km.shutdown_kernel(now=True)
         raise
     return km, kc
+
+
+def session_cell(service, session: str, source: str, origin: dict | None = None):
+    """Submit `source` as a cell of the 2-rank session `session` (started by its first cell),
+    run in this directory; its record, not waited on."""
+    from jupyterlab_mlcluster.jobs import sessions
+    from jupyterlab_mlcluster.runtime.payload import Payload
+
+    record, _ = sessions.submit_cell(
+        service,
+        session,
+        {"workers": 2},
+        Payload(kind="code", source=source, cwd=os.getcwd()),
+        origin=origin or {"kind": "python"},
+    )
+    return record

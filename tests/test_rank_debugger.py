@@ -5,11 +5,10 @@ session, and the job ends (its peer waiting in a sleep is stopped) instead of ha
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from helpers import run_cli, wait_for
+from helpers import run_cli, session_cell, wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.runtime import debugger
@@ -87,14 +86,7 @@ def test_a_session_rank_keeps_its_failed_cells_exception(service):
     from jupyterlab_mlcluster.jobs import session_debug, sessions
 
     def cell(source: str):
-        record, _ = sessions.submit_cell(
-            service,
-            "dbg",
-            {"workers": 2},
-            Payload(kind="code", source=source, cwd=os.getcwd()),
-            origin={"kind": "python"},
-        )
-        return service.wait(record.id, timeout=300)
+        return service.wait(session_cell(service, "dbg", source).id, timeout=300)
 
     def lines(record) -> dict[int, list[str]]:
         by_rank: dict[int, list[str]] = {0: [], 1: []}
@@ -111,13 +103,7 @@ def test_a_session_rank_keeps_its_failed_cells_exception(service):
         assert looked[0] == ["last NoneType [] None"], looked
         # breakpoint() in a cell nobody waits on in a kernel: the terminal's
         # `mlcluster session debug` opens pdb there, live; `c` resumes, the cell ends well.
-        record, _ = sessions.submit_cell(
-            service,
-            "dbg",
-            {"workers": 2},
-            Payload(kind="code", source=PAUSES_ON_RANK_1, cwd=os.getcwd()),
-            origin={"kind": "python"},
-        )
+        record = session_cell(service, "dbg", PAUSES_ON_RANK_1)
         job_dir = str(service.store.job_dir(record.id))
         wait_for(
             lambda: session_debug.paused_ranks(job_dir, set(), print),

@@ -8,7 +8,7 @@ import math
 import textwrap
 
 import pytest
-from helpers import run_cli
+from helpers import run_cli, session_cell
 
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.storage.series import (
@@ -278,19 +278,11 @@ def test_a_session_cells_points_are_that_cells(service):
     """A session's ranks log into the running cell's job (its monitor and GET
     /jobs/{cell}/metrics read it), not the session's: each cell keeps its own points, the
     last ones too (sent before the cell's end)."""
-    import os
 
     from jupyterlab_mlcluster.jobs import sessions
 
     def cell(source: str):
-        record, _ = sessions.submit_cell(
-            service,
-            "logs",
-            {"workers": 2},
-            Payload(kind="code", source=source, cwd=os.getcwd()),
-            origin={"kind": "python"},
-        )
-        return service.wait(record.id, timeout=300)
+        return service.wait(session_cell(service, "logs", source).id, timeout=300)
 
     log = "import os, jupyterlab_mlcluster as mlc\nr = int(os.environ['RANK'])\n"
     first = cell(log + "for s in range(3):\n    mlc.log(step=s, first=s + r)\n")

@@ -5,12 +5,9 @@ and the session goes on."""
 
 from __future__ import annotations
 
-import os
-
-from helpers import wait_for
+from helpers import session_cell, wait_for
 
 from jupyterlab_mlcluster.jobs import session_debug, sessions
-from jupyterlab_mlcluster.runtime.payload import Payload
 
 from .test_slurm_sessions import ORIGIN, home, service  # noqa: F401 - the module's fixtures
 
@@ -25,14 +22,7 @@ print("after", x)
 
 def test_breakpoint_in_a_slurm_session_cell(service, slurm):  # noqa: F811
     def cell(source: str):
-        record, _ = sessions.submit_cell(
-            service,
-            "sbp",
-            {"workers": 2},
-            Payload(kind="code", source=source, cwd=os.getcwd()),
-            origin=ORIGIN,
-        )
-        return record
+        return session_cell(service, "sbp", source, ORIGIN)
 
     said, answers = [], ["p x", "c"]
     try:
