@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,43 @@ class KernelSession:
             reply = self.kc.get_shell_msg(timeout=30)
             if reply["parent_header"].get("msg_id") == msg_id:
                 return msgs, reply["content"]
+
+    def execute_answering(
+        self,
+        code: str,
+        answers: list[str | None],
+        allow_stdin: bool = True,
+        timeout: float = 240,
+    ) -> tuple[str, dict[str, Any], list[str]]:
+        """Run `code`, answering each input request (pdb's prompt) with the next of `answers`
+        ("q" once they run out; None: interrupt the kernel instead). Returns (the stream
+        text, the execute_reply content, the prompts asked)."""
+        prompts: list[str] = []
+        msg_id = self.kc.execute(code, allow_stdin=allow_stdin)
+        done = threading.Event()
+
+        def answer() -> None:
+            while not done.is_set():
+                try:
+                    msg = self.kc.get_stdin_msg(timeout=0.2)
+                except Exception:  # noqa: BLE001 - queue.Empty: nothing asked yet
+                    continue
+                if msg["msg_type"] == "input_request":
+                    prompts.append(msg["content"]["prompt"])
+                    given = answers.pop(0) if answers else "q"
+                    if given is None:
+                        self.km.interrupt_kernel()
+                    else:
+                        self.kc.input(given)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            msgs, reply = self.collect(msg_id, timeout=timeout)
+        finally:
+            done.set()
+            thread.join(5)
+        return "".join(m.get("text", "") for m in outputs(msgs, "stream")), reply, prompts
 
 
 def outputs(msgs, *types: str) -> list[dict[str, Any]]:

@@ -7,10 +7,6 @@ a kernel without stdin says so and the rank goes on; the session is kept through
 
 from __future__ import annotations
 
-import threading
-
-from kernel_session import outputs
-
 FAILS = """%%distributed --session dbg --workers 2 --framework none
 import os
 def step():
@@ -30,37 +26,6 @@ print("after", x)
 """
 
 
-def _run_answering(kernel, code: str, answers: list[str | None], allow_stdin: bool = True):
-    """Run `code`, answering each input request with the next of `answers` (None: interrupt
-    the kernel instead)."""
-    prompts: list[str] = []
-    msg_id = kernel.kc.execute(code, allow_stdin=allow_stdin)
-    done = threading.Event()
-
-    def answer() -> None:
-        while not done.is_set():
-            try:
-                msg = kernel.kc.get_stdin_msg(timeout=0.2)
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing asked yet
-                continue
-            if msg["msg_type"] == "input_request":
-                prompts.append(msg["content"]["prompt"])
-                answer = answers.pop(0) if answers else "q"
-                if answer is None:
-                    kernel.km.interrupt_kernel()
-                else:
-                    kernel.kc.input(answer)
-
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    try:
-        msgs, reply = kernel.collect(msg_id, timeout=240)
-    finally:
-        done.set()
-        thread.join(5)
-    return "".join(m.get("text", "") for m in outputs(msgs, "stream")), reply, prompts
-
-
 def test_distributed_debug_in_a_kernel(kernel, service):
     _, reply = kernel.execute("%distributed_debug --rank 0")
     assert reply["status"] == "error" and "no live session" in reply["evalue"], reply
@@ -73,7 +38,7 @@ def test_distributed_debug_in_a_kernel(kernel, service):
     _, reply = kernel.execute("%distributed_debug --rank 7")
     assert reply["status"] == "error" and "ranks 0 to 1" in reply["evalue"], reply
 
-    text, reply, prompts = _run_answering(kernel, "%distributed_debug --rank 1", ["p y", "q"])
+    text, reply, prompts = kernel.execute_answering("%distributed_debug --rank 1", ["p y", "q"])
     assert reply["status"] == "ok", (reply, text)
     assert prompts == ["(Pdb) ", "(Pdb) "], prompts
     assert "pdb on rank 1" in text and "\n42\n" in text and "session" in text, text
@@ -88,20 +53,20 @@ def test_distributed_debug_in_a_kernel(kernel, service):
 def test_breakpoint_in_a_session_cell(kernel, service):
     _, reply = kernel.execute("BOTH = False")
     assert reply["status"] == "ok", reply
-    text, reply, prompts = _run_answering(kernel, PAUSES, ["p x", "c"])
+    text, reply, prompts = kernel.execute_answering(PAUSES, ["p x", "c"])
     assert reply["status"] == "ok", (reply, text)
     assert prompts == ["(Pdb rank 1) "] * 2, (prompts, text)
     assert "rank 1 paused at cell.py:5" in text and "\n42\n" in text, text
     assert "rank 1 goes on" in text, text
 
     # Interrupted at the prompt: pdb is left, the cell ends as interrupted, the session stays.
-    text, reply, prompts = _run_answering(kernel, PAUSES, [None])
+    text, reply, prompts = kernel.execute_answering(PAUSES, [None])
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", (reply, text)
     assert prompts == ["(Pdb rank 1) "], prompts
 
     # Both ranks pause: one prompt at a time, each named.
     _, reply = kernel.execute("BOTH = True")
-    text, reply, prompts = _run_answering(kernel, PAUSES, ["c", "c"])
+    text, reply, prompts = kernel.execute_answering(PAUSES, ["c", "c"])
     assert reply["status"] == "ok", (reply, text)
     assert sorted(prompts) == ["(Pdb rank 0) ", "(Pdb rank 1) "], (prompts, text)
     first, second = (prompt.split()[2].rstrip(")") for prompt in prompts)
@@ -114,7 +79,7 @@ def test_breakpoint_in_a_session_cell(kernel, service):
 
     # A kernel run without stdin cannot ask: it says so, and the rank goes on.
     _, reply = kernel.execute("BOTH = False")
-    text, reply, prompts = _run_answering(kernel, PAUSES, [], allow_stdin=False)
+    text, reply, prompts = kernel.execute_answering(PAUSES, [], allow_stdin=False)
     assert reply["status"] == "ok" and not prompts, (reply, text)
     assert "rank 1: pdb's prompt cannot open here" in text and "the rank goes on" in text, text
 

@@ -9,7 +9,6 @@ channel), and `%distributed_debug` opens a post-mortem; the session is kept."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 from helpers import start_kernel, wait_for
@@ -115,32 +114,6 @@ def test_a_kernel_runs_cells_in_a_kubernetes_session(k8s, player, kernel, kube, 
         assert run.wait(30) == 0  # asked to stop: atexit ran, exit 0
 
 
-def _answering(kernel, code: str, answers: list[str]):
-    """Run `code`, answering each input request (pdb's prompt) with the next of `answers`."""
-    prompts: list[str] = []
-    msg_id = kernel.kc.execute(code, allow_stdin=True)
-    done = threading.Event()
-
-    def answer() -> None:
-        while not done.is_set():
-            try:
-                msg = kernel.kc.get_stdin_msg(timeout=0.2)
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing asked yet
-                continue
-            if msg["msg_type"] == "input_request":
-                prompts.append(msg["content"]["prompt"])
-                kernel.kc.input(answers.pop(0) if answers else "q")
-
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    try:
-        msgs, reply = kernel.collect(msg_id, timeout=180)
-    finally:
-        done.set()
-        thread.join(5)
-    return "".join(m.get("text", "") for m in outputs(msgs, "stream")), reply, prompts
-
-
 def test_pdb_on_a_kubernetes_session_rank(k8s, player, kernel):
     service = k8s()
     msg_id = kernel.kc.execute(
@@ -164,8 +137,7 @@ def test_pdb_on_a_kubernetes_session_rank(k8s, player, kernel):
     assert reply["status"] == "ok", (reply, [r.text for r in runs.values()])
 
     # breakpoint() on rank 1: its prompt, named, here; `p x` shows its local; `c` resumes.
-    text, reply, prompts = _answering(
-        kernel,
+    text, reply, prompts = kernel.execute_answering(
         "%%distributed --session dbg\n"
         "import os\n"
         "x = 41 + int(os.environ['RANK'])\n"
@@ -173,6 +145,7 @@ def test_pdb_on_a_kubernetes_session_rank(k8s, player, kernel):
         "    breakpoint()\n"
         "print('after', x)\n",
         ["p x", "c"],
+        timeout=180,
     )
     assert reply["status"] == "ok", (reply, text)
     assert prompts == ["(Pdb rank 1) "] * 2, (prompts, text)
@@ -190,7 +163,9 @@ def test_pdb_on_a_kubernetes_session_rank(k8s, player, kernel):
         timeout=120,
     )
     assert reply["status"] == "error", reply
-    text, reply, prompts = _answering(kernel, "%distributed_debug --rank 1", ["p y", "q"])
+    text, reply, prompts = kernel.execute_answering(
+        "%distributed_debug --rank 1", ["p y", "q"], timeout=180
+    )
     assert reply["status"] == "ok", (reply, text)
     assert prompts == ["(Pdb) ", "(Pdb) "], (prompts, text)
     assert "pdb on rank 1" in text and "\n42\n" in text, text
