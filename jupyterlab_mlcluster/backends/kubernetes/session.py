@@ -48,6 +48,7 @@ from ...jobs.model import RankState
 from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
 from ...jobs.session_link import RankLink
+from ...runtime.atomic import write_whole
 from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
@@ -55,7 +56,7 @@ from .payload import PayloadTooLarge, split_payload
 from .session_pdb import PdbMirror
 from .status import container_phase
 from .supervise import JobRun, _Attempt
-from .supervise_logs import LOOP_TICK, write_atomically
+from .supervise_logs import LOOP_TICK
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -308,7 +309,7 @@ class _SessionAttempt(_Attempt):
                 return
             if cell is not None and rtype == "error":
                 report = {k: v for k, v in value.items() if k != "type"}
-                write_atomically(self.store.error_path(cell.id, rank), json.dumps(report).encode())
+                write_whole(self.store.error_path(cell.id, rank), json.dumps(report).encode())
                 return
             if cell is not None and rtype == "result":
                 if rank == 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from ... import kubeconn
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import RankState
+from ...runtime.atomic import write_whole
 from ...runtime.outcome import RESULT_CHUNK
 from .client import message_of
 from .logs import MAX_POD_LINE, PodLogFollower, PodOutput
@@ -30,14 +30,6 @@ LOG_DRAIN_TIMEOUT = 10.0  # after the outcome: how long to wait for the last log
 # so that lines written during an outage are read before the drain after the outcome ends.
 LOG_BACKOFF = kubeconn.Backoff(first=kubeconn.backoff_from_env().first, cap=10.0)
 LOG_FAILURES_REPORTED = 3  # failures in a row before the user hears of it
-
-
-def write_atomically(path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 if TYPE_CHECKING:
@@ -127,7 +119,7 @@ def control(attempt: _Attempt, rank: int, record: dict[str, Any]) -> None:
         }
     elif rtype == "error":
         report = {k: v for k, v in record.items() if k != "type"}
-        write_atomically(attempt.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
+        write_whole(attempt.ctx.store.error_path(job_id, rank), json.dumps(report).encode())
     elif rtype == "result" and rank == 0:  # a result comes from rank 0 or from nobody
         result_chunk(attempt, record)
     elif rtype == "packages":  # the pod installs the notebook's packages (its log says more)
@@ -197,7 +189,7 @@ def result_chunk(attempt: _Attempt, record: dict[str, Any]) -> None:
         result = base64.b64decode("".join(chunks[i] for i in range(count)))
         store = attempt.ctx.store
         path = store.result_json_path if form == "json" else store.result_path
-        write_atomically(path(attempt.ctx.job.id), result)
+        write_whole(path(attempt.ctx.job.id), result)
         _forget(attempt, form)
 
 
@@ -231,7 +223,7 @@ def _refuse(attempt: _Attempt, form: str, why: str) -> None:
         _forget(attempt, form)
         attempt.json_form_refused = True
         attempt.ctx.logs.system(f"[mlcluster] rank 0's result: {why}", rank=0)
-        write_atomically(
+        write_whole(
             attempt.ctx.store.result_json_path(attempt.ctx.job.id),
             json.dumps({"kind": "refused", "refused": why}).encode(),
         )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ... import kubeconn
 from ...jobs.lifecycle import Outcome
 from ...jobs.model import RankState
+from ...runtime.atomic import write_whole
 from ...runtime.sync_packages import describe
 from . import supervise_logs
 from .cleanup import pending_cleanup, set_pending_cleanup
@@ -25,7 +26,7 @@ from .packages import PackageSync
 from .payload import split_payload
 from .plan import plan_objects
 from .status import is_suspended, owned_by
-from .supervise_logs import LOOP_TICK, write_atomically
+from .supervise_logs import LOOP_TICK
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 DELETE_FAILURES = kubeconn.FailureLog(log)
@@ -166,7 +167,7 @@ def secret_uids(attempt: _Attempt) -> dict[str, str]:
 def record_secret(attempt: _Attempt, name: str, uid: str) -> None:
     uids = secret_uids(attempt)
     uids[name] = uid
-    write_atomically(secrets_file(attempt), json.dumps(uids).encode())
+    write_whole(secrets_file(attempt), json.dumps(uids).encode())
 
 
 def check_secrets(attempt: _Attempt, dependents: list[dict[str, Any]]) -> None:
