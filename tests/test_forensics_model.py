@@ -170,7 +170,7 @@ def _stalled_job(state="running"):
 
 
 def test_a_stall_reads_in_the_jobs_table_the_monitor_rest_and_metrics():
-    from jupyterlab_mlcluster.kernel.monitor import message_html, status_line
+    from jupyterlab_mlcluster.kernel.job_html import message_html, status_line
     from jupyterlab_mlcluster.presentation import stall_text
     from jupyterlab_mlcluster.server.metrics import build_metrics
 

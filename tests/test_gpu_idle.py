@@ -51,7 +51,7 @@ def test_the_test_nvml_file_answers_like_nvml(tmp_path, monkeypatch):
 def test_the_cell_monitor_shows_the_flag_and_the_tensorboard_button():
     from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
     from jupyterlab_mlcluster.jobs.record import JobRecord
-    from jupyterlab_mlcluster.kernel.monitor import status_line, summary_html, title_html
+    from jupyterlab_mlcluster.kernel.job_html import status_line, summary_html, title_html
 
     record = JobRecord(
         id="j1a2b3c4d5", name="idle", spec=JobSpec(workers=2, gpus_per_worker=1),

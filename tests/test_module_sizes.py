@@ -21,8 +21,6 @@ OVER_500 = {
     "its schema, rows and log reads are the modules beside it",
     "jupyterlab_mlcluster/kernel/magics.py": "one IPython Magics class, its cell magic and each "
     "line magic with their argument handling",
-    "jupyterlab_mlcluster/kernel/monitor.py": "the monitor's two views, its status line and its "
-    "summary share one record and one redraw rate",
     "jupyterlab_mlcluster/backends/slurm/backend.py": "the backend and its attempt share one "
     "Slurm job's state; the pure parts are script.py and commands.py",
     "jupyterlab_mlcluster/backends/kubernetes/objects.py": "pure builders of every job kind "
@@ -39,7 +37,6 @@ OVER_600_TODO = {
     "jupyterlab_mlcluster/jobs/service.py",
     "jupyterlab_mlcluster/jobs/storage/store.py",
     "jupyterlab_mlcluster/kernel/magics.py",
-    "jupyterlab_mlcluster/kernel/monitor.py",
     "jupyterlab_mlcluster/backends/slurm/backend.py",
     "jupyterlab_mlcluster/backends/kubernetes/objects.py",
     "notebook_controller/handlers.py",

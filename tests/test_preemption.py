@@ -39,7 +39,7 @@ def lines_of(service, job_id: str, rank: int) -> list[str]:
 
 
 def test_a_rank_killed_with_9_restarts_the_gang_which_resumes_where_it_saved(service, tmp_path):
-    from jupyterlab_mlcluster.kernel.monitor import status_line, summary_html
+    from jupyterlab_mlcluster.kernel.job_html import status_line, summary_html
 
     straight = example_job(service, tmp_path / "straight", max_restarts=0)
     reference = service.wait(straight, timeout=120)
@@ -101,7 +101,7 @@ def test_each_attempt_is_said_in_the_monitor_and_mlcluster_jobs_and_the_first_an
     from jupyterlab_mlcluster.jobs import lifecycle
     from jupyterlab_mlcluster.jobs.lifecycle import Outcome, OutcomeKind
     from jupyterlab_mlcluster.jobs.record import JobRecord
-    from jupyterlab_mlcluster.kernel.monitor import status_line, summary_html
+    from jupyterlab_mlcluster.kernel.job_html import status_line, summary_html
     from jupyterlab_mlcluster.presentation import format_jobs_table
 
     spec = JobSpec.from_options({"workers": 2, "max_restarts": 3})

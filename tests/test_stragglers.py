@@ -13,7 +13,7 @@ from helpers import wait_for
 
 from jupyterlab_mlcluster.jobs.forensics.straggler import StragglerWatch
 from jupyterlab_mlcluster.jobs.model import JobSpec
-from jupyterlab_mlcluster.kernel.monitor import message_html
+from jupyterlab_mlcluster.kernel.job_html import message_html
 from jupyterlab_mlcluster.presentation import format_jobs_table
 from jupyterlab_mlcluster.runtime.payload import Payload
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..presentation import format_age, format_job_groups, format_jobs_table, rank_counts
-from .monitor import badge
+from .job_html import badge
 
 COMMAND = "%distributed_jobs"  # what a group's "… N more" row says to run for the rest
 HEADER = (

@@ -163,7 +163,7 @@ def test_kueue_position_moves_3_1_admitted_in_mlcluster_jobs_and_the_monitor(
     """Kueue is played through the API: its LocalQueue, the job's Workload and the
     visibility API's pending workloads (positions 0-based), answered as they change."""
     from jupyterlab_mlcluster.cli import format_jobs_table
-    from jupyterlab_mlcluster.kernel.monitor import status_line
+    from jupyterlab_mlcluster.kernel.job_html import status_line
 
     kueue = "/apis/kueue.x-k8s.io/v1beta1/namespaces/" + kube_namespace
     visibility = "/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/" + kube_namespace
@@ -297,7 +297,7 @@ def test_jobs_status_shows_in_the_reason_and_a_failed_node_job_fails_early(
     says where the JobSet stands; a failed `node` child Job fails the job at once, before
     any Failed condition, and the job's objects are cleaned up."""
     from jupyterlab_mlcluster.cli import format_jobs_table
-    from jupyterlab_mlcluster.kernel.monitor import status_line
+    from jupyterlab_mlcluster.kernel.job_html import status_line
 
     service = k8s()
     record = service.submit(spec_of(workers=2), code("6 * 7"))

@@ -12,7 +12,7 @@ import jsonschema
 from helpers import wait_for
 
 from jupyterlab_mlcluster.cli import format_jobs_table
-from jupyterlab_mlcluster.kernel.monitor import status_line
+from jupyterlab_mlcluster.kernel.job_html import status_line
 from tests.kube.crds import trainer_runtime, trainer_schema
 from tests.kube.jobs_fixtures import code, spec_of
 from tests.kube.player import objects_of
