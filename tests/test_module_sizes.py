@@ -23,8 +23,6 @@ OVER_500 = {
     "line magic with their argument handling",
     "jupyterlab_mlcluster/backends/slurm/backend.py": "the backend and its attempt share one "
     "Slurm job's state; the pure parts are script.py and commands.py",
-    "jupyterlab_mlcluster/backends/kubernetes/objects.py": "pure builders of every job kind "
-    "from one shared pod template, sharing its helpers",
     "notebook_controller/admission.py": "the policy itself: one CEL rule per refused "
     "escalation, each with its message",
     "notebook_controller/handlers.py": "kopf's handlers and indexes are registered on one "
@@ -38,7 +36,6 @@ OVER_600_TODO = {
     "jupyterlab_mlcluster/jobs/storage/store.py",
     "jupyterlab_mlcluster/kernel/magics.py",
     "jupyterlab_mlcluster/backends/slurm/backend.py",
-    "jupyterlab_mlcluster/backends/kubernetes/objects.py",
     "notebook_controller/handlers.py",
 }
 
