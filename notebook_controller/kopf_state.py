@@ -1,8 +1,8 @@
 """kopf's per-object state (handler progress, the last handled configuration) in this
 process's memory instead of annotations on each Notebook.
 
-In annotations, every Notebook handled cost one more PATCH of it, and one more watch event
-back, just to record that its handler ran: a sixth of the API calls of a burst of creates.
+In annotations, every Notebook handled would cost one more PATCH of it, and one more watch
+event back, just to record that its handler ran: a sixth of the API calls of a burst of creates.
 The handlers are level-based and idempotent (handlers.py), so the state is worth nothing
 across a restart: a controller that starts (or becomes the leader) without it sees every
 Notebook as new and reconciles it once, as kopf's resume did. Only the retry "touch" stays

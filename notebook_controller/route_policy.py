@@ -13,10 +13,10 @@ at any level (the route's or one destination's). The controller's notebook route
 Nor may such a route claim a path that is not its namespace's, or lead anywhere outside it
 (red team of issue 31, F1 and F2): routes of every namespace bound to the Gateway share its
 host, and Istio merges them oldest first, so a route of team-b on `/notebook/team-a/` (or a
-regex, `/jupyter/lab`, a catch-all) served team-a's URLs on the shared origin, with their
-cookies; and a route on `/bob-x/` rewritten to `/jupyter/` led to the shared server on a
-path the gateway's token requirement did not name. Every http match of a route in a user
-namespace is therefore a `uri` prefix (or exact path) under `/notebook/<its namespace>/`
+regex, `/jupyter/lab`, a catch-all) would serve team-a's URLs on the shared origin, with
+their cookies; and a route on `/bob-x/` rewritten to `/jupyter/` would lead to the shared
+server on a path the gateway's token requirement does not name. Every http match of a route
+in a user namespace is therefore a `uri` prefix (or exact path) under `/notebook/<its namespace>/`
 (no regex, no match-less rule), a rewrite stays under it, there is no delegation, and every
 destination and mirror is a Service of its own namespace (a short name, `<svc>.<ns>`,
 `<svc>.<ns>.svc` or `<svc>.<ns>.svc.cluster.local`).
@@ -24,7 +24,7 @@ destination and mirror is a Service of its own namespace (a short name, `<svc>.<
 A route is also applied where its `gateways` say (red team pass 2, G1): none, or `mesh`, puts
 it on every sidecar of the mesh (Istio exports a VirtualService to every namespace by
 default), where its `hosts` (another namespace's Service, the API server's, `*`) and its
-tcp/tls sections took over other tenants' traffic to those hosts. So in a user namespace
+tcp/tls sections would take over other tenants' traffic to those hosts. So in a user namespace
 `gateways` is exactly the printed Gateway, `hosts` only the Gateway's host, `exportTo`
 (absent: everywhere, moot once no sidecar applies it) names no namespace but its own and the
 Gateway's, and there are only http sections. Gateways, ServiceEntries, EnvoyFilters,

@@ -270,7 +270,7 @@ def group_checks(allowed: SchedulingAllowList) -> list[tuple[str, str]]:
     queue fields Volcano and Kueue order and preempt by take the same allow-lists as a pod's
     priorityClassName (red team of issue 31, F3: a PyTorchJob's
     `runPolicy.schedulingPolicy.priorityClass: system-node-critical`, a PodGroup of one's own,
-    a queue annotation or Kueue's priority label went around the pod-spec check)."""
+    a queue annotation or Kueue's priority label would go around the pod-spec check)."""
     classes = _quoted(list(allowed.priority_classes))
     queues = _quoted(["default", *allowed.queues])
     policy = "object.spec.runPolicy.schedulingPolicy"

@@ -1,7 +1,7 @@
 """What the controller's in-memory indexes keep of each object: only what it reads.
 
 At 10,000 Notebooks the indexes hold some 50,000 objects; kept whole (parsed JSON: a dict
-per mapping, a str per key and value) they were most of the controller's memory. Each value
+per mapping, a str per key and value) they would be most of the controller's memory. Each value
 keeps the metadata the handlers read (names, uid, labels, annotations, ownerReferences,
 deletion), the status, and of an owned object's spec only the fields repair_patch compares,
 packed as one JSON text each and parsed again only when a reconcile compares them

@@ -28,7 +28,7 @@ def iso(ts: float | None) -> str | None:
 
 
 # A listing of 100 jobs formats ~800 timestamps, the same ones on every request for jobs
-# that have ended: remembered (a pure function), not formatted again (GET /jobs, issue 34).
+# that have ended: remembered (a pure function), not formatted again (GET /jobs).
 @functools.lru_cache(maxsize=1 << 15)
 def _iso(ts: float) -> str:
     # isoformat, not strftime: a third of the time; "+00:00" -> "Z".

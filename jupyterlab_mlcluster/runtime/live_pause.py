@@ -1,4 +1,4 @@
-"""`breakpoint()` in a session's cell: the rank pauses in a live pdb (issue 33 item 4).
+"""`breakpoint()` in a session's cell: the rank pauses in a live pdb.
 
 pdb's stdin and stdout are a `debugger.FileRelay`, as for a post-mortem, over two files this
 rank makes (O_EXCL, 0600) in a 0700 directory of the cell's job directory, named

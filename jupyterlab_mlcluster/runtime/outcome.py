@@ -134,8 +134,8 @@ def _cut(text: str, most: int) -> str:
 
 def error_report(rank: int, exc: BaseException) -> dict[str, Any]:
     # Only the user's frames: not the runtime's, not runpy's (`python script.py` has neither).
-    # Bounded: a pod sends it as one log line, which its supervisor reads up to a limit (an
-    # exception carrying a huge repr came out as raw text there, and the report was lost).
+    # Bounded: a pod sends it as one log line, which its supervisor reads up to a limit (past
+    # it, the line is raw text and the report of an exception with a huge repr is lost).
     message = _cut(str(exc), MESSAGE_MAX)
     traceback = "".join(
         _cut(line, MESSAGE_MAX) for line in errors.format_user_traceback(exc).splitlines(True)

@@ -1,12 +1,13 @@
-"""A session's rank in a Kubernetes pod: where its cells come from (runtime/session_worker.py).
+"""A session's rank in a Kubernetes pod or a Slurm task: where its cells come from
+(runtime/session_worker.py).
 
-A local session rank reads its commands from a pipe only its supervisor holds. A pod has no
-such pipe: here the rank listens on a TCP port (`MLCLUSTER_SESSION_PORT`, any free one by
-default), says which in a signed record on stdout (its pod log, which the session's
-supervisor reads: backends/kubernetes/session.py) and the supervisor connects to the pod's
-IP on it. Nobody else may drive the rank, so a connection counts only after a handshake
-in which both sides prove they hold the job's key (the one in the payload Secret, never in
-the environment), bound to fresh nonces of both:
+A local session rank reads its commands from a pipe only its supervisor holds. A pod or a
+Slurm task has no such pipe: here the rank listens on a TCP port (`MLCLUSTER_SESSION_PORT`,
+any free one by default), says which (and its host) in a signed record of its report
+channel (a pod's log, a Slurm task's report file), and the supervisor connects to the pod's
+IP, or the task's host, on it. Nobody else may drive the rank, so a connection counts only
+after a handshake in which both sides prove they hold the job's key (the one beside the
+payload, never in the environment), bound to fresh nonces of both:
 
     rank -> supervisor   HELLO <rank nonce>
     supervisor -> rank   signed {"type": "hello", "rank_nonce": <rank nonce>, "nonce": <n>}

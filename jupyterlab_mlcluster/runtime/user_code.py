@@ -142,8 +142,8 @@ def _flush_open_files() -> None:
     """Flush buffered files nobody closed (a fresh interpreter's finalizers would).
 
     Needed in cold ranks too: a script's globals live on in runpy's namespace, which
-    interpreter finalization does not clear the way it clears `__main__` (measured: the data
-    of a file left open was lost). A warm rank's inherited objects are frozen (gc.freeze) and
+    interpreter finalization does not clear the way it clears `__main__` (without this, the
+    data of a file left open is lost). A warm rank's inherited objects are frozen (gc.freeze) and
     so not listed: only what the rank made is visited. Text layers first: they write into
     their binary buffers."""
     text, binary = [], []

@@ -1,4 +1,5 @@
-"""The Slurm backend's only outside calls: sbatch, squeue, scancel, sinfo as subprocesses.
+"""The Slurm backend's only outside calls: sbatch, squeue, sacct, scancel, sinfo as
+subprocesses.
 
 Every call has a timeout (`MLClusterConfig.slurm_command_timeout`); a call that fails the
 way a busy or restarting controller fails (a timeout, "Socket timed out", "Unable to contact
