@@ -1,0 +1,7 @@
+"""`python -m jupyterlab_mlcluster.cli`: `mlcluster`."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
