@@ -5,7 +5,7 @@ In annotations, every Notebook handled would cost one more PATCH of it, and one 
 event back, just to record that its handler ran: a sixth of the API calls of a burst of creates.
 The handlers are level-based and idempotent (handlers.py), so the state is worth nothing
 across a restart: a controller that starts (or becomes the leader) without it sees every
-Notebook as new and reconciles it once, as kopf's resume did. Only the retry "touch" stays
+Notebook as new and reconciles it once, as kopf's resume does. Only the retry "touch" stays
 an annotation: a change of the object is what wakes kopf up for a retry.
 
 Memory per Notebook: one JSON text (its spec, labels and annotations: what kopf diffs), and
