@@ -19,8 +19,6 @@ OVER_500 = {
     "its schema, rows and log reads are the modules beside it",
     "jupyterlab_mlcluster/kernel/magics.py": "one IPython Magics class, its cell magic and each "
     "line magic with their argument handling",
-    "jupyterlab_mlcluster/backends/slurm/backend.py": "the backend and its attempt share one "
-    "Slurm job's state; the pure parts are script.py and commands.py",
     "notebook_controller/admission.py": "the policy itself: one CEL rule per refused "
     "escalation, each with its message",
     "notebook_controller/handlers.py": "kopf's handlers and indexes are registered on one "
@@ -32,7 +30,6 @@ OVER_600_TODO = {
     "jupyterlab_mlcluster/jobs/service.py",
     "jupyterlab_mlcluster/jobs/storage/store.py",
     "jupyterlab_mlcluster/kernel/magics.py",
-    "jupyterlab_mlcluster/backends/slurm/backend.py",
     "notebook_controller/handlers.py",
 }
 
