@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .model import JobState
 from .record import JobRecord
 from .service import JobService
+
+if TYPE_CHECKING:
+    from IPython.lib.pretty import RepresentationPrinter
 
 
 class Job:
@@ -84,5 +87,5 @@ class Job:
         self._service.cancel(self.id)
         return self
 
-    def _repr_pretty_(self, p, cycle) -> None:  # IPython
+    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:  # IPython
         p.text(repr(self))

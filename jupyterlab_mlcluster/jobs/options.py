@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .model import JobSpec, parse_duration
 
+if TYPE_CHECKING:
+    from .experiments.sweeps import SweepSpec
+
+# One add_argument call as data: (flags, keyword arguments).
+Argument = tuple[tuple[str, ...], dict[str, Any]]
+
 # (flags, argparse keyword arguments): the one definition of the job options.
-JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+JOB_ARGUMENTS: list[Argument] = [
     (("--workers", "-n"), {"default": None, "help": "number of ranks (default 1)"}),
     (("--gpus-per-worker",), {"default": None, "help": "GPUs each rank owns (default 0)"}),
     (
@@ -113,7 +120,7 @@ JOB_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 # A cell's session (jobs/sessions.py): `%%distributed` only, for now (a CLI script is one
 # run, not cells).
-SESSION_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+SESSION_ARGUMENTS: list[Argument] = [
     (
         ("--session",),
         {
@@ -166,7 +173,7 @@ def grace_from_args(args: argparse.Namespace) -> float | None:
 
 
 # The sweep options (`%%distributed` and `mlcluster run`); see jobs/experiments/sweeps.py.
-SWEEP_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+SWEEP_ARGUMENTS: list[Argument] = [
     (
         ("--sweep",),
         {
@@ -184,7 +191,7 @@ SWEEP_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 # The schedule policies (`%%distributed --schedule` and `mlcluster schedule add`).
-SCHEDULE_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+SCHEDULE_ARGUMENTS: list[Argument] = [
     (
         ("--timezone",),
         {"default": None, "help": "time zone of the cron expression (default UTC)"},
@@ -206,7 +213,7 @@ SCHEDULE_ARGUMENTS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
-def schedule_options_from_args(args, spec) -> dict[str, Any]:
+def schedule_options_from_args(args: argparse.Namespace, spec: JobSpec) -> dict[str, Any]:
     """The schedule settings of --schedule/--timezone/... (name: --schedule-name, else --name)."""
     from .experiments.schedules import ScheduleError
 
@@ -224,12 +231,12 @@ def schedule_options_from_args(args, spec) -> dict[str, Any]:
     }
 
 
-def add_arguments(parser: argparse.ArgumentParser, arguments) -> None:
+def add_arguments(parser: argparse.ArgumentParser, arguments: Iterable[Argument]) -> None:
     for flags, kwargs in arguments:
         parser.add_argument(*flags, **kwargs)
 
 
-def sweep_from_args(args: argparse.Namespace):
+def sweep_from_args(args: argparse.Namespace) -> SweepSpec | None:
     """The SweepSpec of --sweep/--trials/..., or None (SweepError if inconsistent)."""
     from .experiments.sweeps import parse_sweep
 

@@ -13,6 +13,7 @@ disk defers what cannot be written to a later reap, said once per job.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from typing import TYPE_CHECKING
 
@@ -104,7 +105,7 @@ class Reaper:
             log.warning("cannot %s job %s yet: %s", what, job_id, exc)
         return True
 
-    def _settle_session_cell(self, row) -> bool:
+    def _settle_session_cell(self, row: sqlite3.Row) -> bool:
         """A session's cell whose session has ended (its supervisor killed before it could
         end its cells, say) fails now, saying so, not after the claim grace. True if so."""
         try:
@@ -125,7 +126,7 @@ class Reaper:
         )
         return moved
 
-    def _settle_orphan(self, row) -> bool:
+    def _settle_orphan(self, row: sqlite3.Row) -> bool:
         """A job whose supervisor is gone: respawn one (a backend may ask to) or finish the
         job; True if it was finished here."""
         record = self.store.get_job(row["id"])

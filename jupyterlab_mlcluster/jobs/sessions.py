@@ -257,7 +257,9 @@ def _supervised(holder: JobRecord) -> bool:
     return not holder.supervisor or holder_alive(holder.supervisor, holder.heartbeat)
 
 
-def check_unchanged(name: str, options: dict[str, Any], spec: JobSpec, default_backend: str):
+def check_unchanged(
+    name: str, options: dict[str, Any], spec: JobSpec, default_backend: str
+) -> None:
     """SessionError if `options` would change the live session's gang."""
     asked = JobSpec.from_options(
         {k: v for k, v in options.items() if k in GANG_OPTIONS}, default_backend=spec.backend

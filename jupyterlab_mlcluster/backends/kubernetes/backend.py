@@ -25,7 +25,11 @@ from .plan import JobPlan, make_plan
 from .trainjob import runtime_missing_message
 
 if TYPE_CHECKING:
+    from ...config import MLClusterConfig
+    from ...jobs.forensics import StackReport
+    from ...jobs.record import JobRecord
     from ...jobs.running.supervisor import JobContext
+    from ...jobs.storage.store import JobStore
 
 log = logging.getLogger("jupyterlab_mlcluster.kubernetes")
 
@@ -43,7 +47,7 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     ranks_inherit_environment = False  # pods get the spec's env and the image's
 
-    def __init__(self, config):
+    def __init__(self, config: MLClusterConfig) -> None:
         super().__init__(config)
         self._lock = threading.Lock()
         self._conn: client.Connection | None = None
@@ -420,7 +424,7 @@ class KubernetesBackend(Backend):
         finally:
             conn.api.close()
 
-    def supervisor_lost(self, store, job) -> SupervisorLost:
+    def supervisor_lost(self, store: JobStore, job: JobRecord) -> SupervisorLost:
         # A session's cells and channels live in its supervisor: without it the session
         # ends (the reaper deletes its objects: cleanup_orphans). A job lives on.
         return SupervisorLost.FAIL if is_session_holder(job) else SupervisorLost.RESPAWN
@@ -428,14 +432,16 @@ class KubernetesBackend(Backend):
     # Its supervisor feeds the stall watch from the pods' logs (forensics.py).
     watches_stalls = True
 
-    def collect_stacks(self, store, job, ranks: list[int] | None, native: bool):
+    def collect_stacks(
+        self, store: JobStore, job: JobRecord, ranks: list[int] | None, native: bool
+    ) -> StackReport:
         """Each rank's own helper, asked over its pod's network (stacks.py): a pod has no
         SYS_PTRACE, so nothing reads a rank from outside."""
         from .stacks import collect
 
         return collect(store, job, ranks, native)
 
-    def cleanup_orphans(self, store, job) -> None:
+    def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """The supervisor died (the job is cancelled), or a final job still has a pending
         cleanup: delete its job object (foreground; its pods and owned objects go with
         it). One bounded attempt; until the objects are gone the cleanup stays pending and

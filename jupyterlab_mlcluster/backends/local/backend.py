@@ -27,6 +27,8 @@ from . import pool
 from .gang import Gang
 
 if TYPE_CHECKING:
+    from ...jobs.forensics import StackReport
+    from ...jobs.record import JobRecord
     from ...jobs.running.supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -59,12 +61,14 @@ class LocalBackend(Backend):
             )
         pool.check_fits(spec, self.capacity())
 
-    def cleanup_orphans(self, store: JobStore, job) -> None:
+    def cleanup_orphans(self, store: JobStore, job: JobRecord) -> None:
         """Kill whatever a dead supervisor's ranks left: their groups, the job's cgroup,
         what they started elsewhere (jobs/running/proctree.py)."""
         kill_orphaned_tree(store.job_dir(job.id), job.id, store.rank_processes(job.id))
 
-    def collect_stacks(self, store: JobStore, job, ranks: list[int] | None, native: bool):
+    def collect_stacks(
+        self, store: JobStore, job: JobRecord, ranks: list[int] | None, native: bool
+    ) -> StackReport:
         """Read the ranks' processes here (py-spy, or their own helper): jobs/forensics/."""
         from ...jobs import forensics
 
@@ -137,13 +141,14 @@ class LocalBackend(Backend):
             ctx.tick()
             time.sleep(ADMISSION_POLL)
 
-    def _wait_reason(self, store: JobStore, job) -> str:
+    def _wait_reason(self, store: JobStore, job: JobRecord) -> str:
         queue = store.queue(job.backend)
         ahead = queue.index(job.id) if job.id in queue else 0
         rows = store.held_allocations(job.backend)
         used = pool.used_resources(
             [json.loads(r["allocation"]) for r in rows if supervisor_alive(r)]
         )
+        assert job.capacity is not None  # submit stores every job with its backend's capacity
         return pool.describe_wait(job.spec, job.capacity, used, ahead)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...jobs import forensics
@@ -44,7 +45,7 @@ class GangForensics(forensics.AttemptForensics):
             env[STACKS_FILE_ENV] = str(forensics.helper_file(self.job_dir, rank))
         return env
 
-    def _ack_path(self, rank: int):
+    def _ack_path(self, rank: int) -> Path:
         return self.job_dir / f"rank-{rank}.failing-{self.gang.attempt}"
 
     # -- what the gang sees -----------------------------------------------------------

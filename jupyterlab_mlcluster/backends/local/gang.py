@@ -12,6 +12,7 @@ import logging
 import os
 import selectors
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
@@ -47,12 +48,12 @@ class Gang:
         self,
         ctx: JobContext,
         spec: JobSpec,
-        allocation,
-        launch,
+        allocation: dict[str, Any],
+        launch: dict[str, Any],
         attempt: int,
         sampler: RankSampler,
         tree: Containment,
-    ):
+    ) -> None:
         self.ctx = ctx
         self.tree = tree
         self.last_reap = 0.0
@@ -169,7 +170,9 @@ class Gang:
         ctx.job.started = ctx.job.started or now
         self.forensics.started()
 
-    def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
+    def spawn(
+        self, rank: int, env: dict[str, str], payload_path: str, warm: bool
+    ) -> launcher.RankProcess:
         """Start one rank (a session's gang also hands each rank its command pipe)."""
         if warm:
             return launcher.spawn_forked(rank, env, self.launch.get("cwd"), payload_path)
@@ -214,7 +217,7 @@ class Gang:
                 continue
             self._handle(rank, stream, parser.feed(data))
 
-    def _handle(self, rank: int, stream: str, items) -> None:
+    def _handle(self, rank: int, stream: str, items: Iterable[tuple[str, Any]]) -> None:
         for kind, value in items:
             self.forensics.stall.active(rank)
             if kind == "line":

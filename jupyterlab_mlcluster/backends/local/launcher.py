@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...jobs.model import JobSpec
@@ -109,7 +110,15 @@ def rank_environment(
 class RankProcess:
     """A started rank: its pid, pipes, and exit status."""
 
-    def __init__(self, rank: int, pid: int, stdout: int, stderr: int, control: int, popen=None):
+    def __init__(
+        self,
+        rank: int,
+        pid: int,
+        stdout: int,
+        stderr: int,
+        control: int,
+        popen: subprocess.Popen[bytes] | None = None,
+    ) -> None:
         self.rank = rank
         self.pid = pid
         self.stdout = stdout
@@ -214,7 +223,9 @@ def spawn_forked(
     return RankProcess(rank, pid, out_r, err_r, control_r)
 
 
-def stop_ranks(ranks: list[RankProcess], grace: float, pump=None) -> list[int]:
+def stop_ranks(
+    ranks: list[RankProcess], grace: float, pump: Callable[[float], None] | None = None
+) -> list[int]:
     """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds;
     returns the ranks that had not exited by then (killed).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -117,7 +118,12 @@ def allocate(
     return {"cpus": need["cpus"], "memory": need["memory"], "gpus": gpus}
 
 
-def make_decider(is_alive: Callable[[dict[str, Any]], bool]):
+# JobStore.try_admit's rule: (the job's row, the queue in order, the rows holding resources)
+# -> the job's allocation, or None while it waits.
+Decider = Callable[[sqlite3.Row, list[sqlite3.Row], list[sqlite3.Row]], dict[str, Any] | None]
+
+
+def make_decider(is_alive: Callable[[sqlite3.Row], bool]) -> Decider:
     """The admission rule for JobStore.try_admit (runs inside its transaction).
 
     Walk the queue in order, reserving for every job ahead of us that fits now (its own
@@ -126,7 +132,9 @@ def make_decider(is_alive: Callable[[dict[str, Any]], bool]):
     """
     from ...jobs.model import JobSpec as _Spec
 
-    def decide(me, queued, holding) -> dict[str, Any] | None:
+    def decide(
+        me: sqlite3.Row, queued: list[sqlite3.Row], holding: list[sqlite3.Row]
+    ) -> dict[str, Any] | None:
         capacity = json.loads(me["capacity"])
         allocations = [json.loads(row["allocation"]) for row in holding if is_alive(row)]
         used = used_resources(allocations)

@@ -43,15 +43,25 @@ from . import launcher
 from .gang import Gang
 
 if TYPE_CHECKING:
+    from ...jobs.model import JobSpec
+    from ...jobs.running.proctree import Containment
     from ...jobs.running.supervisor import JobContext
     from ...jobs.storage.series import SeriesWriter
+    from ...runtime.samplers import RankSampler
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 FIFO_STREAM = "fifo"
 
 
-def serve_session(ctx: JobContext, spec, allocation, launch, sampler, tree) -> None:
+def serve_session(
+    ctx: JobContext,
+    spec: JobSpec,
+    allocation: dict[str, Any],
+    launch: dict[str, Any],
+    sampler: RankSampler,
+    tree: Containment,
+) -> None:
     engine = SessionEngine(ctx)
     args = (spec, allocation, launch, sampler, tree)
     engine.run(lambda number: SessionGang(engine, number, args).run_session())
@@ -72,7 +82,9 @@ class SessionGang(Gang):
 
     # -- ranks ---------------------------------------------------------------------------
 
-    def spawn(self, rank: int, env: dict[str, str], payload_path: str, warm: bool):
+    def spawn(
+        self, rank: int, env: dict[str, str], payload_path: str, warm: bool
+    ) -> launcher.RankProcess:
         env = dict(env, MLCLUSTER_SESSION=str(self.ctx.job.origin.get("session")))
         base = base_environment(self.launch.get("env", {}))
         # What this rank's environment adds to its submitter's: kept under every cell's own.

@@ -38,6 +38,7 @@ from . import script
 from .commands import SlurmError
 
 if TYPE_CHECKING:
+    from ...config import MLClusterConfig
     from ...jobs.record import JobRecord
     from ...jobs.storage.store import JobStore
     from .commands import SlurmCommands
@@ -85,7 +86,7 @@ def local_rank(pid: int | None, slurm_id: str | None, rank: int) -> float | None
 
 def read_stacks(
     commands: SlurmCommands,
-    config,
+    config: MLClusterConfig,
     job: JobRecord,
     slurm_id: str | None,
     attempt_dir: Path | None,
@@ -151,7 +152,13 @@ def read_stacks(
     return report
 
 
-def _read_helpers(commands, slurm_id, attempt_dir, remote: dict[int, str], live: list[int]):
+def _read_helpers(
+    commands: SlurmCommands,
+    slurm_id: str | None,
+    attempt_dir: Path | None,
+    remote: dict[int, str],
+    live: list[int],
+) -> list[tuple[int, forensics.RankStacks | str]]:
     """(rank, RankStacks or why not) of each `remote` rank, from its helper, woken by one
     scancel --signal=USR2 to the job's tasks."""
     if not slurm_id or attempt_dir is None:

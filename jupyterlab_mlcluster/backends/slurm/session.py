@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import select
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
@@ -247,7 +248,7 @@ class SessionAllocation(_Attempt):
 
     # -- what the rank files say ---------------------------------------------------------
 
-    def _handle(self, rank: int, stream: str, items) -> None:
+    def _handle(self, rank: int, stream: str, items: Iterable[tuple[str, Any]]) -> None:
         rest = []
         for kind, value in items:
             if kind == "line" and stream != "c":

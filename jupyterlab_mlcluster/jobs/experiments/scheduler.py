@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backoff import Backoff
 from ..model import JobSpec, JobState
@@ -26,6 +26,11 @@ from .schedules import (
     schedule_options,
 )
 from .store import ExperimentStore, TickClaim, UnknownSchedule
+
+if TYPE_CHECKING:
+    from ...runtime.payload import Payload
+    from ..backend import Backend
+    from ..service import JobService
 
 log = logging.getLogger("jupyterlab_mlcluster.scheduler")
 
@@ -70,10 +75,10 @@ class Clock:
 
 
 def create_schedule(
-    service,
+    service: JobService,
     *,
     spec: JobSpec,
-    payload,
+    payload: Payload,
     options: dict[str, Any],
     owner: str | None,
     origin: dict[str, Any],
@@ -105,14 +110,16 @@ def create_schedule(
     return store.get_schedule(opts["name"])
 
 
-def experiments(service) -> ExperimentStore:
+def experiments(service: JobService) -> ExperimentStore:
     from .sweep import experiments as shared
 
     return shared(service)
 
 
 class Scheduler:
-    def __init__(self, service, clock: Clock | None = None, *, shared: bool = False):
+    def __init__(
+        self, service: JobService, clock: Clock | None = None, *, shared: bool = False
+    ) -> None:
         self.service = service
         # A server shared by many users fires its users' schedules: each run is marked as a
         # job that server submitted for its owner (origin "shared"), as POST /jobs marks one,
@@ -232,7 +239,7 @@ def next_run(row: dict[str, Any]) -> float | None:
     return next_tick(row["cron"], row["timezone"], after)
 
 
-def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
+def schedule_json(service: JobService, row: dict[str, Any]) -> dict[str, Any]:
     """A schedule's REST shape: its settings, next tick, and its last run."""
     runs = experiments(service).runs(row["name"], limit=1)
     last = runs[0] if runs else None
@@ -256,14 +263,14 @@ def schedule_json(service, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cluster_backend(service, name: str):
+def _cluster_backend(service: JobService, name: str) -> Backend | None:
     """The backend that fires this schedule itself (Kubernetes), or None (local schedulers)."""
     row = experiments(service).get_schedule(name)
     backend = service.backend(row["spec"].get("backend") or "local")
     return backend if backend.fires_schedules else None
 
 
-def pause(service, name: str, paused: bool) -> None:
+def pause(service: JobService, name: str, paused: bool) -> None:
     """Pause/resume: the cluster's CronJob first (a failure changes nothing), then the row."""
     backend = _cluster_backend(service, name)
     if backend is not None:
@@ -271,7 +278,7 @@ def pause(service, name: str, paused: bool) -> None:
     experiments(service).set_suspended(name, paused)
 
 
-def delete(service, name: str) -> None:
+def delete(service: JobService, name: str) -> None:
     backend = _cluster_backend(service, name)
     if backend is not None:
         backend.forget_schedule(name)

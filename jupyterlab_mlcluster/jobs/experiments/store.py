@@ -30,7 +30,7 @@ from typing import Any
 from ...runtime.atomic import write_whole
 from ..model import SpecError
 from ..storage.database import Database
-from ..storage.store import job_summaries, sweep_job_ids, unfinished_among
+from ..storage.store import JobStore, job_summaries, sweep_job_ids, unfinished_among
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -115,14 +115,14 @@ class ExperimentStore:
                 time.sleep(0.05)
 
     @classmethod
-    def for_jobs(cls, job_store) -> ExperimentStore:
+    def for_jobs(cls, job_store: JobStore) -> ExperimentStore:
         return cls(job_store.db_path, job_store.root)
 
     @property
     def _db(self) -> sqlite3.Connection:
         return self.database.connection
 
-    def _tx(self):
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return self.database.transaction()
 
     # -- sweeps --------------------------------------------------------------------------

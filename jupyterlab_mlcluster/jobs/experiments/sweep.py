@@ -15,13 +15,20 @@ import html
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..grouping import default_name
 from ..model import JobSpec, JobState
 from ..record import iso
 from .store import ExperimentStore
 from .sweeps import SweepSpec, best_index, expand, format_value, is_score, metric_of
+
+if TYPE_CHECKING:
+    from IPython.lib.pretty import RepresentationPrinter
+
+    from ...runtime.payload import Payload
+    from ..running.supervisor import JobContext
+    from ..service import JobService
 
 SLOT_POLL = 0.2
 
@@ -35,13 +42,13 @@ def _experiment_store(db_path: str, root: str) -> ExperimentStore:
     return ExperimentStore(db_path, root)
 
 
-def experiments(service) -> ExperimentStore:
+def experiments(service: JobService) -> ExperimentStore:
     """The sweeps' and schedules' store beside a service's job store (one per store and
     process; its connections are per thread)."""
     return _experiment_store(str(service.store.db_path), str(service.store.root))
 
 
-def trial_payload(payload, params: dict[str, Any]):
+def trial_payload(payload: Payload, params: dict[str, Any]) -> Payload:
     """The trial's copy of the payload: params defined as globals (cells, functions) and
     passed as `--name=value` arguments (scripts, modules)."""
     import copy
@@ -54,7 +61,13 @@ def trial_payload(payload, params: dict[str, Any]):
 
 
 def submit_sweep(
-    service, spec: JobSpec, payload, sweep: SweepSpec, *, origin: dict[str, Any], **submit_kwargs
+    service: JobService,
+    spec: JobSpec,
+    payload: Payload,
+    sweep: SweepSpec,
+    *,
+    origin: dict[str, Any],
+    **submit_kwargs: Any,
 ) -> Sweep:
     """Store the sweep and submit its trials. SpecError/PayloadError before the first
     submit: nothing stored."""
@@ -109,12 +122,12 @@ def submit_sweep(
         raise
 
 
-def sweep_handle(service, sweep_id: str) -> Sweep:
+def sweep_handle(service: JobService, sweep_id: str) -> Sweep:
     """The sweep as its owner's kernel or CLI sees it: trial values are the real objects."""
     return Sweep(service, sweep_id, service.result)
 
 
-def wait_for_slot(ctx) -> bool:
+def wait_for_slot(ctx: JobContext) -> bool:
     """In a trial's supervisor, before its backend runs: wait for a slot of the sweep.
     True to go on; False if the job was cancelled meanwhile (the caller ends it)."""
     sweep = ctx.job.origin.get("sweep")
@@ -163,7 +176,9 @@ class Sweep:
     passes `service.result` (the real objects, unpickled: see sweep_handle()); a server
     passes `service.result_data` (the JSON form only; it never unpickles what a job wrote)."""
 
-    def __init__(self, service, sweep_id: str, read_value: Callable[[str], tuple[str, Any]]):
+    def __init__(
+        self, service: JobService, sweep_id: str, read_value: Callable[[str], tuple[str, Any]]
+    ) -> None:
         self._service = service
         self.id = sweep_id
         self._read_value = read_value
@@ -251,7 +266,7 @@ class Sweep:
     def __repr__(self) -> str:
         return format_trials_text(self.id, self.info["options"], self.trials, self.best)
 
-    def _repr_pretty_(self, p, cycle) -> None:
+    def _repr_pretty_(self, p: RepresentationPrinter, cycle: bool) -> None:
         p.text(repr(self))
 
     def _repr_html_(self) -> str:
@@ -285,7 +300,9 @@ def _duration_text(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 60 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
 
 
-def format_trials_text(sweep_id: str, options: dict, trials: list[Trial], best) -> str:
+def format_trials_text(
+    sweep_id: str, options: dict[str, Any], trials: list[Trial], best: Trial | None
+) -> str:
     names = list(options.get("params", {}))
     metric = options.get("metric") or "value"
     head = ["TRIAL", *names, "STATE", metric.upper(), "DURATION", "JOB"]
@@ -316,7 +333,9 @@ def format_trials_text(sweep_id: str, options: dict, trials: list[Trial], best) 
     return "\n".join([title, *lines])
 
 
-def format_trials_html(sweep_id: str, options: dict, trials: list[Trial], best) -> str:
+def format_trials_html(
+    sweep_id: str, options: dict[str, Any], trials: list[Trial], best: Trial | None
+) -> str:
     names = list(options.get("params", {}))
     metric = options.get("metric") or "value"
     th = "".join(

@@ -84,7 +84,7 @@ def submitter_gone(origin: Mapping[str, Any]) -> bool:
     return not process_is(pid, origin.get("attach_create_time"))
 
 
-def supervisor_lost_reason(row: Mapping[str, Any]) -> str:
+def supervisor_lost_reason(row: Mapping[str, Any] | sqlite3.Row) -> str:
     """Why a job whose supervisor is not alive (supervisor_alive) is being failed."""
     if not row["supervisor"]:
         return "the job's supervisor process never started"

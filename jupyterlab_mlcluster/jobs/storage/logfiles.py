@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def parse_cursor(cursor: str | None) -> dict[int, int]:
@@ -64,7 +64,7 @@ TAIL_MAX_BYTES = 16 * 1024 * 1024
 _TAIL_BLOCK = 65536
 
 
-def tail_offset(f, lines: int, max_bytes: int | None = TAIL_MAX_BYTES) -> int:
+def tail_offset(f: BinaryIO, lines: int, max_bytes: int | None = TAIL_MAX_BYTES) -> int:
     """The offset where the last `lines` lines of `f` begin (0 if it has no more).
 
     A line is counted by its newline: the offset is just after the (lines+1)th newline from

@@ -250,6 +250,6 @@ class StoreBell:
 
 
 @functools.cache
-def _libc():
+def _libc() -> ctypes.CDLL:
     """The C library, loaded once: every bell's open, aim and release calls into it."""
     return ctypes.CDLL(None, use_errno=True)

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...runtime.atomic import write_whole
 from ..running.processes import start_detached
@@ -28,6 +28,9 @@ from .place import (
     pool_dir,
     socket_path,
 )
+
+if TYPE_CHECKING:
+    from ...config import MLClusterConfig
 
 START_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 10.0
@@ -61,7 +64,9 @@ def request(
     return reply
 
 
-def requested_modules(config, learned: list[str] | tuple[str, ...] = ()) -> list[str]:
+def requested_modules(
+    config: MLClusterConfig, learned: list[str] | tuple[str, ...] = ()
+) -> list[str]:
     """What a job's generation should preload: the pinned list, then (when learning is on)
     what the submitter learned, less what the pool refused before."""
     pinned = list(config.warm_pool_modules)
@@ -97,7 +102,7 @@ def _record_refusal(directory: Path, name: str, reason: str) -> None:
 
 
 def ensure_zygote(
-    config,
+    config: MLClusterConfig,
     wait: bool = True,
     modules: list[str] | None = None,
     overlay: Mapping[str, str | None] | None = None,
@@ -262,7 +267,7 @@ def _stop_generation(info: dict[str, Any]) -> None:
         request(Path(info["socket"]), {"op": "stop"}, timeout=1.0)
 
 
-def pool_status(config) -> dict[str, Any]:
+def pool_status(config: MLClusterConfig) -> dict[str, Any]:
     """Every generation of the idle pool with its memory, the bound, and the refusals."""
     try:
         generations = _generations()
@@ -284,7 +289,7 @@ def pool_status(config) -> dict[str, Any]:
     }
 
 
-def status(config) -> dict[str, Any] | None:
+def status(config: MLClusterConfig) -> dict[str, Any] | None:
     """The newest generation of this environment (its status op), or None."""
     try:
         env_fp = env_fingerprint()
@@ -296,7 +301,7 @@ def status(config) -> dict[str, Any] | None:
         return None
 
 
-def stop(config) -> bool:
+def stop(config: MLClusterConfig) -> bool:
     """Stop every generation in the pool directory. False: none was running."""
     try:
         generations = _generations()

@@ -165,7 +165,7 @@ class _RecordEnvironReads:
         original = self._original = environ_type.__getitem__
         reads, library, rank_reads = self.reads, self._LIBRARY, self.rank_reads
 
-        def recording_getitem(environ, key):
+        def recording_getitem(environ: os._Environ[str], key: str) -> str:
             caller = sys._getframe(1)
             code = caller.f_code
             one = code.co_filename not in library or code.co_name in ("get", "__contains__")

@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import (
     START_TIMEOUT,
@@ -25,8 +25,13 @@ from .client import (
 from .environment import _fit_key
 from .place import _ENV_KEYS, UnsafePoolDir, _warn_once, env_fingerprint, fingerprint, pool_dir
 
+if TYPE_CHECKING:
+    from ...config import MLClusterConfig
 
-def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str, Any]) -> bool:
+
+def _within_memory(
+    config: MLClusterConfig, generations: list[dict[str, Any]], serving: dict[str, Any]
+) -> bool:
     """Keep the idle pool under warm_pool_max_memory: retire the oldest generations other
     than the serving one while over it. False: still over (learn no more)."""
     limit = config.warm_pool_max_memory
@@ -56,7 +61,7 @@ def _within_memory(config, generations: list[dict[str, Any]], serving: dict[str,
 
 
 def serving_generation(
-    config,
+    config: MLClusterConfig,
     want: list[str],
     env: Mapping[str, str] | None = None,
     needs: list[str] | None = None,
@@ -79,7 +84,7 @@ def serving_generation(
 
 
 def _serving(
-    config,
+    config: MLClusterConfig,
     want: list[str],
     env: Mapping[str, str] | None = None,
     needs: list[str] | None = None,
@@ -166,7 +171,7 @@ def _await_build(want: list[str], overlay: Mapping[str, str | None] | None) -> P
 
 
 def _prepare_for(
-    config,
+    config: MLClusterConfig,
     want: list[str],
     env: Mapping[str, str],
     generations: list[dict[str, Any]],
@@ -206,7 +211,7 @@ def _prepare_for(
     )
 
 
-def learn_ahead(config, learned: list[str]) -> bool:
+def learn_ahead(config: MLClusterConfig, learned: list[str]) -> bool:
     """What a kernel just imported (after a cell, before any job asks): where the pool is
     running and no generation of it covers the wish, build one in the background now, so
     that the next %%distributed cell finds it ready instead of paying the imports in every
@@ -244,7 +249,7 @@ _last_choice: _Choice | None = None
 
 
 def spawn_supervisor(
-    config,
+    config: MLClusterConfig,
     store_root: str,
     job_id: str,
     learned: list[str] | tuple[str, ...] = (),
