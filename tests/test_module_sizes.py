@@ -17,8 +17,6 @@ OVER_500 = {
     "results, cancel) in one class; reaping and following are modules of their own",
     "jupyterlab_mlcluster/jobs/storage/store.py": "every SQL statement on the store's tables; "
     "its schema, rows and log reads are the modules beside it",
-    "jupyterlab_mlcluster/kernel/magics.py": "one IPython Magics class, its cell magic and each "
-    "line magic with their argument handling",
     "notebook_controller/admission.py": "the policy itself: one CEL rule per refused "
     "escalation, each with its message",
     "notebook_controller/handlers.py": "kopf's handlers and indexes are registered on one "
@@ -29,7 +27,6 @@ OVER_600_TODO = {
     "jupyterlab_mlcluster/server/app.py",
     "jupyterlab_mlcluster/jobs/service.py",
     "jupyterlab_mlcluster/jobs/storage/store.py",
-    "jupyterlab_mlcluster/kernel/magics.py",
     "notebook_controller/handlers.py",
 }
 

@@ -410,7 +410,7 @@ def test_a_quick_job_leaves_a_plain_summary_and_a_long_one_gets_widgets(kernel):
     # The threshold is raised for this half so a loaded machine can't make the "quick" job
     # outlast it, and restored to the product's value for the long half.
     _, reply = kernel.execute(
-        "import jupyterlab_mlcluster.kernel.magics as _m\n"
+        "import jupyterlab_mlcluster.kernel.cell_run as _m\n"
         "_product_delay = _m.WIDGET_DELAY\n_m.WIDGET_DELAY = 60.0"
     )
     assert reply["status"] == "ok"
