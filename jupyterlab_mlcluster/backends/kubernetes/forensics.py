@@ -32,7 +32,7 @@ SELF_REPORTED_CPU_PERCENT = 3.0
 
 
 class AttemptForensics(forensics.AttemptForensics):
-    def __init__(self, attempt: _Attempt):
+    def __init__(self, attempt: _Attempt) -> None:
         super().__init__(
             attempt.ctx, not is_session_holder(attempt.ctx.job), SELF_REPORTED_CPU_PERCENT
         )
@@ -58,9 +58,7 @@ class AttemptForensics(forensics.AttemptForensics):
             return
         a = self.attempt
         endpoints: dict[int, dict[str, Any]] = {}
-        for name, pod in a.pods.items():
-            if not a._mine(pod):
-                continue
+        for name, pod in a.my_pods().items():
             ip = (pod.get("status") or {}).get("podIP")
             for rank in pod_ranks(pod, a.plan.engine, a.plan.ranks_per_pod):
                 if rank in self.ports:

@@ -40,7 +40,7 @@ import json
 import logging
 import select
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
@@ -49,10 +49,10 @@ from ...jobs.session_cells import SessionCell, series_now
 from ...jobs.session_engine import SessionEngine
 from ...jobs.session_link import RankLink
 from ...runtime.atomic import write_whole
-from . import supervise_logs
 from .cleanup import set_pending_cleanup
 from .objects import pod_ranks
 from .payload import PayloadTooLarge, split_payload
+from .results import ResultAssembler
 from .session_pdb import PdbMirror
 from .status import container_phase
 from .supervise import JobRun, _Attempt
@@ -61,8 +61,10 @@ from .supervise_logs import LOOP_TICK
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
     from ...jobs.storage.series import SeriesWriter
+    from ...jobs.storage.store import JobStore
     from .client import Connection
     from .plan import JobPlan
+    from .status import Observation
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
@@ -70,7 +72,7 @@ ORPHAN_FLOOR = 10.0  # seconds: the least a rank waits for a supervisor before i
 
 
 class SessionRun(JobRun):
-    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection):
+    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection) -> None:
         super().__init__(ctx, plan, conn)
         # Same builders, same objects: the session's name in the pods' environment makes
         # their worker a session rank (runtime/worker.py hands over to session_worker.py).
@@ -90,20 +92,23 @@ class SessionRun(JobRun):
 
 
 class _Cell(SessionCell):
-    def __init__(self, ctx: JobContext):
+    """A cell on pods: rank 0's result comes in signed chunks over its pod log."""
+
+    def __init__(self, ctx: JobContext) -> None:
         super().__init__(ctx)
-        # rank 0's result chunks (supervise_logs.result_chunk reads these off an attempt)
-        self.result_chunks: dict[str, dict[int, str]] = {}
-        self.result_counts: dict[str, int] = {}
-        self.result_received = 0
-        self.json_form_refused = False
+        self.result = ResultAssembler(ctx)
+
+    def result_chunk(self, record: dict[str, Any]) -> None:
+        """One of rank 0's `result` records (a refusal fails the cell, saying why)."""
+        self.result.take(record)
+        self.result_refused = self.result.refused
 
 
 class _SessionAttempt(_Attempt):
     """One incarnation of the session's pods (created, serving cells, deleted): the session
     engine's transport."""
 
-    def __init__(self, run: SessionRun, number: int):
+    def __init__(self, run: SessionRun, number: int) -> None:
         super().__init__(run, number)
         self.engine = run.engine
         give_up = self.ctx.config.kubernetes_session_channel_timeout
@@ -124,7 +129,7 @@ class _SessionAttempt(_Attempt):
                 link.close()
 
     @property
-    def store(self):
+    def store(self) -> JobStore:
         return self.ctx.store
 
     # -- the engine's transport -------------------------------------------------------------
@@ -137,12 +142,13 @@ class _SessionAttempt(_Attempt):
         return list(self.links)
 
     def await_news(self, timeout: float) -> None:
-        supervise_logs.ensure_log_streams(self)
+        self.logs.ensure(self.my_pods())
         self.changed = self._pump(timeout) or self.changed
         self.pdb.poll()
 
     def dead(self) -> tuple[int | None, str] | None:
-        if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
+        job = self.view.job
+        if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
             return self._died(
                 None, f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster"
             )
@@ -214,7 +220,7 @@ class _SessionAttempt(_Attempt):
             return  # no rank to wait for (its pods not started yet): the deletion stops them
         deadline = time.monotonic() + self.ctx.config.kill_grace_period
         while time.monotonic() < deadline:
-            mine = [p for p in self.pods.values() if self._mine(p)]
+            mine = self.my_pods().values()
             if all(container_phase(p, self.container) == "terminated" for p in mine):
                 break
             self._pump(LOOP_TICK)
@@ -222,14 +228,14 @@ class _SessionAttempt(_Attempt):
 
     # -- the pods ---------------------------------------------------------------------------
 
-    def _dead_pod(self, obs) -> tuple[int | None, str] | None:
+    def _dead_pod(self, obs: Observation) -> tuple[int | None, str] | None:
         """A pod of this attempt whose container ended while the session lives."""
         if self.stopping:
             return None
         if obs.failure is not None:
             return obs.failure.rank, obs.failure.message
-        for pod in self.pods.values():
-            if self._mine(pod) and container_phase(pod, self.container) == "terminated":
+        for pod in self.my_pods().values():
+            if container_phase(pod, self.container) == "terminated":
                 ranks = pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod)
                 rank = ranks[0] if ranks else None
                 return rank, f"rank {rank} exited (pod {pod['metadata']['name']} ended)"
@@ -252,9 +258,9 @@ class _SessionAttempt(_Attempt):
         stayed down too long, if any."""
         now = time.monotonic()
         hosts: dict[int, str] = {}
-        for pod in self.pods.values():
+        for pod in self.my_pods().values():
             ip = (pod.get("status") or {}).get("podIP")
-            if ip and self._mine(pod):
+            if ip:
                 for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
                     hosts[rank] = ip
         for rank, link in self.links.items():
@@ -311,9 +317,8 @@ class _SessionAttempt(_Attempt):
                 report = {k: v for k, v in value.items() if k != "type"}
                 write_whole(self.store.error_path(cell.id, rank), json.dumps(report).encode())
                 return
-            if cell is not None and rtype == "result":
+            if isinstance(cell, _Cell) and rtype == "result":
                 if rank == 0:
-                    # The chunks' bookkeeping is the cell's (it has the attempt's fields).
-                    supervise_logs.result_chunk(cast(Any, cell), value)
+                    cell.result_chunk(value)
                 return
-        supervise_logs.rank_item(self, rank, kind, value)
+        super().rank_item(rank, kind, value)

@@ -15,45 +15,35 @@ One `JobRun` per job; one `_Attempt` per try (`--max-restarts` re-creates everyt
 3. on an outcome (success, a failed rank, cancel, timeout) read the remaining logs, delete
    the job object with foreground propagation and wait until it and its pods are gone.
 
-What is where: here `JobRun`, and `_Attempt`'s state, watches, following loop and event queue;
-steps 1 and 3 (create, adopt, the payload Secrets' uids, delete and wait, the ranks' last
-states) in supervise_objects.py; the log streams, control records, rank 0's result chunks and
-the final drain in supervise_logs.py. Those are functions of the `_Attempt`.
+What is where: here `JobRun`, and the `_Attempt`: its following loop, event queue, the
+ranks' states and records. The attempt's parts are objects of their own: its cluster objects
+(supervise_objects.AttemptObjects: steps 1 and 3), its watches and what they last said
+(supervise_watches), its pods' log streams (supervise_logs.LogStreams), rank 0's result
+(results.ResultAssembler), why it waits (supervise_waiting.WaitingReason) and its forensics.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import queue
-import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ... import kubeconn
 from ...jobs import lifecycle
 from ...jobs.lifecycle import Outcome, OutcomeKind
 from ...jobs.model import JobSpec, JobState, RankState
 from ...jobs.storage.store import JobStore
+from ...runtime.atomic import write_whole
 from ...runtime.protocol import job_key, key_path
-from . import supervise_logs, supervise_objects
-from .client import (
-    Connection,
-    Resources,
-    kind_of,
-    message_of,
-    served_kinds,
-)
+from .client import Connection, Resources, kind_of, message_of, served_kinds
 from .forensics import AttemptForensics
-from .kueue import KueueView, Standing, standing_text
-from .logs import PodLogFollower, PodOutput
-from .objects import (
-    container_name,
-    job_selector,
-    object_name,
-    pod_ranks,
-)
+from .logs import MAX_POD_LINE, stored_line_counts
+from .objects import container_name, job_selector, object_name, pod_ranks
 from .plan import JobPlan
+from .results import ResultAssembler
 from .status import (
     Observation,
     later_rank_state,
@@ -62,15 +52,17 @@ from .status import (
     pod_usage,
     rank_fields,
 )
-from .supervise_logs import LOOP_TICK
-from .volcano import PodGroupView
+from .supervise_logs import LOG_DRAIN_TIMEOUT, LOOP_TICK, LogStreams
+from .supervise_objects import AttemptObjects
+from .supervise_waiting import WaitingReason
+from .supervise_watches import AttemptWatches, ClusterView
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
     from ...jobs.storage.series import SeriesWriter
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
-WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
+T = TypeVar("T")
 
 METRICS_API_INTERVAL = 5.0  # metrics-server scrapes every 15 s by default; no use asking often
 
@@ -78,7 +70,7 @@ _STATE_ORDER = {JobState.QUEUED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
 
 
 class JobRun:
-    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection):
+    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection) -> None:
         self.ctx = ctx
         self.plan = plan
         self.conn = conn
@@ -95,7 +87,7 @@ class JobRun:
     def metrics_api(self) -> bool:
         """Whether pod metrics come from the metrics API (asked once, when first needed)."""
         return self.plan.ranks_per_pod == 1 and "PodMetrics" in _quietly(
-            lambda: served_kinds(self.conn, "metrics.k8s.io/v1beta1"), set()
+            lambda: served_kinds(self.conn, "metrics.k8s.io/v1beta1"), set[str]()
         )
 
     def run(self) -> None:
@@ -113,7 +105,7 @@ class JobRun:
         )
 
 
-def _quietly(fn, default):
+def _quietly(fn: Callable[[], T], default: T) -> T:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - optional knowledge (e.g. discovery forbidden)
@@ -124,60 +116,43 @@ def _quietly(fn, default):
 class _Attempt:
     """One try: objects created (or adopted), followed to an outcome, deleted."""
 
-    def __init__(self, run: JobRun, number: int):
+    def __init__(self, run: JobRun, number: int) -> None:
         self.run_ = run
         self.ctx = run.ctx
         self.spec = run.spec
         self.plan = run.plan
         self.number = number
-        self.events: queue.Queue = queue.Queue()
-        self.job: dict[str, Any] | None = None
-        self.uid: str | None = None
-        self.pods: dict[str, dict[str, Any]] = {}
         self.container = container_name(self.plan.engine)
-        # logs
-        self.outputs: dict[str, PodOutput] = {}
-        self.followers: dict[str, PodLogFollower] = {}
-        self.log_done: set[str] = set()
-        self.log_retry_at: dict[str, float] = {}
-        self.log_failures: dict[str, int] = {}
-        self.resume_skip: dict[str, dict[int, int]] = {}
-        self.adopted_skip: dict[int, int] = {}
+        # What the watches and the pods' log streams say, consumed by this thread alone.
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        say = self.ctx.logs.system
+        self.objects = AttemptObjects(run, number)
+        self.view = ClusterView()
+        self.watches = AttemptWatches(
+            run.conn, self.plan.namespace, run.kind, run.name, self.ctx.job.id, self.events, say
+        )
+        placement = (self.plan.engine, self.plan.ranks_per_pod)
+        self.logs = LogStreams(
+            run.conn,
+            self.plan.namespace,
+            self.container,
+            placement,
+            run.key,
+            self.events,
+            self.rank_item,
+            say,
+        )
+        self.result = ResultAssembler(self.ctx)
+        self.waiting = WaitingReason(run.conn, self.plan, run.name)
         # what the ranks told us
         self.started_ranks: set[int] = set()
         self.installing: set[int] = set()  # ranks whose pods install the notebook's packages
-        self.result_chunks: dict[str, dict[int, str]] = {}  # form -> index -> base64
-        self.result_counts: dict[str, int] = {}  # form -> chunks its chunk 0 announced
-        self.result_refused: str | None = None  # why rank 0's result was dropped
-        self.result_received = 0  # base64 characters of result chunks held
-        self.json_form_refused = False  # rank 0's JSON form was over max_result_json_mib
         self.runtime_metrics: dict[int, dict[str, Any]] = {}
         self.rank_updates = lifecycle.RankUpdates(run.ctx, series=self.series_now)
         self.written: dict[int, dict[str, Any]] = {}
         self.state_order = -1
         self.last_metrics = 0.0
         self.last_metrics_api = 0.0
-        self.reported_watch_errors: set[str] = set()
-        self.watches: list[tuple[kubeconn.ListWatch, threading.Thread]] = []
-        self._stopping = threading.Event()
-        # Kueue: where the job stands while it is held (kueue.py), and whether Kueue had
-        # admitted it before (then a suspension is a preemption).
-        self.kueue = (
-            KueueView(run.conn, self.plan.namespace, self.plan.queue)
-            if self.plan.gang == "kueue" and self.plan.queue
-            else None
-        )
-        self.kueue_standing: Standing | None = None
-        # Volcano: while the gang waits, its PodGroup's phase and Unschedulable condition.
-        self.volcano = (
-            PodGroupView(run.conn, self.plan.namespace, run.name, self.plan.queue)
-            if self.plan.gang == "volcano"
-            else None
-        )
-        self.volcano_text: str | None = None
-        self.queued_reason: str | None = None  # observe()'s reason while waiting for pods
-        self.held_reason: str | None = None  # observe()'s reason while suspended
-        self.admitted_once = False
         # Stalls, and the stacks of ranks still alive when the attempt ends (forensics.py).
         self.forensics = AttemptForensics(self)
         self.stalled: Outcome | None = None  # --on-stall cancel's
@@ -190,7 +165,7 @@ class _Attempt:
 
     def run(self) -> Outcome:
         try:
-            supervise_objects.create_or_adopt(self)
+            self.view.job = self.objects.create_or_adopt()
         except Exception as exc:
             outcome = Outcome(
                 OutcomeKind.FAILED,
@@ -198,63 +173,80 @@ class _Attempt:
                 restartable=False,
             )
             log.debug("create failed", exc_info=True)
-            supervise_objects.delete_and_wait(self)
+            self._delete()
             return outcome
-        self._start_watches()
+        self.view.uid = self.objects.uid
+        if self.objects.adopted:
+            self.logs.adopted_skip = stored_line_counts(
+                self.ctx.store, self.ctx.job.id, self.spec.workers
+            )
+        self.watches.start()
         try:
             outcome = self._follow()
-            supervise_logs.drain_logs(self, outcome)
-            if outcome.kind == OutcomeKind.SUCCEEDED and self.result_refused:
-                outcome = Outcome(OutcomeKind.FAILED, self.result_refused, 0, restartable=False)
-            supervise_logs.blame_packed_rank(self, outcome)
+            self._drain(outcome)
+            if outcome.kind == OutcomeKind.SUCCEEDED and self.result.refused:
+                outcome = Outcome(OutcomeKind.FAILED, self.result.refused, 0, restartable=False)
+            self._blame_packed_rank(outcome)
         finally:
-            supervise_objects.delete_and_wait(self)
-            self._stop()
-        supervise_objects.settle_ranks(self, outcome)
+            self._delete()
+            self.watches.stop()
+            self.logs.stop()
+        self._settle_ranks(outcome)
         return outcome
 
-    # -- watches --------------------------------------------------------------------------------
+    def _delete(self) -> None:
+        """The objects deleted, waited for while this loop goes on handling news."""
 
-    def _start_watches(self) -> None:
-        """Two list-then-watch threads (kubeconn's: reconnects wait the one backoff policy,
-        an outage is logged once with a count), feeding the event queue."""
-        run, put = self.run_, self.events.put
-        watches = (
-            ("job", run.kind, {"fieldSelector": f"metadata.name={run.name}"}),
-            ("pod", kind_of("v1", "Pod"), {"labelSelector": job_selector(self.ctx.job.id)}),
-        )
-        for name, kind, query in watches:
-            watch = kubeconn.ConnectionListWatch(
-                run.conn,
-                kind.path(self.plan.namespace),
-                query,
-                f"the job's {name}s",
-                lambda items, n=name: put((f"{n}_list", items)),
-                lambda change, obj, n=name: put(
-                    (f"{n}_deleted" if change == "DELETED" else n, obj)
-                ),
-                self._stopping,
-                failures=WATCH_FAILURES,
-                on_error=lambda exc, n=name: put(("watch_error", n, exc)),
-            )
-            thread = threading.Thread(target=watch.run, name=f"watch-{name}s", daemon=True)
-            thread.start()
-            self.watches.append((watch, thread))
+        def wait() -> None:
+            self._pump(LOOP_TICK)
+            self.logs.ensure(self.my_pods())
+            self._flush()
 
-    def _stop(self) -> None:
-        if self.watches:
-            self._stopping.set()
-            for watch, _ in self.watches:
-                watch.interrupt()
-            for _, thread in self.watches:
-                thread.join(5)
-        for follower in list(self.followers.values()):
-            follower.stop()
+        seem_gone = lambda: not self.watches.started or self.view.empty  # noqa: E731
+        if self.objects.delete_and_wait(seem_gone, wait):
+            self._flush(force=True)
+
+    def _drain(self, outcome: Outcome) -> None:
+        """The outcome is known; wait (a little) for the log lines that tell its story: all
+        ranks' after a success (rank 0's result), the failing pod's after a failure."""
+        if outcome.kind == OutcomeKind.SUCCEEDED:
+            wanted = set(self.my_pods())
+        elif outcome.kind == OutcomeKind.FAILED and outcome.failed_pod:
+            wanted = {outcome.failed_pod}
+        else:
+            wanted = set()
+        deadline = time.monotonic() + LOG_DRAIN_TIMEOUT
+        while self.logs.unread(wanted, self.view.pods) and time.monotonic() <= deadline:
+            self.logs.ensure(self.my_pods())
+            self._pump(LOOP_TICK)
+            self.ctx.tick()
+        if self.result.incomplete:
+            self.ctx.logs.system("[mlcluster] rank 0's result did not arrive completely", rank=0)
+        self._flush(force=True)
+
+    def _blame_packed_rank(self, outcome: Outcome) -> None:
+        """In a pod of several ranks, the failing one is the one that reported an error."""
+        pod = self.view.pods.get(outcome.failed_pod or "")
+        if pod is None or self.plan.ranks_per_pod == 1:
+            return
+        for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
+            if self.ctx.store.error_path(self.ctx.job.id, rank).exists():
+                outcome.failed_rank = rank
+                return
+
+    def _settle_ranks(self, outcome: Outcome) -> None:
+        """Ranks that did not finish were stopped by us (fail-fast, cancel, timeout)."""
+        now = time.time()
+        for rank in range(self.spec.workers):
+            state = RankState(self.written.get(rank, {}).get("state", RankState.PENDING))
+            if not state.final:
+                self._rank_update(rank, {"state": RankState.CANCELLED, "finished": now})
+        self._flush(force=True)
 
     # -- following --------------------------------------------------------------------------
 
     def _follow(self) -> Outcome:
-        ctx, spec = self.ctx, self.spec
+        ctx, spec, view = self.ctx, self.spec, self.view
         changed = True
         while True:
             stop = lifecycle.stop_requested(ctx) or self.stalled
@@ -263,7 +255,7 @@ class _Attempt:
                     stop.where = self.forensics.before_stop(str(stop.kind)) or None
                 self.forensics.stopping = True
                 return stop  # (the objects are deleted on the way out: run's finally)
-            if self.job is None or (self.job.get("metadata") or {}).get("deletionTimestamp"):
+            if view.job is None or (view.job.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(
                     OutcomeKind.FAILED,
                     f"the {self.plan.kind} {self.run_.name} was deleted outside mlcluster",
@@ -291,27 +283,31 @@ class _Attempt:
                     return Outcome(OutcomeKind.SUCCEEDED)
             else:
                 self._flush()
-                if self.held_reason is not None:
-                    self.ctx.set_reason(self._held_reason())
-                elif self.queued_reason is not None:
-                    self.ctx.set_reason(self._queued_reason())
-            supervise_logs.ensure_log_streams(self)
+                if self.waiting.held_reason is not None:
+                    self.ctx.set_reason(self.waiting.held_text(view.uid))
+                elif self.waiting.queued_reason is not None:
+                    self.ctx.set_reason(self.waiting.queued_text(view.job is not None))
+            self.logs.ensure(self.my_pods())
             changed = self._pump(LOOP_TICK)
 
-    def _mine(self, pod: dict[str, Any]) -> bool:
+    def mine(self, pod: dict[str, Any]) -> bool:
         """One of this attempt's pods (not a leftover of an earlier one)."""
         return pod_belongs(
             pod,
             engine=self.plan.engine,
-            owner_uid=self.uid,
+            owner_uid=self.view.uid,
             name=self.run_.name,
             attempt=str(self.number),
         )
 
+    def my_pods(self) -> dict[str, dict[str, Any]]:
+        """This attempt's pods, by name, as the watches last said."""
+        return {name: pod for name, pod in self.view.pods.items() if self.mine(pod)}
+
     def _observe(self) -> Observation:
         return observe(
-            self.job,
-            self.pods.values(),
+            self.view.job,
+            self.view.pods.values(),
             engine=self.plan.engine,
             workers=self.spec.workers,
             ranks_per_pod=self.plan.ranks_per_pod,
@@ -339,19 +335,14 @@ class _Attempt:
                 if obs.state == JobState.RUNNING and not ctx.job.started:
                     ctx.job.started = job_fields["started"] = time.time()
                 ctx.set_state(obs.state, **job_fields)
+        job_exists = self.view.job is not None
         if obs.suspended:
-            self.held_reason = obs.reason
-            ctx.set_reason(self._held_reason())
+            self.waiting.held(obs.reason)
+            ctx.set_reason(self.waiting.held_text(self.view.uid))
+        elif self.waiting.admitted(obs, job_exists):
+            ctx.set_reason(self.waiting.queued_text(job_exists))
         else:
-            if self.held_reason is not None:
-                self.kueue_standing = None  # admitted: a later hold is looked at afresh
-                if self.kueue is not None:
-                    self.kueue.next_look = 0.0
-            self.held_reason = None
-            self.admitted_once = self.admitted_once or self.job is not None
-            waiting = self.volcano is not None and obs.state == JobState.QUEUED
-            self.queued_reason = obs.reason if waiting else None
-            ctx.set_reason(self._queued_reason() if waiting else obs.reason or self._installing())
+            ctx.set_reason(obs.reason or self._installing())
 
     def _installing(self) -> str | None:
         """While pods install the notebook's packages (before their ranks run)."""
@@ -361,30 +352,6 @@ class _Attempt:
         count = len(self.plan.packages.get("requirements") or []) if self.plan.packages else 0
         ranks = ", ".join(map(str, waiting[:8])) + (", ..." if len(waiting) > 8 else "")
         return f"installing {count} package(s) the notebook added (rank {ranks})"
-
-    def _queued_reason(self) -> str | None:
-        """A waiting Volcano-gang job's reason: its PodGroup's word first (what `mlcluster
-        jobs` has room for), then what its pods say. Re-read with kueue's backoff."""
-        if self.volcano is not None and self.job is not None:
-            text = self.volcano.look()
-            if text is not False:
-                self.volcano_text = text
-        if self.volcano_text:
-            return f"{self.volcano_text} ({self.queued_reason})"
-        return self.queued_reason
-
-    def _held_reason(self) -> str | None:
-        """The reason of a suspended job: where it stands in Kueue when Kueue says, and
-        whether it was preempted (suspended again after Kueue had admitted it)."""
-        if self.kueue is not None and self.uid:
-            standing = self.kueue.look(self.uid)
-            if standing is not None:
-                self.kueue_standing = standing
-        if self.kueue_standing is not None:
-            return standing_text(self.kueue_standing, preempted=self.admitted_once)
-        if self.admitted_once and self.plan.gang == "kueue":
-            return f"preempted by Kueue (suspended again): {self.held_reason}"
-        return self.held_reason
 
     def _rank_update(self, rank: int, fields: dict[str, Any]) -> None:
         written = self.written.setdefault(rank, {})
@@ -415,7 +382,7 @@ class _Attempt:
 
     def _metrics_api_usage(self) -> dict[int, dict[str, Any]]:
         pod_metrics = self.run_.res.list_function(kind_of("metrics.k8s.io/v1beta1", "PodMetrics"))
-        items = _quietly(
+        items: list[dict[str, Any]] = _quietly(
             lambda: (
                 pod_metrics(self.plan.namespace, label_selector=job_selector(self.ctx.job.id)).items
             ),
@@ -423,8 +390,8 @@ class _Attempt:
         )
         usage: dict[int, dict[str, Any]] = {}
         for item in items:
-            pod = self.pods.get((item.get("metadata") or {}).get("name", ""))
-            if pod is None or not self._mine(pod):
+            pod = self.view.pods.get((item.get("metadata") or {}).get("name", ""))
+            if pod is None or not self.mine(pod):
                 continue
             for rank in pod_ranks(pod, self.plan.engine, self.plan.ranks_per_pod):
                 usage[rank] = pod_usage(item, self.container)
@@ -446,44 +413,60 @@ class _Attempt:
                 break
         return True
 
-    def _handle(self, item: tuple) -> None:
+    def _handle(self, item: tuple[Any, ...]) -> None:
         what = item[0]
-        if what == "job":
-            obj = item[1]
-            if obj["metadata"].get("uid") == self.uid:
-                self.job = obj
-        elif what == "job_deleted":
-            if item[1]["metadata"].get("uid") == self.uid:
-                self.job = None
-        elif what == "pod":
-            self.pods[item[1]["metadata"]["name"]] = item[1]
-        elif what == "pod_deleted":
-            self.pods.pop(item[1]["metadata"]["name"], None)
-        elif what == "job_list":  # a (re)list: what is not in it is gone
-            mine = [o for o in item[1] if o["metadata"].get("uid") == self.uid]
-            self.job = mine[0] if mine else None
-        elif what == "pod_list":
-            self.pods = {o["metadata"]["name"]: o for o in item[1]}
-        elif what == "log":
-            _, pod, data = item
-            self.log_failures.pop(pod, None)  # it streams again
-            output = self.outputs.get(pod)
-            if output is not None:
-                for rank, kind, value in output.feed(data):
-                    self.rank_item(rank, kind, value)
+        if self.view.take(item):
+            return
+        if what == "log":
+            self.logs.fed(item[1], item[2])
         elif what == "log_end":
-            supervise_logs.log_ended(self, item[1], item[2])
+            self.logs.ended(item[1], item[2], self.view.pods.get(item[1]))
         elif what == "watch_error":
-            self._watch_error(item[1], item[2])
+            self.watches.failed(item[1], item[2])
+
+    # -- what the ranks say -----------------------------------------------------------------
 
     def rank_item(self, rank: int, kind: str, value: Any) -> None:
         """A rank's line or record from its pod log (a session's attempt serves cells)."""
-        supervise_logs.rank_item(self, rank, kind, value)
+        if kind == "line":
+            self.ctx.logs.line(rank, "o", value)
+            self.forensics.active(rank)
+        elif kind == "progress":
+            self._rank_update(rank, {"progress": lifecycle.clean_progress(value)})
+            self.forensics.active(rank)
+        elif kind == "control":
+            self._control(rank, value)
+        elif kind == "unread":  # a report over MAX_POD_LINE, cut short: dropped, said once
+            self.ctx.logs.unread_record(rank, over=f"{MAX_POD_LINE >> 20} MiB")
 
-    def _watch_error(self, what: str, exc: BaseException) -> None:
-        text = message_of(exc)
-        if text not in self.reported_watch_errors:
-            self.reported_watch_errors.add(text)
-            self.ctx.logs.system(
-                f"[mlcluster] watching the job's {what}s failed ({text}); retrying"
-            )
+    def _control(self, rank: int, record: dict[str, Any]) -> None:
+        rtype = record.get("type")
+        if rtype == "started":
+            self.started_ranks.add(rank)
+            self.forensics.active(rank)
+            state = self.written.get(rank, {}).get("state", RankState.PENDING)
+            if not RankState(state).final:
+                self._rank_update(rank, {"state": RankState.RUNNING})
+        elif rtype == "progress":
+            self._rank_update(rank, {"progress": lifecycle.clean_progress(record)})
+            self.forensics.active(rank)
+        elif rtype == "stacks_port":  # where its stack helper listens (forensics.py)
+            self.forensics.port(rank, record.get("port"))
+        elif rtype == "failing":  # its code raised; it waits while its peers are read
+            self.forensics.on_failing(rank)
+        elif rtype == "metrics":
+            self.runtime_metrics[rank] = {
+                k: record.get(k)
+                for k in ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
+            }
+        elif rtype == "error":
+            report = {k: v for k, v in record.items() if k != "type"}
+            path = self.ctx.store.error_path(self.ctx.job.id, rank)
+            write_whole(path, json.dumps(report).encode())
+        elif rtype == "result" and rank == 0:  # a result comes from rank 0 or from nobody
+            self.result.take(record)
+        elif rtype == "packages":  # the pod installs the notebook's packages (its log says more)
+            if record.get("state") == "installing":
+                self.installing.add(rank)
+            else:
+                self.installing.discard(rank)
