@@ -1,0 +1,38 @@
+"""What a Kubernetes attempt's supervisor knows of its job object and pods is what the events
+of its watches said (supervise_watches.ClusterView): plain tuples any source may put, so a
+list-watch over many jobs could feed the same view later."""
+
+from __future__ import annotations
+
+from jupyterlab_mlcluster.backends.kubernetes.supervise_watches import ClusterView
+
+
+def _obj(name: str, uid: str = "") -> dict:
+    return {"metadata": {"name": name, "uid": uid}}
+
+
+def test_the_view_holds_only_the_attempts_job_object_and_what_a_relist_says():
+    view = ClusterView()
+    view.uid = "u2"
+    assert view.empty
+    # A same-named object of an earlier attempt (another uid) is not this attempt's.
+    assert view.take(("job", _obj("j", "u1")))
+    assert view.job is None
+    assert view.take(("job", _obj("j", "u2")))
+    assert view.job == _obj("j", "u2")
+    assert view.take(("job_deleted", _obj("j", "u1")))
+    assert view.job == _obj("j", "u2")
+    assert view.take(("pod", _obj("p0"))) and view.take(("pod", _obj("p1")))
+    assert set(view.pods) == {"p0", "p1"}
+    assert view.take(("pod_deleted", _obj("p0")))
+    assert set(view.pods) == {"p1"}
+    # A relist replaces what was known: what it leaves out is gone.
+    assert view.take(("pod_list", [_obj("p2")]))
+    assert set(view.pods) == {"p2"}
+    assert view.take(("job_list", [_obj("j", "u1")]))
+    assert view.job is None
+    assert view.take(("pod_list", []))
+    assert view.empty
+    # Not a watch's event: left to the attempt (its logs, a watch's failure).
+    assert not view.take(("log", "p2", b"x"))
+    assert not view.take(("watch_error", "pod", OSError("down")))
