@@ -380,8 +380,10 @@ def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
     import shutil
 
     from jupyterlab_mlcluster.jobs.running import supervisor
+    from jupyterlab_mlcluster.jobs.running.lifelines import StoreGone, StoreWatch
 
     store = JobStore(tmp_path / "store")
+    watch = StoreWatch(store, "j1")
     tries = []
 
     def write():
@@ -390,9 +392,10 @@ def test_a_supervisor_stops_waiting_for_space_once_its_store_is_gone(tmp_path):
             shutil.rmtree(store.root)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(OSError):
-        supervisor._until_written(store, write, "the job's end")
+    with pytest.raises(StoreGone, match="the job store was removed"):
+        supervisor._until_written(store, write, "the job's end", watch.gone)
     assert len(tries) == 2
+    watch.close()
 
 
 def attached_run(script: Path) -> subprocess.Popen:
