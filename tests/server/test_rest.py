@@ -13,8 +13,9 @@ import pytest
 from jupyter_server.serverapp import JupyterServerAuthWarning, ServerWebApplication
 from tornado import web
 
-from jupyterlab_mlcluster.server.app import MLClusterApp, route_pattern, routes
+from jupyterlab_mlcluster.server.app import MLClusterApp
 from jupyterlab_mlcluster.server.openapi import build_document
+from jupyterlab_mlcluster.server.routes import route_pattern, routes
 from tests.kube import emulator
 
 from .helpers import submit, wait_final
