@@ -13,13 +13,11 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import secrets
-import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..config import MLClusterConfig, get_config
 from ..runtime.payload import Payload, PayloadError
@@ -37,25 +35,21 @@ from .owner import current_user
 from .provenance import SCRIPT_FILE, provenance, script_text
 from .reaper import Reaper
 from .record import JobRecord, new_job_id
+from .results import JobResults, NoJSONForm
 from .running.processes import (
-    heartbeat_age,
-    holder_alive,
-    process_is,
     start_detached,
     this_host,
 )
-from .sessions import is_session_cell, poke_session
-from .storage.fsinfo import is_storage_full
+from .stopping import STOP_SLACK, JobStillRunning, JobStopper
 from .storage.store import JobStore, UnknownJob
 from .tracking.params import PARAMS_FILE, params_file
+
+if TYPE_CHECKING:
+    from .forensics import StackReport
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
 
 WAIT_POLL = 0.02
-# How long a purge waits for a final job's processes to exit before refusing.
-PURGE_EXIT_WAIT = 5.0
-# How long a stop waits past its ranks' grace before it kills a wedged supervisor.
-STOP_SLACK = 10.0
 
 
 class DistributedJobFailed(RuntimeError):
@@ -75,14 +69,6 @@ class DistributedJobFailed(RuntimeError):
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of our own (irrelevant) stack: the rank's story."""
         return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
-
-
-class NoJSONForm(ValueError):
-    """A job's result has no JSON form a server may serve (it is read in Python only)."""
-
-
-class JobStillRunning(RuntimeError):
-    """A purge refused: something of the job may still run (the message says what)."""
 
 
 class DistributedJobCancelled(RuntimeError):
@@ -121,6 +107,8 @@ class JobService:
         )
         self._backends: dict[str, Backend] = {}
         self.reaper = Reaper(self)
+        self.results = JobResults(self.store, self.config)
+        self.stopper = JobStopper(self.store, self.config, self.reap, self.wait)
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -345,7 +333,9 @@ class JobService:
         self.reap()
         return self.store.list_json(**filters)
 
-    def logs(self, job_id: str, rank: int | None = None, cursor: str | None = None, **kwargs: Any):
+    def logs(
+        self, job_id: str, rank: int | None = None, cursor: str | None = None, **kwargs: Any
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
         return self.store.read_logs(job_id, rank, cursor, **kwargs)
 
     def follow_logs(
@@ -370,7 +360,7 @@ class JobService:
             self.store.error_path(job_id, record.failed_rank), record.failed_rank
         )
 
-    def stacks(self, job_id: str, rank: int | None = None, native: bool = False):
+    def stacks(self, job_id: str, rank: int | None = None, native: bool = False) -> StackReport:
         """Where the job's ranks are (jobs/forensics/): a running job's read now by its
         backend, else the stacks it kept (the latest). NoSuchRank, NoStacks or
         StacksUnavailable (nothing changed) otherwise."""
@@ -392,77 +382,20 @@ class JobService:
         return reports[-1] if rank is None else reports[-1].only(rank)
 
     def result(self, job_id: str) -> tuple[str, Any]:
-        """("value", v) / ("pull", {name: v}) / ("none", None) of a succeeded job, unpickled:
-        for the job owner's own kernel or process only (unpickling runs whatever the job's
-        code put in it). Servers read result_data()."""
-        import cloudpickle
-
-        path = self.store.result_path(job_id)
-        if not path.exists():
-            return "none", None
-        data = cloudpickle.loads(path.read_bytes())
-        return data["kind"], data["value"]
+        """See results.JobResults.unpickle: for the job owner's own process only."""
+        return self.results.unpickle(job_id)
 
     def take_result(self, job_id: str) -> tuple[str, Any]:
-        """result(), then the result leaves the store: the cell that ran the job delivers
-        it into its kernel, and a copy left in the store (a 100 MB pull, say) would only
-        hold disk and a readable copy of the user's data. Other readers (the REST API, a Job
-        handle) read result() and leave it."""
-        delivered = self.result(job_id)
-        try:
-            self.store.drop_result(job_id)
-        except Exception as exc:  # noqa: BLE001 - delivered all the same; purge removes it
-            log.warning("the result of job %s stays in the store: %s", job_id, exc)
-        return delivered
+        """See results.JobResults.hand_over: result(), then the result leaves the store."""
+        return self.results.hand_over(job_id)
 
     def result_data(self, job_id: str) -> tuple[str, Any]:
-        """The same as result() from the result's JSON form, never unpickling: what a server
-        may read of a job it did not write. NoJSONForm where the value has none."""
-        f = self.result_json_file(job_id)
-        if f is None:
-            return "none", None
-        with f:
-            text = f.read()
-        try:
-            data = json.loads(text)  # result_json_file saw its shape: {"kind", "value"}
-            return data["kind"], data["value"]
-        except (ValueError, RecursionError, TypeError, KeyError):
-            raise NoJSONForm("its JSON form is not readable") from None
+        """See results.JobResults.as_data: what a server may read (never unpickled)."""
+        return self.results.as_data(job_id)
 
     def result_json_file(self, job_id: str) -> BinaryIO | None:
-        """The result's JSON form as stored (`{"kind": ..., "value": ...}`), open at its start
-        for a server to stream without decoding it; None when the job returned nothing.
-        NoJSONForm where the value has none, or the form is over
-        MLClusterConfig.max_result_json_mib (judged by its size, before it is read). Only
-        its shape is checked (its head, its last byte): it was written by json.dumps, in the
-        job's own rank or its supervisor, and is only ever served to the job's owner."""
-        if not self.store.result_path(job_id).exists():
-            return None
-        try:
-            f = open(self.store.result_json_path(job_id), "rb")  # returned
-        except FileNotFoundError:
-            raise NoJSONForm(
-                "the job recorded no JSON form of its result (it ran an older runtime)"
-            ) from None
-        try:
-            size = os.fstat(f.fileno()).st_size
-            cap = self.config.max_result_json_mib * MIB
-            if cap and size > cap:
-                raise NoJSONForm(
-                    f"its JSON form is {size / MIB:.1f} MiB, more than this server serves "
-                    f"({cap // MIB} MiB, MLClusterConfig.max_result_json_mib)"
-                )
-            head = f.read(JSON_FORM_HEAD_BYTES)
-            f.seek(max(0, size - 64))
-            tail = f.read().rstrip()
-            if not (JSON_FORM_HEAD.match(head) and tail.endswith(b"}")):
-                f.seek(0)
-                raise NoJSONForm(_why_no_json_form(f.read()))
-            f.seek(0)
-            return f
-        except BaseException:
-            f.close()
-            raise
+        """See results.JobResults.json_file: the JSON form, open for a server to stream."""
+        return self.results.json_file(job_id)
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
         """Block until the job is final (or `timeout` seconds pass); returns its record."""
@@ -517,93 +450,19 @@ class JobService:
     def cancel(
         self, job_id: str, *, purge: bool = False, wait: bool = True, by: str | None = None
     ) -> JobRecord | None:
-        """Stop a job (all ranks); with `purge`, also forget it (rows, logs, files).
-        `by`: who or what asked ("Ctrl-C of mlcluster run"); the job's reason names it."""
-        record = self.store.get_job(job_id)
-        if not record.final:
-            try:
-                self.store.request_cancel(job_id, f"cancelled by {by or 'user'}")
-            except Exception as exc:
-                # A full disk: the request cannot be written, but the supervisor's SIGTERM
-                # below is the same request (it stops the ranks, and writes the end with
-                # the store's reserve).
-                if not is_storage_full(exc, self.store.root):
-                    raise
-                log.warning("cannot record the cancel of job %s (%s): signalling it", job_id, exc)
-            self._signal_supervisor(record, signal.SIGTERM)
-            self.reap(force=True)
-            if wait or purge:
-                # The job's own grace (its --grace, or its submitter's setting), then some.
-                grace = self.job_grace(job_id) + STOP_SLACK
-                record = self.wait(job_id, timeout=grace)
-                if not record.final:
-                    # A wedged supervisor: kill it; its ranks die with it; then reap.
-                    self._signal_supervisor(record, signal.SIGKILL)
-                    time.sleep(0.2)
-                    self.reap(force=True)
-                    record = self.wait(job_id, timeout=5.0)
-        if purge:
-            # A supervisor that has just made its job final is still exiting: give it (and
-            # anything of the job) a moment to be gone. A job not final by now stays so.
-            deadline = time.monotonic() + PURGE_EXIT_WAIT
-            while True:
-                record = self.store.get_job(job_id)
-                alive = self.still_running(record)
-                if not alive or not record.final or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-            if alive:
-                raise JobStillRunning(f"job {job_id} was not purged: {alive}")
-            from .tracking.mlflow_run import purge_local_run
-
-            purge_local_run(self.store.root, record.tracking)
-            self.store.delete_job(job_id)
-            return None
-        return self.store.get_job(job_id)
+        """Stop a job (all ranks); with `purge`, also forget it (stopping.JobStopper.cancel)."""
+        return self.stopper.cancel(job_id, purge=purge, wait=wait, by=by)
 
     def job_grace(self, job_id: str) -> float:
-        """The seconds the job's ranks get between SIGTERM and SIGKILL: what its submitter
-        settled (--grace or its setting), else this process's setting."""
-        try:
-            launch = json.loads((self.store.job_dir(job_id) / "launch.json").read_bytes())
-            return float(launch["config"]["kill_grace_period"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return self.config.kill_grace_period
+        """The seconds the job's ranks get between SIGTERM and SIGKILL (stopping.py)."""
+        return self.stopper.job_grace(job_id)
 
     def still_running(self, record: JobRecord) -> str | None:
-        """What of the job may still run (None: nothing): on this host its supervisor or a
-        rank, the very processes; on another host, a supervisor whose heartbeat is fresh
-        while the job is not final (a supervisor makes its job final only once its ranks
-        are stopped). Purging such a job would forget processes that still run."""
-        if record.final and is_session_cell(record):
-            return None  # the session's supervisor and ranks serve other cells: not this one
-        sup = record.supervisor or {}
-        if sup.get("host", this_host()) == this_host():
-            if process_is(sup.get("pid"), sup.get("create_time")):
-                return f"its supervisor (pid {sup['pid']}) is still running"
-            for rank, pid, started in self.store.rank_processes(record.id):
-                if process_is(pid, started):
-                    return f"its rank {rank} (pid {pid}) is still running"
-            return None
-        if not record.final and holder_alive(sup, record.heartbeat):
-            return (
-                f"its supervisor on host {sup.get('host')!r} is alive (heartbeat"
-                f" {heartbeat_age(record.heartbeat):.0f} s ago) and has not ended it yet"
-            )
-        return None
+        """What of the job may still run (None: nothing; stopping.py)."""
+        return self.stopper.still_running(record)
 
     def _signal_supervisor(self, record: JobRecord, signum: int) -> None:
-        if is_session_cell(record):
-            # Its supervisor is the session's: a signal would end the session. Woken instead,
-            # it reads the cell's cancel request and interrupts the cell on every rank.
-            poke_session(self.store, record.origin["session_job"], "cancel")
-            return
-        info = record.supervisor or {}
-        if info.get("host") == this_host() and process_is(info.get("pid"), info.get("create_time")):
-            try:
-                os.kill(info["pid"], signum)
-            except OSError:
-                pass
+        self.stopper.signal_supervisor(record, signum)
 
     def reap(self, force: bool = False) -> builtins.list[str]:  # (`list` is a method here)
         """Settle jobs whose supervisor died (jobs/reaper.py); the ids it settled."""
@@ -623,33 +482,15 @@ def _default_name(payload: Payload, origin: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "STOP_SLACK",
     "DistributedJobCancelled",
     "DistributedJobFailed",
     "JobCancelled",
     "JobFailed",
     "JobService",
     "JobStillRunning",
+    "NoJSONForm",
     "PayloadError",
     "SpecError",
     "UnknownJob",
 ]
-
-
-MIB = 1024 * 1024
-# How a stored JSON form with a value begins: what runtime/outcome.result_json writes.
-JSON_FORM_HEAD = re.compile(rb'\{"kind": "[A-Za-z_]{1,32}", "value": ')
-JSON_FORM_HEAD_BYTES = 64
-
-
-def _why_no_json_form(text: bytes) -> str:
-    """Why a stored JSON form has no value to serve: the types it names, what its writer
-    refused, or that it is not readable."""
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return "its JSON form is not readable"
-    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-        return "its JSON form is not readable"
-    if data.get("refused"):
-        return str(data["refused"])[:500]
-    return f"{str(data.get('types') or 'its value')[:500]} has no JSON form"
