@@ -41,6 +41,7 @@ from ..tensorboard_tail import POLL_INTERVAL as TB_POLL_INTERVAL
 from ..tensorboard_tail import TensorBoardTail, job_tensorboard_dir
 from ..tracking.mlflow_run import MLflowTracker, tracking_uri
 from .gpu_idle import IdleGpuWatch
+from .lifelines import StoreGone, StoreWatch, attached_process, still_running
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
@@ -155,7 +156,8 @@ class JobContext:
         self._cancel: str | None = None
         self._last_cancel_poll = 0.0
         self._last_heartbeat = 0.0
-        self._attached = _attached_process(job.origin)
+        self._attached = attached_process(job.origin)
+        self.store_watch = StoreWatch(store, job.id)
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
         self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
         self.series = SeriesWriter(store.job_dir(job.id), self.logs.system, config.max_series_mib)
@@ -177,20 +179,27 @@ class JobContext:
         now = time.monotonic()
         if self._signalled or now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
             self._last_cancel_poll = now
-            requested = self.store.cancel_requested(self.job.id)
-            if requested:
+            gone = self.store_watch.gone()  # (its reads still work: the files are open)
+            requested = False if gone else self.store.cancel_requested(self.job.id)
+            if gone:
+                self._cancel = f"stopped: {gone}"
+            elif requested:
                 # Who asked, where the asker said (store.request_cancel's reason).
                 said = self.store.get_job(self.job.id).reason or ""
                 self._cancel = said if said.startswith("cancelled") else "cancelled by user"
             elif requested is None:
                 self._cancel = "job was deleted"
-            elif self._attached is not None and not _still_running(self._attached):
+            elif self._attached is not None and not still_running(self._attached):
                 self._cancel = (
                     f"cancelled: the submitting process (pid {self._attached.pid}) exited"
                 )
             elif self._signalled:
                 self._cancel = self._signalled
         return self._cancel
+
+    def give_up(self) -> str | None:
+        """Why the job's last word must not wait for space: its store is gone, or SIGTERM."""
+        return self.store_watch.gone() or self._signalled
 
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -291,35 +300,6 @@ class JobContext:
         return self.job
 
 
-def _attached_process(origin: dict[str, Any]) -> psutil.Process | None:
-    pid, started = origin.get("attach_pid"), origin.get("attach_create_time")
-    if not pid:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 0.05:
-            return _GONE
-        return proc
-    except psutil.NoSuchProcess:
-        return _GONE
-
-
-class _Gone:
-    pid = 0
-
-
-_GONE: Any = _Gone()
-
-
-def _still_running(proc: Any) -> bool:
-    if proc is _GONE:
-        return False
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def claim(store: JobStore, job_id: str) -> bool:
     """Become the job's one supervisor (atomic); False if another live one has it."""
     me = psutil.Process()
@@ -358,24 +338,26 @@ def _failure_text(store: JobStore, exc: BaseException) -> tuple[str, bool]:
 _T = TypeVar("_T")
 
 
-def _until_written(store: JobStore, write: Callable[[], _T], what: str) -> _T:
+def _until_written(
+    store: JobStore, write: Callable[[], _T], what: str, give_up: Callable[[], str | None]
+) -> _T:
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
     job's last word is written as soon as there is space for it. The store's reserve is
-    given up first, which makes room at once. Other errors propagate."""
+    given up first, which makes room at once. Other errors propagate; StoreGone when
+    `give_up()` says why no retry may wait (checked at each failure)."""
     failures = 0
     while True:
         try:
             return write()
         except Exception as exc:
+            why = give_up()
+            if why:
+                raise StoreGone(f"{what} was not written ({why}): {exc}") from exc
             if not is_storage_full(exc, store.root):
                 raise
             if store.release_reserve():
                 log.warning("the disk is full: the store's reserve was released to write %s", what)
                 continue
-            if not store.db_path.exists():
-                # The store itself was removed (its directory deleted, its disk unmounted):
-                # nobody can ever read this word, so waiting for space would wait forever.
-                raise
             failures += 1
             if failures == 1:  # once, not every retry (the log may be on that disk too)
                 log.warning("cannot write %s (%s): retrying until there is space", what, exc)
@@ -402,7 +384,8 @@ def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
 def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = None) -> int:
     log.debug("supervisor up for %s", job_id)
     config = config or submitter_config(store.root, job_id)
-    if not _until_written(store, lambda: claim(store, job_id), "the job's claim"):
+    gone = StoreWatch(store, job_id).gone
+    if not _until_written(store, lambda: claim(store, job_id), "the job's claim", gone):
         return 0
     log.debug("claimed")
     job = store.get_job(job_id)
@@ -427,9 +410,11 @@ def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = Non
             store,
             lambda: ctx.set_state(JobState.FAILED, error=error, reason=error if full else None),
             "the job's failure",
+            ctx.give_up,
         )
     finally:
-        _until_written(store, lambda: _settle(store, ctx, job_id), "the job's final state")
+        settle = lambda: _settle(store, ctx, job_id)  # noqa: E731
+        _until_written(store, settle, "the job's final state", ctx.give_up)
         with contextlib.suppress(Exception):  # (a series' last scalars at worst)
             ctx.read_tensorboard(force=True)  # what the ranks wrote last
             ctx.series.close()
@@ -463,7 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = launch_settings(root, argv[1]).get("store_journal_mode") or config.store_journal_mode
     store = JobStore(root, journal_mode=mode)
     _log_to_bounded_file(store, argv[1])
-    return supervise(store, argv[1], config)
+    try:
+        return supervise(store, argv[1], config)
+    except StoreGone as exc:  # the ranks are stopped; the reaper settles a store still there
+        log.warning("the supervisor of %s stops: %s", argv[1], exc)
+        return 1
 
 
 def _log_to_bounded_file(store: JobStore, job_id: str) -> None:
