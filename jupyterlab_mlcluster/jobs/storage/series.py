@@ -94,7 +94,7 @@ class SeriesWriter:
             if new_names:
                 _write_names(self._names_path, self.names)
             if self._file is None:
-                self._file = open(self._path, "ab", buffering=0)  # noqa: SIM115 - held open
+                self._file = open(self._path, "ab", buffering=0)  # held open until close()
             line = json.dumps({"r": rank, "p": kept}, separators=(",", ":"), allow_nan=False)
             data = line.encode() + b"\n"
             if self._max_bytes and self._written + len(data) > self._max_bytes:
