@@ -300,3 +300,24 @@ def test_a_session_cells_points_are_that_cells(service):
         assert series(holder) == {}
     finally:
         sessions.stop_session(service, None, "logs")
+
+
+def test_importing_mlc_log_leaves_no_state_nor_fork_hook():
+    """The server and the supervisor import the module (series.py checks names with it) and
+    never log: its buffer and fork hook are made by a rank's first call, not at import."""
+    import subprocess
+    import sys
+
+    check = textwrap.dedent(
+        """
+        from jupyterlab_mlcluster.jobs.storage import series  # what a supervisor imports
+        from jupyterlab_mlcluster.runtime import scalars
+        scalars.log(loss=1.0)  # outside a job: nothing
+        scalars.flush()
+        print(scalars._state is None, scalars._fork_hook)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

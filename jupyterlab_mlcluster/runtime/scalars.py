@@ -59,7 +59,8 @@ def valid_name(name: Any) -> bool:
 
 
 class _Log:
-    """This process's buffer and what it has said; one per process (reset in a fork)."""
+    """This process's buffer and what it has said; made by its first `log` (a forked child
+    makes its own: _after_fork)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -79,8 +80,95 @@ class _Log:
             self.said.add(key)
             print(f"[mlcluster] mlc.log: {text}", file=sys.stderr, flush=True)
 
+    def checked(self, step: Any, metrics: dict[str, Any]) -> dict[str, float]:
+        """The metrics that are kept: finite values of valid names, within MAX_SERIES;
+        the first drop of each name is said."""
+        clean: dict[str, float] = {}
+        names = self.names
+        for name, value in metrics.items():
+            if type(value) is float and value - value == 0.0 and name in names:
+                clean[name] = value  # the common case: a finite float of a known series
+                continue
+            number = finite(value)
+            if number is None:
+                self.say(
+                    f"value:{name}",
+                    f"dropped {name}={value!r} at step {step} (not a finite number); "
+                    f"later drops of {name!r} are not reported",
+                )
+            elif name in names or self._admit(name):
+                clean[name] = number
+        return clean
 
-_state = _Log()
+    def _admit(self, name: str) -> bool:
+        """A new series' name: valid, and within MAX_SERIES (its size noted)."""
+        if not valid_name(name):
+            self.say(f"name:{name}", f"dropped series {name!r} (a name has no comma)")
+            return False
+        if len(self.names) >= MAX_SERIES:
+            if not self.capped:
+                self.capped = True
+                self.say(
+                    "cap",
+                    f"a job logs at most {MAX_SERIES} series; {name!r} and any further "
+                    "new names are dropped",
+                )
+            return False
+        self.names[name] = len(json.dumps(name)) + _VALUE_TEXT
+        return True
+
+    def advance(self, step: Any) -> int | float:
+        """`step` as it is recorded (an int, else a float); the default step is one past it."""
+        if type(step) is int:
+            self.next_step = step + 1
+            return step
+        step = float(step)
+        self.next_step = int(step) + 1 if step.is_integer() else step + 1
+        return step
+
+    def add(self, step: int | float, clean: dict[str, float]) -> bool:
+        """Buffer one point (in pieces when too large for one record), sending what waits
+        once a batch is full. True if the last piece filled one."""
+        now = time.time()
+        at = int(now * 1000)  # the time in ms: cheaper text
+        base = _POINT_TEXT + len(repr(step))
+        size = base
+        for name in clean:
+            size += self.names[name]
+        pieces = [(clean, size)] if size <= POINT_BYTES else _split(clean, self.names, base)
+        full = False
+        for values, size in pieces:
+            with self.lock:
+                if not self.points:
+                    self.first_at = now
+                self.points.append([step, at, values])
+                self.bytes += size
+                full = (
+                    len(self.points) >= MAX_BATCH
+                    or self.bytes >= FLUSH_BYTES
+                    or now - self.first_at >= FLUSH_INTERVAL
+                )
+            if full:
+                flush()
+        return full
+
+
+# Made by the first `log`, not at import: the server and the supervisor import this module
+# (jobs/storage/series.py) and never log, and a process that never logs has no fork hook.
+_state: _Log | None = None
+_fork_hook = False  # registered once per process (a forked child inherits it)
+_beginning = threading.Lock()  # two threads' first calls make one buffer
+
+
+def _begin() -> _Log:
+    global _state, _fork_hook
+    with _beginning:
+        if _state is None:
+            _state = _Log()
+        if not _fork_hook:
+            _fork_hook = True
+            os.register_at_fork(after_in_child=_after_fork)
+        return _state
 
 
 def log(step: float | None = None, **metrics: Any) -> None:
@@ -91,70 +179,16 @@ def log(step: float | None = None, **metrics: Any) -> None:
     Outside a distributed job it does nothing."""
     if reporting.channel_mode() == "none":
         return
-    state = _state
+    state = _state or _begin()
     if step is None:
         step = state.next_step
     elif type(step) is not int and finite(step) is None:
         state.say(f"step:{step!r}", f"dropped a call whose step {step!r} is not a finite number")
         return
-    clean: dict[str, float] = {}
-    names = state.names
-    for name, value in metrics.items():
-        if type(value) is float and value - value == 0.0 and name in names:
-            clean[name] = value  # the common case: a finite float of a known series
-            continue
-        number = finite(value)
-        if number is None:
-            state.say(
-                f"value:{name}",
-                f"dropped {name}={value!r} at step {step} (not a finite number); "
-                f"later drops of {name!r} are not reported",
-            )
-            continue
-        if name not in state.names:
-            if not valid_name(name):
-                state.say(f"name:{name}", f"dropped series {name!r} (a name has no comma)")
-                continue
-            if len(state.names) >= MAX_SERIES:
-                if not state.capped:
-                    state.capped = True
-                    state.say(
-                        "cap",
-                        f"a job logs at most {MAX_SERIES} series; {name!r} and any further "
-                        "new names are dropped",
-                    )
-                continue
-            names[name] = len(json.dumps(name)) + _VALUE_TEXT
-        clean[name] = number
-    if type(step) is int:
-        state.next_step = step + 1
-    else:
-        step = float(step)
-        state.next_step = int(step) + 1 if step.is_integer() else step + 1
-    if not clean:
-        return
-    now = time.time()
-    at = int(now * 1000)  # the time in ms: cheaper text
-    base = _POINT_TEXT + len(repr(step))
-    size = base
-    for name in clean:
-        size += names[name]
-    pieces = [(clean, size)] if size <= POINT_BYTES else _split(clean, names, base)
-    for values, size in pieces:
-        with state.lock:
-            if not state.points:
-                state.first_at = now
-            state.points.append([step, at, values])
-            state.bytes += size
-            full = (
-                len(state.points) >= MAX_BATCH
-                or state.bytes >= FLUSH_BYTES
-                or now - state.first_at >= FLUSH_INTERVAL
-            )
-        if full:
-            flush()
-    if not full and state.thread is None:
-        _start_thread()
+    clean = state.checked(step, metrics)
+    step = state.advance(step)
+    if clean and not state.add(step, clean) and state.thread is None:
+        _start_thread(state)
 
 
 def _split(
@@ -179,6 +213,8 @@ def flush() -> None:
     """Send what waits now (the runtime calls it when the rank's code ends). Returns once
     what the flusher thread took is sent too: the rank may exit right after."""
     state = _state
+    if state is None:  # nothing was logged
+        return
     with state.sending:
         with state.lock:
             points, state.points = state.points, []
@@ -187,17 +223,15 @@ def flush() -> None:
             reporting.send({"type": "progress", "series": points})
 
 
-def _start_thread() -> None:
-    state = _state
+def _start_thread(state: _Log) -> None:
     with state.lock:
         if state.thread is not None:
             return
-        state.thread = threading.Thread(target=_flusher, name="mlc.log", daemon=True)
+        state.thread = threading.Thread(target=_flusher, args=(state,), name="mlc.log", daemon=True)
     state.thread.start()
 
 
-def _flusher() -> None:
-    state = _state
+def _flusher(state: _Log) -> None:
     while not state.wake.wait(FLUSH_INTERVAL):
         with state.lock:
             due = bool(state.points) and time.time() - state.first_at >= FLUSH_INTERVAL
@@ -207,10 +241,9 @@ def _flusher() -> None:
 
 def _after_fork() -> None:
     global _state
-    _state = _Log()  # a forked child (a DataLoader worker) sends nothing of its parent's
+    _state = None  # a forked child (a DataLoader worker) sends nothing of its parent's
 
 
-os.register_at_fork(after_in_child=_after_fork)
 # No atexit hook: the rank's runtime flushes when the user's code ends, however it ends
 # (runtime/worker.py), and a hook registered here would be one more exit handler than a
 # torchrun worker has (twice over in a warm rank, which imports this module again).
