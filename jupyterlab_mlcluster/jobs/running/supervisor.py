@@ -197,9 +197,9 @@ class JobContext:
                 self._cancel = self._signalled
         return self._cancel
 
-    def give_up(self) -> str | None:
-        """Why the job's last word must not wait for space: its store is gone, or SIGTERM."""
-        return self.store_watch.gone() or self._signalled
+    def signalled(self) -> str | None:
+        """The signal the supervisor got (SIGTERM, ...), as a cancel reason; None if none."""
+        return self._signalled
 
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -339,18 +339,23 @@ _T = TypeVar("_T")
 
 
 def _until_written(
-    store: JobStore, write: Callable[[], _T], what: str, give_up: Callable[[], str | None]
+    store: JobStore,
+    write: Callable[[], _T],
+    what: str,
+    gone: Callable[[], str | None],
+    signalled: Callable[[], str | None] = lambda: None,
 ) -> _T:
     """`write()`, retried while the store's disk is full (jittered backoff, capped), so the
     job's last word is written as soon as there is space for it. The store's reserve is
-    given up first, which makes room at once. Other errors propagate; StoreGone when
-    `give_up()` says why no retry may wait (checked at each failure)."""
+    given up first, which makes room at once. Other errors propagate. StoreGone instead of
+    a retry when the store is `gone()` (nobody could read the word), or instead of a wait
+    for space once `signalled()` (SIGTERM always ends a supervisor; the reaper settles)."""
     failures = 0
     while True:
         try:
             return write()
         except Exception as exc:
-            why = give_up()
+            why = gone()
             if why:
                 raise StoreGone(f"{what} was not written ({why}): {exc}") from exc
             if not is_storage_full(exc, store.root):
@@ -358,6 +363,9 @@ def _until_written(
             if store.release_reserve():
                 log.warning("the disk is full: the store's reserve was released to write %s", what)
                 continue
+            why = signalled()
+            if why:
+                raise StoreGone(f"{what} was not written ({why}): {exc}") from exc
             failures += 1
             if failures == 1:  # once, not every retry (the log may be on that disk too)
                 log.warning("cannot write %s (%s): retrying until there is space", what, exc)
@@ -410,11 +418,12 @@ def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = Non
             store,
             lambda: ctx.set_state(JobState.FAILED, error=error, reason=error if full else None),
             "the job's failure",
-            ctx.give_up,
+            ctx.store_watch.gone,
+            ctx.signalled,
         )
     finally:
         settle = lambda: _settle(store, ctx, job_id)  # noqa: E731
-        _until_written(store, settle, "the job's final state", ctx.give_up)
+        _until_written(store, settle, "the job's final state", ctx.store_watch.gone, ctx.signalled)
         with contextlib.suppress(Exception):  # (a series' last scalars at worst)
             ctx.read_tensorboard(force=True)  # what the ranks wrote last
             ctx.series.close()
