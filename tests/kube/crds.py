@@ -63,29 +63,8 @@ def structural(
     definitions, or Kubernetes' once inside one of its types)."""
     ref = schema.get("$ref")
     if ref is not None:
-        name = ref.rpartition("/")[2]
-        if ref.startswith(_K8S_PREFIX) or local_defs is _k8s_definitions():
-            if name in _INT_OR_STRING:
-                return {"x-kubernetes-int-or-string": True}
-            if name == _OBJECT_META:
-                return copy.deepcopy(_EMBEDDED_META)
-            local_defs = _k8s_definitions()
-        if name in seen:
-            raise ValueError(f"recursive schema through {name}: a CRD schema cannot express it")
-        return structural(local_defs[name], local_defs, (*seen, name))
-    result: dict[str, Any] = {}
-    types = schema.get("type")
-    if isinstance(types, list):
-        real = [t for t in types if t != "null"]
-        if len(real) == 1:
-            result["type"] = real[0]
-        if "null" in types:
-            result["nullable"] = True
-    elif types is not None:
-        result["type"] = types
-    if "const" in schema:
-        result.setdefault("type", "string")
-        result["enum"] = [schema["const"]]
+        return _referenced(ref, local_defs, seen)
+    result = _typed(schema)
     if "oneOf" in schema:  # what the Kubernetes schemas use for int-or-string
         return {"x-kubernetes-int-or-string": True}
     for key in ("format", "enum", "required", "minimum", "maximum"):
@@ -110,6 +89,39 @@ def structural(
         and "additionalProperties" not in result
     ):
         result["x-kubernetes-preserve-unknown-fields"] = True
+    return result
+
+
+def _referenced(ref: str, local_defs: dict[str, Any], seen: tuple[str, ...]) -> dict[str, Any]:
+    """What a `$ref` names, converted; Kubernetes' own kinds as controller-gen writes them."""
+    name = ref.rpartition("/")[2]
+    if ref.startswith(_K8S_PREFIX) or local_defs is _k8s_definitions():
+        if name in _INT_OR_STRING:
+            return {"x-kubernetes-int-or-string": True}
+        if name == _OBJECT_META:
+            return copy.deepcopy(_EMBEDDED_META)
+        local_defs = _k8s_definitions()
+    if name in seen:
+        raise ValueError(f"recursive schema through {name}: a CRD schema cannot express it")
+    return structural(local_defs[name], local_defs, (*seen, name))
+
+
+def _typed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema's type in OpenAPI v3: one type, `nullable` for JSON Schema's null, and a
+    `const` as a one-value enum."""
+    result: dict[str, Any] = {}
+    types = schema.get("type")
+    if isinstance(types, list):
+        real = [t for t in types if t != "null"]
+        if len(real) == 1:
+            result["type"] = real[0]
+        if "null" in types:
+            result["nullable"] = True
+    elif types is not None:
+        result["type"] = types
+    if "const" in schema:
+        result.setdefault("type", "string")
+        result["enum"] = [schema["const"]]
     return result
 
 

@@ -32,6 +32,113 @@ def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+def _check_update(
+    rtype: ResourceType,
+    ns: str | None,
+    name: str,
+    new: dict[str, Any],
+    old: dict[str, Any],
+    *,
+    replace: bool,
+) -> None:
+    """An update's preconditions, as the API server checks them: its metadata names the
+    object on the URL, and its resourceVersion (if any; a custom resource's replace must
+    give one) is the stored one."""
+    meta = new.get("metadata")
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be an object")
+    if meta.get("name", name) != name:
+        raise bad_request(
+            f"the name of the object ({meta.get('name')}) does not match the name "
+            f"on the URL ({name})"
+        )
+    if rtype.namespaced and meta.get("namespace", ns) != ns:
+        raise bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    rv = meta.get("resourceVersion")
+    if rv and rv != old["metadata"]["resourceVersion"]:
+        raise ApiError(
+            409,
+            "Conflict",
+            f"Operation cannot be fulfilled on {rtype.qualified_name} "
+            f'"{name}": the object has been modified; please apply your changes to '
+            f"the latest version and try again",
+            {"name": name, "group": rtype.group, "kind": rtype.plural},
+        )
+    if replace and not rv and rtype.crd_name is not None:
+        raise invalid(
+            rtype,
+            name,
+            [
+                validation.Cause(
+                    "metadata.resourceVersion",
+                    "Invalid value: 0x0: must be specified for an update",
+                )
+            ],
+        )
+
+
+def _carried_over(
+    rtype: ResourceType,
+    ns: str | None,
+    name: str,
+    new: dict[str, Any],
+    old: dict[str, Any],
+    subresource: str | None,
+) -> dict[str, Any]:
+    """What an update may not change, taken from the stored object: through /status all
+    but the status; otherwise the status (when the kind has the subresource) and the
+    server's metadata."""
+    if subresource == "status":
+        # Only the status changes through /status; everything else is the stored object's.
+        new = {**copy.deepcopy(old), "status": new.get("status")}
+        if new["status"] is None:
+            del new["status"]
+        return new
+    if rtype.has_status:
+        new = {k: v for k, v in new.items() if k != "status"}
+        if "status" in old:
+            new["status"] = copy.deepcopy(old["status"])
+    meta = new["metadata"]
+    for key in (
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ):
+        if key in old["metadata"]:
+            meta[key] = old["metadata"][key]
+        else:
+            meta.pop(key, None)
+    meta["name"] = name
+    if rtype.namespaced:
+        meta["namespace"] = ns
+    return new
+
+
+def _check_finalizers(
+    rtype: ResourceType, name: str, meta: dict[str, Any], old: dict[str, Any]
+) -> None:
+    """An object being deleted takes no new finalizers."""
+    if not old["metadata"].get("deletionTimestamp"):
+        return
+    added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+    if added:
+        raise invalid(
+            rtype,
+            name,
+            [
+                validation.Cause(
+                    "metadata.finalizers",
+                    f"Forbidden: no new finalizers can be added if the "
+                    f"object is being deleted, found new finalizers {sorted(added)}",
+                )
+            ],
+        )
+
+
 class Writes:
     """Create/update/patch of RealisticKubernetes (a mixin: the state lives on the emulator)."""
 
@@ -240,79 +347,10 @@ class Writes:
     ) -> aiohttp.web.Response:
         old = self._require(rtype, ns, name)
         self._check_type(rtype, new)
-        meta = new.get("metadata")
-        if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object")
-        if meta.get("name", name) != name:
-            raise bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name "
-                f"on the URL ({name})"
-            )
-        if rtype.namespaced and meta.get("namespace", ns) != ns:
-            raise bad_request(
-                "the namespace of the provided object does not match the namespace "
-                "sent on the request"
-            )
-        rv = meta.get("resourceVersion")
-        if rv and rv != old["metadata"]["resourceVersion"]:
-            raise ApiError(
-                409,
-                "Conflict",
-                f"Operation cannot be fulfilled on {rtype.qualified_name} "
-                f'"{name}": the object has been modified; please apply your changes to '
-                f"the latest version and try again",
-                {"name": name, "group": rtype.group, "kind": rtype.plural},
-            )
-        if replace and not rv and rtype.crd_name is not None:
-            raise invalid(
-                rtype,
-                name,
-                [
-                    validation.Cause(
-                        "metadata.resourceVersion",
-                        "Invalid value: 0x0: must be specified for an update",
-                    )
-                ],
-            )
-        if subresource == "status":
-            # Only the status changes through /status; everything else is the stored object's.
-            new = {**copy.deepcopy(old), "status": new.get("status")}
-            if new["status"] is None:
-                del new["status"]
-            meta = new["metadata"]
-        else:
-            if rtype.has_status:
-                new = {k: v for k, v in new.items() if k != "status"}
-                if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
-            for key in (
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ):
-                if key in old["metadata"]:
-                    meta[key] = old["metadata"][key]
-                else:
-                    meta.pop(key, None)
-            meta["name"] = name
-            if rtype.namespaced:
-                meta["namespace"] = ns
-        if old["metadata"].get("deletionTimestamp"):
-            added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
-            if added:
-                raise invalid(
-                    rtype,
-                    name,
-                    [
-                        validation.Cause(
-                            "metadata.finalizers",
-                            f"Forbidden: no new finalizers can be added if the "
-                            f"object is being deleted, found new finalizers {sorted(added)}",
-                        )
-                    ],
-                )
+        _check_update(rtype, ns, name, new, old, replace=replace)
+        new = _carried_over(rtype, ns, name, new, old, subresource)
+        meta = new["metadata"]
+        _check_finalizers(rtype, name, meta, old)
         rules.apply_defaults(rtype.group_resource, new)
         warnings = self._admit(rtype, new, old, params)
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]

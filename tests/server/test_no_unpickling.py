@@ -93,68 +93,7 @@ class Package:
         return module
 
     def _read(self, module: str, tree: ast.Module) -> None:
-        package = module.split("/")[:-1]
-        pickle_aliases = _pickle_aliases(tree)
-        # Names bound to other libraries (json, os, tornado's web): `json.loads` is theirs.
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if not alias.name.startswith("jupyterlab_mlcluster"):
-                        pickle_aliases.setdefault(alias.asname or alias.name.split(".")[0], "lib")
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if not node.module.startswith("jupyterlab_mlcluster"):
-                    for alias in node.names:
-                        pickle_aliases.setdefault(alias.asname or alias.name, "lib")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
-                parts = [*base, *(node.module.split(".") if node.module else [])]
-                stem = "/".join(parts)
-                target_module = (
-                    f"{stem}.py"
-                    if (PACKAGE / f"{stem}.py").exists()
-                    else (f"{stem}/__init__.py" if stem else "__init__.py")
-                )
-                for alias in node.names:
-                    sub = f"{stem}/{alias.name}" if stem else alias.name
-                    if (PACKAGE / f"{sub}.py").exists():  # `from . import module`
-                        target = f"{sub}.py"
-                    elif (PACKAGE / sub / "__init__.py").exists():  # `from .. import package`
-                        target = f"{sub}/__init__.py"
-                    else:
-                        target = f"{target_module}:{alias.name}"
-                    self.aliases[module][alias.asname or alias.name] = target
-
-        def visit(node: ast.AST, prefix: str, owner: Definition, cls: str | None) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    key = f"{module}:{prefix}{child.name}"
-                    is_class = isinstance(child, ast.ClassDef)
-                    d = self.defs[key] = Definition(key, module, child, None if is_class else cls)
-                    self.module_names[module].setdefault(child.name, key)
-                    if cls is not None and not is_class:
-                        self.methods[cls][child.name] = key
-                    if is_class:
-                        self.methods.setdefault(key, {})
-                    for decorator in getattr(child, "decorator_list", []):
-                        _note(decorator, owner, pickle_aliases)
-                        visit(decorator, prefix, owner, cls)
-                    body = ast.Module(body=child.body, type_ignores=[])
-                    visit(body, f"{prefix}{child.name}.", d, key if is_class else None)
-                    if is_class:
-                        for b in child.bases:
-                            _note(b, owner, pickle_aliases)
-                else:
-                    if isinstance(child, ast.ImportFrom) and child.level:
-                        # Importing a module runs its top level (the walk follows it there).
-                        owner.names.update(alias.asname or alias.name for alias in child.names)
-                    _note(child, owner, pickle_aliases)
-                    visit(child, prefix, owner, cls if not isinstance(child, ast.Lambda) else cls)
-
-        root = self.defs[f"{module}:<module>"] = Definition(
-            f"{module}:<module>", module, tree, None
-        )
-        visit(tree, "", root, None)
+        _ModuleReader(self, module, tree).read()
 
     def resolve_name(self, module: str, name: str) -> str:
         return self.module_names[module].get(name) or self.aliases[module].get(name, "")
@@ -177,6 +116,96 @@ class Package:
             out.append(c)
             todo += self.bases.get(c, [])
         return out
+
+
+class _ModuleReader:
+    """One module read into the Package: its relative imports, and its definitions with the
+    names each one's code mentions."""
+
+    def __init__(self, pkg: Package, module: str, tree: ast.Module) -> None:
+        self.pkg = pkg
+        self.module = module
+        self.tree = tree
+        self.package = module.split("/")[:-1]
+        self.pickle_aliases = _pickle_aliases(tree)
+        _note_libraries(tree, self.pickle_aliases)
+
+    def read(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                self._relative_import(node)
+        key = f"{self.module}:<module>"
+        root = self.pkg.defs[key] = Definition(key, self.module, self.tree, None)
+        self._visit(self.tree, "", root, None)
+
+    def _relative_import(self, node: ast.ImportFrom) -> None:
+        package = self.package
+        base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+        parts = [*base, *(node.module.split(".") if node.module else [])]
+        stem = "/".join(parts)
+        target_module = (
+            f"{stem}.py"
+            if (PACKAGE / f"{stem}.py").exists()
+            else (f"{stem}/__init__.py" if stem else "__init__.py")
+        )
+        for alias in node.names:
+            sub = f"{stem}/{alias.name}" if stem else alias.name
+            if (PACKAGE / f"{sub}.py").exists():  # `from . import module`
+                target = f"{sub}.py"
+            elif (PACKAGE / sub / "__init__.py").exists():  # `from .. import package`
+                target = f"{sub}/__init__.py"
+            else:
+                target = f"{target_module}:{alias.name}"
+            self.pkg.aliases[self.module][alias.asname or alias.name] = target
+
+    def _visit(self, node: ast.AST, prefix: str, owner: Definition, cls: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self._define(child, prefix, owner, cls)
+                continue
+            if isinstance(child, ast.ImportFrom) and child.level:
+                # Importing a module runs its top level (the walk follows it there).
+                owner.names.update(alias.asname or alias.name for alias in child.names)
+            _note(child, owner, self.pickle_aliases)
+            self._visit(child, prefix, owner, cls)
+
+    def _define(
+        self,
+        child: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
+        prefix: str,
+        owner: Definition,
+        cls: str | None,
+    ) -> None:
+        pkg, module = self.pkg, self.module
+        key = f"{module}:{prefix}{child.name}"
+        is_class = isinstance(child, ast.ClassDef)
+        d = pkg.defs[key] = Definition(key, module, child, None if is_class else cls)
+        pkg.module_names[module].setdefault(child.name, key)
+        if cls is not None and not is_class:
+            pkg.methods[cls][child.name] = key
+        if is_class:
+            pkg.methods.setdefault(key, {})
+        for decorator in getattr(child, "decorator_list", []):
+            _note(decorator, owner, self.pickle_aliases)
+            self._visit(decorator, prefix, owner, cls)
+        body = ast.Module(body=child.body, type_ignores=[])
+        self._visit(body, f"{prefix}{child.name}.", d, key if is_class else None)
+        if isinstance(child, ast.ClassDef):
+            for b in child.bases:
+                _note(b, owner, self.pickle_aliases)
+
+
+def _note_libraries(tree: ast.AST, pickle_aliases: dict[str, str]) -> None:
+    """Names bound to other libraries (json, os, tornado's web): `json.loads` is theirs."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("jupyterlab_mlcluster"):
+                    pickle_aliases.setdefault(alias.asname or alias.name.split(".")[0], "lib")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if not node.module.startswith("jupyterlab_mlcluster"):
+                for alias in node.names:
+                    pickle_aliases.setdefault(alias.asname or alias.name, "lib")
 
 
 def _note(node: ast.AST, d: Definition, pickle_aliases: dict[str, str]) -> None:
@@ -221,58 +250,68 @@ def reachable_unpicklers(
     """Each unpickling definition the server's code can reach -> one path to it (not going
     on through `gates`)."""
     pkg = package or Package()
-    roots = [k for k in pkg.defs if k.startswith("server/") or k in STARTED_PROCESSES]
-    paths: dict[str, list[str]] = {k: [k] for k in roots}
-    live: set[str] = set()  # classes reachable code names
-    wanted: dict[str, list[str]] = defaultdict(list)  # method name -> keys that want it
-    queue = list(roots)
+    paths = _Walk(pkg, gates).run()
+    return {k: p for k, p in paths.items() if pkg.defs[k].unpickles}
 
-    def reach(target: str, via: str) -> None:
-        if target and target in pkg.defs and target not in paths:
-            paths[target] = [*paths[via], target]
-            queue.append(target)
 
-    def make_live(cls: str, via: str) -> None:
-        for c in pkg._ancestors(cls):
-            if c in live:
+class _Walk:
+    """The walk from the server's definitions: one path to each definition it reaches."""
+
+    def __init__(self, pkg: Package, gates: frozenset[str]) -> None:
+        self.pkg = pkg
+        self.gates = gates
+        roots = [k for k in pkg.defs if k.startswith("server/") or k in STARTED_PROCESSES]
+        self.paths: dict[str, list[str]] = {k: [k] for k in roots}
+        self.live: set[str] = set()  # classes reachable code names
+        self.wanted: dict[str, list[str]] = defaultdict(list)  # method name -> keys wanting it
+        self.queue = list(roots)
+
+    def run(self) -> dict[str, list[str]]:
+        while self.queue:
+            key = self.queue.pop()
+            if key not in self.gates:
+                self._follow(key, self.pkg.defs[key])
+        return self.paths
+
+    def reach(self, target: str, via: str) -> None:
+        if target and target in self.pkg.defs and target not in self.paths:
+            self.paths[target] = [*self.paths[via], target]
+            self.queue.append(target)
+
+    def make_live(self, cls: str, via: str) -> None:
+        wanted = self.wanted
+        for c in self.pkg._ancestors(cls):
+            if c in self.live:
                 continue
-            live.add(c)
-            for name, method in pkg.methods.get(c, {}).items():
+            self.live.add(c)
+            for name, method in self.pkg.methods.get(c, {}).items():
                 if name.startswith("__") or name in wanted:
-                    reach(method, wanted[name][0] if name in wanted else via)
+                    self.reach(method, wanted[name][0] if name in wanted else via)
 
-    while queue:
-        key = queue.pop()
-        if key in gates:
-            continue
-        d = pkg.defs[key]
+    def _follow(self, key: str, d: Definition) -> None:
+        pkg = self.pkg
         for name in d.names:
             target = pkg.resolve_name(d.module, name)
             if target.endswith(".py"):  # a module: its top level (the backends package
                 target = f"{target}:<module>"  # registers the backends get_backend calls there)
+            self.reach(target, key)
             if target in pkg.methods:
-                reach(target, key)
-                make_live(target, key)
-            else:
-                reach(target, key)
+                self.make_live(target, key)
         for alias, attr in d.module_attrs:
             module = pkg.resolve_name(d.module, alias)
             if module.endswith(".py"):
                 target = pkg.module_names[module].get(attr, "")
-                reach(target, key)
+                self.reach(target, key)
                 if target in pkg.methods:
-                    make_live(target, key)
+                    self.make_live(target, key)
         if d.cls is not None or isinstance(d.node, ast.ClassDef):
-            cls = d.cls or key
-            for c in pkg.hierarchy(cls):
+            for c in pkg.hierarchy(d.cls or key):
                 for attr in d.self_attrs:
-                    reach(pkg.methods.get(c, {}).get(attr, ""), key)
+                    self.reach(pkg.methods.get(c, {}).get(attr, ""), key)
         for attr in d.other_attrs:
-            wanted[attr].append(key)
-            for c in live:
-                target = pkg.methods.get(c, {}).get(attr, "")
-                reach(target, key)
-    return {k: p for k, p in paths.items() if pkg.defs[k].unpickles}
+            self.wanted[attr].append(key)
+            for c in self.live:
+                self.reach(pkg.methods.get(c, {}).get(attr, ""), key)
 
 
 def test_no_function_the_server_can_reach_unpickles():
