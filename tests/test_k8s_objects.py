@@ -45,7 +45,7 @@ from jupyterlab_mlcluster.backends.kubernetes.payload import (
     split_payload,
 )
 from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError
-from tests.k8s_schemas import K8S_VERSION, validate_custom, validate_manifest
+from tests.k8s_schemas import K8S_VERSION, validate_builtin, validate_custom, validate_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -520,19 +520,44 @@ def test_every_combination_validates_against_the_schemas():
             continue  # no pod template in it (runtimePatches, checked by its own schema)
         if built.job["kind"] != "Job":  # a Job's template was just validated with the Job
             for template in pod_templates(built.job):
-                kubernetes_validate.validate(
+                validate_builtin(
                     {
                         "apiVersion": "v1",
                         "kind": "PodTemplate",
                         "metadata": {"name": "t"},
                         "template": template,
-                    },
-                    desired_version=K8S_VERSION,
-                    strict=True,
+                    }
                 )
     # x2 (GPUs or not): PyTorchJob 3 frameworks x 4 gangs, TFJob 1 x 4, Indexed Job 4 x 3,
     # TrainJob 2 (pytorch, jax) x 3.
     assert count == 68
+
+
+def test_the_cached_builtin_validator_agrees_with_kubernetes_validate():
+    """validate_builtin compiles each kind's schema once; what it accepts and what it refuses
+    (with the same message) is what the library's own entry point does."""
+    built = build(spec_of(workers=2), engine="indexed-job")
+    good = [o for o in built.all() if o["kind"] in ("Job", "Service", "Secret")]
+    assert {o["kind"] for o in good} == {"Job", "Service", "Secret"}
+    broken = []
+    for obj in good:
+        misspelt = copy.deepcopy(obj)
+        misspelt["metadata"]["lables"] = {}  # strict: an unknown field
+        wrong_type = copy.deepcopy(obj)
+        wrong_type["metadata"]["name"] = 7
+        broken += [misspelt, wrong_type]
+    for obj in good:
+        validate_builtin(obj)
+        kubernetes_validate.validate(obj, desired_version=K8S_VERSION, strict=True)
+    for obj in broken:
+        with pytest.raises(kubernetes_validate.ValidationError) as ours:
+            validate_builtin(obj)
+        with pytest.raises(kubernetes_validate.ValidationError) as library:
+            kubernetes_validate.validate(obj, desired_version=K8S_VERSION, strict=True)
+        assert ours.value.message == library.value.message
+        assert list(ours.value.absolute_path) == list(library.value.absolute_path)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate_builtin({"apiVersion": "v1", "kind": "NoSuchKind", "metadata": {"name": "a"}})
 
 
 @pytest.mark.parametrize(
@@ -714,7 +739,7 @@ def test_50_mib_payload_travels_in_secrets_and_comes_back_exactly(big_payload, t
     secrets = [o for o in built.dependents if o["kind"] == "Secret"]
     assert len(secrets) == len(chunks)
     for secret in secrets[:2] + secrets[-1:]:
-        kubernetes_validate.validate(secret, desired_version=K8S_VERSION, strict=True)
+        validate_builtin(secret)
     for secret in secrets:
         (value,) = secret["data"].values()
         assert len(base64.b64decode(value)) <= 1024 * 1024  # the API server's MaxSecretSize
@@ -1034,7 +1059,7 @@ def test_deploy_rbac_is_generated_from_the_builders(capsys):
         "ClusterRoleBinding",
     ]
     for doc in docs:
-        kubernetes_validate.validate(doc, desired_version=K8S_VERSION, strict=True)
+        validate_builtin(doc)
 
 
 @pytest.mark.parametrize(
