@@ -307,7 +307,7 @@ class _Attempt:
     def _observe(self) -> Observation:
         return observe(
             self.view.job,
-            self.view.pods.values(),
+            self.view.judged_pods(),
             engine=self.plan.engine,
             workers=self.spec.workers,
             ranks_per_pod=self.plan.ranks_per_pod,

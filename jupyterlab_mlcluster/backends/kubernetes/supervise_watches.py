@@ -27,14 +27,33 @@ WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a
 Event = tuple[Any, ...]
 
 
+def _ended(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 class ClusterView:
     """The attempt's job object (only the one with the attempt's `uid`: a same-named one of
-    another attempt is not it) and the job's pods, by name, as the events said last."""
+    another attempt is not it) and the job's pods, by name, as the events said last.
+
+    A pod that had ended when it was deleted is kept apart, in `ended`: Kubernetes lets an
+    evicted pod go right after it reports Failed, and both changes can arrive in one batch,
+    so the pod that was taken away must still be judged (else its peer's exit on the same
+    SIGTERM would be blamed)."""
 
     def __init__(self) -> None:
         self.uid: str | None = None
         self.job: dict[str, Any] | None = None
         self.pods: dict[str, dict[str, Any]] = {}
+        self.ended: dict[str, dict[str, Any]] = {}  # deleted after they ended
+
+    def judged_pods(self) -> list[dict[str, Any]]:
+        """The pods an outcome is judged on: those alive in the API, and those deleted after
+        they ended (a newer pod for the same rank wins, by its creation time)."""
+        return [*(p for n, p in self.ended.items() if n not in self.pods), *self.pods.values()]
+
+    def _gone(self, name: str, last: dict[str, Any] | None) -> None:
+        if last is not None and _ended(last):
+            self.ended[name] = last
 
     @property
     def empty(self) -> bool:
@@ -53,12 +72,17 @@ class ClusterView:
         elif what == "pod":
             self.pods[value["metadata"]["name"]] = value
         elif what == "pod_deleted":
-            self.pods.pop(value["metadata"]["name"], None)
+            name = value["metadata"]["name"]
+            self._gone(name, value if _ended(value) else self.pods.get(name))
+            self.pods.pop(name, None)
         elif what == "job_list":  # a (re)list: what is not in it is gone
             mine = [o for o in value if o["metadata"].get("uid") == self.uid]
             self.job = mine[0] if mine else None
         elif what == "pod_list":
-            self.pods = {o["metadata"]["name"]: o for o in value}
+            listed = {o["metadata"]["name"]: o for o in value}
+            for name in self.pods.keys() - listed.keys():
+                self._gone(name, self.pods[name])
+            self.pods = listed
         else:
             return False
         return True
