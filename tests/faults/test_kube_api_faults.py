@@ -93,18 +93,30 @@ def test_a_429_storm_with_retry_after_is_obeyed(k8s, player, kube, kube_namespac
 def test_a_delete_that_fails_is_retried_until_it_happens(
     k8s, player, kube, kube_namespace, proxy, monkeypatch
 ):
-    """Deletes answered 503 for 20 s (the policy's scale shortened by
-    MLCLUSTER_KUBE_BACKOFF, its shape unchanged): the supervisor keeps the job non-final and
-    keeps trying; once deletes work, the objects go and the job ends cancelled."""
+    """Deletes answered 503 (the policy's scale shortened by MLCLUSTER_KUBE_BACKOFF, its
+    shape unchanged) until five have been refused, backing off in between: the supervisor
+    keeps the job non-final and keeps trying; once deletes work, the objects go and the job
+    ends cancelled."""
     monkeypatch.setenv("MLCLUSTER_KUBE_BACKOFF", "0.2,2")
     service = k8s()
     record = start_ticker(service, player)
     proxy.set_mode("fail_deletes")
     started = time.monotonic()
     service.cancel(record.id, wait=False)
-    time.sleep(20)
+
+    def most_tries_of_one_delete() -> int:
+        tries: defaultdict[str, int] = defaultdict(int)
+        for seen in list(proxy.requests):
+            if seen.method == "DELETE" and seen.at >= started:
+                tries[seen.path.split("?")[0]] += 1
+        return max(tries.values(), default=0)
+
+    # Waited for, not slept: one object's delete refused five times, backing off between
+    # tries (0.2, 0.4, ... 2 s: seconds).
+    wait_for(lambda: most_tries_of_one_delete() >= 5, timeout=60, message="a delete retried")
     assert not service.store.get_job(record.id).final, "final while its objects live on"
     refused = proxy.count(started, method="DELETE")
+    failing_for = time.monotonic() - started
     proxy.set_mode("pass")
     final = service.wait(record.id, timeout=60)
     player.kill_deleted()
@@ -112,7 +124,8 @@ def test_a_delete_that_fails_is_retried_until_it_happens(
     assert objects_of(kube, kube_namespace, record.id) == {}
     assert service.store.pending_cleanups() == []
     print(
-        f"\n[faults] deletes failed for 20s: {refused} refused DELETEs, retried until one "
+        f"\n[faults] deletes failed for {failing_for:.1f}s: {refused} refused DELETEs, retried "
+        "until one "
         f"worked; objects left: 0; pending cleanups: 0"
     )
     assert refused >= 5
