@@ -95,6 +95,7 @@ class ControllerApp(Application):
         import kopf
 
         from .handlers import build_registry, build_settings
+        from .kopf_state import NotebookMemories
 
         config = self.controller_config
         await kopf.operator(
@@ -104,6 +105,7 @@ class ControllerApp(Application):
             clusterwide=not config.namespaces,
             namespaces=config.namespaces,
             liveness_endpoint=self.liveness_endpoint or None,
+            memories=NotebookMemories(),
         )
 
     async def _run(self) -> int:

@@ -28,22 +28,18 @@ from typing import Any
 import aiohttp
 import kopf
 
-from jupyterlab_mlcluster.kubeconn import (
-    BackoffSchedule,
-    KubeError,
-    backoff_from_env,
-    load_config_async,
-)
+from jupyterlab_mlcluster.kubeconn import BackoffSchedule, KubeError, backoff_from_env
 
 from . import objects
 from .config import ControllerConfig
 from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from .culling import ProbeError, probe_activity, should_cull
-from .events import mirrored_event, notebook_event, notebook_of_event
+from .culler import Culler
+from .events import mirrored_event, notebook_of_event
 from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
-from .kube import KubeClient
-from .metrics import CULLED, RECONCILE_ERRORS, RECONCILES, MetricsServer
-from .namespaces import foreign_owner_error, namespace_ownership
+from .kube import KubeClient, connection_info
+from .metrics import RECONCILE_ERRORS, RECONCILES, MetricsServer
+from .namespaces import foreign_owner_error
+from .owners import NamespaceOwners
 from .slim import slim_notebook, slim_owned, slim_pod
 from .status import compute_status, status_changed
 
@@ -65,9 +61,6 @@ _INDEX_OF_KIND = {
     "AuthorizationPolicy": "owned_authorizationpolicies",
 }
 _PERMANENT_STATUSES = frozenset({400, 403, 422})
-# How long a namespace's owner (its Profile or annotation) is believed before it is read again.
-NAMESPACE_OWNER_TTL = 30.0
-PROFILE_API_VERSION = "kubeflow.org/v1"
 KOPF_PREFIX = f"kopf.{GROUP}"
 INDEX_NAMES = ("notebooks", *_INDEX_OF_KIND.values(), "owned_pods")
 
@@ -126,15 +119,14 @@ class NotebookController:
         self._written: dict[NotebookKey, str] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
-        # namespace -> (owner or None, monotonic time read): see NAMESPACE_OWNER_TTL.
-        self._namespace_owners: dict[str, tuple[tuple[str | None, str], float]] = {}
-        self._namespace_reads: dict[str, asyncio.Future[tuple[str | None, str]]] = {}
+        self.owners: NamespaceOwners | None = None
         self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def startup(self, logger: logging.Logger, **kwargs: Any) -> None:
         self.kube = await KubeClient.connect(self.config.kubeconfig, self.config.api_connections)
+        self.owners = NamespaceOwners(self.kube)
         self.http = aiohttp.ClientSession()
         await self.discover_istio()
         logger.info(
@@ -162,8 +154,9 @@ class NotebookController:
                 self.config.metrics_port, self.config.metrics_address, self._live_notebooks
             )
         if self.config.culling_enabled:
+            culler = Culler(self.config, self.kube, self.http, self._live_notebooks)
             self._loops.append(
-                asyncio.create_task(self._every(self.config.cull_check_period, self.cull_all))
+                asyncio.create_task(self._every(self.config.cull_check_period, culler.cull_all))
             )
 
     async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
@@ -192,37 +185,6 @@ class NotebookController:
             )
         return self.istio
 
-    async def owner_of_namespace(self, namespace: str) -> tuple[str | None, str]:
-        """Who owns `namespace`, and why its Profile does not decide that ("" if it does or
-        there is none): namespaces.namespace_ownership, read at most every
-        NAMESPACE_OWNER_TTL seconds."""
-        known = self._namespace_owners.get(namespace)
-        now = asyncio.get_running_loop().time()
-        if known is not None and now - known[1] < NAMESPACE_OWNER_TTL:
-            return known[0]
-        # One read at a time per namespace: the reconciles of a burst of Notebooks there
-        # wait for it together, instead of each reading the namespace and its Profile.
-        reading = self._namespace_reads.get(namespace)
-        if reading is None:
-            reading = asyncio.ensure_future(self._read_namespace_owner(namespace, now))
-            self._namespace_reads[namespace] = reading
-            reading.add_done_callback(lambda done: self._read_done(namespace, done))
-        return await asyncio.shield(reading)  # a waiter cancelled leaves the read to the rest
-
-    async def _read_namespace_owner(self, namespace: str, now: float) -> tuple[str | None, str]:
-        assert self.kube is not None
-        namespace_obj = await self.kube.get("v1", "Namespace", None, namespace)
-        profile = await self.kube.get(PROFILE_API_VERSION, "Profile", None, namespace)
-        ownership = namespace_ownership(namespace_obj, profile)
-        self._namespace_owners[namespace] = (ownership, now)
-        return ownership
-
-    def _read_done(self, namespace: str, done: asyncio.Future[Any]) -> None:
-        if self._namespace_reads.get(namespace) is done:
-            del self._namespace_reads[namespace]
-        if not done.cancelled():
-            done.exception()  # its waiters (if any are left) raise it; never "not retrieved"
-
     async def refusal(self, notebook: Mapping[str, Any]) -> str | None:
         """Why this Notebook gets no children at all: its owner is not one identity, or is not
         its namespace's owner (its route would admit that user on another user's origin)."""
@@ -231,7 +193,8 @@ class NotebookController:
         if problem:
             return f"refused: {problem}"
         namespace = notebook["metadata"]["namespace"]
-        owned_by, why = await self.owner_of_namespace(namespace)
+        assert self.owners is not None
+        owned_by, why = await self.owners.owner_of(namespace)
         return foreign_owner_error(owner, namespace, owned_by, why)
 
     def _lock(self, key: NotebookKey) -> asyncio.Lock:
@@ -246,13 +209,18 @@ class NotebookController:
     ) -> dict[NotebookKey, Any]:
         return {(namespace, name): slim_notebook(body)}
 
-    @staticmethod
     async def index_owned(
-        namespace: str, body: Mapping[str, Any], **_: Any
+        self, namespace: str, body: Mapping[str, Any], **_: Any
     ) -> dict[NotebookKey, Any]:
         """Children by the Notebook their ownerReference names (uids are checked on use)."""
         owner = _notebook_owner(body)
-        return {(namespace, owner): slim_owned(body)} if owner else {}
+        if not owner:
+            return {}
+        index = self.indexes.get(_INDEX_OF_KIND.get(str(body.get("kind")), ""))
+        uid = body["metadata"].get("uid")
+        kept = index.get((namespace, owner), ()) if index is not None else ()
+        previous = next((v for v in kept if v["metadata"].get("uid") == uid), None)
+        return {(namespace, owner): slim_owned(body, previous)}
 
     @staticmethod
     async def index_pod(
@@ -514,65 +482,6 @@ class NotebookController:
             except (KubeError, kopf.TemporaryError, aiohttp.ClientError) as exc:
                 log.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 
-    def cullable(self, notebook: Mapping[str, Any]) -> bool:
-        return not objects.is_stopped(notebook) and bool(
-            (notebook.get("status") or {}).get("ready")
-        )
-
-    async def cull_all(self) -> None:
-        limit = asyncio.Semaphore(16)
-
-        async def check(notebook: dict[str, Any]) -> None:
-            async with limit:
-                await self.check_activity(notebook)
-
-        await asyncio.gather(*(check(nb) for nb in self._live_notebooks() if self.cullable(nb)))
-
-    async def check_activity(self, notebook: dict[str, Any]) -> None:
-        """Record the notebook's last activity; stop it once idle longer than allowed."""
-        assert self.kube is not None and self.http is not None
-        namespace, name = notebook["metadata"]["namespace"], notebook["metadata"]["name"]
-        url = self.config.notebook_url_template.format(name=name, namespace=namespace)
-        try:
-            activity = await probe_activity(self.http, url, self.config.probe_timeout)
-        except ProbeError as exc:
-            log.debug("Activity of %s/%s unknown, not culling: %s", namespace, name, exc)
-            return
-        now = _now()
-        last = objects.rfc3339(activity.last_activity)
-        try:
-            if should_cull(activity, now, self.config.cull_idle_time, self.config.cull_connected):
-                idle = int((now - activity.last_activity).total_seconds())
-                # Only the notebook that was probed, unchanged since: not a new one of that name.
-                await self.kube.patch(
-                    API_VERSION,
-                    KIND,
-                    namespace,
-                    name,
-                    objects.guarded_stop_patch(notebook, True, now),
-                )
-                await self.kube.create(
-                    notebook_event(
-                        notebook,
-                        "Culled",
-                        f"Stopped after {idle} s without activity (last: {last})",
-                        now,
-                    )
-                )
-                CULLED.inc()
-                log.info("Culled %s/%s after %d s idle", namespace, name, idle)
-            elif (notebook.get("status") or {}).get("lastActivity") != last:
-                await self.kube.patch(
-                    API_VERSION,
-                    KIND,
-                    namespace,
-                    name,
-                    {"status": {"lastActivity": last}},
-                    subresource="status",
-                )
-        except KubeError as exc:
-            log.warning("Could not record activity of %s/%s: %s", namespace, name, exc)
-
 
 def build_settings(config: ControllerConfig) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
@@ -636,27 +545,3 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
             controller.on_notebook  # type: ignore[arg-type]
         )
     return registry
-
-
-async def connection_info(kubeconfig: str, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same configuration the controller's own client loads
-    (kopf's built-in client login only reads the default kubeconfig location)."""
-    loaded = (await load_config_async(kubeconfig)).configuration
-    # The asyncio client refreshes tokens (exec/auth providers) when asked for the key.
-    header = await loaded.get_api_key_with_prefix(
-        "BearerToken"
-    ) or await loaded.get_api_key_with_prefix("authorization")
-    parts = header.split(" ", 1) if header else []
-    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
-    return kopf.ConnectionInfo(
-        server=loaded.host,
-        ca_path=loaded.ssl_ca_cert,
-        insecure=not loaded.verify_ssl,
-        username=loaded.username or None,
-        password=loaded.password or None,
-        scheme=scheme,
-        token=token,
-        certificate_path=loaded.cert_file,
-        private_key_path=loaded.key_file,
-        trust_env=settings.networking.trust_env,
-    )

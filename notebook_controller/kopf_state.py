@@ -10,6 +10,12 @@ an annotation: a change of the object is what wakes kopf up for a retry.
 
 Memory per Notebook: one JSON text (its spec, labels and annotations: what kopf diffs), and
 a handler's progress only while it is being retried. `forget_except` drops deleted ones.
+
+kopf also keeps a memory of every object it has seen an event of (a memo, an error
+throttler, indexing and daemon state: some 800 bytes), until the object is deleted: at
+10,000 Notebooks, 50,000 of them, most for owned objects and pods, and one per Event of the
+cluster when events are mirrored. Only a Notebook's is ever read again (whether it was
+handled since the listing: resume), so `NotebookMemories` keeps those alone.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from collections.abc import Collection
 from typing import Any
 
 import kopf
+from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory  # (kopf.operator's)
+
+from .crd import KIND
 
 
 def _uid(body: Any) -> str:
@@ -70,3 +79,14 @@ class MemoryProgressStorage(kopf.AnnotationsProgressStorage):
     def forget_except(self, uids: Collection[str]) -> None:
         for uid in [uid for uid in self._records if uid not in uids]:
             del self._records[uid]
+
+
+class NotebookMemories(ResourceMemories):
+    """kopf's per-object memories, kept for Notebooks only: any other object's is made
+    afresh for each of its events (kopf's `ephemeral`), which none of our handlers of those
+    kinds can tell (no resume, daemon or memo of theirs; the indexers never fail)."""
+
+    async def recall(self, raw_body: Any, **kwargs: Any) -> ResourceMemory:
+        if raw_body.get("kind") != KIND:
+            kwargs["ephemeral"] = True
+        return await super().recall(raw_body, **kwargs)

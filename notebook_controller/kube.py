@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyterlab_mlcluster.kubeconn import (
     MERGE_PATCH,
@@ -17,8 +17,12 @@ from jupyterlab_mlcluster.kubeconn import (
     FailureLog,
     KubeError,
     call_async,
+    load_config_async,
     resource_path,
 )
+
+if TYPE_CHECKING:
+    import kopf
 
 from .metrics import count_api_retry
 
@@ -147,3 +151,29 @@ class KubeClient:
         preferred = doc.get("preferredVersion", {}).get("version")
         versions = [v["version"] for v in doc.get("versions", [])]
         return sorted(versions, key=lambda v: v != preferred)
+
+
+async def connection_info(kubeconfig: str, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the controller's own client loads
+    (kopf's built-in client login only reads the default kubeconfig location)."""
+    import kopf  # (only the operator logs in through kopf)
+
+    loaded = (await load_config_async(kubeconfig)).configuration
+    # The asyncio client refreshes tokens (exec/auth providers) when asked for the key.
+    header = await loaded.get_api_key_with_prefix(
+        "BearerToken"
+    ) or await loaded.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=loaded.host,
+        ca_path=loaded.ssl_ca_cert,
+        insecure=not loaded.verify_ssl,
+        username=loaded.username or None,
+        password=loaded.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=loaded.cert_file,
+        private_key_path=loaded.key_file,
+        trust_env=settings.networking.trust_env,
+    )

@@ -61,7 +61,7 @@ CLUSTER_RULES: list[dict[str, Any]] = [
     # when it serves a given list of them.
     _rule("apiextensions.k8s.io", ["customresourcedefinitions"], _WATCHED),
     _rule("", ["namespaces"], ["get", "list", "watch"]),
-    # Whose namespace a Notebook is in (handlers.NotebookController.owner_of_namespace).
+    # Whose namespace a Notebook is in (owners.NamespaceOwners).
     _rule("kubeflow.org", ["profiles"], ["get"]),
 ]
 # In each user namespace (a ClusterRole bound there by a RoleBinding, like the shared

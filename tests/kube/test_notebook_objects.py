@@ -506,6 +506,48 @@ def test_what_the_indexes_keep_repairs_and_owns_as_the_whole_object() -> None:
     assert "spec" not in slim.slim_pod(running)
 
 
+def test_an_unchanged_spec_is_packed_once() -> None:
+    """An owned object's next event with the same uid and generation (a status change, a
+    relist) keeps the packed spec it had; a changed spec (its generation moves), another
+    object of that name or a kind without generations is packed afresh."""
+    sts = with_server_defaults(objects.statefulset(notebook(), ControllerConfig()))
+    sts["metadata"].update(uid="uid-sts", generation=1)
+    first = slim.slim_owned(sts)
+    assert first["metadata"]["generation"] == 1
+    again = copy.deepcopy(sts)
+    again["status"] = {"readyReplicas": 1}
+    kept = slim.slim_owned(again, first)
+    assert kept["spec"] is first["spec"] and kept["status"] == {"readyReplicas": 1}
+    changed = copy.deepcopy(sts)
+    changed["spec"]["replicas"] = 0
+    changed["metadata"]["generation"] = 2
+    assert slim.slim_owned(changed, first)["spec"]["replicas"] == 0
+    other = copy.deepcopy(changed)
+    other["metadata"].update(uid="uid-other", generation=1)
+    assert slim.slim_owned(other, first)["spec"] is not first["spec"]
+    del sts["metadata"]["generation"]
+    assert slim.slim_owned(sts, slim.slim_owned(sts))["spec"] == first["spec"]
+
+
+def test_kopf_remembers_notebooks_only() -> None:
+    """kopf's per-object memory (NotebookMemories) is kept for a Notebook from one event to
+    the next; a child's or a pod's is made for each event and not kept."""
+    import asyncio
+
+    from notebook_controller.kopf_state import NotebookMemories
+
+    memories = NotebookMemories()
+    nb = {"kind": "Notebook", "metadata": {"uid": "uid-nb"}}
+    children = [{"kind": k, "metadata": {"uid": f"uid-{k}"}} for k in ("StatefulSet", "Pod")]
+
+    async def recall_twice(body: dict[str, Any]) -> bool:
+        return await memories.recall(body) is await memories.recall(body)
+
+    assert asyncio.run(recall_twice(nb))
+    assert not any(asyncio.run(recall_twice(child)) for child in children)
+    assert len(list(memories.iter_all_memories())) == 1
+
+
 # --- status ------------------------------------------------------------------------------------
 
 
