@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 LOOP_TICK = 0.05
-_METRICS = ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
+# What a rank's own figures hold, as the store records them (a session's cells use it too).
+METRIC_FIELDS = ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
 # Variables of the notebook's own Slurm allocation (batchspawner, Open OnDemand): a job's
 # sbatch must not inherit them, or its tasks would think they were the notebook's.
 _KEEP_SLURM = {"SLURM_CONF"}
@@ -272,7 +273,7 @@ class Attempt:
                 elif rtype == "error":
                     self.reported_errors[rank] = value
                 elif rtype == "metrics":  # the rank's own figures (rank.py): nobody samples it
-                    self.runtime_metrics[rank] = {k: value.get(k) for k in _METRICS}
+                    self.runtime_metrics[rank] = {k: value.get(k) for k in METRIC_FIELDS}
 
     def flush(self, force: bool = False) -> None:
         self.rank_updates.flush(force)

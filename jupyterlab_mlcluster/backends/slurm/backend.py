@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 SINFO_TTL = 1.0
-_Attempt = Attempt  # the name session.py subclasses it by
 __all__ = ["SlurmBackend", "current_slurm_user"]  # (tests import the user from here)
 
 

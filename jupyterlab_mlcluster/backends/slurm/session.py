@@ -39,7 +39,7 @@ from ...jobs.session_engine import SessionEngine
 from ...jobs.session_link import RankLink
 from ...runtime.protocol import job_key, key_path
 from . import script
-from .backend import _Attempt
+from .attempt import METRIC_FIELDS, Attempt
 from .commands import SlurmError
 from .watch import LostSlurm
 
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
-_METRICS = ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes")
 ORPHAN_FLOOR = 10.0  # seconds: the least a rank waits for a supervisor before it ends
 
 
@@ -68,7 +67,7 @@ def serve_session(backend: SlurmBackend, ctx: JobContext) -> None:
     engine.run(incarnation)
 
 
-class SessionAllocation(_Attempt):
+class SessionAllocation(Attempt):
     """One incarnation of the session: its allocation and ranks, serving cells."""
 
     def __init__(
@@ -264,7 +263,7 @@ class SessionAllocation(_Attempt):
                 rest.append((kind, value))
                 cell = self.engine.cell
                 if cell is not None and kind == "control" and value.get("type") == "metrics":
-                    sample = {k: value.get(k) for k in _METRICS}  # the cell's monitor too
+                    sample = {k: value.get(k) for k in METRIC_FIELDS}  # the cell's monitor too
                     self.ctx.store.record_metrics(cell.id, {rank: sample}, ts=time.time())
         if rest:
             super()._handle(rank, stream, rest)
