@@ -467,18 +467,31 @@ class Attempt:
     # -- lifecycle ---------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Submit, follow to an outcome, end: the order a session's allocation keeps too
+        (its `follow`, `let_go` and `ended` serve cells instead)."""
         try:
             self.submit()
         except SlurmError as exc:
             return Outcome(OutcomeKind.FAILED, f"sbatch: {exc}", restartable=False)
         try:
-            outcome = self.watch()
+            outcome = self.follow()
         except LostSlurm as exc:
             why = f"lost contact with Slurm: {exc}"
             return Outcome(OutcomeKind.FAILED, why + self.stop(why), restartable=False)
         except BaseException:
             self.stop("the supervisor failed")
             raise
+        finally:
+            self.let_go()
+        return self.ended(outcome)
+
+    def follow(self) -> Outcome:
+        return self.watch()
+
+    def let_go(self) -> None:
+        """What the attempt holds besides the allocation, released however it ended."""
+
+    def ended(self, outcome: Outcome) -> Outcome:
         self.pump(force=True)
         self.flush(force=True)
         self.ctx.logs.maybe_notify(force=True)

@@ -40,8 +40,6 @@ from ...jobs.session_link import RankLink
 from ...runtime.protocol import job_key, key_path
 from . import script
 from .attempt import METRIC_FIELDS, Attempt
-from .commands import SlurmError
-from .watch import LostSlurm
 
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
@@ -105,22 +103,14 @@ class SessionAllocation(Attempt):
 
     # -- the incarnation -----------------------------------------------------------------
 
-    def run(self) -> Outcome:
-        try:
-            self.submit()
-        except SlurmError as exc:
-            return Outcome(OutcomeKind.FAILED, f"sbatch: {exc}", restartable=False)
-        try:
-            outcome = self.engine.serve(self)
-        except LostSlurm as exc:
-            why = f"lost contact with Slurm: {exc}"
-            return Outcome(OutcomeKind.FAILED, why + self.stop(why), restartable=False)
-        except BaseException:
-            self.stop("the supervisor failed")
-            raise
-        finally:
-            for link in self.links.values():
-                link.close()
+    def follow(self) -> Outcome:
+        return self.engine.serve(self)
+
+    def let_go(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+    def ended(self, outcome: Outcome) -> Outcome:
         self.stopping = True
         self.stop("the session ended" if outcome.kind != OutcomeKind.RESTART else "a restart")
         self.ctx.logs.maybe_notify(force=True)
