@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import run_cli, wait_for
@@ -36,16 +38,39 @@ def root_cause_rank(torchrun_output: str) -> int:
     return int(line.split(":", 1)[1].split()[0])
 
 
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    """torchrun's runs, once per module: the reference does not depend on the pool mode a
+    test is parametrized with. Each is made by `run(workdir)` under its key, the first time
+    it is asked for."""
+    runs: dict[str, Any] = {}
+
+    def reference(key: str, run: Callable[[Path], Any]) -> Any:
+        if key not in runs:
+            runs[key] = run(tmp_path_factory.mktemp("torchrun"))
+        return runs[key]
+
+    return reference
+
+
+def culprit_under_torchrun(freeze: str):
+    def run(workdir: Path) -> subprocess.CompletedProcess:
+        shutil.copy(SCRIPTS / "culprit.py", workdir / "culprit.py")
+        return torchrun(workdir, "culprit.py", CULPRIT_FREEZE=freeze)
+
+    return run
+
+
 @pytest.mark.parametrize("freeze", ["1", "0"], ids=["both-exited-at-once", "as-it-comes"])
 def test_the_first_rank_to_fail_is_the_cause_not_a_follow_on_error(
-    pool_mode, service, tmp_path, freeze
+    pool_mode, service, tmp_path, freeze, reference_runs
 ):
     """Rank 1 raises, rank 0 waits in a barrier and then fails with gloo's "Connection closed
     by peer". With the launcher frozen until both have exited (the race that named rank 0 in
     3 of 8 runs, made certain), torchrun names rank 1; so must we, and rank 0 is marked as
     stopped because of it, its log saying so."""
     shutil.copy(SCRIPTS / "culprit.py", tmp_path / "culprit.py")
-    reference = torchrun(tmp_path, "culprit.py", CULPRIT_FREEZE=freeze)
+    reference = reference_runs(f"culprit-{freeze}", culprit_under_torchrun(freeze))
     assert reference.returncode == 1 and 'ValueError("rank 1 broke")' in reference.stderr
     # torchrun orders failures by their error files' timestamps, which are whole seconds: in a
     # tie (the frozen case, often) it names the lower rank as the root cause. Ours are stamped
@@ -95,21 +120,30 @@ def sigterm_when_ready(proc: subprocess.Popen, out: Path) -> tuple[str, str]:
     return proc.communicate(timeout=60)
 
 
-def test_a_sigterm_handler_saves_its_checkpoint_as_under_torchrun(pool_mode, service, tmp_path):
+def checkpoint_under_torchrun(workdir: Path) -> tuple[list[str], str]:
+    """SIGTERM to torchrun once both ranks' handlers are set: the checkpoints the ranks
+    saved, and what torchrun printed."""
+    shutil.copy(SCRIPTS / "checkpoint_on_sigterm.py", workdir / "ckpt.py")
+    out = workdir / "torchrun"
+    out.mkdir()
+    torchrun_argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher = start_attached([*torchrun_argv, "--nproc-per-node=2", "ckpt.py", str(out)], workdir)
+    stdout, _ = sigterm_when_ready(launcher, out)
+    return sorted(p.name for p in out.glob("ckpt-*")), stdout
+
+
+def test_a_sigterm_handler_saves_its_checkpoint_as_under_torchrun(
+    pool_mode, service, tmp_path, reference_runs
+):
     """SIGTERM to the launcher reaches every rank, which gets torchrun's 30 s by default: a
     handler that needs 5 s to save its checkpoint completes under both; what the ranks print
     while stopping reaches `mlcluster run`'s output, and the job's reason names what stopped
     it."""
     shutil.copy(SCRIPTS / "checkpoint_on_sigterm.py", tmp_path / "ckpt.py")
-    reference_out, our_out = tmp_path / "torchrun", tmp_path / "ours"
-    reference_out.mkdir()
+    our_out = tmp_path / "ours"
     our_out.mkdir()
-    torchrun_argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    reference = start_attached(
-        [*torchrun_argv, "--nproc-per-node=2", "ckpt.py", str(reference_out)], tmp_path
-    )
-    stdout, _ = sigterm_when_ready(reference, reference_out)
-    assert sorted(p.name for p in reference_out.glob("ckpt-*")) == ["ckpt-0", "ckpt-1"]
+    saved, stdout = reference_runs("checkpoint", checkpoint_under_torchrun)
+    assert saved == ["ckpt-0", "ckpt-1"]
     assert "rank 1: checkpoint saved" in stdout
 
     cli = [sys.executable, "-m", "jupyterlab_mlcluster.cli", "run", "--workers", "2"]
