@@ -156,19 +156,8 @@ class Attempt:
         )
         log.info("attempt %d is Slurm job %s", self.number, self.slurm_id)
         ctx.set_reason(f"submitted to Slurm as job {self.slurm_id}")
-        ctx.set_ranks(
-            {
-                r: {
-                    "state": RankState.PENDING,
-                    "finished": None,
-                    "exit_code": None,
-                    "progress": None,
-                    "started": None,
-                    "pid": None,
-                }
-                for r in range(self.spec.workers)
-            }
-        )
+        unset = dict.fromkeys(("finished", "exit_code", "progress", "started", "pid"))
+        ctx.set_all_ranks(state=RankState.PENDING, **unset)
 
     # -- follow ------------------------------------------------------------------------
 
@@ -446,10 +435,8 @@ class Attempt:
                 return True
             if self.view is not None:
                 self.view.refresh()
-            try:
+            with contextlib.suppress(LostSlurm):  # (the caller is stopping it anyway)
                 self.look()
-            except LostSlurm:
-                pass
             if (
                 self.slurm_state not in script.ACTIVE_STATES
                 or self.slurm_state == "COMPLETING"
