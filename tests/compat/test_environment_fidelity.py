@@ -29,6 +29,23 @@ def seen(workdir: Path, tag: str) -> list[dict]:
     return [json.loads((workdir / "out" / f"{tag}-{rank}.json").read_text()) for rank in (0, 1)]
 
 
+@pytest.fixture(scope="module")
+def torchrun_seen(tmp_path_factory):
+    """What torchrun's ranks observed, by the environment they were given: the reference
+    does not depend on the pool mode a test is parametrized with, so torchrun runs once per
+    environment in this module, not once per mode."""
+    references: dict[tuple[tuple[str, str], ...], list[dict]] = {}
+
+    def reference(env: dict[str, str]) -> list[dict]:
+        key = tuple(sorted(env.items()))
+        if key not in references:
+            workdir = probe_dir(tmp_path_factory.mktemp("torchrun"))
+            references[key] = torchrun(workdir, "torchrun", env)
+        return references[key]
+
+    return reference
+
+
 def torchrun(workdir: Path, tag: str, env: dict[str, str]) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -78,13 +95,15 @@ ROWS = {
 }
 
 
-def test_interpreter_and_torch_variables_as_under_torchrun(pool_mode, service, tmp_path):
+def test_interpreter_and_torch_variables_as_under_torchrun(
+    pool_mode, service, tmp_path, torchrun_seen
+):
     """Set in the environment `mlcluster run` starts from (as in a kernel's), each row's
     variable has its effect in every rank, warm or cold, as under torchrun (the same hash of
     a string with the seed, DETAIL, 'error' first among the warnings filters, UTF-8 mode); a
     variable a warm rank cannot apply starts the job cold, said once, naming each."""
     workdir = probe_dir(tmp_path / "w")
-    reference = torchrun(workdir, "torchrun", ROWS)
+    reference = torchrun_seen(ROWS)
     assert reference[0]["debug_level"] == "DebugLevel.DETAIL"
     assert reference[0]["hash"] == reference[1]["hash"]  # the seed's
     assert reference[0]["utf8_mode"] == 1 and reference[0]["warnoptions"] == ["error"]
@@ -105,11 +124,13 @@ def test_interpreter_and_torch_variables_as_under_torchrun(pool_mode, service, t
     assert ours(workdir, "option", {}, *options) == reference
 
 
-def test_a_variable_torch_reads_natively_is_reapplied_in_a_warm_rank(service, tmp_path):
+def test_a_variable_torch_reads_natively_is_reapplied_in_a_warm_rank(
+    service, tmp_path, torchrun_seen
+):
     """TORCH_DISTRIBUTED_DEBUG alone: c10d read it in C++ when the pool loaded torch; a warm
     rank sets the level again from its own environment and stays warm."""
     workdir = probe_dir(tmp_path / "w")
-    reference = torchrun(workdir, "torchrun", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    reference = torchrun_seen({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     ours(workdir, "warmup", {"MLCLUSTER_WARM_POOL": "1"})
     detail = ours(
         workdir, "ours", {"MLCLUSTER_WARM_POOL": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -133,13 +154,15 @@ HF_VARIABLES = {
 }
 
 
-def test_variables_read_by_a_preloaded_module_as_under_torchrun(pool_mode, service, tmp_path):
+def test_variables_read_by_a_preloaded_module_as_under_torchrun(
+    pool_mode, service, tmp_path, torchrun_seen
+):
     """HF_HOME, HF_HUB_OFFLINE, TRANSFORMERS_VERBOSITY set after the pool learned
     transformers (the first job taught it): every rank has what torchrun's have."""
     pytest.importorskip("transformers")
     workdir = probe_dir(tmp_path / "w")
     hf = {"PROBE_HF": "1"}
-    reference = torchrun(workdir, "torchrun", {**hf, **HF_VARIABLES})
+    reference = torchrun_seen({**hf, **HF_VARIABLES})
     first = ours(workdir, "learn", hf)
     assert first[0]["hf_home"] != HF_VARIABLES["HF_HOME"]
     assert ours(workdir, "ours", {**hf, **HF_VARIABLES}) == reference
