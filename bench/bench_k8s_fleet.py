@@ -222,7 +222,9 @@ def main() -> None:
             if (i + 1) % 25 == 0:
                 print(f"  submitted {i + 1}/{args.jobs}", file=sys.stderr, flush=True)
         for job_id in jobs:
-            first_ready.append(watch.wait_ready(job_id, timeout=300)[1] - submitted[job_id])
+            first_ready.append(
+                watch.wait_ready(job_id, timeout=max(300.0, 5.0 * args.jobs))[1] - submitted[job_id]
+            )
             player.create_pods(player.job_object(job_id))  # pending: nobody schedules them
         wait_for(
             lambda: all(service.store.get_job(j).supervisor for j in jobs),
