@@ -173,15 +173,10 @@ def magic_case(runs: int, workers: int, watch: JobWatch) -> dict[str, list[float
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--skip", default="", help="comma-separated case names to skip")
-    args = parser.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
-
-    root = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
+def isolated_environment(prefix: str) -> Path:
+    """A fresh temporary directory holding the job store, Jupyter config, warm pool and
+    kubeconfig of this run, named in os.environ (for this process and those it starts)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     os.environ["MLCLUSTER_STORE_DIR"] = str(root / "store")
     os.environ["JUPYTER_CONFIG_DIR"] = str(root / "jupyter-config")
     os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(root / "warm-pool")
@@ -190,6 +185,18 @@ def main() -> None:
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
     )
     os.environ["KUBECONFIG"] = str(root / "kubeconfig.yaml")
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--skip", default="", help="comma-separated case names to skip")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    root = isolated_environment("bench-k8s-")
     emulator = subprocess.Popen(
         [sys.executable, "-c", SERVE_EMULATOR, os.environ["KUBECONFIG"]],
         stdin=subprocess.PIPE,

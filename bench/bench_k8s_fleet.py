@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests")]
 
-from bench_k8s import NAMESPACE, JobWatch, percentile
+from bench_k8s import NAMESPACE, JobWatch, isolated_environment, percentile
 
 TARGET_JOBS = 1000
 TARGET_MIB = 300.0  # supervision of 1,000 jobs, in total
@@ -184,15 +183,7 @@ def main() -> None:
     if args.jobs < 1 or args.extra < 1:
         parser.error("--jobs and --extra must be at least 1")
 
-    root = Path(tempfile.mkdtemp(prefix="bench-k8s-fleet-"))
-    os.environ["MLCLUSTER_STORE_DIR"] = str(root / "store")
-    os.environ["JUPYTER_CONFIG_DIR"] = str(root / "jupyter-config")
-    os.environ["MLCLUSTER_WARM_POOL_DIR"] = str(root / "warm-pool")
-    # Processes started elsewhere (the warm pool starts in /) import this checkout's code.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
-    )
-    os.environ["KUBECONFIG"] = str(root / "kubeconfig.yaml")
+    root = isolated_environment("bench-k8s-fleet-")
     pool_modules = None if args.pool_modules is None else args.pool_modules.split(",")
     configure(root, pool_modules)
     emulator = Emulator(os.environ["KUBECONFIG"])
