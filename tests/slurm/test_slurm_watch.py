@@ -99,8 +99,19 @@ def test_a_dozen_jobs_ask_squeue_once_a_second_and_a_dead_watcher_is_replaced(
         interval=0.5,
         message="every waiting job's place in the queue (1 to 10, each once)",
     )
-    waiting = [service.get(i).reason for i in positions(service, ids)]
-    assert all("Resources" in r or "Priority" in r for r in waiting), waiting
+
+    # Slurm names a pending job's reason once its scheduler has looked at it ("None" until
+    # then, which the job's reason says as it is): wait for that look, then every waiting job
+    # says why it waits.
+    def reasons() -> list[str]:
+        return [service.get(i).reason or "" for i in positions(service, ids)]
+
+    wait_for(
+        lambda: all("Resources" in r or "Priority" in r for r in reasons()),
+        180,
+        interval=0.5,
+        message="every waiting job's reason from Slurm's scheduler",
+    )
 
     start = time.time()
     time.sleep(6.0)  # (a window to count in; nothing is awaited)
