@@ -236,7 +236,9 @@ class SessionEngine:
         # The ranks get the cell first: the cell's context (its log files) and its state
         # are not on the path from submit to the user's code.
         error = self.transport.send_cell(cell_id)
-        cell = self.transport.new_cell(JobContext(store, record, self.ctx.config))
+        cell = self.transport.new_cell(
+            JobContext(store, record, self.ctx.config, self.ctx.store_watch)
+        )
         if error is not None:
             cell.ctx.set_state(JobState.FAILED, error=error, reason=None)
             with contextlib.suppress(OSError):

@@ -145,7 +145,13 @@ SUPERVISOR_LOG_BYTES = 1 << 20
 class JobContext:
     """What a backend's run() gets: the job, and ways to report on it."""
 
-    def __init__(self, store: JobStore, job: JobRecord, config: MLClusterConfig) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        job: JobRecord,
+        config: MLClusterConfig,
+        store_watch: StoreWatch | None = None,
+    ) -> None:
         self.store = store
         self.job = job
         self.config = config
@@ -157,7 +163,8 @@ class JobContext:
         self._last_cancel_poll = 0.0
         self._last_heartbeat = 0.0
         self._attached = attached_process(job.origin)
-        self.store_watch = StoreWatch(store, job.id)
+        # One per supervisor: a session's cells share their holder's (the store is the same).
+        self.store_watch = store_watch or StoreWatch(store, job.id)
         self.idle_gpus = IdleGpuWatch(config.idle_gpu_percent, config.idle_gpu_after)
         self.stragglers = StragglerWatch(getattr(config, "straggler_after", 0.0))
         self.series = SeriesWriter(store.job_dir(job.id), self.logs.system, config.max_series_mib)
@@ -392,12 +399,13 @@ def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
 def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = None) -> int:
     log.debug("supervisor up for %s", job_id)
     config = config or submitter_config(store.root, job_id)
-    gone = StoreWatch(store, job_id).gone
-    if not _until_written(store, lambda: claim(store, job_id), "the job's claim", gone):
+    watch = StoreWatch(store, job_id)  # the job's and its session cells' (JobContext)
+    if not _until_written(store, lambda: claim(store, job_id), "the job's claim", watch.gone):
+        watch.close()
         return 0
     log.debug("claimed")
     job = store.get_job(job_id)
-    ctx = JobContext(store, job, config)
+    ctx = JobContext(store, job, config, watch)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, ctx.on_signal)
     tracker = start_tracking(ctx)
@@ -431,6 +439,7 @@ def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = Non
             tracker.finish()
         with contextlib.suppress(Exception):  # only a change-feed nudge is lost
             ctx.logs.close()
+        watch.close()
     return 0
 
 
