@@ -1,11 +1,11 @@
 """Pod logs: followed while they are written, split into each rank's lines and reports.
 
 In a pod, stdout is a rank's only channel: its control records (started, progress, result,
-error, metrics; see runtime/protocol.py) travel inline behind a marker. A `PodLogFollower`
-thread streams one pod's log (`follow=true`) into the supervisor's event queue; a
-`PodOutput` turns those bytes into (rank, item) pairs: text lines go to the job store as
-they come (so they outlive the pod), control records drive the rank's state, result and
-error files.
+error, metrics; see runtime/protocol.py) travel inline behind a marker. Each pod's log is
+followed (`follow=true`) into the supervisor's event queue by the process's one event loop
+for log streams (log_loop.py); a `PodOutput` turns those bytes into (rank, item) pairs: text
+lines go to the job store as they come (so they outlive the pod), control records drive the
+rank's state, result and error files.
 
 Resuming (a reconnect, or a new supervisor adopting a job): the log is read again from its
 start and the first N text lines of each rank, already stored, are skipped (counted, not
@@ -17,9 +17,6 @@ dropped (they were recorded before).
 
 from __future__ import annotations
 
-import queue
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,62 +25,7 @@ from typing import Any
 from ...jobs.lifecycle import RESTART_MARKER
 from ...jobs.storage.store import JobStore
 from ...runtime.protocol import MARKER, OutputParser
-from .client import Connection, kind_of
 from .objects import split_packed_line
-
-QUIET_STREAM_TIMEOUT = 3600.0
-
-
-class PodLogFollower:
-    """A daemon thread following one container's log; it puts ("log", pod, bytes) items and
-    finally ("log_end", pod, error or None) into `sink`."""
-
-    def __init__(
-        self, conn: Connection, namespace: str, pod: str, container: str, sink: queue.Queue
-    ):
-        self.pod = pod
-        self._conn = conn
-        self._path = kind_of("v1", "Pod").path(namespace, pod, "log")
-        self._container = container
-        self._sink = sink
-        self._response: Any = None
-        self.thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
-
-    def start(self) -> PodLogFollower:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        error: BaseException | None = None
-        try:
-            self._response = self._conn.request(
-                "GET",
-                self._path,
-                query={"container": self._container, "follow": True},
-                stream=True,
-                # A rank may print nothing for hours: a read timeout that long only costs a
-                # resumed stream (see the module docstring).
-                timeout=(self._conn.request_timeout, QUIET_STREAM_TIMEOUT),
-            )
-            for chunk in self._response.stream(amt=None, decode_content=False):
-                if chunk:
-                    self._sink.put(("log", self.pod, bytes(chunk)))
-        except Exception as exc:  # noqa: BLE001 - reported to the supervisor loop
-            error = exc
-        finally:
-            if self._response is not None:
-                self._response.release_conn()
-            self._sink.put(("log_end", self.pod, error))
-
-    def stop(self) -> None:
-        """Unblock the reading thread (its socket is shut down; it then ends by itself)."""
-        response = self._response
-        sock = getattr(getattr(response, "connection", None), "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 class _RankLines:

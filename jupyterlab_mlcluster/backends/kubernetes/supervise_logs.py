@@ -1,7 +1,8 @@
 """A Kubernetes attempt's pod log streams, inside its supervisor (supervise.py's `_Attempt`):
-one `PodLogFollower` per pod of the attempt (re-opened with LOG_BACKOFF when it ends early,
-skipping the lines already stored), each pod's bytes split by its `PodOutput` into the
-ranks' lines and signed records, handed to the attempt as they come."""
+one stream per pod of the attempt (read by the process's one event loop, log_loop.py;
+re-opened with LOG_BACKOFF when it ends early, skipping the lines already stored), each
+pod's bytes split by its `PodOutput` into the ranks' lines and signed records, handed to the
+attempt as they come."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 from ... import kubeconn
 from .client import Connection, message_of
-from .logs import PodLogFollower, PodOutput
+from .log_loop import LogStream, follow_log
+from .logs import PodOutput
 from .objects import pod_ranks
 from .status import container_phase
 
@@ -27,7 +29,7 @@ Pods = Mapping[str, dict[str, Any]]
 
 
 class LogStreams:
-    """The log streams of one attempt's pods. Each follower puts ("log", pod, bytes) and
+    """The log streams of one attempt's pods. Each stream puts ("log", pod, bytes) and
     ("log_end", pod, error) into `events` (the attempt's queue; its loop hands them back
     to `fed` and `ended`); each pod's ranks' items go to `deliver(rank, kind, value)`;
     `say(text)` is a line in the job's log."""
@@ -47,7 +49,7 @@ class LogStreams:
         self.engine, self.ranks_per_pod = placement
         self.key, self.events, self.deliver, self.say = key, events, deliver, say
         self.outputs: dict[str, PodOutput] = {}
-        self.followers: dict[str, PodLogFollower] = {}
+        self.followers: dict[str, LogStream] = {}
         self.done: set[str] = set()  # pods whose log was read to its end
         self.retry_at: dict[str, float] = {}  # pod -> when its stream may open again
         self.failures: dict[str, int] = {}  # pod -> its stream's failures in a row
@@ -73,9 +75,9 @@ class LogStreams:
             if skip is None:
                 skip = {r: self.adopted_skip.get(r, 0) for r in ranks}
             self.outputs[name] = PodOutput(ranks, skip, key=self.key)
-            self.followers[name] = PodLogFollower(
+            self.followers[name] = follow_log(
                 self.conn, self.namespace, name, self.container, self.events
-            ).start()
+            )
 
     def fed(self, pod_name: str, data: bytes) -> None:
         """Bytes of a pod's log."""
