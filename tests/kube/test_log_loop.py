@@ -276,9 +276,17 @@ class _TlsFront:
         await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def shutdown() -> None:
+            self.server.close()
+            pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pipes:
+                task.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+        self.loop.close()
 
 
 @pytest.fixture(scope="module")
