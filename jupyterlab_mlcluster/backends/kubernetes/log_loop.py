@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import os
 import queue
+import ssl
 import threading
 import weakref
 from typing import Any
@@ -61,9 +62,9 @@ class LogStream:
 
     # -- on the loop -------------------------------------------------------------------------
 
-    def _start(self, runner: _LoopThread) -> None:
+    def _start(self, runner: _LoopThread, context: ssl.SSLContext | None) -> None:
         assert self._request is not None
-        session = runner.session(self._request.transport)
+        session = runner.session(self._request.transport, context)
         self._task = runner.loop.create_task(self._read(session, self._request))
         self._task.add_done_callback(self._ended)
         if self._stopped:  # pragma: no cover - stop is queued after start (FIFO)
@@ -126,13 +127,12 @@ class _LoopThread:
         except RuntimeError:  # closed at exit
             pass
 
-    def session(self, transport: Transport) -> Any:
+    def session(self, transport: Transport, context: ssl.SSLContext | None) -> Any:
         """On the loop: the session of streams to this API server with this TLS identity."""
         session = self._sessions.get(transport)
         if session is None or session.closed:
             import aiohttp
 
-            context = ssl_context(transport)
             connector = aiohttp.TCPConnector(
                 # Each stream holds its connection for as long as the pod runs: no limit.
                 limit=0,
@@ -195,6 +195,8 @@ class LogLoop:
         path = kind_of("v1", "Pod").path(namespace, pod, "log")
         try:
             request = prepare_get(conn, path, {"container": container, "follow": True})
+            # Here, not on the loop: it reads the CA and client certificate files (once).
+            context = ssl_context(request.transport)
         except Exception as exc:  # noqa: BLE001 - reported in the stream's "log_end"
             stream = LogStream(pod, sink, None, conn.request_timeout)
             stream.error = as_kube_error(exc, conn.host)
@@ -202,7 +204,7 @@ class LogLoop:
             return stream
         stream = LogStream(pod, sink, request, conn.request_timeout)
         runner = stream._runner = self.runner()
-        runner.call(stream._start, runner)
+        runner.call(stream._start, runner, context)
         return stream
 
     def threads(self) -> int:
