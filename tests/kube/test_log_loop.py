@@ -145,7 +145,7 @@ def test_stop_ends_a_quiet_stream_at_once(running_pods, conn):
 def test_the_stream_is_the_blocking_clients_request(running_pods, conn):
     """Same path, query and bearer token as the blocking client would send."""
     kube, namespace, names = running_pods
-    name = names[0]
+    name = names[-2]  # still running
     path = kube.path("v1", "Pod", namespace, name, "log")
     sink: queue.Queue = queue.Queue()
     stream = follow_log(conn, namespace, name, "main", sink)
@@ -312,7 +312,7 @@ def _tls_kubeconfig(path: Path, url: str, namespace: str, ca: bytes, client: Any
 def test_behind_tls_the_kubeconfigs_ca_and_client_certificate_are_used(running_pods, tls_front):
     kube, namespace, names = running_pods
     front, certs, tmp = tls_front
-    name = names[1]
+    name = names[-3]  # still running
     kube.append_log(namespace, name, "over tls\n")
     client = (certs.client_key, certs.client)
     path = _tls_kubeconfig(tmp / "good.yaml", front.url, namespace, certs.ca, client)
