@@ -10,7 +10,11 @@ import asyncio
 import base64
 import datetime
 import ipaddress
+import json
+import os
 import queue
+import select
+import signal
 import ssl
 import threading
 import time
@@ -181,6 +185,61 @@ def test_failures_are_the_blocking_clients_errors(running_pods, conn, tmp_path):
         gone.close()
     assert kind == "log_end" and isinstance(error, kubeconn.ClusterUnavailable)
     assert f"{nowhere} cannot be reached" in str(error)
+
+
+def _in_forked_child(conn_namespace: str, pod: str) -> dict[str, Any]:
+    """In a process forked from this one (whose loop runs): follow `pod`'s log there."""
+    inherited = LOG_LOOP._runner
+    conn = kubeconn.connect(namespace=conn_namespace)
+    sink: queue.Queue = queue.Queue()
+    stream = follow_log(conn, conn_namespace, pod, "main", sink)
+    first = sink.get(timeout=DEADLINE)
+    threads = LOG_LOOP.threads()
+    stream.stop()
+    end = sink.get(timeout=DEADLINE)
+    return {
+        "first": first[2].decode() if first[0] == "log" else repr(first),
+        "end": repr(end),
+        "own_loop": LOG_LOOP._runner is not inherited and threads == 1,
+    }
+
+
+def test_a_forked_process_makes_its_own_loop(running_pods, conn):
+    """A process forked while streams are open (as the warm pool forks) inherits no loop
+    thread: it makes its own, and the parent's streams go on, untouched."""
+    kube, namespace, names = running_pods
+    parents, childs = names[-4], names[-5]
+    sink: queue.Queue = queue.Queue()
+    stream = follow_log(conn, namespace, parents, "main", sink)
+    kube.append_log(namespace, parents, "parent before\n")
+    kube.append_log(namespace, childs, "forked\n")
+    while not sink.get(timeout=DEADLINE)[2].endswith(b"parent before\n"):
+        pass
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's atexit/pytest
+        code = 1
+        try:
+            os.close(reader)
+            os.write(writer, json.dumps(_in_forked_child(namespace, childs)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(writer)
+    try:
+        with os.fdopen(reader, "rb") as pipe:
+            if not select.select([pipe], [], [], 3 * DEADLINE)[0]:
+                os.kill(pid, signal.SIGKILL)  # hung: fail, never hang the run
+            report = json.loads(pipe.read() or b"{}")
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and report, report
+    assert report["first"].endswith("forked\n") and report["own_loop"], report
+    assert report["end"] == repr(("log_end", childs, None))
+    kube.append_log(namespace, parents, "parent after\n")
+    assert sink.get(timeout=DEADLINE) == ("log", parents, b"parent after\n")
+    stream.stop()
+    assert sink.get(timeout=DEADLINE) == ("log_end", parents, None)
 
 
 # --- behind TLS -------------------------------------------------------------------------------
