@@ -28,7 +28,7 @@ import weakref
 from typing import Any
 
 from ...kubeconn.blocking import Connection
-from ...kubeconn.errors import as_kube_error
+from ...kubeconn.errors import as_kube_error, refused
 from ...kubeconn.streams import StreamRequest, Transport, prepare_get, ssl_context
 from .client import kind_of
 
@@ -51,7 +51,6 @@ class LogStream:
         self._host = request.transport.host if request is not None else ""
         self._runner: _LoopThread | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopped = False  # only read and written on the loop
         self.error: BaseException | None = None
 
     def stop(self) -> None:
@@ -64,22 +63,24 @@ class LogStream:
 
     def _start(self, runner: _LoopThread, context: ssl.SSLContext | None) -> None:
         assert self._request is not None
-        session = runner.session(self._request.transport, context)
+        try:
+            session = runner.session(self._request.transport, context)
+        except Exception as exc:  # noqa: BLE001 - reported in the stream's "log_end"
+            self.error = as_kube_error(exc, self._host)
+            self._ended()
+            return
         self._task = runner.loop.create_task(self._read(session, self._request))
         self._task.add_done_callback(self._ended)
-        if self._stopped:  # pragma: no cover - stop is queued after start (FIFO)
-            self._task.cancel()
 
     def _stop(self) -> None:
-        self._stopped = True
+        # Queued after _start (one loop, FIFO). A task cancelled before its first step
+        # still runs its done callback: the "log_end" comes.
         if self._task is not None:
-            self._task.cancel()  # a task cancelled before its first step still ends
+            self._task.cancel()
 
     async def _read(self, session: Any, request: StreamRequest) -> None:
         import aiohttp
         import yarl
-
-        from ...kubeconn.errors import refused
 
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self._connect_timeout, sock_read=QUIET_STREAM_TIMEOUT
@@ -101,7 +102,7 @@ class LogStream:
         except Exception as exc:  # noqa: BLE001 - reported in the stream's "log_end"
             self.error = as_kube_error(exc, self._host)
 
-    def _ended(self, _task: asyncio.Task[None]) -> None:
+    def _ended(self, _task: asyncio.Task[None] | None = None) -> None:
         self._sink.put(("log_end", self.pod, self.error))
 
 
