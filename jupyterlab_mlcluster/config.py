@@ -267,6 +267,13 @@ class MLClusterConfig(Configurable):
         "(saying so in the job's log; the job's own state never depends on it).",
     ).tag(config=True)
 
+    supervise_together = Bool(
+        True,
+        help="Supervise the jobs of backends that allow it (Kubernetes, except sessions) in "
+        "one process per store and cluster, a fleet, instead of a process per job: a job "
+        "then costs memory, not a process. False: a supervisor process per job, as before.",
+    ).tag(config=True)
+
     warm_pool = Bool(
         help="Start ranks from a warm, CUDA-clean zygote process that has already imported "
         "the heavy modules (much faster starts). Env: MLCLUSTER_WARM_POOL=0 to turn off.",

@@ -48,7 +48,10 @@ def job_processes(service, job_id: str) -> list[psutil.Process]:
     found = []
     record = service.store.get_job(job_id)
     sup = record.supervisor or {}
-    candidates = [(sup.get("pid"), sup.get("create_time"))]
+    # A fleet (jobs/running/fleet.py) supervises other jobs too: it is this job's only
+    # until the job is final.
+    serves_job = not (sup.get("fleet") and record.final)
+    candidates = [(sup.get("pid"), sup.get("create_time"))] if serves_job else []
     candidates += [(pid, started) for _rank, pid, started in service.store.rank_processes(job_id)]
     for pid, started in candidates:
         if process_is(pid, started):

@@ -83,6 +83,12 @@ class Backend(abc.ABC):
     def run(self, ctx: JobContext) -> None:
         """Drive the job to a final state. Runs in the job's supervisor process."""
 
+    def fleet_key(self, origin: dict[str, Any]) -> str | None:
+        """The fleet that supervises a job of this `origin` (jobs/running/fleet.py: one
+        process for many jobs), named by what decides where its jobs run; None: a
+        supervisor process of its own."""
+        return None
+
     def supervisor_lost(self, store: JobStore, job: JobRecord) -> SupervisorLost:
         """FAIL (the job died with its supervisor) or RESPAWN (it lives on elsewhere,
         e.g. in a cluster, and a new supervisor can adopt it)."""

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.service")
 
+FLEET_NUDGE_AFTER = 5.0
+
 
 class Reaper:
     """One JobService's reaper (its store, its backends, its way to start a supervisor)."""
@@ -39,6 +41,23 @@ class Reaper:
         self._last_staging_sweep = float("-inf")
         self._unsettled: dict[str, int] = {}  # job id -> reaps that could not write (full disk)
         self._uncleaned: dict[str, int] = {}  # the same, for a final job's pending cleanup
+        self._nudged: dict[str, float] = {}  # unclaimed job -> when its fleet was last ensured
+
+    def _nudge_fleet(self, row: sqlite3.Row) -> None:
+        """A job no supervisor has claimed for FLEET_NUDGE_AFTER: if a fleet supervises it,
+        make sure that fleet runs (it adopts the job). One that was exiting when the job was
+        handed over, or that died before it could claim, costs seconds, not the claim grace."""
+        now = time.time()
+        if now - row["created"] < FLEET_NUDGE_AFTER:
+            return
+        if now - self._nudged.get(row["id"], 0.0) < FLEET_NUDGE_AFTER:
+            return
+        self._nudged = {k: v for k, v in self._nudged.items() if now - v < 60.0}
+        self._nudged[row["id"]] = now
+        try:
+            self.service.starter.hand_to_fleet(row["id"])
+        except Exception as exc:  # noqa: BLE001 - the claim grace settles it at worst
+            log.debug("could not ensure the fleet of job %s: %s", row["id"], exc)
 
     @property
     def store(self) -> JobStore:
@@ -60,6 +79,8 @@ class Reaper:
             # claim grace: one that starts later finds it final and exits (claim_supervisor).
             unclaimed_cancel = row["cancel_requested"] and not row["supervisor"]
             if supervisor_alive(row) and not unclaimed_cancel:
+                if not row["supervisor"]:
+                    self._nudge_fleet(row)
                 continue
             try:
                 if self._settle_orphan(row):
@@ -135,8 +156,10 @@ class Reaper:
             not row["cancel_requested"]
             and backend.supervisor_lost(self.store, record) == SupervisorLost.RESPAWN
         ):
-            self.store.update_job(record.id, supervisor=None)
-            self.service._start_supervisor(record.id)
+            # Only while the dead one holds it: a fleet started for an earlier row may have
+            # adopted this job already (its claim stands).
+            if self.store.fleet.forget_holder(record.id, row["supervisor"]):
+                self.service.starter.start(record.id)
             return False
         backend.cleanup_orphans(self.store, record)
         if row["cancel_requested"]:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import secrets
-import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -36,10 +35,8 @@ from .provenance import SCRIPT_FILE, provenance, script_text
 from .reaper import Reaper
 from .record import JobRecord, new_job_id
 from .results import JobResults, NoJSONForm
-from .running.processes import (
-    start_detached,
-    this_host,
-)
+from .running.processes import this_host
+from .starting import SupervisorStarter
 from .stopping import STOP_SLACK, JobStillRunning, JobStopper
 from .storage.store import JobStore, UnknownJob
 from .tracking.params import PARAMS_FILE, params_file
@@ -109,6 +106,7 @@ class JobService:
         self.reaper = Reaper(self)
         self.results = JobResults(self.store, self.config)
         self.stopper = JobStopper(self.store, self.config, self.reap, self.wait)
+        self.starter = SupervisorStarter(self.store, self.config, self.backend)
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -171,6 +169,7 @@ class JobService:
             cwd,
             inherit_environment=backend.ranks_inherit_environment,
             grace=grace,
+            fleet=backend.fleet_key(origin or {}) if self.config.supervise_together else None,
         )
         backend_state = backend.prepare(spec)
         origin = dict(origin or {})
@@ -206,7 +205,7 @@ class JobService:
                 if backend.ranks_inherit_environment
                 else None
             )
-            self._start_supervisor(job_id, preload or [], job_env, payload)
+            self.starter.start(job_id, preload or [], job_env, payload)
         except Exception as exc:
             # If even this cannot be written (a full disk), the reaper fails the unclaimed
             # job after CLAIM_GRACE.
@@ -226,11 +225,13 @@ class JobService:
         *,
         inherit_environment: bool = True,
         grace: float | None = None,
+        fleet: str | None = None,
     ) -> tuple[bytes, dict[str, bytes]]:
         """(the payload's bytes, the other files of the job's directory): its key, what its
         ranks inherit (launch.json; the environment only where `inherit_environment`: the
         backend's ranks inherit it), the cell's source (tracebacks show its lines).
-        `grace`: the job's own kill grace (--grace), kept as its setting."""
+        `grace`: the job's own kill grace (--grace), kept as its setting. `fleet`: the
+        fleet that supervises it (jobs/running/fleet.py), None: a process of its own."""
         if payload.kind == "code":
             payload.filename = str(self.store.job_dir(job_id) / "cell.py")
         data = payload.dumps()
@@ -255,6 +256,7 @@ class JobService:
                     # The journal mode this process chose ("auto" resolved): the job's
                     # supervisor opens the store the same way, whatever it would judge.
                     "store_journal_mode": self.store.journal_mode,
+                    "fleet": fleet,
                 }
             ).encode(),
         }
@@ -275,41 +277,6 @@ class JobService:
             padding = "\n" * max(0, payload.first_line - 1)
             files["cell.py"] = (padding + payload.source).encode("utf-8")
         return data, files
-
-    def _start_supervisor(
-        self,
-        job_id: str,
-        preload: list[str] | tuple[str, ...] = (),
-        job_env: dict[str, str] | None = None,
-        payload: Payload | None = None,
-    ) -> None:
-        if self.config.warm_pool:
-            from . import warm
-            from .warm import preload as preloads
-
-            # What the job's code imports: it waits for a generation being built only if
-            # that build has some of them the ready generations lack.
-            needs = (
-                preloads.payload_imports(payload.kind, payload.source, payload.filename)
-                if payload is not None
-                else None
-            )
-            if warm.spawn_supervisor(
-                self.config, str(self.store.root), job_id, preload, job_env, needs
-            ):
-                return
-        start_detached(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab_mlcluster.jobs.running.supervisor",
-                str(self.store.root),
-                job_id,
-            ],
-            open(self.store.job_dir(job_id) / "supervisor.log", "ab"),
-            env=dict(os.environ, MLCLUSTER_STORE_DIR=str(self.store.root)),
-            reaper_name=f"mlcluster-reap-{job_id}",
-        )
 
     # -- read ---------------------------------------------------------------------------
 

@@ -109,6 +109,8 @@ class JobStopper:
         if record.final and is_session_cell(record):
             return None  # the session's supervisor and ranks serve other cells: not this one
         sup = record.supervisor or {}
+        if sup.get("fleet") and record.final:
+            return None  # its fleet lives on for other jobs; this one's supervision ended
         if sup.get("host", this_host()) == this_host():
             if process_is(sup.get("pid"), sup.get("create_time")):
                 return f"its supervisor (pid {sup['pid']}) is still running"
@@ -130,6 +132,10 @@ class JobStopper:
             poke_session(self.store, record.origin["session_job"], "cancel")
             return
         info = record.supervisor or {}
+        if info.get("fleet"):
+            # A fleet supervises many jobs (running/fleet.py): a signal would end it. It
+            # reads the stored cancel request as soon as it is written.
+            return
         if info.get("host") == this_host() and process_is(info.get("pid"), info.get("create_time")):
             try:
                 os.kill(info["pid"], signum)

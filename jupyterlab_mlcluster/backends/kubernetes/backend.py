@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -402,10 +403,33 @@ class KubernetesBackend(Backend):
 
     # -- in the job's supervisor ------------------------------------------------------------
 
+    def fleet_key(self, origin: dict[str, Any]) -> str | None:
+        """Jobs are supervised together, per cluster and policy: what the environment says
+        of both (the kubeconfig, the in-cluster address, our own variables) names the fleet,
+        so a job submitted with another environment gets a fleet of its own. A session's
+        supervisor holds its cells and channels: a process of its own."""
+        if origin.get("session") or origin.get("session_job"):
+            return None
+        import hashlib
+
+        said = sorted(
+            (k, v)
+            for k, v in os.environ.items()
+            if k in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "HOME")
+            or k.startswith("MLCLUSTER_")
+        )
+        return "kubernetes-" + hashlib.sha256(repr(said).encode()).hexdigest()[:16]
+
     def run(self, ctx: JobContext) -> None:
         from .supervise import JobRun
 
         plan = JobPlan.from_dict(ctx.job.backend_state)
+        if ctx.member is not None:  # a fleet's job: its connection and watches are shared
+            from .shared_watches import SHARED
+
+            conn = SHARED.connection(plan.namespace, self.config.kubernetes_request_timeout)
+            JobRun(ctx, plan, conn, SHARED).run()
+            return
         conn = client.connect(
             namespace=plan.namespace,
             request_timeout=self.config.kubernetes_request_timeout,

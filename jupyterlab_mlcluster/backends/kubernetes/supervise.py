@@ -60,6 +60,7 @@ from .supervise_watches import AttemptWatches, ClusterView
 if TYPE_CHECKING:
     from ...jobs.running.supervisor import JobContext
     from ...jobs.storage.series import SeriesWriter
+    from .shared_watches import SharedCluster
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 T = TypeVar("T")
@@ -70,10 +71,18 @@ _STATE_ORDER = {JobState.QUEUED: 0, JobState.STARTING: 1, JobState.RUNNING: 2}
 
 
 class JobRun:
-    def __init__(self, ctx: JobContext, plan: JobPlan, conn: Connection) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        plan: JobPlan,
+        conn: Connection,
+        shared: SharedCluster | None = None,
+    ) -> None:
+        """`shared`: a fleet's watches (shared_watches.py), else each attempt its own."""
         self.ctx = ctx
         self.plan = plan
         self.conn = conn
+        self.shared = shared
         self.spec: JobSpec = ctx.job.spec
         self.store: JobStore = ctx.store
         self.res = Resources(conn)
@@ -129,8 +138,18 @@ class _Attempt:
         self.objects = AttemptObjects(run, number)
         self.view = ClusterView()
         self.watches = AttemptWatches(
-            run.conn, self.plan.namespace, run.kind, run.name, self.ctx.job.id, self.events, say
+            run.conn,
+            self.plan.namespace,
+            run.kind,
+            run.name,
+            self.ctx.job.id,
+            self.events,
+            say,
+            run.shared,
         )
+        # A fleet wakes the loop when the job's row changes (a cancel), so it may wait long.
+        self.ctx.on_wake(lambda: self.events.put(("wake", None)))
+        self.last_news = time.monotonic()
         placement = (self.plan.engine, self.plan.ranks_per_pod)
         self.logs = LogStreams(
             run.conn,
@@ -288,7 +307,14 @@ class _Attempt:
                 elif self.waiting.queued_reason is not None:
                     self.ctx.set_reason(self.waiting.queued_text(view.job is not None))
             self.logs.ensure(self.my_pods())
-            changed = self._pump(LOOP_TICK)
+            changed = self._pump(self._idle_wait())
+
+    def _idle_wait(self) -> float:
+        """How long to wait for news: a tick while things happen (log lines to announce,
+        progress to write), the context's idle wait once all has been quiet for a second."""
+        if time.monotonic() - self.last_news < 1.0:
+            return LOOP_TICK
+        return max(LOOP_TICK, self.ctx.idle_wait)
 
     def mine(self, pod: dict[str, Any]) -> bool:
         """One of this attempt's pods (not a leftover of an earlier one)."""
@@ -405,6 +431,7 @@ class _Attempt:
             item = self.events.get(timeout=timeout)
         except queue.Empty:
             return False
+        self.last_news = time.monotonic()
         for _ in range(1000):  # then let the loop look at states again
             self._handle(item)
             try:

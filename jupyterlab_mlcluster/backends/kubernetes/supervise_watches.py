@@ -15,11 +15,15 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import kubeconn
 from .client import Connection, Kind, kind_of, message_of
+from .names import label_value
 from .objects import job_selector
+
+if TYPE_CHECKING:
+    from .shared_watches import SharedCluster
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 WATCH_FAILURES = kubeconn.FailureLog(log)  # an outage: one line, then a count a minute
@@ -92,7 +96,8 @@ class AttemptWatches:
     """Two list-then-watch threads (kubeconn's: reconnects wait the one backoff policy, an
     outage is logged once with a count) over job `job_id`'s object (`kind`, named `name`)
     and pods in `namespace`, feeding `events`. `say(text)`: a line in the job's log (each
-    distinct watch failure once)."""
+    distinct watch failure once). In a fleet (`shared`), no threads of its own: its share of
+    the fleet's list-watches (shared_watches.py)."""
 
     def __init__(
         self,
@@ -103,8 +108,11 @@ class AttemptWatches:
         job_id: str,
         events: queue.Queue[Event],
         say: Callable[[str], None],
+        shared: SharedCluster | None = None,
     ):
         self.conn, self.namespace, self.events, self.say = conn, namespace, events, say
+        self.kind, self.label, self.shared = kind, label_value(job_id), shared
+        self.subscribed = False
         self.sources = (
             ("job", kind, {"fieldSelector": f"metadata.name={name}"}),
             ("pod", kind_of("v1", "Pod"), {"labelSelector": job_selector(job_id)}),
@@ -115,9 +123,21 @@ class AttemptWatches:
 
     @property
     def started(self) -> bool:
-        return bool(self.threads)
+        return bool(self.threads) or self.subscribed
+
+    def _shared_sources(self) -> list[Any]:
+        assert self.shared is not None
+        return [
+            self.shared.source(self.conn, self.namespace, self.kind, "job"),
+            self.shared.pods(self.conn, self.namespace),
+        ]
 
     def start(self) -> None:
+        if self.shared is not None:
+            for source in self._shared_sources():
+                source.subscribe(self.label, self.events)
+            self.subscribed = True
+            return
         put = self.events.put
         for name, kind, query in self.sources:
             watch = kubeconn.ConnectionListWatch(
@@ -145,6 +165,10 @@ class AttemptWatches:
             self.say(f"[mlcluster] watching the job's {what}s failed ({text}); retrying")
 
     def stop(self) -> None:
+        if self.subscribed:
+            for source in self._shared_sources():
+                source.unsubscribe(self.label, self.events)
+            self.subscribed = False
         if self.threads:
             self.stopping.set()
             for watch, _ in self.threads:

@@ -42,8 +42,10 @@ def _hold(path: Path) -> int | None:
 class StoreWatch:
     """A store's paths held as first seen; `gone()` says when one was removed or replaced."""
 
-    def __init__(self, store: JobStore, job_id: str) -> None:
-        self._paths = [store.root, store.job_dir(job_id), store.db_path]
+    def __init__(self, store: JobStore, job_id: str | None) -> None:
+        """`job_id`: also that job's directory (None: the store's own paths only)."""
+        job_dir = [] if job_id is None else [store.job_dir(job_id)]
+        self._paths = [store.root, *job_dir, store.db_path]
         self._held = [_hold(p) for p in self._paths]
         self._gone: str | None = None
 

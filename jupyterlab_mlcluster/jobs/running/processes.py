@@ -107,6 +107,7 @@ def start_detached(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     reaper_name: str | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
     """Start `argv` in its own session (no terminal signals reach it), its output going to
     `log` (an open file, closed here once the child holds it).
@@ -122,6 +123,7 @@ def start_detached(
             env=None if env is None else dict(env),
             cwd=cwd,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     finally:
         log.close()

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
@@ -33,7 +33,6 @@ from ..lifecycle import format_duration
 from ..model import JobState, RankState
 from ..record import JobRecord
 from ..storage.fsinfo import is_storage_full, no_space_text
-from ..storage.logfiles import format_log_line
 from ..storage.series import SeriesWriter
 from ..storage.store import Change, JobStore
 from ..storage.watch import ENDED
@@ -42,101 +41,21 @@ from ..tensorboard_tail import TensorBoardTail, job_tensorboard_dir
 from ..tracking.mlflow_run import MLflowTracker, tracking_uri
 from .gpu_idle import IdleGpuWatch
 from .lifelines import StoreGone, StoreWatch, attached_process, still_running
+from .logwriter import LogWriter
 from .processes import HEARTBEAT_INTERVAL, holder_alive, this_host
+
+if TYPE_CHECKING:
+    from .fleet import FleetMember
 
 log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 
 CANCEL_POLL_INTERVAL = 0.1
 STRAGGLER_CHECK_INTERVAL = 1.0
-LOG_EVENT_INTERVAL = 0.05
 # A supervisor whose store's disk is full retries writing its job's final state until space
 # allows (it never exits leaving the job running): 0.1 s doubling to a 2 s cap, soon enough
 # to notice freed space. Equal jitter (floor 0.5): a retry is never immediate, so the many
 # writes of a full disk's supervisors neither spin nor come back in step.
 FULL_DISK_RETRY = Backoff(first=0.1, cap=2.0, floor=0.5)
-
-
-class LogWriter:
-    """Appends timestamped lines to each rank's log file; tells readers there is news.
-
-    A job's ranks' output (stdout and stderr) is kept up to `max_bytes` in all (0: no cap;
-    MLClusterConfig.max_log_mib): the store's disk is every job's. Past it, one system line
-    in each rank's file says the log was truncated, and further output is dropped while the
-    job goes on; our own system lines (restarts, kills, the outcome) are still written."""
-
-    def __init__(self, store: JobStore, job_id: str, workers: int, max_bytes: int = 0):
-        self._store = store
-        self._job_id = job_id
-        self._files = {
-            # Open for the writer's life, closed by close(): not a with block.
-            r: open(store.log_path(job_id, r), "ab", buffering=0)
-            for r in range(workers)
-        }
-        self._dirty = False
-        self._last_notify = 0.0
-        self._max_bytes = max_bytes
-        # What an earlier supervisor of this job (adopted, restarted) wrote counts too.
-        self._written = sum(os.fstat(f.fileno()).st_size for f in self._files.values())
-        self._truncated = False
-        self._unread: set[int] = set()
-
-    def line(self, rank: int, stream: str, text: str) -> None:
-        data = format_log_line(time.time(), stream, text)
-        if self._max_bytes and stream != "s":
-            if self._truncated:
-                return
-            if self._written + len(data) > self._max_bytes:
-                self._truncated = True
-                note = (
-                    f"[mlcluster] log truncated after {self._max_bytes / (1 << 20):g} MiB: "
-                    "further output of this job is not kept (MLClusterConfig.max_log_mib); "
-                    "the job goes on"
-                )
-                for r in self._files:
-                    self._write(r, format_log_line(time.time(), "s", note))
-                return
-        self._write(rank, data)
-
-    def _write(self, rank: int, data: bytes) -> None:
-        try:
-            self._files[rank].write(data)
-        except OSError as exc:
-            if exc.filename is None:  # say which file could not be written (a full disk)
-                raise OSError(exc.errno, exc.strerror, self._files[rank].name) from exc
-            raise
-        self._written += len(data)
-        self._dirty = True
-
-    def system(self, text: str, rank: int | None = None) -> None:
-        for r in [rank] if rank is not None else list(self._files):
-            self.line(r, "s", text)
-
-    def unread_record(self, rank: int, over: str = "64 KiB") -> None:
-        """A line on `rank`'s report channel that is no record we can read: said once.
-        `over`: the longest line that channel reads."""
-        if rank not in self._unread:
-            self._unread.add(rank)
-            self.system(
-                f"[mlcluster] rank {rank} sent a report the supervisor could not read (a line"
-                f" over {over}, or not signed for it): it was dropped, and later ones of this"
-                " rank are not said",
-                rank=rank,
-            )
-
-    def maybe_notify(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._dirty and (force or now - self._last_notify >= LOG_EVENT_INTERVAL):
-            self._store.notify(self._job_id, Change.LOGS)
-            self._dirty = False
-            self._last_notify = now
-
-    def close(self) -> None:
-        try:
-            self.maybe_notify(force=True)
-        finally:
-            for f in self._files.values():
-                with contextlib.suppress(OSError):
-                    f.close()
 
 
 SUPERVISOR_LOG_BYTES = 1 << 20
@@ -151,8 +70,11 @@ class JobContext:
         job: JobRecord,
         config: MLClusterConfig,
         store_watch: StoreWatch | None = None,
+        member: FleetMember | None = None,
     ) -> None:
         self.store = store
+        # In a fleet (fleet.py): the fleet beats, and says when to look for a cancel.
+        self.member = member
         self.job = job
         self.config = config
         self.logs = LogWriter(
@@ -184,7 +106,12 @@ class JobContext:
         if self._cancel:
             return self._cancel
         now = time.monotonic()
-        if self._signalled or now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL:
+        due = (
+            self.member.due(now - self._last_cancel_poll)
+            if self.member is not None
+            else now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL
+        )
+        if self._signalled or due:
             self._last_cancel_poll = now
             gone = self.store_watch.gone()  # (its reads still work: the files are open)
             requested = False if gone else self.store.cancel_requested(self.job.id)
@@ -209,10 +136,23 @@ class JobContext:
         return self._signalled
 
     def heartbeat(self, force: bool = False) -> None:
+        if self.member is not None:
+            return  # the fleet beats for all of its jobs at once
         now = time.monotonic()
         if force or now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
             self._last_heartbeat = now
             self.store.update_job(self.job.id, event=Change.HEARTBEAT, heartbeat=time.time())
+
+    @property
+    def idle_wait(self) -> float:
+        """How long a backend's loop may wait for news when nothing happens: a fleet wakes
+        its jobs' loops itself (cancel, the store gone), so they need not look often."""
+        return CANCEL_POLL_INTERVAL if self.member is None else self.member.idle_wait
+
+    def on_wake(self, wake: Callable[[], None]) -> None:
+        """`wake()` when the job has news its loop must look at (a fleet's cancel)."""
+        if self.member is not None:
+            self.member.wakes.append(wake)
 
     def tick(self) -> None:
         """Housekeeping a backend's loop calls every turn (≤ 100 ms apart)."""
@@ -307,11 +247,15 @@ class JobContext:
         return self.job
 
 
-def claim(store: JobStore, job_id: str) -> bool:
-    """Become the job's one supervisor (atomic); False if another live one has it."""
+def identity() -> dict[str, Any]:
+    """This process, as a job's claim names its supervisor."""
     me = psutil.Process()
-    identity = {"pid": me.pid, "create_time": me.create_time(), "host": this_host()}
-    return store.claim_supervisor(job_id, identity, holder_alive)
+    return {"pid": me.pid, "create_time": me.create_time(), "host": this_host()}
+
+
+def claim(store: JobStore, job_id: str, me: dict[str, Any] | None = None) -> bool:
+    """Become the job's one supervisor (atomic); False if another live one has it."""
+    return store.claim_supervisor(job_id, me or identity(), holder_alive)
 
 
 def launch_settings(root: Path, job_id: str) -> dict[str, Any]:
@@ -396,18 +340,30 @@ def _settle(store: JobStore, ctx: JobContext, job_id: str) -> None:
         (store.job_dir(job_id) / ENDED).touch()
 
 
-def supervise(store: JobStore, job_id: str, config: MLClusterConfig | None = None) -> int:
+def supervise(
+    store: JobStore,
+    job_id: str,
+    config: MLClusterConfig | None = None,
+    member: FleetMember | None = None,
+) -> int:
+    """Claim the job and run it to its end: in a process of its own, or as `member` of a
+    fleet (fleet.py: a thread of the fleet's process, which holds the claim and the
+    signals)."""
     log.debug("supervisor up for %s", job_id)
     config = config or submitter_config(store.root, job_id)
     watch = StoreWatch(store, job_id)  # the job's and its session cells' (JobContext)
-    if not _until_written(store, lambda: claim(store, job_id), "the job's claim", watch.gone):
+    me = member.identity if member is not None else None
+    if not _until_written(store, lambda: claim(store, job_id, me), "the job's claim", watch.gone):
         watch.close()
         return 0
     log.debug("claimed")
     job = store.get_job(job_id)
-    ctx = JobContext(store, job, config, watch)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, ctx.on_signal)
+    ctx = JobContext(store, job, config, watch, member)
+    if member is None:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, ctx.on_signal)
+    else:
+        member.context = ctx
     tracker = start_tracking(ctx)
     try:
         if wait_for_slot(ctx):

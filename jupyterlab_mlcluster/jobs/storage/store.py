@@ -41,6 +41,7 @@ from .admission import AdmissionQueue, Decide
 from .database import Database
 from .feed import EVENTS_KEPT, Change, ChangeFeed
 from .files import STAGING_PREFIX, STAGING_STALE, JobFiles
+from .fleet_rows import FleetRows
 from .jobids import UnknownJob, check_job_id
 from .metrics_table import METRICS_KEPT_SECONDS, MetricsTable
 from .pages import JobPages
@@ -98,6 +99,7 @@ class JobStore(JobFiles):
         self.metrics = MetricsTable(self.database, self.feed)
         self.pages = JobPages(self.database, self.admission)
         self.reserve = Reserve(self.root, self.database)
+        self.fleet = FleetRows(self.database, self.feed)
         self.keep_reserve()
 
     # -- the reserve ---------------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""What the jobs of one fleet (jobs/running/fleet.py) share in the cluster: one connection
+per namespace, and one list-watch per namespace and kind (the jobs' objects of one kind, or
+their pods) selected by the job-id label every object of ours carries, each change handed
+to the job it belongs to: an informer, as a controller holds thousands of objects.
+
+A job's attempt subscribes with its event queue (supervise_watches.AttemptWatches) and gets
+what its own two watches would have put there: first the job's share of the current list
+("job_list"/"pod_list"), then each change, and ("watch_error", what, exc) when the shared
+watch fails (it reconnects with the one backoff policy). So a thousand waiting jobs cost two
+watches on the API, not two thousand, and no thread each.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from ... import kubeconn
+from .client import Connection, Kind, connect, kind_of
+from .labels import LABEL_JOB_ID
+
+log = logging.getLogger("jupyterlab_mlcluster.supervisor")
+FAILURES = kubeconn.FailureLog(log)
+Event = tuple[Any, ...]
+POOL_SIZE = 64  # API calls of many jobs at once (log streams are not on this pool)
+
+
+class _SharedSource:
+    """One list-watch (a kind in a namespace, every job's), its objects by job label, and
+    the queues subscribed to each job's share."""
+
+    def __init__(self, conn: Connection, namespace: str, kind: Kind, what: str):
+        self.what = what
+        self.lock = threading.Lock()
+        self.listed = False
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {}  # job label -> name -> obj
+        self.subscribers: dict[str, list[queue.Queue[Event]]] = {}
+        self.stopping = threading.Event()
+        self.watch = kubeconn.ConnectionListWatch(
+            conn,
+            kind.path(namespace),
+            {"labelSelector": LABEL_JOB_ID},
+            f"the jobs' {what}s in {namespace}",
+            self._listed,
+            self._changed,
+            self.stopping,
+            failures=FAILURES,
+            on_error=self._failed,
+        )
+        self.thread = threading.Thread(target=self.watch.run, name=f"watch-{what}s", daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _label(obj: dict[str, Any]) -> str:
+        return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB_ID, "")
+
+    def _listed(self, items: list[dict[str, Any]]) -> None:
+        by_job: dict[str, dict[str, dict[str, Any]]] = {}
+        for obj in items:
+            by_job.setdefault(self._label(obj), {})[obj["metadata"]["name"]] = obj
+        with self.lock:
+            self.objects, self.listed = by_job, True
+            for label, queues in self.subscribers.items():
+                share = list(by_job.get(label, {}).values())
+                for events in queues:
+                    events.put((f"{self.what}_list", share))
+
+    def _changed(self, change: str, obj: dict[str, Any]) -> None:
+        label, name = self._label(obj), obj["metadata"]["name"]
+        deleted = change == "DELETED"
+        with self.lock:
+            held = self.objects.setdefault(label, {})
+            if deleted:
+                held.pop(name, None)
+                if not held:
+                    del self.objects[label]
+            else:
+                held[name] = obj
+            event = (f"{self.what}_deleted" if deleted else self.what, obj)
+            for events in self.subscribers.get(label, ()):
+                events.put(event)
+
+    def _failed(self, exc: BaseException) -> None:
+        with self.lock:
+            for queues in self.subscribers.values():
+                for events in queues:
+                    events.put(("watch_error", self.what, exc))
+
+    def subscribe(self, label: str, events: queue.Queue[Event]) -> None:
+        with self.lock:
+            self.subscribers.setdefault(label, []).append(events)
+            if self.listed:
+                events.put((f"{self.what}_list", list(self.objects.get(label, {}).values())))
+
+    def unsubscribe(self, label: str, events: queue.Queue[Event]) -> None:
+        with self.lock:
+            queues = self.subscribers.get(label, [])
+            if events in queues:
+                queues.remove(events)
+            if not queues:
+                self.subscribers.pop(label, None)
+
+
+class SharedCluster:
+    """One process's connections and shared watches (made on first use, kept for the
+    process's life: a fleet's jobs come and go)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connections: dict[tuple[str, float], Connection] = {}
+        self._sources: dict[tuple[str, str, str], _SharedSource] = {}
+
+    def connection(self, namespace: str, request_timeout: float) -> Connection:
+        with self._lock:
+            conn = self._connections.get((namespace, request_timeout))
+            if conn is None:
+                conn = connect(
+                    namespace=namespace,
+                    request_timeout=request_timeout,
+                    pool_size=POOL_SIZE,
+                    probe=False,
+                )
+                self._connections[(namespace, request_timeout)] = conn
+            return conn
+
+    def source(self, conn: Connection, namespace: str, kind: Kind, what: str) -> _SharedSource:
+        key = (conn.host, namespace, kind.path(namespace))
+        with self._lock:
+            source = self._sources.get(key)
+            if source is None:
+                source = self._sources[key] = _SharedSource(conn, namespace, kind, what)
+            return source
+
+    def pods(self, conn: Connection, namespace: str) -> _SharedSource:
+        return self.source(conn, namespace, kind_of("v1", "Pod"), "pod")
+
+
+SHARED = SharedCluster()

@@ -1,0 +1,63 @@
+"""The store's side of a supervising fleet (jobs/running/fleet.py): which unfinished jobs of
+a backend there are to supervise, and one heartbeat for all the jobs a fleet holds."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Collection
+
+from ..model import FINAL_STATES
+from .database import Database
+from .feed import Change, ChangeFeed
+
+_FINAL = tuple(str(s) for s in FINAL_STATES)
+
+
+class FleetRows:
+    """One store's rows as a fleet reads and beats them."""
+
+    def __init__(self, database: Database, feed: ChangeFeed):
+        self.database = database
+        self.feed = feed
+
+    def unfinished(self, backend: str, among: Collection[str] | None = None) -> list[sqlite3.Row]:
+        """(id, supervisor, heartbeat) of the backend's unfinished jobs (`among` those ids)."""
+        sql = (
+            "SELECT id, supervisor, heartbeat FROM jobs WHERE backend = ?"
+            f" AND state NOT IN ({', '.join('?' * len(_FINAL))})"
+        )
+        params: list[object] = [backend, *_FINAL]
+        if among is not None:
+            if not among:
+                return []
+            sql += f" AND id IN ({', '.join('?' * len(among))})"
+            params += list(among)
+        return self.database.connection.execute(sql + " ORDER BY created", params).fetchall()
+
+    def forget_holder(self, job_id: str, holder: str | None) -> bool:
+        """Clear the job's claim if it is still `holder`'s (the supervisor column as read);
+        False when another supervisor claimed it since (a new fleet adopting its jobs while
+        a reaper goes through the rows it read before)."""
+        with self.database.transaction() as db:
+            cur = db.execute(
+                "UPDATE jobs SET supervisor = NULL, updated = ? WHERE id = ? AND supervisor IS ?",
+                (time.time(), job_id, holder),
+            )
+            if cur.rowcount == 1:  # (a live fleet adopts the job on this change)
+                self.feed.record(db, job_id, Change.JOB)
+        return cur.rowcount == 1
+
+    def beat(self, job_ids: Collection[str], identity: str) -> None:
+        """Every job of `job_ids` still held by `identity` (its supervisor column) is alive
+        now: one statement, and no change-feed row per job (a heartbeat shows nothing; a
+        thousand jobs' beats would crowd the feed's kept window out)."""
+        if not job_ids:
+            return
+        now = time.time()
+        with self.database.transaction() as db:
+            db.execute(
+                f"UPDATE jobs SET heartbeat = ? WHERE supervisor = ?"
+                f" AND id IN ({', '.join('?' * len(job_ids))})",
+                [now, identity, *job_ids],
+            )

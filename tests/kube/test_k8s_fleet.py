@@ -1,0 +1,120 @@
+"""Kubernetes jobs supervised together (jobs/running/fleet.py, shared_watches.py): one
+process for all of a store's jobs, two list-watches on the API for all of them, and a fleet
+killed mid-run replaced by one that adopts every job and loses no log line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from helpers import process_gone, wait_for
+
+from tests.kube.jobs_fixtures import code, log_text, spec_of
+from tests.kube.player import objects_of
+
+GATED = """
+import os, time
+print("before", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+print("after", flush=True)
+int(os.environ["RANK"]) + x
+"""  # waits for a file "go" in its working directory
+
+
+def _watches(kube, path: str) -> int:
+    """Watch requests made on `path` so far."""
+    return kube.on_emulator(
+        lambda e: sum(
+            1 for r in e["get", path] if str(r.params.get("watch", "")).lower() in ("true", "1")
+        )
+    )
+
+
+def _running(service, player, ids: list[str]) -> dict[str, list]:
+    """Each job's pods made, scheduled and started; returns its rank processes by job."""
+    runs: dict[str, list] = {}
+    for job_id in ids:
+        job = player.resumed(job_id)
+        for pod in player.create_pods(job).values():
+            player.schedule(pod)
+            runs.setdefault(job_id, []).append(player.run_rank(pod))
+    for job_id in ids:
+        wait_for(
+            lambda j=job_id: len(log_text(service, j)) == service.store.get_job(j).spec.workers,
+            timeout=60,
+            message=f"every rank of {job_id} logging",
+        )
+    return runs
+
+
+def test_many_jobs_share_one_supervisor_and_two_watches(k8s, player, kube, kube_namespace):
+    service = k8s()
+    jobs = [service.submit(spec_of(workers=2), code(GATED, x=i)).id for i in range(5)]
+    runs = _running(service, player, jobs)
+
+    holders = {tuple(sorted(service.store.get_job(j).supervisor.items())) for j in jobs}
+    assert len(holders) == 1, f"one supervising process for all, not {len(holders)}"
+    fleet = service.store.get_job(jobs[0]).supervisor
+    assert fleet.get("fleet", "").startswith("kubernetes-")
+    # Two list-watches for all five jobs (their objects' kind, their pods), not two a job.
+    pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    batch = f"/apis/batch/v1/namespaces/{kube_namespace}/jobs"
+    assert (_watches(kube, pods), _watches(kube, batch)) == (1, 1)
+
+    # One job cancelled while the others run on: its objects go, theirs stay.
+    started = time.monotonic()
+    final = service.cancel(jobs[0])
+    player.kill_deleted()
+    assert final.state == "cancelled", final
+    assert time.monotonic() - started < 10.0
+    assert objects_of(kube, kube_namespace, jobs[0]) == {}
+    assert all(service.store.get_job(j).state == "running" for j in jobs[1:])
+
+    (player.workdir / "go").touch()
+    for job_id in jobs[1:]:
+        for run in runs[job_id]:
+            player.end_rank(run)
+    for i, job_id in enumerate(jobs[1:], start=1):
+        record = service.wait(job_id, timeout=60)
+        assert record.state == "succeeded", record.error
+        assert service.result(job_id) == ("value", i)  # rank 0's value
+        for rank in (0, 1):
+            assert log_text(service, job_id, rank) == [f"{rank}:before", f"{rank}:after"]
+        assert objects_of(kube, kube_namespace, job_id) == {}
+    # Still the one fleet, and no second process ever supervised these jobs.
+    assert process_gone(fleet["pid"]) is False
+    assert _watches(kube, pods) == 1
+
+
+def test_a_killed_fleet_is_replaced_and_every_job_keeps_its_logs(k8s, player, kube, kube_namespace):
+    service = k8s()
+    jobs = [service.submit(spec_of(workers=1), code(GATED, x=i)).id for i in range(3)]
+    runs = _running(service, player, jobs)
+    first = service.store.get_job(jobs[0]).supervisor
+    os.kill(first["pid"], signal.SIGKILL)
+    wait_for(lambda: process_gone(first["pid"]), message="the fleet gone")
+    service.reap(force=True)  # any reader notices: the jobs live on in the cluster
+
+    def adopted() -> bool:
+        holders = [service.store.get_job(j).supervisor or {} for j in jobs]
+        return all(h.get("pid") not in (None, first["pid"]) for h in holders)
+
+    wait_for(adopted, timeout=60, message="a new fleet holding every job")
+    assert len({service.store.get_job(j).supervisor["pid"] for j in jobs}) == 1
+    (player.workdir / "go").touch()
+    for job_runs in runs.values():
+        for run in job_runs:
+            player.end_rank(run)
+    for i, job_id in enumerate(jobs):
+        record = service.wait(job_id, timeout=60)
+        assert record.state == "succeeded", record.error
+        assert service.result(job_id) == ("value", i)
+        # Read again from its start by the new fleet, the stored line skipped: none lost,
+        # none twice.
+        assert log_text(service, job_id) == ["0:before", "0:after"]
+    creates = kube.on_emulator(
+        lambda e: len(list(e["post", f"/apis/batch/v1/namespaces/{kube_namespace}/jobs"]))
+    )
+    assert creates == 3  # adopted, not made again
