@@ -311,10 +311,14 @@ class _Attempt:
 
     def _idle_wait(self) -> float:
         """How long to wait for news: a tick while things happen (log lines to announce,
-        progress to write), the context's idle wait once all has been quiet for a second."""
+        progress to write), the context's idle wait once all has been quiet for a second,
+        a longer one while the job waits for the cluster with nothing to poll (no rank
+        started, no Kueue or Volcano standing to read again)."""
         if time.monotonic() - self.last_news < 1.0:
             return LOOP_TICK
-        return max(LOOP_TICK, self.ctx.idle_wait)
+        waiting = self.waiting.held_reason is not None or self.waiting.queued_reason is not None
+        active = self.state_order >= _STATE_ORDER[JobState.RUNNING] or waiting
+        return max(LOOP_TICK, self.ctx.idle_wait(active))
 
     def mine(self, pod: dict[str, Any]) -> bool:
         """One of this attempt's pods (not a leftover of an earlier one)."""

@@ -8,7 +8,7 @@ did for itself:
 
 - it watches the store's change feed (one watcher) and wakes a job's loop when its row
   changes (a cancel request), instead of each job polling;
-- it beats for all of its jobs in one statement a second;
+- it beats for all of its jobs in one statement (every FLEET_BEAT_INTERVAL);
 - it adopts: on start, every unfinished job of the backend whose supervisor is dead; later,
   each job submitted (its CREATED change) or handed back by a reaper.
 
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ..storage.store import JobStore
 from ..storage.watch import StoreWatcher
 from .lifelines import StoreWatch
-from .processes import HEARTBEAT_INTERVAL, holder_alive, process_is, start_detached
+from .processes import holder_alive, process_is, start_detached
 
 if TYPE_CHECKING:
     from .supervisor import JobContext
@@ -55,6 +55,12 @@ log = logging.getLogger("jupyterlab_mlcluster.fleet")
 IDLE_EXIT = 30.0  # a fleet with no job for this long exits (the next submit starts one)
 BACKSTOP_LOOK = 5.0  # a job looks at its row this often even when nothing woke it
 MEMBER_IDLE_WAIT = 1.0  # how long a member's loop waits for news when nothing happens
+# ... and while its job waits for the cluster (nothing to sample, time or poll): news comes
+# as events (its objects' changes, its row's), so this is only a backstop.
+MEMBER_QUIET_WAIT = 30.0
+# The fleet's beat: its claims are judged by its process on this host; the heartbeat only
+# counts for a reader on another host, after HEARTBEAT_STALE (a minute).
+FLEET_BEAT_INTERVAL = 10.0
 FEED_WAIT = 0.5
 EXITING_HOLDER_WAIT = 10.0  # the fleet's own loop: at most this long between looks at the store
 
@@ -136,6 +142,7 @@ class FleetMember:
         self.wakes: list[Callable[[], None]] = []
         self.context: JobContext | None = None
         self.idle_wait = MEMBER_IDLE_WAIT
+        self.quiet_wait = MEMBER_QUIET_WAIT
         self._look = threading.Event()
         self._look.set()  # look once at the start
 
@@ -263,7 +270,7 @@ class SupervisorFleet:
         if self.members:
             self._idle_since = time.monotonic()
         now = time.monotonic()
-        if now - self._last_beat >= HEARTBEAT_INTERVAL:
+        if now - self._last_beat >= FLEET_BEAT_INTERVAL:
             self._last_beat = now
             with contextlib.suppress(Exception):  # (a full disk: the claim is the process)
                 self.store.fleet.beat(list(self.members), self.claim_text)

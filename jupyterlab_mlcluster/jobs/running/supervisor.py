@@ -143,11 +143,13 @@ class JobContext:
             self._last_heartbeat = now
             self.store.update_job(self.job.id, event=Change.HEARTBEAT, heartbeat=time.time())
 
-    @property
-    def idle_wait(self) -> float:
-        """How long a backend's loop may wait for news when nothing happens: a fleet wakes
-        its jobs' loops itself (cancel, the store gone), so they need not look often."""
-        return CANCEL_POLL_INTERVAL if self.member is None else self.member.idle_wait
+    def idle_wait(self, active: bool) -> float:
+        """How long a backend's loop may wait for news when nothing happens (`active`: its
+        ranks run, or something it polls is waited for): a fleet wakes its jobs' loops
+        itself (cancel, the store gone), so they need not look often."""
+        if self.member is None:
+            return CANCEL_POLL_INTERVAL
+        return self.member.idle_wait if active else self.member.quiet_wait
 
     def on_wake(self, wake: Callable[[], None]) -> None:
         """`wake()` when the job has news its loop must look at (a fleet's cancel)."""
