@@ -15,8 +15,10 @@ Then, with the N waiting:
   ready       - submit -> every object created (the job object resumed, as bench_k8s.py's
                 "ready") for M more jobs, one after another: p50 / p95
   cancel      - one of the N: cancel requested -> the job final, and -> its objects gone
+First, with `--per-job` jobs, each with a supervisor process of its own (as before issue 34),
+then with the N in one fleet (jobs/running/fleet.py), the same measures in the same run.
 Everything is cancelled and stopped at the end (the jobs, the warm pool, the emulator), and the
-supervising processes are checked to be gone. The targets of issue 34 (1,000 jobs) are shown
+supervising processes are checked to be gone (a fleet exits when idle for 30 s). The targets of issue 34 (1,000 jobs) are shown
 beside the figures, and the per-job figures extrapolated to 1,000.
 """
 
@@ -167,6 +169,124 @@ def p50_p95(values: list[float]) -> str:
     )
 
 
+def measure(
+    service: Any, args: argparse.Namespace, n: int, env: dict[str, Any]
+) -> tuple[list[tuple[str, str, str]], str]:
+    """One phase: `n` jobs left waiting, measured, then `args.extra` more and a cancel.
+    (the table's rows, the extrapolation line)"""
+    from tests.kube.player import objects_of
+
+    emulator, kube, player, watch = env["emulator"], env["kube"], env["player"], env["watch"]
+    jobs: list[str] = env["jobs"]
+    seen: dict[int, psutil.Process] = env["seen"]
+    own_watches = emulator.stats()["watches"]  # the benchmark's own, and an earlier phase's
+    t_start = time.monotonic()
+    first_ready: list[float] = []  # the N, while they are being submitted
+    submitted: dict[str, float] = {}
+    mine: list[str] = []
+    for i in range(n):
+        job_id, submitted[job_id], _ = submit(service, args.workers)
+        mine.append(job_id)
+        jobs.append(job_id)
+        if (i + 1) % 100 == 0:
+            print(f"  submitted {i + 1}/{n}", file=sys.stderr, flush=True)
+    for job_id in mine:
+        first_ready.append(
+            watch.wait_ready(job_id, timeout=max(300.0, 5.0 * n))[1] - submitted[job_id]
+        )
+        player.create_pods(player.job_object(job_id))  # pending: nobody schedules them
+    wait_for(
+        lambda: all(service.store.get_job(j).supervisor for j in mine),
+        120,
+        "every job claimed by a supervisor",
+    )
+    t_waiting = time.monotonic() - t_start
+    print(f"  {n} jobs waiting after {t_waiting:.1f} s", file=sys.stderr, flush=True)
+    time.sleep(3)  # let the supervisors see their pods (their first reaction is not waiting)
+
+    procs = supervising_processes(service, mine)
+    seen.update((p.pid, p) for p in procs)
+    zygotes = {p.ppid() for p in procs} - {p.pid for p in procs}
+    zygotes = {
+        z
+        for z in zygotes
+        if psutil.pid_exists(z) and "zygote" in " ".join(psutil.Process(z).cmdline())
+    }
+    zygote_uss, zygote_rss = memory([psutil.Process(z) for z in zygotes])
+    em_proc = psutil.Process(emulator.process.pid)
+    cpu0, em_cpu0, api0 = cpu_seconds(procs), cpu_seconds([em_proc]), emulator.stats()
+    t0 = time.monotonic()
+    time.sleep(args.window)
+    cpu1, em_cpu1, api1 = cpu_seconds(procs), cpu_seconds([em_proc]), emulator.stats()
+    elapsed = time.monotonic() - t0
+    uss, rss = memory(procs)  # after the window: what they hold once settled
+    cpu = sum(cpu1[pid] - cpu0[pid] for pid in cpu1 if pid in cpu0) / elapsed * 100
+    em_cpu = sum(em_cpu1.values()) - sum(em_cpu0.values())
+    rps = (api1["requests"] - api0["requests"]) / elapsed
+    watches = api1["watches"] - own_watches
+
+    ready: list[float] = []
+    returned: list[float] = []
+    for _ in range(args.extra):
+        job_id, t_submit, took = submit(service, args.workers)
+        jobs.append(job_id)
+        mine.append(job_id)
+        returned.append(took)
+        ready.append(watch.wait_ready(job_id, timeout=120)[1] - t_submit)
+    seen.update((p.pid, p) for p in supervising_processes(service, mine))
+
+    victim = mine[n // 2]
+    t_cancel = time.perf_counter()
+    record = service.cancel(victim, wait=True)
+    t_final = time.perf_counter()
+    wait_for(lambda: not objects_of(kube, NAMESPACE, victim), 60, "the objects deleted")
+    t_gone = time.perf_counter()
+    assert record is not None and record.final, record
+
+    per_uss, per_rss = uss / n, rss / n
+    zygote = f"zygote {zygote_uss / MIB:.0f} MiB USS" if zygotes else "started cold, no zygote"
+    rows = [
+        ("supervising processes", f"{len(procs)} for {n} jobs", zygote),
+        (
+            "supervision USS (sum)",
+            f"{uss / MIB:.1f} MiB ({per_uss / MIB:.2f} MiB/job)",
+            f"<= {TARGET_MIB:.0f} MiB at {TARGET_JOBS}",
+        ),
+        ("supervision RSS (sum)", f"{rss / MIB:.1f} MiB ({per_rss / MIB:.2f} MiB/job)", ""),
+        (
+            f"supervision CPU, {elapsed:.0f} s waiting",
+            f"{cpu:.1f} % of a core ({cpu / n:.3f} %/job)",
+            f"<= {TARGET_CPU:.0f} % at {TARGET_JOBS}",
+        ),
+        (
+            "API requests while waiting",
+            f"{rps:.1f} /s ({rps / n:.2f} /s/job)",
+            f"emulator CPU {em_cpu / elapsed * 100:.1f} %",
+        ),
+        ("watches open on the API", f"{watches} ({watches / n:.2f}/job)", ""),
+        (
+            f"submit -> objects created, {args.extra} more",
+            p50_p95(ready),
+            f"p50 <= {TARGET_READY_MS:.0f} ms at {TARGET_JOBS}",
+        ),
+        (f"  submit() returned, {args.extra} more", p50_p95(returned), ""),
+        (f"  objects created, the first {n}", p50_p95(first_ready), "(submitted in a row)"),
+        (
+            "cancel one job",
+            f"final {t_final - t_cancel:.2f} s, objects gone {t_gone - t_cancel:.2f} s",
+            f"<= {TARGET_CANCEL_S:.0f} s",
+        ),
+    ]
+    extrapolated = (
+        f"extrapolated to {TARGET_JOBS} jobs from the per-job figures:"
+        f" USS {per_uss * TARGET_JOBS / 2**30:.2f} GiB, RSS {per_rss * TARGET_JOBS / 2**30:.2f}"
+        f" GiB, CPU {cpu / n * TARGET_JOBS:.0f} % of a core,"
+        f" {rps / n * TARGET_JOBS:.0f} API requests/s,"
+        f" {watches / n * TARGET_JOBS:.0f} watches"
+    )
+    return rows, extrapolated
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100, help="jobs left waiting (N)")
@@ -174,14 +294,21 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds of the CPU window")
     parser.add_argument("--workers", type=int, default=2, help="ranks per job")
     parser.add_argument(
+        "--per-job",
+        type=int,
+        default=20,
+        help="first, this many jobs with a supervisor process each (supervise_together off,"
+        " as before issue 34), measured the same way; 0: skip",
+    )
+    parser.add_argument(
         "--pool-modules",
         default=None,
         help="comma-separated warm_pool_modules (default: the setting's default, torch and"
         " numpy, what a server runs); the supervisors are forked from that generation",
     )
     args = parser.parse_args()
-    if args.jobs < 1 or args.extra < 1:
-        parser.error("--jobs and --extra must be at least 1")
+    if args.jobs < 1 or args.extra < 1 or args.per_job < 0:
+        parser.error("--jobs and --extra must be at least 1, --per-job at least 0")
 
     root = isolated_environment("bench-k8s-fleet-")
     pool_modules = None if args.pool_modules is None else args.pool_modules.split(",")
@@ -193,131 +320,42 @@ def main() -> None:
     from jupyterlab_mlcluster.jobs import warm
     from jupyterlab_mlcluster.jobs.service import JobService
     from tests.kube.helpers import Kube
-    from tests.kube.player import ClusterPlayer, objects_of
+    from tests.kube.player import ClusterPlayer
 
     kube = Kube(emulator.url)
     kube.create_namespace(NAMESPACE)
-    player = ClusterPlayer(kube, NAMESPACE, root / "player")
-    watch = JobWatch(emulator.url, "batch/v1", "jobs")
-    service = JobService()
-    own_watches = emulator.stats()["watches"]  # the benchmark's own (JobWatch)
-    jobs: list[str] = []
-    seen: dict[int, psutil.Process] = {}  # every supervising process met, to check at the end
+    env: dict[str, Any] = {
+        "emulator": emulator,
+        "kube": kube,
+        "player": ClusterPlayer(kube, NAMESPACE, root / "player"),
+        "watch": JobWatch(emulator.url, "batch/v1", "jobs"),
+        "jobs": [],
+        "seen": {},  # every supervising process met, to check at the end
+    }
+    phases = [("a supervisor process per job", args.per_job, False)] if args.per_job else []
+    phases.append(("one fleet for all (issue 34)", args.jobs, True))
+    services = []
     try:
-        t_start = time.monotonic()
-        first_ready: list[float] = []  # the N, while they are being submitted
-        submitted: dict[str, float] = {}
-        for i in range(args.jobs):
-            job_id, submitted[job_id], _ = submit(service, args.workers)
-            jobs.append(job_id)
-            if (i + 1) % 25 == 0:
-                print(f"  submitted {i + 1}/{args.jobs}", file=sys.stderr, flush=True)
-        for job_id in jobs:
-            first_ready.append(
-                watch.wait_ready(job_id, timeout=max(300.0, 5.0 * args.jobs))[1] - submitted[job_id]
+        for label, n, together in phases:
+            config = get_config()
+            config.supervise_together = together
+            service = JobService(config=config)
+            services.append(service)
+            rows, extrapolated = measure(service, args, n, env)
+            width = max(len(r[0]) for r in rows)
+            value_width = max(len(r[1]) for r in rows)
+            modules = ",".join(config.warm_pool_modules) or "none"
+            print(
+                f"\nKubernetes supervision: {label}; {n} waiting jobs of {args.workers} ranks"
+                f" (+{args.extra}), warm pool of {modules}\n"
             )
-            player.create_pods(player.job_object(job_id))  # pending: nobody schedules them
-        wait_for(
-            lambda: all(service.store.get_job(j).supervisor for j in jobs),
-            120,
-            "every job claimed by a supervisor",
-        )
-        t_waiting = time.monotonic() - t_start
-        print(f"  {args.jobs} jobs waiting after {t_waiting:.1f} s", file=sys.stderr, flush=True)
-        time.sleep(3)  # let the supervisors see their pods (their first reaction is not waiting)
-
-        procs = supervising_processes(service, jobs)
-        seen.update((p.pid, p) for p in procs)
-        zygotes = {p.ppid() for p in procs} - {p.pid for p in procs}
-        zygote_uss, zygote_rss = memory(
-            [psutil.Process(z) for z in zygotes if psutil.pid_exists(z)]
-        )
-        em_proc = psutil.Process(emulator.process.pid)
-        cpu0, em_cpu0, api0 = cpu_seconds(procs), cpu_seconds([em_proc]), emulator.stats()
-        t0 = time.monotonic()
-        time.sleep(args.window)
-        cpu1, em_cpu1, api1 = cpu_seconds(procs), cpu_seconds([em_proc]), emulator.stats()
-        elapsed = time.monotonic() - t0
-        uss, rss = memory(procs)  # after the window: what they hold once settled
-        cpu = sum(cpu1[pid] - cpu0[pid] for pid in cpu1 if pid in cpu0) / elapsed * 100
-        em_cpu = sum(em_cpu1.values()) - sum(em_cpu0.values())
-        rps = (api1["requests"] - api0["requests"]) / elapsed
-        watches = api1["watches"] - own_watches
-
-        ready: list[float] = []
-        returned: list[float] = []
-        for _ in range(args.extra):
-            job_id, t_submit, took = submit(service, args.workers)
-            jobs.append(job_id)
-            returned.append(took)
-            ready.append(watch.wait_ready(job_id, timeout=120)[1] - t_submit)
-        seen.update((p.pid, p) for p in supervising_processes(service, jobs))
-
-        victim = jobs[args.jobs // 2]
-        t_cancel = time.perf_counter()
-        record = service.cancel(victim, wait=True)
-        t_final = time.perf_counter()
-        wait_for(lambda: not objects_of(kube, NAMESPACE, victim), 60, "the objects deleted")
-        t_gone = time.perf_counter()
-        assert record is not None and record.final, record
-
-        n, per_uss, per_rss = args.jobs, uss / args.jobs, rss / args.jobs
-        rows = [
-            (
-                "supervising processes",
-                f"{len(procs)} for {n} jobs",
-                f"zygote {zygote_uss / MIB:.0f} MiB USS, {zygote_rss / MIB:.0f} MiB RSS",
-            ),
-            (
-                "supervision USS (sum)",
-                f"{uss / MIB:.1f} MiB ({per_uss / MIB:.1f} MiB/job)",
-                f"<= {TARGET_MIB:.0f} MiB at {TARGET_JOBS}",
-            ),
-            ("supervision RSS (sum)", f"{rss / MIB:.1f} MiB ({per_rss / MIB:.1f} MiB/job)", ""),
-            (
-                f"supervision CPU, {elapsed:.0f} s waiting",
-                f"{cpu:.1f} % of a core ({cpu / n:.2f} %/job)",
-                f"<= {TARGET_CPU:.0f} % at {TARGET_JOBS}",
-            ),
-            (
-                "API requests while waiting",
-                f"{rps:.1f} /s ({rps / n:.2f} /s/job)",
-                f"emulator CPU {em_cpu / elapsed * 100:.1f} %",
-            ),
-            ("watches open on the API", f"{watches} ({watches / n:.1f}/job)", ""),
-            (
-                f"submit -> objects created, {args.extra} more",
-                p50_p95(ready),
-                f"p50 <= {TARGET_READY_MS:.0f} ms at {TARGET_JOBS}",
-            ),
-            (f"  submit() returned, {args.extra} more", p50_p95(returned), ""),
-            (f"  objects created, the first {n}", p50_p95(first_ready), "(submitted in a row)"),
-            (
-                "cancel one job",
-                f"final {t_final - t_cancel:.2f} s, objects gone {t_gone - t_cancel:.2f} s",
-                f"<= {TARGET_CANCEL_S:.0f} s",
-            ),
-        ]
-        width = max(len(r[0]) for r in rows)
-        value_width = max(len(r[1]) for r in rows)
-        modules = ",".join(get_config().warm_pool_modules) or "none"
-        print(
-            f"\nKubernetes supervision, {n} waiting jobs of {args.workers} ranks (+{args.extra}),"
-            f" warm pool of {modules}\n"
-        )
-        print(f"{'':<{width}}  {'measured':<{value_width}}  target / aside")
-        print("-" * (width + value_width + 40))
-        for name, value, aside in rows:
-            print(f"{name:<{width}}  {value:<{value_width}}  {aside}")
-        print(
-            f"\nextrapolated to {TARGET_JOBS} jobs from the per-job figures:"
-            f" USS {per_uss * TARGET_JOBS / 2**30:.1f} GiB, RSS {per_rss * TARGET_JOBS / 2**30:.1f}"
-            f" GiB, CPU {cpu / n * TARGET_JOBS:.0f} % of a core,"
-            f" {rps / n * TARGET_JOBS:.0f} API requests/s,"
-            f" {watches / n * TARGET_JOBS:.0f} watches"
-        )
+            print(f"{'':<{width}}  {'measured':<{value_width}}  target / aside")
+            print("-" * (width + value_width + 40))
+            for name, value, aside in rows:
+                print(f"{name:<{width}}  {value:<{value_width}}  {aside}")
+            print(f"\n{extrapolated}", flush=True)
     finally:
-        cleanup(service, jobs, seen)
+        cleanup(services[-1] if services else JobService(), env["jobs"], env["seen"])
         warm.stop(get_config())  # the zygote this benchmark started
         emulator.stop()
 
@@ -332,12 +370,12 @@ def cleanup(service: Any, jobs: list[str], seen: dict[int, psutil.Process]) -> N
     not_final = [j for j in jobs if not service.wait(j, timeout=60).final]
     if not_final:
         print(f"  NOT FINAL after cancel: {not_final}", file=sys.stderr)
-    gone_by = time.monotonic() + 30
+    gone_by = time.monotonic() + 45  # (an idle fleet exits after 30 s)
     while time.monotonic() < gone_by and any(p.is_running() for p in seen.values()):
         time.sleep(0.1)
     lingering = [p.pid for p in seen.values() if p.is_running()]
     if lingering:
-        print(f"  supervisors still running 30 s after their jobs ended: {lingering}")
+        print(f"  supervisors still running 45 s after their jobs ended: {lingering}")
 
 
 if __name__ == "__main__":

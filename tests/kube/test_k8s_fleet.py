@@ -5,6 +5,7 @@ killed mid-run replaced by one that adopts every job and loses no log line."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import time
 
@@ -118,3 +119,57 @@ def test_a_killed_fleet_is_replaced_and_every_job_keeps_its_logs(k8s, player, ku
         lambda e: len(list(e["post", f"/apis/batch/v1/namespaces/{kube_namespace}/jobs"]))
     )
     assert creates == 3  # adopted, not made again
+
+
+def _drain(events: queue.Queue) -> list[tuple]:
+    out = []
+    while True:
+        try:
+            out.append(events.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def test_a_job_the_shared_watch_has_not_seen_yet_is_not_taken_for_gone(kube, kube_namespace):
+    """A job subscribes right after making its objects; the shared watch may not have seen
+    them yet. What it knows then must not read as "your objects are gone" (a list without
+    them); a list asked for later is the whole truth."""
+    from jupyterlab_mlcluster.backends.kubernetes.client import kind_of
+    from jupyterlab_mlcluster.backends.kubernetes.shared_watches import SharedCluster
+
+    shared = SharedCluster()
+    conn = shared.connection(kube_namespace, 10.0)
+    # (Secrets: any kind of ours serves, and nothing reacts to these.)
+    secrets = shared.source(conn, kube_namespace, kind_of("v1", "Secret"), "job")
+
+    def secret(name: str, job: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "labels": {"mlcluster.io/job-id": job}},
+            "data": {},
+        }
+
+    kube.create(secret("seen", "j-seen"), kube_namespace)
+    wait_for(lambda: "j-seen" in secrets.objects, message="the shared watch listing")
+    late: queue.Queue = queue.Queue()
+    secrets.subscribe("j-late", late)  # its object is not made yet, as if not seen yet
+    assert _drain(late) == []  # the old code put ("job_list", []): taken as gone
+    made = kube.create(secret("late", "j-late"), kube_namespace)
+    wait_for(lambda: not late.empty(), message="the change")
+    ((what, obj),) = _drain(late)
+    assert (what, obj["metadata"]["uid"]) == ("job", made["metadata"]["uid"])
+    # A second subscriber, now that it is known: the object, as a change.
+    known: queue.Queue = queue.Queue()
+    secrets.subscribe("j-late", known)
+    assert [(w, o["metadata"]["name"]) for w, o in _drain(known)] == [("job", "late")]
+    # A list asked for after both subscribed (a compaction: 410, then a relist) replaces.
+    lists = secrets.watch.lists
+    kube.compact()
+    secrets.watch.interrupt()  # (its watch resumes from before the compaction: 410)
+    wait_for(lambda: secrets.watch.lists > lists, message="the relist")
+    wait_for(lambda: any(e[0] == "job_list" for e in list(late.queue)), message="the list")
+    listed = [e for e in _drain(late) if e[0] == "job_list"]
+    assert [[o["metadata"]["name"] for o in e[1]] for e in listed] == [["late"]]
+    secrets.stopping.set()
+    secrets.watch.interrupt()

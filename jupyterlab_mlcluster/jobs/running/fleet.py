@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyterlab_mlcluster.fleet")
 
-IDLE_EXIT = 30.0  # a fleet with no job for this long exits (the next submit starts one)
+# A fleet with no job for this long exits (the next submit starts one); the environment may
+# say otherwise (MLCLUSTER_FLEET_IDLE_EXIT, seconds).
+IDLE_EXIT = 30.0
 BACKSTOP_LOOK = 5.0  # a job looks at its row this often even when nothing woke it
 MEMBER_IDLE_WAIT = 1.0  # how long a member's loop waits for news when nothing happens
 # ... and while its job waits for the cluster (nothing to sample, time or poll): news comes
@@ -176,6 +178,7 @@ class SupervisorFleet:
         self.stopping = threading.Event()
         self._idle_since = time.monotonic()
         self._last_beat = 0.0
+        self.idle_exit = float(os.environ.get("MLCLUSTER_FLEET_IDLE_EXIT") or IDLE_EXIT)
 
     # -- adopting -------------------------------------------------------------------------
 
@@ -278,7 +281,7 @@ class SupervisorFleet:
     def _leave_when_idle(self) -> bool:
         """No job for IDLE_EXIT: let go of the lock, then look once more (a job stored
         before a submitter found the lock free would be seen here)."""
-        if self.members or time.monotonic() - self._idle_since < IDLE_EXIT:
+        if self.members or time.monotonic() - self._idle_since < self.idle_exit:
             return False
         self.lock.release()
         if self.adopt() and self.lock.take():

@@ -1,0 +1,79 @@
+"""The fleet's election and life (jobs/running/fleet.py), without a cluster: one fleet per
+store and key, whoever asks; a fleet with no job lets go of its lock and exits; a lock left
+by a fleet that died is taken over, one held by a live fleet is respected."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+import pytest
+from helpers import wait_for
+
+from jupyterlab_mlcluster.jobs.running.fleet import FleetLock, ensure_fleet, lock_path
+from jupyterlab_mlcluster.jobs.storage.store import JobStore
+
+KEY = "kubernetes-0123456789abcdef"
+
+
+def fleets(store: JobStore) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "jupyterlab_mlcluster.jobs.running.fleet" in cmd and str(store.root) in cmd:
+            found.append(proc)
+    return found
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLCLUSTER_FLEET_IDLE_EXIT", "3")
+    store = JobStore(tmp_path / "store")
+    yield store
+    for proc in fleets(store):
+        proc.kill()
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+
+def test_one_fleet_however_many_ask_and_it_leaves_when_idle(store):
+    assert ensure_fleet(store, "kubernetes", KEY, env()) is True
+    # Asked again at once (the first still starting): the lock it was handed says no.
+    assert [ensure_fleet(store, "kubernetes", KEY, env()) for _ in range(5)] == [False] * 5
+    wait_for(lambda: len(fleets(store)) == 1, message="the fleet running")
+    (fleet,) = fleets(store)
+    wait_for(
+        lambda: (FleetLock(lock_path(store.root, KEY)).holder() or {}).get("pid") == fleet.pid,
+        message="the fleet naming itself in its lock",
+    )
+    # No job: it exits after its idle time, and its lock is free again.
+    wait_for(
+        lambda: not fleet.is_running() or fleet.status() == "zombie",
+        timeout=30,
+        message="the idle fleet gone",
+    )
+    assert FleetLock(lock_path(store.root, KEY)).held_elsewhere() is False
+
+
+def test_a_dead_fleets_lock_is_taken_over_a_live_ones_respected(store):
+    lock = FleetLock(lock_path(store.root, KEY))
+    assert lock.take()
+    lock.say_holder({"pid": os.getpid(), "create_time": psutil.Process().create_time()})
+    # Held by a live process (this one): nothing is started.
+    assert ensure_fleet(store, "kubernetes", KEY, env()) is False
+    assert fleets(store) == []
+    # The holder named in the file is dead, and the lock is let go a moment later (a
+    # process killed with -9 is a zombie before all of its threads have closed its files).
+    lock.say_holder({"pid": 999_999_999, "create_time": 0.0})
+    lock.release()
+    assert ensure_fleet(store, "kubernetes", KEY, env()) is True
+    wait_for(lambda: len(fleets(store)) == 1, message="a new fleet")
+
+
+def test_a_bad_key_is_refused(store):
+    with pytest.raises(ValueError, match="not a fleet key"):
+        lock_path(store.root, "../../etc/x")
+    assert not (store.root / "fleets").exists()
