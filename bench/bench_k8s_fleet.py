@@ -354,6 +354,9 @@ def main() -> None:
             for name, value, aside in rows:
                 print(f"{name:<{width}}  {value:<{value_width}}  {aside}")
             print(f"\n{extrapolated}", flush=True)
+            if together is False:  # the next phase measures the fleet alone
+                cleanup(service, env["jobs"], env["seen"])
+                env["jobs"].clear()
     finally:
         cleanup(services[-1] if services else JobService(), env["jobs"], env["seen"])
         warm.stop(get_config())  # the zygote this benchmark started

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..storage.database import Database
 from ..storage.store import JobStore
 from ..storage.watch import StoreWatcher
 from .lifelines import StoreWatch
@@ -64,7 +65,8 @@ MEMBER_QUIET_WAIT = 30.0
 # counts for a reader on another host, after HEARTBEAT_STALE (a minute).
 FLEET_BEAT_INTERVAL = 10.0
 FEED_WAIT = 0.5
-EXITING_HOLDER_WAIT = 10.0  # the fleet's own loop: at most this long between looks at the store
+EXITING_HOLDER_WAIT = 10.0
+MEMBER_PAGE_CACHE_KIB = 64  # the fleet's own loop: at most this long between looks at the store
 
 
 def fleets_dir(store_root: Path) -> Path:
@@ -370,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    Database.page_cache_kib = MEMBER_PAGE_CACHE_KIB  # a connection per job's thread
     store = JobStore(Path(argv[0]), journal_mode=argv[3] if len(argv) == 4 else "auto")
     _log_to_bounded_file(lock_path(store.root, argv[2]).with_suffix(".log"))
     inherited = os.environ.pop(LOCK_FD_VARIABLE, None)
