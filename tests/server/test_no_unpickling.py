@@ -35,7 +35,10 @@ ALLOWED = {
     "jobs/warm/rank.py:become_rank",
 }
 # Processes the server starts run as its user too: the walk starts from them as well.
-STARTED_PROCESSES = ("jobs/running/supervisor.py:<module>",)
+STARTED_PROCESSES = (
+    "jobs/running/supervisor.py:<module>",
+    "jobs/running/fleet.py:<module>",
+)
 
 
 class Definition:

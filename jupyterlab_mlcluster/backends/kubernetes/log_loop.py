@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import os
 import queue
 import ssl
@@ -159,10 +160,9 @@ class _LoopThread:
         if self.pid != os.getpid() or not self.thread.is_alive():
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._close_sessions(), self.loop).result(
-                CLOSE_TIMEOUT
-            )
-        except Exception:  # noqa: BLE001 - exiting anyway
+            closing = asyncio.run_coroutine_threadsafe(self._close_sessions(), self.loop)
+            concurrent.futures.wait([closing], timeout=CLOSE_TIMEOUT)  # (its error: exiting)
+        except RuntimeError:  # the loop is closed already
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
 

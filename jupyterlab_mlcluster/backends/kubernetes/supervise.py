@@ -137,15 +137,9 @@ class _Attempt:
         say = self.ctx.logs.system
         self.objects = AttemptObjects(run, number)
         self.view = ClusterView()
+        job = (run.kind, run.name, self.ctx.job.id)
         self.watches = AttemptWatches(
-            run.conn,
-            self.plan.namespace,
-            run.kind,
-            run.name,
-            self.ctx.job.id,
-            self.events,
-            say,
-            run.shared,
+            run.conn, self.plan.namespace, *job, self.events, say, run.shared
         )
         # A fleet wakes the loop when the job's row changes (a cancel), so it may wait long.
         self.ctx.on_wake(lambda: self.events.put(("wake", None)))
@@ -310,10 +304,9 @@ class _Attempt:
             changed = self._pump(self._idle_wait())
 
     def _idle_wait(self) -> float:
-        """How long to wait for news: a tick while things happen (log lines to announce,
-        progress to write), the context's idle wait once all has been quiet for a second,
-        a longer one while the job waits for the cluster with nothing to poll (no rank
-        started, no Kueue or Volcano standing to read again)."""
+        """A tick while things happen, else the context's idle wait: a long one while the job
+        waits for the cluster with nothing to poll (no rank started, no Kueue or Volcano
+        standing to read again)."""
         if time.monotonic() - self.last_news < 1.0:
             return LOOP_TICK
         waiting = self.waiting.held_reason is not None or self.waiting.queued_reason is not None
