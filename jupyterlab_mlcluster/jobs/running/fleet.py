@@ -353,7 +353,7 @@ def ensure_fleet(store: JobStore, backend: str, key: str, env: dict[str, str]) -
             ],
             open(fleets_dir(store.root) / f"{key}.out", "ab"),
             # glibc gives each thread that allocates an arena of its own (up to 8 a core):
-            # with a thread per job, most of the fleet's memory was their free space.
+            # two keep what a burst of adoptions frees in few places, for malloc_trim.
             env={"MALLOC_ARENA_MAX": "2", **env, LOCK_FD_VARIABLE: str(fd)},
             reaper_name=f"mlcluster-fleet-{key}",
             pass_fds=(fd,),
