@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -41,16 +42,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..storage.database import Database
 from ..storage.store import JobStore
 from ..storage.watch import StoreWatcher
 from .lifelines import StoreWatch
 from .processes import holder_alive, process_is, start_detached
-
-if TYPE_CHECKING:
-    from .supervisor import JobContext
 
 log = logging.getLogger("jupyterlab_mlcluster.fleet")
 
@@ -65,9 +63,9 @@ MEMBER_QUIET_WAIT = 30.0
 # The fleet's beat: its claims are judged by its process on this host; the heartbeat only
 # counts for a reader on another host, after HEARTBEAT_STALE (a minute).
 FLEET_BEAT_INTERVAL = 10.0
-FEED_WAIT = 0.5
-EXITING_HOLDER_WAIT = 10.0
-MEMBER_PAGE_CACHE_KIB = 64  # the fleet's own loop: at most this long between looks at the store
+FEED_WAIT = 0.5  # the fleet's own loop: at most this long between looks at the store
+EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock to be let go
+MEMBER_PAGE_CACHE_KIB = 64  # each job's thread has its own SQLite connection (database.py)
 
 
 def fleets_dir(store_root: Path) -> Path:
@@ -139,22 +137,24 @@ class FleetLock:
 
 class FleetMember:
     """What a job's supervisor gets from its fleet instead of a process of its own: the
-    fleet's identity for its claim, a wake-up when its row changes (`look`), and the
-    backend's loop hooks (`wakes`)."""
+    fleet's identity for its claim, a wake-up when its row changes (`look`), which reaches
+    the backend's loop through `wake` (set by its current attempt), and how long that loop
+    may wait for news."""
+
+    idle_wait = MEMBER_IDLE_WAIT
+    quiet_wait = MEMBER_QUIET_WAIT
 
     def __init__(self, identity: dict[str, Any]):
         self.identity = identity
-        self.wakes: list[Callable[[], None]] = []
-        self.context: JobContext | None = None
-        self.idle_wait = MEMBER_IDLE_WAIT
-        self.quiet_wait = MEMBER_QUIET_WAIT
+        self.wake: Callable[[], None] | None = None
         self._look = threading.Event()
         self._look.set()  # look once at the start
 
     def look(self) -> None:
         """The job's row changed (or the store went): its loop should look, now."""
         self._look.set()
-        for wake in list(self.wakes):
+        wake = self.wake
+        if wake is not None:
             wake()
 
     def due(self, since_last: float) -> bool:
@@ -279,7 +279,7 @@ class SupervisorFleet:
         if now - self._last_beat >= FLEET_BEAT_INTERVAL:
             self._last_beat = now
             with contextlib.suppress(Exception):  # (a full disk: the claim is the process)
-                self.store.fleet.beat(list(self.members), self.claim_text)
+                self.store.fleet.beat(self.claim_text)
             _give_back_free_memory()
 
     def _leave_when_idle(self) -> bool:
@@ -305,11 +305,16 @@ class SupervisorFleet:
         self.stopping.set()
 
 
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL("libc.so.6")
+
+
 def _give_back_free_memory() -> None:
     """Hand the allocator's free pages back to the system (glibc keeps what a burst of
     adoptions freed); a few milliseconds every FLEET_BEAT_INTERVAL."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
 
 
 def _more_descriptors() -> None:

@@ -152,9 +152,10 @@ class JobContext:
         return self.member.idle_wait if active else self.member.quiet_wait
 
     def on_wake(self, wake: Callable[[], None]) -> None:
-        """`wake()` when the job has news its loop must look at (a fleet's cancel)."""
+        """`wake()` when the job has news its loop must look at (a fleet's cancel); the
+        loop running now (a restart's attempt replaces the one before)."""
         if self.member is not None:
-            self.member.wakes.append(wake)
+            self.member.wake = wake
 
     def tick(self) -> None:
         """Housekeeping a backend's loop calls every turn (≤ 100 ms apart)."""
@@ -361,11 +362,9 @@ def supervise(
     log.debug("claimed")
     job = store.get_job(job_id)
     ctx = JobContext(store, job, config, watch, member)
-    if member is None:
+    if member is None:  # (a fleet's process holds the signals: fleet.py)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, ctx.on_signal)
-    else:
-        member.context = ctx
     tracker = start_tracking(ctx)
     try:
         if wait_for_slot(ctx):

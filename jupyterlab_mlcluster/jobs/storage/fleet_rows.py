@@ -7,11 +7,8 @@ import sqlite3
 import time
 from collections.abc import Collection
 
-from ..model import FINAL_STATES
 from .database import Database
 from .feed import Change, ChangeFeed
-
-_FINAL = tuple(str(s) for s in FINAL_STATES)
 
 
 class FleetRows:
@@ -25,9 +22,10 @@ class FleetRows:
         """(id, supervisor, heartbeat) of the backend's unfinished jobs (`among` those ids)."""
         sql = (
             "SELECT id, supervisor, heartbeat FROM jobs WHERE backend = ?"
-            f" AND state NOT IN ({', '.join('?' * len(_FINAL))})"
+            # Literal, as the partial index jobs_unfinished says it (schema.py): read from it.
+            " AND state NOT IN ('succeeded', 'failed', 'cancelled')"
         )
-        params: list[object] = [backend, *_FINAL]
+        params: list[object] = [backend]
         if among is not None:
             if not among:
                 return []
@@ -48,16 +46,13 @@ class FleetRows:
                 self.feed.record(db, job_id, Change.JOB)
         return cur.rowcount == 1
 
-    def beat(self, job_ids: Collection[str], identity: str) -> None:
-        """Every job of `job_ids` still held by `identity` (its supervisor column) is alive
-        now: one statement, and no change-feed row per job (a heartbeat shows nothing; a
-        thousand jobs' beats would crowd the feed's kept window out)."""
-        if not job_ids:
-            return
-        now = time.time()
+    def beat(self, identity: str) -> None:
+        """Every unfinished job held by `identity` (its supervisor column, which names one
+        process) is alive now: one statement, and no change-feed row per job (a heartbeat
+        shows nothing; a thousand jobs' beats would crowd the feed's kept window out)."""
         with self.database.transaction() as db:
             db.execute(
-                f"UPDATE jobs SET heartbeat = ? WHERE supervisor = ?"
-                f" AND id IN ({', '.join('?' * len(job_ids))})",
-                [now, identity, *job_ids],
+                "UPDATE jobs SET heartbeat = ? WHERE supervisor = ?"
+                " AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                (time.time(), identity),
             )
