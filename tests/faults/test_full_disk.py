@@ -315,16 +315,24 @@ def reaps_on_a_full_disk(service, disk, caplog, job_id: str):
 
 
 def test_a_dead_supervisors_job_is_settled_once_there_is_space(disk, service, caplog):
-    """kill -9 of a supervisor, then the disk fills with nobody holding the store open: the
+    """kill -9 of a supervisor and of its sentinel (the OOM killer may take both: no one
+    settles the job at once), then the disk fills with nobody holding the store open: the
     reapers (a fresh JobService: read-only) cannot write the job's end; they say so once,
     listings answer, and the first reap after space is back settles it."""
-    import signal
+    import psutil
 
     job = service.submit(JobSpec.from_options({"workers": 2}), Payload(source=CHATTY_RANK))
     wait_for(lambda: service.store.read_logs(job.id, tail=1)[0], message="the ranks writing")
     sup = service.store.get_job(job.id).supervisor
-    os.kill(sup["pid"], signal.SIGKILL)
-    wait_for(lambda: not alive(sup["pid"]), message="the supervisor gone")
+    supervisor = psutil.Process(sup["pid"])
+    # The sentinel is the supervisor's fork (its command line); the ranks exec their own.
+    # Left alive, it would settle the job at once, or hold the store open (its -shm file
+    # with it) while the disk fills, and the reaper below would not be read-only.
+    sentinels = [c for c in supervisor.children() if c.cmdline() == supervisor.cmdline()]
+    assert len(sentinels) == 1, sentinels
+    for victim in (sentinels[0].pid, sup["pid"]):
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda victim=victim: not alive(victim), message=f"{victim} gone")
     reaper, said = reaps_on_a_full_disk(service, disk, caplog, job.id)
     assert len(said) == 1 and "cannot settle" in said[0], said
     disk.free()
