@@ -50,7 +50,8 @@ MIB = 2**20
 
 # The emulator in a process of its own (its work must not compete with what is measured for
 # this process's GIL); a line "stats" on its stdin answers with its request counter and the
-# number of open watches, end of input stops it.
+# number of open watches, a line of JSON [[namespace, pod, text], ...] appends those
+# containers' output (as a container runtime writes it) and answers {}; end of input stops it.
 SERVE_EMULATOR = """
 import json, sys
 from pathlib import Path
@@ -59,8 +60,15 @@ cluster = start_cluster(Path(sys.argv[1]))
 print(cluster.url, flush=True)
 def stats(emulator):
     return {"requests": emulator._request_count, "watches": len(emulator._store.watchers)}
+def output(lines):
+    def append(emulator):
+        for namespace, pod, text in lines:
+            emulator.append_log(namespace, pod, text, None)
+        return {}
+    return append
 for line in sys.stdin:
-    print(json.dumps(cluster.thread.call(stats)), flush=True)
+    call = output(json.loads(line)) if line.startswith("[") else stats
+    print(json.dumps(cluster.thread.call(call)), flush=True)
 cluster.thread.stop()
 """
 
@@ -84,6 +92,13 @@ class Emulator:
         self.process.stdin.write("stats\n")
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())
+
+    def append_logs(self, lines: list[tuple[str, str, str]]) -> None:
+        """[(namespace, pod, text)]: what those containers write."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(lines) + "\n")
+        self.process.stdin.flush()
+        self.process.stdout.readline()
 
     def stop(self) -> None:
         self.process.communicate("", timeout=60)
@@ -194,7 +209,8 @@ def measure(
         first_ready.append(
             watch.wait_ready(job_id, timeout=max(300.0, 5.0 * n))[1] - submitted[job_id]
         )
-        player.create_pods(player.job_object(job_id))  # pending: nobody schedules them
+        # pending: nobody schedules them
+        env["pods"][job_id] = player.create_pods(player.job_object(job_id))
     wait_for(
         lambda: all(service.store.get_job(j).supervisor for j in mine),
         120,
@@ -287,6 +303,105 @@ def measure(
     return rows, extrapolated
 
 
+def kill9(
+    service: Any, env: dict[str, Any], running: list[str], lines: int
+) -> list[tuple[str, str]]:
+    """`running` jobs' pods run and write `lines` numbered lines a rank; the fleet is killed
+    with -9 halfway, the rest written while none follows them. A reaper's turn every second
+    (as the server's event watcher takes one) starts the next fleet, which must adopt every
+    unfinished job and store each line exactly once, in order. (the table's rows)"""
+    import signal
+    import threading
+
+    from jupyterlab_mlcluster.jobs.model import JobState
+
+    kube, emulator, pods = env["kube"], env["emulator"], env["pods"]
+    unfinished = [j for j in env["jobs"] if not service.store.get_job(j).final]
+    print(f"  kill -9: {len(running)} jobs run", file=sys.stderr, flush=True)
+    for job_id in running:
+        for pod in pods[job_id].values():
+            kube.set_pod_phase(NAMESPACE, pod, "Running")
+
+    def write(part: range) -> None:
+        for job_id in running:
+            emulator.append_logs(
+                [
+                    (NAMESPACE, pod, "".join(f"{rank}:{i}\n" for i in part))
+                    for rank, pod in pods[job_id].items()
+                ]
+            )
+
+    def stored(job_id: str) -> list[str]:
+        got, _ = service.logs(job_id)
+        return [f"{item['rank']}:{item['line']}" for item in got if item["stream"] != "system"]
+
+    def expected(job_id: str, upto: int) -> list[str]:
+        return sorted(f"{rank}:{i}" for rank in pods[job_id] for i in range(upto))
+
+    half = lines // 2
+    write(range(half))
+    wait_for(
+        lambda: all(len(stored(j)) >= len(expected(j, half)) for j in running),
+        300,
+        "the first half of the lines stored",
+    )
+    holders = {service.store.get_job(j).supervisor["pid"] for j in unfinished}
+    assert len(holders) == 1, f"not one fleet: {holders}"
+    (fleet,) = holders
+    t_kill = time.monotonic()
+    os.kill(fleet, signal.SIGKILL)
+    write(range(half, lines))  # while no fleet follows them
+    stop = threading.Event()
+
+    def server_reaper() -> None:
+        while not stop.wait(1.0):
+            service.reap()
+
+    reaper = threading.Thread(target=server_reaper, daemon=True)
+    reaper.start()
+    try:
+
+        def adopted() -> bool:
+            found = {(service.store.get_job(j).supervisor or {}).get("pid") for j in unfinished}
+            return len(found) == 1 and found != {fleet} and None not in found
+
+        wait_for(adopted, 300, "a new fleet holding every unfinished job", interval=0.2)
+        t_adopted = time.monotonic()
+        wait_for(
+            lambda: all(len(stored(j)) >= len(expected(j, lines)) for j in running),
+            300,
+            "every line stored",
+            interval=0.2,
+        )
+        t_complete = time.monotonic()
+    finally:
+        stop.set()
+        reaper.join()
+    lost = twice = disordered = 0
+    for job_id in running:
+        got = stored(job_id)
+        want = expected(job_id, lines)
+        lost += len(set(want) - set(got))
+        twice += len(got) - len(set(got))
+        for rank in pods[job_id]:
+            mine = [int(line.split(":")[1]) for line in got if line.startswith(f"{rank}:")]
+            disordered += mine != sorted(mine)
+        assert service.store.get_job(job_id).state == JobState.RUNNING
+    written = sum(len(expected(j, lines)) for j in running)
+    return [
+        (
+            f"kill -9 of the fleet, {len(running)} jobs writing",
+            f"{len(unfinished)} jobs adopted by the next fleet in {t_adopted - t_kill:.1f} s;"
+            f" every line stored {t_complete - t_kill:.1f} s after the kill",
+        ),
+        (
+            "  their output",
+            f"{written} lines written, lost {lost}, stored twice {twice},"
+            f" out of order {disordered} ranks",
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100, help="jobs left waiting (N)")
@@ -306,9 +421,20 @@ def main() -> None:
         help="comma-separated warm_pool_modules (default: the setting's default, torch and"
         " numpy, what a server runs); the supervisors are forked from that generation",
     )
+    parser.add_argument(
+        "--kill9",
+        type=int,
+        default=50,
+        help="then this many of the fleet's jobs run and write --lines lines a rank through a"
+        " kill -9 of the fleet (half before, half while no fleet follows them): the next"
+        " fleet must adopt every job and store every line once; 0: skip",
+    )
+    parser.add_argument("--lines", type=int, default=200, help="lines a rank writes (--kill9)")
     args = parser.parse_args()
     if args.jobs < 1 or args.extra < 1 or args.per_job < 0:
         parser.error("--jobs and --extra must be at least 1, --per-job at least 0")
+    if not 0 <= args.kill9 <= args.jobs or args.lines < 2:
+        parser.error("--kill9 must be between 0 and --jobs, --lines at least 2")
 
     root = isolated_environment("bench-k8s-fleet-")
     pool_modules = None if args.pool_modules is None else args.pool_modules.split(",")
@@ -331,6 +457,7 @@ def main() -> None:
         "watch": JobWatch(emulator.url, "batch/v1", "jobs"),
         "jobs": [],
         "seen": {},  # every supervising process met, to check at the end
+        "pods": {},  # job id -> {rank: pod name}
     }
     phases = [("a supervisor process per job", args.per_job, False)] if args.per_job else []
     phases.append(("one fleet for all (issue 34)", args.jobs, True))
@@ -354,6 +481,9 @@ def main() -> None:
             for name, value, aside in rows:
                 print(f"{name:<{width}}  {value:<{value_width}}  {aside}")
             print(f"\n{extrapolated}", flush=True)
+            if together and args.kill9:
+                for name, value in kill9(service, env, env["jobs"][: args.kill9], args.lines):
+                    print(f"{name:<{width}}  {value}", flush=True)
             if together is False:  # the next phase measures the fleet alone
                 cleanup(service, env["jobs"], env["seen"])
                 env["jobs"].clear()

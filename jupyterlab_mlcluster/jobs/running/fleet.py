@@ -65,7 +65,9 @@ MEMBER_QUIET_WAIT = 30.0
 FLEET_BEAT_INTERVAL = 10.0
 FEED_WAIT = 0.5  # the fleet's own loop: at most this long between looks at the store
 EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock to be let go
-MEMBER_PAGE_CACHE_KIB = 64  # each job's thread has its own SQLite connection (database.py)
+# The store connections a fleet keeps for its jobs' threads to borrow (database.py's lending):
+# a thread holds one only while its job has something to do.
+SPARE_CONNECTIONS = 8
 
 
 def fleets_dir(store_root: Path) -> Path:
@@ -156,6 +158,12 @@ class FleetMember:
         wake = self.wake
         if wake is not None:
             wake()
+
+    def wait_length(self, active: bool) -> float:
+        """How long the job's loop may wait for news now (`active`: its ranks run, or it polls
+        something); its thread lends its store connections to the others meanwhile."""
+        Database.lend_this_threads()
+        return self.idle_wait if active else self.quiet_wait
 
     def due(self, since_last: float) -> bool:
         """Whether the job's cancel check should read the store now."""
@@ -388,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    Database.page_cache_kib = MEMBER_PAGE_CACHE_KIB  # a connection per job's thread
+    Database.lent_connections_kept = SPARE_CONNECTIONS
     store = JobStore(Path(argv[0]), journal_mode=argv[3] if len(argv) == 4 else "auto")
     _log_to_bounded_file(lock_path(store.root, argv[2]).with_suffix(".log"))
     inherited = os.environ.pop(LOCK_FD_VARIABLE, None)

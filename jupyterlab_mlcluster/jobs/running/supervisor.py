@@ -149,7 +149,7 @@ class JobContext:
         itself (cancel, the store gone), so they need not look often."""
         if self.member is None:
             return CANCEL_POLL_INTERVAL
-        return self.member.idle_wait if active else self.member.quiet_wait
+        return self.member.wait_length(active)
 
     def on_wake(self, wake: Callable[[], None]) -> None:
         """`wake()` when the job has news its loop must look at (a fleet's cancel); the
