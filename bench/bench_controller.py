@@ -40,13 +40,45 @@ CHILDREN = [
 ]
 
 
-def wait(predicate, timeout: float, interval: float = 0.5) -> float:
+def wait(predicate, timeout: float, interval: float = 0.5, tick=None) -> float:
+    """Poll `predicate` until true; `tick()` (if given) is called at each poll."""
     start = time.monotonic()
     while not predicate():
         if time.monotonic() - start > timeout:
             raise TimeoutError(f"not done after {timeout} s")
+        if tick is not None:
+            tick()
         time.sleep(interval)
     return time.monotonic() - start
+
+
+class Progress:
+    """The burst as it goes, on stderr every `every` seconds (owned objects so far, API
+    requests, controller CPU and RSS), and the controller's peak RSS: where the time and the
+    memory go shows in the timeline, not in the end figures alone."""
+
+    def __init__(self, thread, process: psutil.Process, begin: float, every: float = 10.0):
+        self.thread, self.process, self.begin, self.every = thread, process, begin, every
+        self.peak_rss = 0.0
+        self._last = begin
+
+    def __call__(self) -> None:
+        rss = self.process.memory_info().rss / 2**20
+        self.peak_rss = max(self.peak_rss, rss)
+        now = time.monotonic()
+        if now - self._last < self.every:
+            return
+        self._last = now
+        counts, requests = self.thread.call(
+            lambda e: ([e.count(g, p) for g, p in CHILDREN], e._request_count)
+        )
+        cpu = sum(self.process.cpu_times()[:2])
+        print(
+            f"[{now - self.begin:6.1f} s] owned {counts}, {requests} requests,"
+            f" controller {cpu:.1f} s CPU, {rss:.0f} MiB, load {os.getloadavg()[0]:.1f}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -95,6 +127,7 @@ def main() -> int:
 
         names = [(namespaces[i % args.namespaces], f"nb-{i:04d}") for i in range(args.notebooks)]
         begin = time.monotonic()
+        progress = Progress(thread, process, begin)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(
                 pool.map(
@@ -108,7 +141,7 @@ def main() -> int:
             counts = thread.call(lambda e: [e.count(g, p) for g, p in CHILDREN])
             return all(count == expected for count in counts)
 
-        wait(complete, args.timeout)
+        wait(complete, args.timeout, tick=progress)
         objects_done = time.monotonic() - begin
         wait(
             lambda: (
@@ -122,6 +155,7 @@ def main() -> int:
                 == expected
             ),
             args.timeout,
+            tick=progress,
         )
         status_done = time.monotonic() - begin
         burst_cpu = sum(process.cpu_times()[:2]) - cpu_before
@@ -133,6 +167,7 @@ def main() -> int:
             count = thread.call(lambda e: e._request_count)
             if count != last_count:
                 quiet_since, last_count = time.monotonic(), count
+            progress()
             time.sleep(0.5)
         quiet = time.monotonic() - begin - 3
         process.cpu_percent(None)
@@ -163,7 +198,7 @@ def main() -> int:
             f"controller idle CPU ({args.idle_seconds:.0f} s sample)",
             f"{idle_cpu:.1f} % of one core",
         ),
-        ("controller RSS after the burst", f"{rss:.0f} MiB"),
+        ("controller RSS after the burst", f"{rss:.0f} MiB (peak {progress.peak_rss:.0f} MiB)"),
         ("machine", f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"),
     ]
     width = max(len(name) for name, _ in rows)

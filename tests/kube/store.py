@@ -68,6 +68,9 @@ class Store:
             obj for (ns, _), obj in sorted(objs.items()) if namespace is None or ns == namespace
         ]
 
+    def count(self, gr: GroupResource) -> int:
+        return len(self._objects.get(gr, ()))
+
     def by_uid(self, uid: str) -> Ref | None:
         return self._by_uid.get(uid)
 
