@@ -8,6 +8,7 @@ is here; the manifests' (its many options) is manifests_cli.py.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -25,6 +26,22 @@ from .config import ControllerConfig
 from .manifests_cli import ManifestsApp
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Allocations between two young collections (Python's default: 700). A burst keeps many
+# young objects alive while they wait for the API, and each young collection walks them
+# all: at the default the collector was some 15 % of the controller's CPU at 1,000
+# Notebooks, 4.5 % at this threshold (bench_controller, gc.callbacks timed).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Collect young objects less often, and leave what the imports made (most of the heap
+    at start, never garbage) out of every later full collection."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 _CONFIG_ALIASES = {
     "namespace": "ControllerConfig.namespaces",
     "kubeconfig": "ControllerConfig.kubeconfig",
@@ -87,6 +104,7 @@ class ControllerApp(Application):
         # line per watched kind per retry. The first of each passes; repeats are counted.
         for handler in logging.getLogger().handlers:
             handler.addFilter(RepeatFilter(prefix="kopf."))
+        tune_gc()
         code = asyncio.run(self._run())
         if code:
             raise SystemExit(code)

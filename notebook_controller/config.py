@@ -172,4 +172,11 @@ class ControllerConfig(Configurable):
     api_connections = Integer(
         32, config=True, help="Maximum concurrent connections to the Kubernetes API."
     )
+    max_concurrent_reconciles = Integer(
+        64,
+        config=True,
+        help="Reconciles (and status writes) in progress at once; the rest wait their turn "
+        "before they read or build anything, so a burst of Notebooks holds a bounded "
+        "amount of work in flight and each finishes in turn.",
+    )
     log_level = Unicode("INFO", config=True, help="Logging level of the controller.")

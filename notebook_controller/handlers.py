@@ -18,11 +18,12 @@ The pure parts the handlers call are objects.py, status.py and events.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -114,6 +115,8 @@ class NotebookController:
         self.indexes: dict[str, Any] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._locks: dict[NotebookKey, asyncio.Lock] = {}
+        # Reconciles in progress at once (see _turn).
+        self._slots = asyncio.Semaphore(max(1, config.max_concurrent_reconciles))
         # The last status written per notebook: the index lags our own writes by a watch event.
         # (As JSON text: a status kept as dicts costs kilobytes per notebook at 10,000.)
         self._written: dict[NotebookKey, str] = {}
@@ -200,6 +203,17 @@ class NotebookController:
     def _lock(self, key: NotebookKey) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
+    @contextlib.asynccontextmanager
+    async def _turn(self, key: NotebookKey) -> AsyncIterator[None]:
+        """A reconcile slot, then the notebook's lock. kopf starts a handler for every
+        object at once: unbounded, a burst of N Notebooks had N reconciles each holding
+        its copies and desired objects while queued for the API's connections (the
+        controller's memory high-water mark, and its young-object GC work, grew with N),
+        and all of them finished near the end. The slot comes first and nobody waits for
+        one while holding a lock, so a holder always gets on."""
+        async with self._slots, self._lock(key):
+            yield
+
     # -- indexes (kopf keeps them current from its watches) --------------------------------
     # Index values are read, never changed; each keeps only what the handlers read (slim.py).
     # Coroutines: kopf runs a plain function in a thread, a hop per event.
@@ -234,13 +248,16 @@ class NotebookController:
         self, body: Mapping[str, Any], logger: logging.Logger, **kwargs: Any
     ) -> None:
         """create/update/resume/resync: bring every owned object and the status in line."""
-        notebook = _raw(body)
-        if notebook["metadata"].get("deletionTimestamp"):
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
             return
-        # A full pass trusts the object's own status, not our memory of writing it.
-        self._written.pop((notebook["metadata"]["namespace"], notebook["metadata"]["name"]), None)
-        with RECONCILES.time():
-            error = await self.reconcile(notebook, kwargs, logger)
+        key = (meta["namespace"], meta["name"])
+        async with self._turn(key):
+            notebook = _raw(body)  # once its turn came: a waiting one holds no copy
+            # A full pass trusts the object's own status, not our memory of writing it.
+            self._written.pop(key, None)
+            with RECONCILES.time():
+                error = await self._reconcile(notebook, kwargs, logger)
         if error:
             RECONCILE_ERRORS.inc()
             raise kopf.TemporaryError(error, delay=self.config.retry_delay)
@@ -253,40 +270,51 @@ class NotebookController:
         only_kind: str | None = None,
     ) -> str | None:
         meta = notebook["metadata"]
+        async with self._turn((meta["namespace"], meta["name"])):
+            return await self._reconcile(notebook, indexes, logger, only_kind)
+
+    async def _reconcile(
+        self,
+        notebook: dict[str, Any],
+        indexes: Mapping[str, Any],
+        logger: logging.Logger,
+        only_kind: str | None = None,
+    ) -> str | None:
+        """reconcile, in the notebook's turn (_turn)."""
+        meta = notebook["metadata"]
         key = (meta["namespace"], meta["name"])
         istio = await self.discover_istio()
         errors = []
-        async with self._lock(key):
-            refused = await self.refusal(notebook)
-            if refused:
-                # Permanent until the notebook or its namespace changes (the resync looks
-                # again): no retry loop, nothing created, the status says why.
-                self._errors[key] = refused
-                await self._write_status(notebook, indexes)
-                logger.warning("Not reconciled: %s", refused)
-                return None
-            if self.config.use_istio and (istio.networking is None or istio.security is None):
-                errors.append(
-                    "Istio is not installed in the cluster (networking.istio.io and "
-                    "security.istio.io must be served)"
-                )
-            for desired in objects.desired_children(notebook, self.config, istio):
-                if only_kind is not None and desired["kind"] != only_kind:
-                    continue
-                actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key, meta["uid"])
-                try:
-                    await self._ensure(desired, actual, logger)
-                except NotOurs as exc:
-                    errors.append(str(exc))
-                except KubeError as exc:
-                    if exc.status not in _PERMANENT_STATUSES:
-                        raise
-                    errors.append(f"{desired['kind']} {desired['metadata']['name']}: {exc.message}")
-            if errors:
-                self._errors[key] = errors[0]
-            elif only_kind is None:
-                self._errors.pop(key, None)
+        refused = await self.refusal(notebook)
+        if refused:
+            # Permanent until the notebook or its namespace changes (the resync looks
+            # again): no retry loop, nothing created, the status says why.
+            self._errors[key] = refused
             await self._write_status(notebook, indexes)
+            logger.warning("Not reconciled: %s", refused)
+            return None
+        if self.config.use_istio and (istio.networking is None or istio.security is None):
+            errors.append(
+                "Istio is not installed in the cluster (networking.istio.io and "
+                "security.istio.io must be served)"
+            )
+        for desired in objects.desired_children(notebook, self.config, istio):
+            if only_kind is not None and desired["kind"] != only_kind:
+                continue
+            actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key, meta["uid"])
+            try:
+                await self._ensure(desired, actual, logger)
+            except NotOurs as exc:
+                errors.append(str(exc))
+            except KubeError as exc:
+                if exc.status not in _PERMANENT_STATUSES:
+                    raise
+                errors.append(f"{desired['kind']} {desired['metadata']['name']}: {exc.message}")
+        if errors:
+            self._errors[key] = errors[0]
+        elif only_kind is None:
+            self._errors.pop(key, None)
+        await self._write_status(notebook, indexes)
         return errors[0] if errors else None
 
     async def _ensure(
@@ -405,7 +433,7 @@ class NotebookController:
         notebook = self._notebook(kwargs, namespace, labels.get(objects.LABEL_NOTEBOOK, ""))
         if notebook is None:
             return
-        async with self._lock((namespace, notebook["metadata"]["name"])):
+        async with self._turn((namespace, notebook["metadata"]["name"])):
             try:
                 await self._write_status(notebook, kwargs)
             except KubeError as exc:
