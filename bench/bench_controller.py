@@ -73,9 +73,11 @@ class Progress:
             lambda e: ([e.count(g, p) for g, p in CHILDREN], e._request_count)
         )
         cpu = sum(self.process.cpu_times()[:2])
+        here = sum(os.times()[:2])  # this process: the emulator and the creating clients
         print(
             f"[{now - self.begin:6.1f} s] owned {counts}, {requests} requests,"
-            f" controller {cpu:.1f} s CPU, {rss:.0f} MiB, load {os.getloadavg()[0]:.1f}",
+            f" controller {cpu:.1f} s CPU, {rss:.0f} MiB, emulator {here:.1f} s CPU,"
+            f" load {os.getloadavg()[0]:.1f}",
             file=sys.stderr,
             flush=True,
         )
@@ -124,6 +126,7 @@ def main() -> int:
         )
         requests_before = thread.call(lambda e: e._request_count)
         cpu_before = sum(process.cpu_times()[:2])
+        here_before = sum(os.times()[:2])
 
         names = [(namespaces[i % args.namespaces], f"nb-{i:04d}") for i in range(args.notebooks)]
         begin = time.monotonic()
@@ -159,6 +162,7 @@ def main() -> int:
         )
         status_done = time.monotonic() - begin
         burst_cpu = sum(process.cpu_times()[:2]) - cpu_before
+        here_cpu = sum(os.times()[:2]) - here_before
         burst_requests = thread.call(lambda e: e._request_count) - requests_before
 
         # Idle means no more API traffic: wait until requests stop for 3 s in a row.
@@ -194,6 +198,7 @@ def main() -> int:
             f"{burst_requests}  ({burst_requests / args.notebooks:.1f} per notebook)",
         ),
         ("controller CPU during the burst", f"{burst_cpu:.1f} s"),
+        ("emulator (and clients) CPU during the burst", f"{here_cpu:.1f} s"),
         (
             f"controller idle CPU ({args.idle_seconds:.0f} s sample)",
             f"{idle_cpu:.1f} % of one core",
