@@ -205,13 +205,14 @@ class NotebookController:
 
     @contextlib.asynccontextmanager
     async def _turn(self, key: NotebookKey) -> AsyncIterator[None]:
-        """A reconcile slot, then the notebook's lock. kopf starts a handler for every
+        """The notebook's lock, then a reconcile slot. kopf starts a handler for every
         object at once: unbounded, a burst of N Notebooks had N reconciles each holding
         its copies and desired objects while queued for the API's connections (the
         controller's memory high-water mark, and its young-object GC work, grew with N),
-        and all of them finished near the end. The slot comes first and nobody waits for
-        one while holding a lock, so a holder always gets on."""
-        async with self._slots, self._lock(key):
+        and all of them finished near the end. The lock comes first (a child's event waiting
+        for its Notebook's reconcile holds no slot), and a slot's holder never waits for
+        another lock, so it always gets on."""
+        async with self._lock(key), self._slots:
             yield
 
     # -- indexes (kopf keeps them current from its watches) --------------------------------
