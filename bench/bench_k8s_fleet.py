@@ -61,9 +61,9 @@ print(cluster.url, flush=True)
 def stats(emulator):
     return {"requests": emulator._request_count, "watches": len(emulator._store.watchers)}
 def output(lines):
-    def append(emulator):
+    async def append(emulator):
         for namespace, pod, text in lines:
-            emulator.append_log(namespace, pod, text, None)
+            await emulator.append_log(namespace, pod, text, None)
         return {}
     return append
 for line in sys.stdin:
@@ -326,7 +326,7 @@ def kill9(
         for job_id in running:
             emulator.append_logs(
                 [
-                    (NAMESPACE, pod, "".join(f"{rank}:{i}\n" for i in part))
+                    (NAMESPACE, pod, "".join(f"{i}\n" for i in part))
                     for rank, pod in pods[job_id].items()
                 ]
             )

@@ -178,3 +178,91 @@ def test_call_tells_on_retry_of_each_retried_failure_only():
             on_retry=told.append,
         )
     assert told == []
+
+
+def test_calls_sharing_an_in_flight_limit_wait_their_turn(tmp_path, monkeypatch):
+    """A fleet's thousand jobs call the API through connections sharing one limit: however
+    many threads call at once, the server sees at most that many calls open (the rest wait
+    in the client, their timeout not counting); without it, all of them."""
+    import http.server
+    import json
+    import threading
+
+    open_now = {"now": 0, "most": 0, "hold_until": 0}
+    lock = threading.Condition()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with lock:
+                open_now["now"] += 1
+                open_now["most"] = max(open_now["most"], open_now["now"])
+                lock.notify_all()
+                # Held open until that many have been open at once (or a moment, when none
+                # is asked for: calls overlap if they can).
+                wanted = open_now["hold_until"]
+                if wanted:
+                    lock.wait_for(lambda: open_now["most"] >= wanted, timeout=30)
+                else:
+                    lock.wait(0.05)
+            body = json.dumps({"kind": "Status", "ok": True}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            with lock:
+                open_now["now"] -= 1
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 64  # (the default 5 drops a burst's connects: SYN retries)
+
+    server = Server(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+
+    def most_open(limit: int | None, hold_until: int = 0) -> int:
+        conn = kubeconn.connect(namespace="ns", pool_size=64)
+        if limit is not None:
+            conn.in_flight = threading.BoundedSemaphore(limit)
+        open_now["most"], open_now["hold_until"] = 0, hold_until
+        answers: list[object] = []
+
+        def call() -> None:
+            try:
+                answers.append(conn.request("GET", "/api/v1/namespaces/ns/pods/p"))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                answers.append(exc)
+
+        callers = [threading.Thread(target=call) for _ in range(24)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(60)
+        conn.close()
+        assert answers == [{"kind": "Status", "ok": True}] * 24, answers
+        return open_now["most"]
+
+    try:
+        assert most_open(limit=4) <= 4
+        # The same calls unlimited, each held until 5 are open: they all get there.
+        assert most_open(limit=None, hold_until=5) >= 5
+    finally:
+        server.shutdown()

@@ -26,6 +26,10 @@ class Connection:
     in_cluster: bool
     host: str
     request_timeout: float
+    # At most this many ordinary calls (streams are not counted) at once through the
+    # connections sharing it; the others wait here for their turn, which their timeout
+    # does not count. None: no limit.
+    in_flight: threading.BoundedSemaphore | None = None
 
     def request(
         self,
@@ -40,6 +44,20 @@ class Connection:
     ) -> Any:
         """One API call: the decoded JSON answer, or with `stream` the open urllib3 response
         (a watch, a followed log)."""
+        turn = self.in_flight if self.in_flight is not None and not stream else None
+        with turn if turn is not None else contextlib.nullcontext():
+            return self._request(method, path, query, body, content_type, stream, timeout)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: Any,
+        content_type: str,
+        stream: bool,
+        timeout: Any,
+    ) -> Any:
         try:
             serialized = self.api.param_serialize(
                 method,

@@ -25,6 +25,11 @@ log = logging.getLogger("jupyterlab_mlcluster.supervisor")
 FAILURES = kubeconn.FailureLog(log)
 Event = tuple[Any, ...]
 POOL_SIZE = 256  # API calls of many jobs at once (log streams are not on this pool)
+# ... of which at most this many at once: a new fleet adopting 1,000 jobs sent a thousand
+# calls together, the API server queued them past their timeout, and 208 jobs failed
+# (bench_k8s_fleet --kill9). The rest wait their turn in the fleet, as client-go's
+# rate limiter makes a controller's calls wait.
+MAX_IN_FLIGHT = 16
 
 
 class _ListWatch(kubeconn.ConnectionListWatch):
@@ -145,6 +150,7 @@ class SharedCluster:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._connections: dict[tuple[str, float], Connection] = {}
+        self._in_flight = threading.BoundedSemaphore(MAX_IN_FLIGHT)  # (all of them together)
         self._sources: dict[tuple[str, str, str], _SharedSource] = {}
 
     def connection(self, namespace: str, request_timeout: float) -> Connection:
@@ -157,6 +163,7 @@ class SharedCluster:
                     pool_size=POOL_SIZE,
                     probe=False,
                 )
+                conn.in_flight = self._in_flight
                 self._connections[(namespace, request_timeout)] = conn
             return conn
 
