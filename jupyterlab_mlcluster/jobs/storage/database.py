@@ -27,30 +27,6 @@ log = logging.getLogger(__name__)
 READ_ONLY_RETRY = 1.0
 
 
-# One lock per database file for this process's write transactions: its threads queue
-# here, in turn, instead of in SQLite's busy handler, which sleeps and retries and is not
-# fair: a fleet's thousand threads adopting their jobs at once left some waiting past the
-# busy timeout ("database is locked", bench_k8s_fleet --kill9). Other processes still meet
-# the busy timeout. Re-entrant: the job store and the experiment store share the file.
-_WRITERS: dict[str, threading.RLock] = {}
-_WRITERS_GUARD = threading.Lock()
-
-
-def _writer_lock(path: Path) -> threading.RLock:
-    with _WRITERS_GUARD:
-        return _WRITERS.setdefault(str(path), threading.RLock())
-
-
-def _forget_writer_locks() -> None:
-    """In a forked child: a lock another thread of the parent held stays held in the copy."""
-    global _WRITERS_GUARD
-    _WRITERS_GUARD = threading.Lock()
-    _WRITERS.clear()
-
-
-os.register_at_fork(after_in_child=_forget_writer_locks)
-
-
 # Every Database of this process: a write transaction first ends what an interrupt left
 # open on any of them (the job store and the experiment store each hold a connection to
 # the same file, and one's leftover lock would lock the other out).
@@ -65,7 +41,6 @@ class Database:
     # (schema, statement cache, pages), measured: 1,000 waiting jobs' own came to ~140 MiB.
     # None: each thread keeps its own. The number: how many idle ones are kept.
     lent_connections_kept: int | None = None
-    busy_timeout_s = 30.0  # how long a statement waits for another process's lock
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -125,14 +100,10 @@ class Database:
     @classmethod
     def _connect(cls, target: str, *, uri: bool) -> sqlite3.Connection:
         db = sqlite3.connect(
-            target,
-            timeout=cls.busy_timeout_s,
-            isolation_level=None,
-            check_same_thread=False,
-            uri=uri,
+            target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=uri
         )
         db.row_factory = sqlite3.Row
-        db.execute(f"PRAGMA busy_timeout = {int(cls.busy_timeout_s * 1000)}")
+        db.execute("PRAGMA busy_timeout = 30000")
         return db
 
     # -- lending (see lent_connections_kept) ------------------------------------------------
@@ -181,17 +152,16 @@ class Database:
         for database in list(_ALL):
             if database.path == self.path:
                 database.end_interrupted()
-        with _writer_lock(self.path):
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                # A failed COMMIT (SQLITE_FULL, IOERR) may or may not have rolled back.
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT (SQLITE_FULL, IOERR) may or may not have rolled back already.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     def end_interrupted(self) -> None:
         """Roll back a write transaction of this thread that an interrupt (Ctrl-C in a
