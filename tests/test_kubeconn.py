@@ -188,6 +188,8 @@ def test_calls_sharing_an_in_flight_limit_wait_their_turn(tmp_path, monkeypatch)
     import json
     import threading
 
+    from tests.kube.emulator import kubeconfig as emulator_kubeconfig
+
     open_now = {"now": 0, "most": 0, "hold_until": 0}
     lock = threading.Condition()
 
@@ -222,20 +224,7 @@ def test_calls_sharing_an_in_flight_limit_wait_their_turn(tmp_path, monkeypatch)
     server = Server(("127.0.0.1", 0), Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
-                ],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    kubeconfig.write_text(json.dumps(emulator_kubeconfig(f"http://127.0.0.1:{server.server_port}")))
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
 
     def most_open(limit: int | None, hold_until: int = 0) -> int:

@@ -44,20 +44,8 @@ class Connection:
     ) -> Any:
         """One API call: the decoded JSON answer, or with `stream` the open urllib3 response
         (a watch, a followed log)."""
-        turn = self.in_flight if self.in_flight is not None and not stream else None
-        with turn if turn is not None else contextlib.nullcontext():
-            return self._request(method, path, query, body, content_type, stream, timeout)
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, Any] | None,
-        body: Any,
-        content_type: str,
-        stream: bool,
-        timeout: Any,
-    ) -> Any:
+        in_flight = None if stream else self.in_flight
+        turn = in_flight if in_flight is not None else contextlib.nullcontext()
         try:
             serialized = self.api.param_serialize(
                 method,
@@ -67,14 +55,15 @@ class Connection:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self.api.call_api(
-                *serialized, _request_timeout=timeout or self.request_timeout
-            )
-            if not 200 <= response.status <= 299:
-                raise refused(response.status, response.read(), response.headers)
-            if stream:
-                return response.response
-            return _decode(response.read())
+            with turn:
+                response = self.api.call_api(
+                    *serialized, _request_timeout=timeout or self.request_timeout
+                )
+                if not 200 <= response.status <= 299:
+                    raise refused(response.status, response.read(), response.headers)
+                if stream:
+                    return response.response
+                return _decode(response.read())
         except Exception as exc:
             converted = as_kube_error(exc, self.host)
             if converted is exc:
