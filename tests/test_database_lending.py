@@ -11,6 +11,7 @@ import gc
 import os
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -128,3 +129,40 @@ def test_a_forked_child_never_borrows_its_parents(store, monkeypatch):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and said == b"own", said
     assert store.database._spare == [parents]  # the parent's spare, untouched
+
+
+def test_a_fleets_threads_take_turns_at_writing_past_the_busy_timeout(store, monkeypatch):
+    """A process whose threads take turns (a fleet: `writers_take_turns`) queues its writers
+    in the process, not in SQLite's unfair busy handler: one waiting longer than the busy
+    timeout behind another thread's transaction still gets its turn (a thousand claims at
+    once: "database is locked")."""
+    monkeypatch.setattr(Database, "busy_timeout_s", 0.3)
+    monkeypatch.setattr(Database, "writers_take_turns", True)
+    store.close()  # (reopened with the short timeout)
+    holding = threading.Event()
+    outcome: list[object] = []
+
+    def holder() -> None:
+        with store.database.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS probe (x)")
+            holding.set()
+            time.sleep(1.0)  # the write lock held past the busy timeout, on purpose
+            db.execute("INSERT INTO probe VALUES (1)")
+
+    def waiter() -> None:
+        holding.wait(30)
+        try:
+            with store.database.transaction() as db:
+                db.execute("INSERT INTO probe VALUES (2)")
+            outcome.append("written")
+        except sqlite3.OperationalError as exc:
+            outcome.append(str(exc))
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=waiter)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert outcome == ["written"]
+    rows = store.database.connection.execute("SELECT x FROM probe ORDER BY rowid").fetchall()
+    assert [row[0] for row in rows] == [1, 2]

@@ -4,13 +4,17 @@ by a fleet that died is taken over, one held by a live fleet is respected."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 
 import psutil
 import pytest
 from helpers import wait_for
 
+from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
+from jupyterlab_mlcluster.jobs.record import JobRecord
 from jupyterlab_mlcluster.jobs.running.fleet import FleetLock, ensure_fleet, lock_path
 from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
@@ -77,3 +81,36 @@ def test_a_bad_key_is_refused(store):
     with pytest.raises(ValueError, match="not a fleet key"):
         lock_path(store.root, "../../etc/x")
     assert not (store.root / "fleets").exists()
+
+
+def test_a_fleet_claims_the_jobs_it_adopts_together_and_only_those_still_as_read(store):
+    """`FleetRows.claim`: one transaction for all of a new fleet's jobs; a job whose claim
+    changed since the fleet read it (another supervisor took it), or that ended, is not
+    taken."""
+    for n in range(4):
+        store.insert_job(_record(f"job-{n}"), b"payload")
+    dead = json.dumps({"pid": 999_999_999, "create_time": 0.0})
+    for n in range(4):
+        store.update_job(f"job-{n}", supervisor=json.loads(dead))
+    store.update_job("job-2", supervisor={"pid": os.getpid(), "create_time": 1.0})  # since
+    store.update_job("job-3", state=JobState.CANCELLED)
+    read = {f"job-{n}": dead for n in range(4)}  # what the fleet read before
+    events = store.feed.last_seq()
+    me = json.dumps({"pid": os.getpid(), "fleet": KEY})
+    assert store.fleet.claim(read, me) == {"job-0", "job-1"}
+    assert [store.get_job(f"job-{n}").supervisor for n in range(2)] == [json.loads(me)] * 2
+    assert store.get_job("job-2").supervisor["create_time"] == 1.0
+    assert store.get_job("job-3").supervisor == json.loads(dead)
+    assert store.feed.last_seq() == events + 2  # a change each: a fleet's watch sees them
+
+
+def _record(job_id: str) -> JobRecord:
+    return JobRecord(
+        id=job_id,
+        name=job_id,
+        spec=JobSpec.from_options({"workers": 1, "backend": "kubernetes"}),
+        state=JobState.QUEUED,
+        created=time.time(),
+        owner="alice",
+        origin={"kind": "python"},
+    )

@@ -94,6 +94,8 @@ def test_a_killed_fleet_is_replaced_and_every_job_keeps_its_logs(k8s, player, ku
     jobs = [service.submit(spec_of(workers=1), code(GATED, x=i)).id for i in range(3)]
     runs = _running(service, player, jobs)
     first = service.store.get_job(jobs[0]).supervisor
+    dependents_made = _dependents_made(kube, kube_namespace)
+    assert dependents_made["secrets"] >= 3 and dependents_made["services"] == 3
     os.kill(first["pid"], signal.SIGKILL)
     wait_for(lambda: process_gone(first["pid"]), message="the fleet gone")
     service.reap(force=True)  # any reader notices: the jobs live on in the cluster
@@ -104,6 +106,14 @@ def test_a_killed_fleet_is_replaced_and_every_job_keeps_its_logs(k8s, player, ku
 
     wait_for(adopted, timeout=60, message="a new fleet holding every job")
     assert len({service.store.get_job(j).supervisor["pid"] for j in jobs}) == 1
+    wait_for(
+        lambda: all("following Job" in " ".join(system_lines(service, j)) for j in jobs),
+        timeout=60,
+        message="every job followed again",
+    )
+    # Each job was resumed: its dependents were made and checked before that, and the new
+    # fleet makes none of them again (a thousand adoptions: a call each, not six).
+    assert _dependents_made(kube, kube_namespace) == dependents_made
     (player.workdir / "go").touch()
     for job_runs in runs.values():
         for run in job_runs:
@@ -119,6 +129,21 @@ def test_a_killed_fleet_is_replaced_and_every_job_keeps_its_logs(k8s, player, ku
         lambda e: len(list(e["post", f"/apis/batch/v1/namespaces/{kube_namespace}/jobs"]))
     )
     assert creates == 3  # adopted, not made again
+
+
+def _dependents_made(kube, namespace: str) -> dict[str, int]:
+    """Creates asked of the API so far, of each kind of a job's dependents."""
+    return {
+        kind: kube.on_emulator(
+            lambda e, k=kind: len(list(e["post", f"/api/v1/namespaces/{namespace}/{k}"]))
+        )
+        for kind in ("secrets", "services")
+    }
+
+
+def system_lines(service, job_id: str) -> list[str]:
+    got, _ = service.logs(job_id)
+    return [item["line"] for item in got if item["stream"] == "system"]
 
 
 def _drain(events: queue.Queue) -> list[tuple]:

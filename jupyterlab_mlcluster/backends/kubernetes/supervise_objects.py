@@ -82,6 +82,11 @@ class AttemptObjects:
             if self.number == 0:
                 self.say_packages()
         self.uid = job["metadata"]["uid"]
+        if self.adopted and objects.resume is not None and not is_suspended(job, plan.engine):
+            # Resumed by an earlier supervisor, whose last step that was: it had made and
+            # checked the dependents first. (A new fleet adopting a thousand jobs makes one
+            # call for each, not six.)
+            return job
         for dependent in objects.dependents:
             self.create_dependent(with_owner(dependent, job))
         self.check_secrets(objects.dependents)

@@ -37,6 +37,7 @@ import logging
 import os
 import resource
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -146,8 +147,10 @@ class FleetMember:
     idle_wait = MEMBER_IDLE_WAIT
     quiet_wait = MEMBER_QUIET_WAIT
 
-    def __init__(self, identity: dict[str, Any]):
+    def __init__(self, identity: dict[str, Any], claimed: bool = False):
+        """`claimed`: the fleet claimed the job for it already (else its supervisor does)."""
         self.identity = identity
+        self.claimed = claimed
         self.wake: Callable[[], None] | None = None
         self._look = threading.Event()
         self._look.set()  # look once at the start
@@ -201,7 +204,7 @@ class SupervisorFleet:
     def adopt(self, among: set[str] | None = None) -> int:
         """Start supervising the backend's unfinished jobs (`among` those ids) of this key
         whose supervisor is not alive; how many were taken."""
-        taken = 0
+        orphans: dict[str, str | None] = {}  # id -> its claim as read
         for row in self.store.fleet.unfinished(self.backend, among):
             job_id = row["id"]
             if job_id in self.members or not self._mine(job_id):
@@ -209,12 +212,23 @@ class SupervisorFleet:
             holder = json.loads(row["supervisor"]) if row["supervisor"] else None
             if holder is not None and holder_alive(holder, row["heartbeat"]):
                 continue
-            self._start(job_id)
-            taken += 1
-        return taken
+            orphans[job_id] = row["supervisor"]
+        if not orphans:
+            return 0
+        try:  # claimed together: one write, not each job's thread queueing for the lock
+            claimed = self.store.fleet.claim(orphans, self.claim_text)
+        except (sqlite3.Error, OSError) as exc:  # (a full disk: each supervisor waits for it)
+            log.warning(
+                "claiming %d jobs together failed (%s): each claims its own", len(orphans), exc
+            )
+            claimed = None
+        for job_id in orphans:
+            if claimed is None or job_id in claimed:
+                self._start(job_id, claimed is not None)
+        return len(orphans) if claimed is None else len(claimed)
 
-    def _start(self, job_id: str) -> None:
-        member = FleetMember(self.identity)
+    def _start(self, job_id: str, claimed: bool) -> None:
+        member = FleetMember(self.identity, claimed)
         thread = threading.Thread(
             target=self._supervise, args=(job_id, member), name=f"job-{job_id}", daemon=True
         )
@@ -397,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     Database.lent_connections_kept = SPARE_CONNECTIONS
+    Database.writers_take_turns = True  # (SIGINT is the fleet's own: see database.py)
     store = JobStore(Path(argv[0]), journal_mode=argv[3] if len(argv) == 4 else "auto")
     _log_to_bounded_file(lock_path(store.root, argv[2]).with_suffix(".log"))
     inherited = os.environ.pop(LOCK_FD_VARIABLE, None)

@@ -356,7 +356,10 @@ def supervise(
     config = config or submitter_config(store.root, job_id)
     watch = StoreWatch(store, job_id)  # the job's and its session cells' (JobContext)
     me = member.identity if member is not None else None
-    if not _until_written(store, lambda: claim(store, job_id, me), "the job's claim", watch.gone):
+    claimed = member is not None and member.claimed
+    if not claimed and not _until_written(
+        store, lambda: claim(store, job_id, me), "the job's claim", watch.gone
+    ):
         watch.close()
         return 0
     log.debug("claimed")

@@ -27,6 +27,27 @@ log = logging.getLogger(__name__)
 READ_ONLY_RETRY = 1.0
 
 
+# One lock per database file for this process's write transactions, when its threads take
+# turns (Database.writers_take_turns). Re-entrant: the job store and the experiment store
+# share the file. Made again in a forked child: a lock another thread held stays held there.
+_TURNS: dict[str, threading.RLock] = {}
+_TURNS_GUARD = threading.Lock()
+
+
+def _turn_at_writing(path: Path) -> threading.RLock:
+    with _TURNS_GUARD:
+        return _TURNS.setdefault(str(path), threading.RLock())
+
+
+def _forget_turns() -> None:
+    global _TURNS_GUARD
+    _TURNS_GUARD = threading.Lock()
+    _TURNS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_turns)
+
+
 # Every Database of this process: a write transaction first ends what an interrupt left
 # open on any of them (the job store and the experiment store each hold a connection to
 # the same file, and one's leftover lock would lock the other out).
@@ -41,6 +62,14 @@ class Database:
     # (schema, statement cache, pages), measured: 1,000 waiting jobs' own came to ~140 MiB.
     # None: each thread keeps its own. The number: how many idle ones are kept.
     lent_connections_kept: int | None = None
+    # A process whose threads may write all at once (a fleet adopting a thousand jobs) makes
+    # them queue in the process, in turn, instead of in SQLite's busy handler, which sleeps
+    # and retries and is not fair: some of a thousand claims waited past its timeout
+    # ("database is locked"). Other processes still meet the busy timeout. Only for a process
+    # that takes no KeyboardInterrupt (a fleet handles SIGINT itself): an interrupt landing
+    # between the turn and the transaction would leave the turn held against its threads.
+    writers_take_turns = False
+    busy_timeout_s = 30.0  # how long a statement waits for another process's write lock
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -100,10 +129,14 @@ class Database:
     @classmethod
     def _connect(cls, target: str, *, uri: bool) -> sqlite3.Connection:
         db = sqlite3.connect(
-            target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=uri
+            target,
+            timeout=cls.busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+            uri=uri,
         )
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute(f"PRAGMA busy_timeout = {int(cls.busy_timeout_s * 1000)}")
         return db
 
     # -- lending (see lent_connections_kept) ------------------------------------------------
@@ -152,16 +185,18 @@ class Database:
         for database in list(_ALL):
             if database.path == self.path:
                 database.end_interrupted()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            yield db
-            db.execute("COMMIT")
-        except BaseException:
-            # A failed COMMIT (SQLITE_FULL, IOERR) may or may not have rolled back already.
-            if db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            raise
+        turn = _turn_at_writing(self.path) if self.writers_take_turns else contextlib.nullcontext()
+        with turn:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (SQLITE_FULL, IOERR) may or may not have rolled back already.
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
 
     def end_interrupted(self) -> None:
         """Roll back a write transaction of this thread that an interrupt (Ctrl-C in a

@@ -33,6 +33,25 @@ class FleetRows:
             params += list(among)
         return self.database.connection.execute(sql + " ORDER BY created", params).fetchall()
 
+    def claim(self, held: dict[str, str | None], identity: str) -> set[str]:
+        """Claim for `identity` each unfinished job of `held` (id -> its supervisor column as
+        read) whose claim is still that, in one transaction: the ids claimed. A new fleet
+        adopting a thousand jobs writes once, not a thousand claims queued for the lock."""
+        claimed: set[str] = set()
+        now = time.time()
+        with self.database.transaction() as db:
+            for job_id, holder in held.items():
+                cur = db.execute(
+                    "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ?"
+                    " WHERE id = ? AND supervisor IS ?"
+                    " AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                    (identity, now, now, job_id, holder),
+                )
+                if cur.rowcount == 1:
+                    self.feed.record(db, job_id, Change.JOB)
+                    claimed.add(job_id)
+        return claimed
+
     def forget_holder(self, job_id: str, holder: str | None) -> bool:
         """Clear the job's claim if it is still `holder`'s (the supervisor column as read);
         False when another supervisor claimed it since (a new fleet adopting its jobs while
