@@ -38,7 +38,7 @@ from .culler import Culler
 from .events import mirrored_event, notebook_of_event
 from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
 from .kube import KubeClient, connection_info
-from .metrics import RECONCILE_ERRORS, RECONCILES, MetricsServer
+from .metrics import OWNED_EVENTS, RECONCILE_ERRORS, RECONCILES, MetricsServer
 from .namespaces import foreign_owner_error
 from .owners import NamespaceOwners
 from .slim import slim_notebook, slim_owned, slim_pod
@@ -122,6 +122,11 @@ class NotebookController:
         self._written: dict[NotebookKey, str] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
+        # The resourceVersion our last write of each owned object got, until its watch event
+        # (the echo) comes back: that event shows what we wrote, nothing to repair or to read
+        # a status from. Four of a served Notebook's six events are such echoes.
+        # (Keyed by kind, namespace and name; kept with the owning notebook's key.)
+        self._echoes: dict[tuple[str, str, str], tuple[str, NotebookKey]] = {}
         self.owners: NamespaceOwners | None = None
         self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
@@ -325,7 +330,7 @@ class NotebookController:
         meta = desired["metadata"]
         if actual is None or actual["metadata"].get("uid") is None:
             try:
-                await self.kube.create(desired)
+                self._expect_echo(await self.kube.create(desired))
                 logger.info("Created %s %s", desired["kind"], meta["name"])
                 return
             except KubeError as exc:
@@ -352,10 +357,36 @@ class NotebookController:
             )
         patch = objects.repair_patch(desired, actual)
         if patch:
-            await self.kube.patch(
-                desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"], patch
+            self._expect_echo(
+                await self.kube.patch(
+                    desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"], patch
+                )
             )
             logger.info("Repaired %s %s: %s", desired["kind"], meta["name"], sorted(patch))
+
+    @staticmethod
+    def _echo_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+        meta = obj["metadata"]
+        return (str(obj.get("kind")), str(meta.get("namespace")), str(meta.get("name")))
+
+    def _expect_echo(self, written: Mapping[str, Any] | None) -> None:
+        meta = (written or {}).get("metadata") or {}
+        owner = _notebook_owner(written) if written else None
+        if written and meta.get("resourceVersion") and owner:
+            self._echoes[self._echo_key(written)] = (
+                str(meta["resourceVersion"]),
+                (str(meta.get("namespace")), owner),
+            )
+
+    def _is_echo(self, type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether this event of an owned object is the one our own last write of it made
+        (any later event of the object supersedes the expectation)."""
+        expected = self._echoes.pop(self._echo_key(body), None)
+        return (
+            type != "DELETED"
+            and expected is not None
+            and expected[0] == body["metadata"].get("resourceVersion")
+        )
 
     async def _write_status(self, notebook: dict[str, Any], indexes: Mapping[str, Any]) -> None:
         assert self.kube is not None
@@ -413,15 +444,22 @@ class NotebookController:
             for c in objects.desired_children(notebook, self.config, self.istio)
         ):
             return  # e.g. a PVC that is no longer wanted
-        try:
-            await self.reconcile(notebook, kwargs, logger, only_kind=kind)
-        except (KubeError, kopf.TemporaryError) as exc:
-            logger.warning(
-                "Could not repair %s %s yet (the resync will): %s",
-                kind,
-                body["metadata"]["name"],
-                exc,
-            )
+        # In the notebook's turn: the event of a create can come before its reply, and the
+        # reconcile that made the object holds the turn until the reply is in.
+        async with self._turn((namespace, notebook["metadata"]["name"])):
+            if self._is_echo(type, body):
+                OWNED_EVENTS.labels(outcome="own_write").inc()
+                return
+            OWNED_EVENTS.labels(outcome="reconciled").inc()
+            try:
+                await self._reconcile(notebook, kwargs, logger, only_kind=kind)
+            except (KubeError, kopf.TemporaryError) as exc:
+                logger.warning(
+                    "Could not repair %s %s yet (the resync will): %s",
+                    kind,
+                    body["metadata"]["name"],
+                    exc,
+                )
 
     async def on_pod_event(
         self,
@@ -499,6 +537,8 @@ class NotebookController:
         for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
             for key in [key for key in memory if key not in present]:
                 del memory[key]
+        for echo in [echo for echo, (_, key) in self._echoes.items() if key not in present]:
+            del self._echoes[echo]
         uids = {nb["metadata"]["uid"] for nb in notebooks}
         for storage in self._kopf_state:
             storage.forget_except(uids)

@@ -41,6 +41,18 @@ class MemoryDiffBaseStorage(kopf.DiffBaseStorage):
         super().__init__()
         self._essences: dict[str, str] = {}
 
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        """A Notebook's essence, as kopf builds it; none for any other kind. kopf builds one
+        for every event of every kind it watches (a deep copy of the whole body, status
+        included) and uses it only for change handlers: the Notebook's. Its owned objects
+        and pods only have indexes and event handlers, whose causes never read it. The status
+        kopf would copy and then drop is left out of the copy."""
+        if body.get("kind") != KIND:
+            return None
+        if not extra_fields:  # (no handler of ours watches a field of the status)
+            body = kopf.Body({key: value for key, value in body.items() if key != "status"})
+        return super().build(body=body, extra_fields=extra_fields)
+
     def fetch(self, *, body: Any) -> Any:
         encoded = self._essences.get(_uid(body))
         return json.loads(encoded) if encoded is not None else None

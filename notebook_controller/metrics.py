@@ -28,6 +28,13 @@ RECONCILE_ERRORS = Counter(
     "Reconciles that failed and will be retried.",
     registry=REGISTRY,
 )
+OWNED_EVENTS = Counter(
+    "mlcluster_controller_owned_events",
+    "Watch events of Notebooks' objects the controller acted on: 'reconciled' (put back in"
+    " shape, the status refreshed) or 'own_write' (the echo of its own write: nothing to do).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 CULLED = Counter(
     "mlcluster_controller_culled",
     "Notebooks stopped for being idle longer than cull_idle_time.",
@@ -62,6 +69,7 @@ SERIES = {
     "mlcluster_controller_reconcile_seconds": "histogram",
     "mlcluster_controller_reconcile_errors_total": "counter",
     "mlcluster_controller_culled_total": "counter",
+    "mlcluster_controller_owned_events_total": "counter",
     "mlcluster_controller_api_retries_total": "counter",
     "mlcluster_controller_notebooks": "gauge",
 }

@@ -548,6 +548,28 @@ def test_kopf_remembers_notebooks_only() -> None:
     assert len(list(memories.iter_all_memories())) == 1
 
 
+def test_kopf_diffs_notebooks_only_and_without_copying_their_status() -> None:
+    """kopf builds the essence it diffs for every event of every watched kind; the
+    controller's storage builds a Notebook's as kopf's own does (spec, labels, annotations
+    but kopf's own), with no copy of its status, and none for a child or a pod (no change
+    handler of theirs reads it)."""
+    import kopf
+
+    from notebook_controller.kopf_state import MemoryDiffBaseStorage
+
+    nb = notebook()
+    nb["metadata"].setdefault("annotations", {})["kopf.mlcluster.io/x"] = "kopf's own"
+    nb["status"] = {"phase": "starting", "conditions": [{"type": "Ready", "status": "False"}]}
+    reference = kopf.AnnotationsDiffBaseStorage(prefix="kopf.mlcluster.io")
+    body = kopf.Body(nb)
+    essence = MemoryDiffBaseStorage().build(body=body)
+    assert essence == reference.build(body=body)
+    assert "status" not in essence and essence["spec"] == nb["spec"]
+    for kind in ("StatefulSet", "Service", "Pod"):
+        child = kopf.Body({"kind": kind, "metadata": {"uid": "u"}, "spec": {}, "status": {}})
+        assert MemoryDiffBaseStorage().build(body=child) is None
+
+
 # --- status ------------------------------------------------------------------------------------
 
 
