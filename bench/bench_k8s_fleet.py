@@ -367,6 +367,13 @@ def kill9(
 
         wait_for(adopted, 300, "a new fleet holding every unfinished job", interval=0.2)
         t_adopted = time.monotonic()
+
+        def followed(job_id: str) -> bool:  # (its objects adopted, its pods' logs read again)
+            got, _ = service.logs(job_id)
+            return any("following" in i["line"] for i in got if i["stream"] == "system")
+
+        wait_for(lambda: all(followed(j) for j in running), 300, "every job followed", 0.2)
+        t_followed = time.monotonic()
         wait_for(
             lambda: all(len(stored(j)) >= len(expected(j, lines)) for j in running),
             300,
@@ -391,7 +398,8 @@ def kill9(
     return [
         (
             f"kill -9 of the fleet, {len(running)} jobs writing",
-            f"{len(unfinished)} jobs adopted by the next fleet in {t_adopted - t_kill:.1f} s;"
+            f"{len(unfinished)} jobs claimed by the next fleet in {t_adopted - t_kill:.1f} s,"
+            f" the running ones followed again in {t_followed - t_kill:.1f} s;"
             f" every line stored {t_complete - t_kill:.1f} s after the kill",
         ),
         (

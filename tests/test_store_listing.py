@@ -124,3 +124,32 @@ def test_the_listings_json_is_each_records_own_and_follows_every_change(store):
     assert store.list_json(**filters) == as_records(**filters)
     store.delete_job("jlist000002")
     assert store.list_json(**filters) == as_records(**filters)
+
+
+def test_a_queued_jobs_position_is_counted_from_the_queues_index(store):
+    """Every read of a queued job says its place in line: counted from the queue's index,
+    not by reading every queued id (a new fleet reading a thousand queued jobs at once), and
+    the same place as the queue's own order, priorities and ties of time included."""
+    queued = [f"jlist{i:06d}" for i in range(0, 300, 50)]
+
+    def row(job_id: str, priority: int, created_like: str | None = None) -> None:
+        with store.database.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET priority = ?,"
+                " created = COALESCE((SELECT created FROM jobs WHERE id = ?), created)"
+                " WHERE id = ?",
+                (priority, created_like, job_id),
+            )
+
+    row(queued[3], 5)
+    row(queued[4], 5, created_like=queued[3])  # a tie of priority and time: by id
+    row(queued[1], -1)
+    row(queued[2], 0, created_like=queued[0])
+    order = store.queue("local")
+    assert order[:2] == [queued[3], queued[4]] and order[-1] == queued[1]
+    assert [store.queue_position(j, "local") for j in order] == list(range(len(order)))
+    assert [store.get_job(j).queue_position for j in order] == list(range(len(order)))
+    assert store.queue_position(queued[0], "slurm") is None  # not in that backend's line
+    assert store.queue_position("jlist000001", "local") is None  # ended
+    assert store.queue_position("jlist999999", "local") is None  # no such job
+    assert full_reads(plans_of(store, lambda: store.get_job(queued[5]))) == []
