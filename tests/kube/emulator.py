@@ -57,6 +57,7 @@ SERVER_VERSION = {
     "platform": "linux/amd64",
 }
 MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the kube-apiserver's MaxRequestBodyBytes
+_METHODS = {method.value: method for method in kmock.method}
 
 
 class _ServeRealistically(Exception):
@@ -166,7 +167,8 @@ class RealisticKubernetes(Reads, Writes, Deletion, PodLogEndpoint, kmock.Kuberne
             id=self._request_count,
             raw_request=raw,
             url=raw.url,
-            method=raw.method,
+            # As the enum: kmock's converter guesses from a str by walking the enum's members.
+            method=_METHODS.get(raw.method, raw.method),
             params=dict(raw.query),
             headers=dict(raw.headers),
             cookies=dict(raw.cookies),

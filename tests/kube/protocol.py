@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,17 @@ import aiohttp.web
 from . import validation
 from .catalogue import ResourceType
 
+_NOW: list[Any] = [None, ""]  # the second now_rfc3339 last formatted, and its text
+
 
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The time to the second, as the API writes timestamps (formatted once a second: a
+    burst of writes asks for it thousands of times a second)."""
+    second = int(time.time())
+    if _NOW[0] != second:
+        moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+        _NOW[:] = [second, moment.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    return str(_NOW[1])
 
 
 class ApiError(Exception):
@@ -100,9 +109,14 @@ def parse_api_path(path: str) -> ApiPath | None:
 
 
 def json_reply(status: int, body: Any, warnings: list[str] | None = None) -> aiohttp.web.Response:
+    return text_reply(status, json.dumps(body), warnings)
+
+
+def text_reply(status: int, text: str, warnings: list[str] | None = None) -> aiohttp.web.Response:
+    """A reply of JSON already serialized."""
     headers = (
         {"Warning": ", ".join(f"299 - {json.dumps(w)}" for w in warnings)} if warnings else None
     )
     return aiohttp.web.Response(
-        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+        status=status, text=text, content_type="application/json", headers=headers
     )

@@ -114,7 +114,8 @@ class Reads:
             await response.prepare(raw)
 
             async def send(event: Any) -> None:
-                await response.write(json.dumps(event).encode() + b"\n")
+                line = event if isinstance(event, bytes) else json.dumps(event).encode() + b"\n"
+                await response.write(line)
 
             start_rv = self._store.rv
             if since == "0" or initial_events:
@@ -175,22 +176,39 @@ class Reads:
                 return
             if self._catalogue.get(rtype.group, rtype.version, rtype.plural) is None:
                 return  # the CRD was deleted: real servers end such watches
-            try:
-                wait = min(1.0, max(0.0, deadline - loop.time()))
-                event: Event | None = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-            except TimeoutError:
-                if bookmarks and loop.time() - last_sent >= self.bookmark_interval:
-                    await send(self._bookmark(rtype))
-                    last_sent = loop.time()
-                continue
-            if event is None:
-                return
-            if event.rv <= start_rv:
-                continue
-            translated = self._translate(event, in_scope)
-            if translated is not None:
-                await send({"type": translated[0], "object": self._present(rtype, translated[1])})
+            if watcher.queue.empty():
+                try:
+                    wait = min(1.0, max(0.0, deadline - loop.time()))
+                    first = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    if bookmarks and loop.time() - last_sent >= self.bookmark_interval:
+                        await send(self._bookmark(rtype))
+                        last_sent = loop.time()
+                    continue
+            else:
+                first = watcher.queue.get_nowait()
+            # What a burst of writes queued meanwhile goes out in one write, in order.
+            events: list[Event | None] = [first]
+            while events[-1] is not None and not watcher.queue.empty():
+                events.append(watcher.queue.get_nowait())
+            lines = [
+                self._event_line(rtype, translated[0], event)
+                for event in events
+                if event is not None
+                and event.rv > start_rv
+                and (translated := self._translate(event, in_scope)) is not None
+            ]
+            if lines:
+                await send(b"".join(lines))
                 last_sent = loop.time()
+            if events[-1] is None:
+                return
+
+    def _event_line(self, rtype: ResourceType, event_type: str, event: Event) -> bytes:
+        """A watch event's line; the object's JSON is made once per event and version (the
+        write's reply made it already)."""
+        text = event.text(rtype.api_version, lambda: json.dumps(self._present(rtype, event.obj)))
+        return f'{{"type": "{event_type}", "object": {text}}}\n'.encode()
 
     def _bookmark(
         self, rtype: ResourceType, annotations: dict[str, str] | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,15 @@ class Event:
     type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
+    # `obj` as JSON, by the apiVersion it was served as: made once for the write's reply and
+    # every watch of that version.
+    texts: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def text(self, api_version: str, render: Callable[[], str]) -> str:
+        known = self.texts.get(api_version)
+        if known is None:
+            known = self.texts[api_version] = render()
+        return known
 
 
 @dataclass(eq=False)
@@ -57,6 +66,7 @@ class Store:
         self._dependents: dict[str, set[Ref]] = collections.defaultdict(set)
         self._history: collections.deque[Event] = collections.deque(maxlen=window)
         self.watchers: set[Watcher] = set()
+        self.last_event: Event | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, gr: GroupResource, key: Key) -> dict[str, Any] | None:
@@ -143,6 +153,7 @@ class Store:
         if len(self._history) == self._history.maxlen:
             self.compacted_rv = self._history[0].rv
         self._history.append(event)
+        self.last_event = event
         for watcher in self.watchers:
             if watcher.group_resource == event.group_resource:
                 watcher.queue.put_nowait(event)

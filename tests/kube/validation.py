@@ -184,10 +184,23 @@ def _custom_validator_cached(schema_key: str) -> jsonschema.Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
+# id(schema) -> (that schema, its validator): a CRD's schema object is the catalogue's, the
+# same for every write of its kind, and its canonical JSON (the cache key above) took longer
+# to make than the validation itself (an Istio VirtualService's schema is some 100 KiB).
+_BY_SCHEMA: dict[int, tuple[Mapping[str, Any], jsonschema.Validator]] = {}
+
+
 def _custom_validator(schema: Mapping[str, Any]) -> jsonschema.Validator:
     import json
 
-    return _custom_validator_cached(json.dumps(schema, sort_keys=True))
+    known = _BY_SCHEMA.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    validator = _custom_validator_cached(json.dumps(schema, sort_keys=True))
+    if len(_BY_SCHEMA) > 256:  # schemas of CRDs since removed: forget them all
+        _BY_SCHEMA.clear()
+    _BY_SCHEMA[id(schema)] = (schema, validator)
+    return validator
 
 
 def prune_and_default(

@@ -17,7 +17,7 @@ import yaml
 
 from . import patching, rules, validation
 from .catalogue import CRDS, NAMESPACES, PODS, Catalogue, ResourceType
-from .protocol import ApiError, bad_request, invalid, json_reply, now_rfc3339
+from .protocol import ApiError, bad_request, invalid, json_reply, now_rfc3339, text_reply
 from .store import GroupResource, Key, Store, owner_uids
 
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the apiserver uses for generateName
@@ -272,7 +272,7 @@ class Writes:
     def _create(
         self, rtype: ResourceType, ns: str | None, request: kmock.Request
     ) -> aiohttp.web.Response:
-        obj = copy.deepcopy(self._body(request))
+        obj = self._body(request)  # parsed afresh from the request: ours to change
         self._check_type(rtype, obj)
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
@@ -329,10 +329,14 @@ class Writes:
         params: Mapping[str, str],
     ) -> aiohttp.web.Response:
         """Store `new` (not on a dry run), tell the watchers, and answer it."""
-        if params.get("dryRun") != "All":
-            self._store.put(rtype.group_resource, new)
-            self._after_write(rtype, old, new)
-        return json_reply(code, self._present(rtype, new), warnings)
+        if params.get("dryRun") == "All":
+            return json_reply(code, self._present(rtype, new), warnings)
+        self._store.put(rtype.group_resource, new)
+        event = self._store.last_event
+        assert event is not None and event.obj is new
+        text = event.text(rtype.api_version, lambda: json.dumps(self._present(rtype, new)))
+        self._after_write(rtype, old, new)
+        return text_reply(code, text, warnings)
 
     def _update(
         self,
@@ -380,7 +384,7 @@ class Writes:
             rtype,
             ns,
             name,
-            copy.deepcopy(self._body(request)),
+            self._body(request),  # parsed afresh from the request: ours to change
             subresource,
             request.params,
             replace=True,
