@@ -425,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # The kubernetes client's first import (kubernetes.dynamic) imports kubernetes_validate
+    # where it is installed, and jsonschema's format checkers with it, which build dozens of
+    # lark grammars: seconds of a new fleet's first adoption, holding every job's thread at
+    # the import lock. Nothing here validates manifests.
+    sys.modules.setdefault("kubernetes_validate", None)  # type: ignore[arg-type]
     from ... import backends  # noqa: F401  (the backend registry, as a cold supervisor's)
 
     sys.exit(main())
