@@ -35,6 +35,7 @@ from . import objects
 from .config import ControllerConfig
 from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culler import Culler
+from .echoes import OwnWrites
 from .events import mirrored_event, notebook_of_event
 from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
 from .kube import KubeClient, connection_info
@@ -122,11 +123,8 @@ class NotebookController:
         self._written: dict[NotebookKey, str] = {}
         # Why the last reconcile of each notebook failed; partial passes must not forget it.
         self._errors: dict[NotebookKey, str] = {}
-        # The resourceVersion our last write of each owned object got, until its watch event
-        # (the echo) comes back: that event shows what we wrote, nothing to repair or to read
-        # a status from. Four of a served Notebook's six events are such echoes.
-        # (Keyed by kind, namespace and name; kept with the owning notebook's key.)
-        self._echoes: dict[tuple[str, str, str], tuple[str, NotebookKey]] = {}
+        # Our own writes of owned objects, until their watch events (the echoes) come back.
+        self.own_writes = OwnWrites()
         self.owners: NamespaceOwners | None = None
         self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
@@ -211,12 +209,10 @@ class NotebookController:
     @contextlib.asynccontextmanager
     async def _turn(self, key: NotebookKey) -> AsyncIterator[None]:
         """The notebook's lock, then a reconcile slot. kopf starts a handler for every
-        object at once: unbounded, a burst of N Notebooks had N reconciles each holding
-        its copies and desired objects while queued for the API's connections (the
-        controller's memory high-water mark, and its young-object GC work, grew with N),
-        and all of them finished near the end. The lock comes first (a child's event waiting
-        for its Notebook's reconcile holds no slot), and a slot's holder never waits for
-        another lock, so it always gets on."""
+        object at once: unbounded, a burst of N Notebooks had N reconciles holding their
+        copies while queued for the API (memory and GC work grew with N), all finishing near
+        the end. The lock comes first (a child's event waiting for its Notebook's reconcile
+        holds no slot); a slot's holder never waits for another lock, so it always gets on."""
         async with self._lock(key), self._slots:
             yield
 
@@ -330,7 +326,7 @@ class NotebookController:
         meta = desired["metadata"]
         if actual is None or actual["metadata"].get("uid") is None:
             try:
-                self._expect_echo(await self.kube.create(desired))
+                self.own_writes.wrote(await self.kube.create(desired))
                 logger.info("Created %s %s", desired["kind"], meta["name"])
                 return
             except KubeError as exc:
@@ -357,36 +353,12 @@ class NotebookController:
             )
         patch = objects.repair_patch(desired, actual)
         if patch:
-            self._expect_echo(
+            self.own_writes.wrote(
                 await self.kube.patch(
                     desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"], patch
                 )
             )
             logger.info("Repaired %s %s: %s", desired["kind"], meta["name"], sorted(patch))
-
-    @staticmethod
-    def _echo_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
-        meta = obj["metadata"]
-        return (str(obj.get("kind")), str(meta.get("namespace")), str(meta.get("name")))
-
-    def _expect_echo(self, written: Mapping[str, Any] | None) -> None:
-        meta = (written or {}).get("metadata") or {}
-        owner = _notebook_owner(written) if written else None
-        if written and meta.get("resourceVersion") and owner:
-            self._echoes[self._echo_key(written)] = (
-                str(meta["resourceVersion"]),
-                (str(meta.get("namespace")), owner),
-            )
-
-    def _is_echo(self, type: str | None, body: Mapping[str, Any]) -> bool:
-        """Whether this event of an owned object is the one our own last write of it made
-        (any later event of the object supersedes the expectation)."""
-        expected = self._echoes.pop(self._echo_key(body), None)
-        return (
-            type != "DELETED"
-            and expected is not None
-            and expected[0] == body["metadata"].get("resourceVersion")
-        )
 
     async def _write_status(self, notebook: dict[str, Any], indexes: Mapping[str, Any]) -> None:
         assert self.kube is not None
@@ -428,12 +400,7 @@ class NotebookController:
         echoes of our own writes go no further (kopf's setting up of a handler's call was
         most of the cost of such an event). An echo that comes before its write's reply is
         told apart in the handler."""
-        if type is None:
-            return False
-        if self._is_echo(type, body):
-            OWNED_EVENTS.labels(outcome="own_write").inc()
-            return False
-        return True
+        return type is not None and not self.own_writes.is_echo(type, body)
 
     async def on_owned_event(
         self,
@@ -459,8 +426,7 @@ class NotebookController:
         # In the notebook's turn: the event of a create can come before its reply, and the
         # reconcile that made the object holds the turn until the reply is in.
         async with self._turn((namespace, notebook["metadata"]["name"])):
-            if self._is_echo(type, body):
-                OWNED_EVENTS.labels(outcome="own_write").inc()
+            if self.own_writes.is_echo(type, body):
                 return
             OWNED_EVENTS.labels(outcome="reconciled").inc()
             try:
@@ -549,8 +515,7 @@ class NotebookController:
         for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
             for key in [key for key in memory if key not in present]:
                 del memory[key]
-        for echo in [echo for echo, (_, key) in self._echoes.items() if key not in present]:
-            del self._echoes[echo]
+        self.own_writes.forget_except(present)
         uids = {nb["metadata"]["uid"] for nb in notebooks}
         for storage in self._kopf_state:
             storage.forget_except(uids)
