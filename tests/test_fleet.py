@@ -86,7 +86,7 @@ def test_a_bad_key_is_refused(store):
 def test_a_fleet_claims_the_jobs_it_adopts_together_and_only_those_still_as_read(store):
     """`FleetRows.claim`: one transaction for all of a new fleet's jobs; a job whose claim
     changed since the fleet read it (another supervisor took it), or that ended, is not
-    taken."""
+    taken. `forget_holders`, the reaper's side, is as careful."""
     for n in range(4):
         store.insert_job(_record(f"job-{n}"), b"payload")
     dead = json.dumps({"pid": 999_999_999, "create_time": 0.0})
@@ -102,6 +102,10 @@ def test_a_fleet_claims_the_jobs_it_adopts_together_and_only_those_still_as_read
     assert store.get_job("job-2").supervisor["create_time"] == 1.0
     assert store.get_job("job-3").supervisor == json.loads(dead)
     assert store.feed.last_seq() == events + 2  # a change each: a fleet's watch sees them
+    # A reaper forgets a dead fleet's claims together, only those still as it read them.
+    assert store.fleet.forget_holders({"job-0": me, "job-1": dead, "job-2": me}) == {"job-0"}
+    assert store.get_job("job-0").supervisor is None
+    assert store.get_job("job-1").supervisor == json.loads(me)
 
 
 def _record(job_id: str) -> JobRecord:

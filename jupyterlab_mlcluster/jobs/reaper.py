@@ -41,6 +41,7 @@ class Reaper:
         self._last_staging_sweep = float("-inf")
         self._unsettled: dict[str, int] = {}  # job id -> reaps that could not write (full disk)
         self._uncleaned: dict[str, int] = {}  # the same, for a final job's pending cleanup
+        self._unrespawned = 0  # reaps that could not hand orphans to new supervisors (full)
         self._nudged: dict[str, float] = {}  # unclaimed job -> when its fleet was last ensured
 
     def _nudge_fleet(self, row: sqlite3.Row) -> None:
@@ -70,6 +71,7 @@ class Reaper:
             return []
         self._last_reap = now
         reaped = []
+        respawn: dict[str, str | None] = {}  # orphans to hand to a new supervisor: their claims
         unfinished = self.store.unfinished_jobs()
         for row in unfinished:
             if row["session_job"] and self._settle_session_cell(row):
@@ -83,7 +85,7 @@ class Reaper:
                     self._nudge_fleet(row)
                 continue
             try:
-                if self._settle_orphan(row):
+                if self._settle_orphan(row, respawn):
                     reaped.append(row["id"])
                 tries = self._unsettled.pop(row["id"], 0)
                 if tries:
@@ -91,6 +93,7 @@ class Reaper:
             except Exception as exc:
                 if not self._later_when_full(exc, self._unsettled, row["id"], "settle"):
                     raise
+        self._respawn(respawn)
         # Final jobs whose backend could not clean up yet (e.g. the Kubernetes API server was
         # unreachable): the backend tries again when its own backoff says it is due.
         pending = self.store.pending_cleanups()
@@ -111,6 +114,30 @@ class Reaper:
             self._last_staging_sweep = now  # a directory scan: not on every reap
             self.store.remove_stale_staging()
         return reaped
+
+    def _respawn(self, held: dict[str, str | None]) -> None:
+        """Hand each orphan of `held` (id -> its dead supervisor's claim as read) to a new
+        supervisor: the claims forgotten in one transaction, only those still the dead
+        one's (a fleet started for an earlier row may have adopted some already: their claim
+        stands). A fleet killed with its thousand jobs costs one write here, not a thousand,
+        and its jobs reach the next fleet together."""
+        if not held:
+            return
+        try:
+            forgotten = self.store.fleet.forget_holders(held)
+        except Exception as exc:
+            if not is_storage_full(exc, self.store.root):
+                raise
+            self._unrespawned += 1
+            if self._unrespawned == 1:  # (said once, not every reap)
+                log.warning("cannot hand %d jobs to new supervisors yet: %s", len(held), exc)
+            return
+        if self._unrespawned:
+            log.warning("jobs handed to new supervisors after %d tries", self._unrespawned)
+            self._unrespawned = 0
+        for job_id in held:
+            if job_id in forgotten:
+                self.service.starter.start(job_id)
 
     def _later_when_full(
         self, exc: Exception, tries: dict[str, int], job_id: str, what: str
@@ -147,19 +174,16 @@ class Reaper:
         )
         return moved
 
-    def _settle_orphan(self, row: sqlite3.Row) -> bool:
-        """A job whose supervisor is gone: respawn one (a backend may ask to) or finish the
-        job; True if it was finished here."""
+    def _settle_orphan(self, row: sqlite3.Row, respawn: dict[str, str | None]) -> bool:
+        """A job whose supervisor is gone: put it in `respawn` (a backend may ask for a new
+        supervisor) or finish the job; True if it was finished here."""
         record = self.store.get_job(row["id"])
         backend = self.service.backend(record.backend)
         if (
             not row["cancel_requested"]
             and backend.supervisor_lost(self.store, record) == SupervisorLost.RESPAWN
         ):
-            # Only while the dead one holds it: a fleet started for an earlier row may have
-            # adopted this job already (its claim stands).
-            if self.store.fleet.forget_holder(record.id, row["supervisor"]):
-                self.service.starter.start(record.id)
+            respawn[record.id] = row["supervisor"]
             return False
         backend.cleanup_orphans(self.store, record)
         if row["cancel_requested"]:

@@ -52,18 +52,23 @@ class FleetRows:
                     claimed.add(job_id)
         return claimed
 
-    def forget_holder(self, job_id: str, holder: str | None) -> bool:
-        """Clear the job's claim if it is still `holder`'s (the supervisor column as read);
-        False when another supervisor claimed it since (a new fleet adopting its jobs while
-        a reaper goes through the rows it read before)."""
+    def forget_holders(self, held: dict[str, str | None]) -> set[str]:
+        """Clear each job's claim of `held` (id -> its supervisor column as read) that is
+        still that, in one transaction: the ids cleared. One not cleared was claimed since
+        (a new fleet adopting its jobs while a reaper goes through the rows it read)."""
+        cleared: set[str] = set()
+        now = time.time()
         with self.database.transaction() as db:
-            cur = db.execute(
-                "UPDATE jobs SET supervisor = NULL, updated = ? WHERE id = ? AND supervisor IS ?",
-                (time.time(), job_id, holder),
-            )
-            if cur.rowcount == 1:  # (a live fleet adopts the job on this change)
-                self.feed.record(db, job_id, Change.JOB)
-        return cur.rowcount == 1
+            for job_id, holder in held.items():
+                cur = db.execute(
+                    "UPDATE jobs SET supervisor = NULL, updated = ?"
+                    " WHERE id = ? AND supervisor IS ?",
+                    (now, job_id, holder),
+                )
+                if cur.rowcount == 1:  # (a live fleet adopts the job on this change)
+                    self.feed.record(db, job_id, Change.JOB)
+                    cleared.add(job_id)
+        return cleared
 
     def beat(self, identity: str) -> None:
         """Every unfinished job held by `identity` (its supervisor column, which names one
