@@ -575,7 +575,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
         kopf.on.event(
             *resource,
             labels=present,
-            when=controller.owned_event_matters,  # type: ignore[arg-type]
+            when=controller.owned_event_matters,
             registry=registry,
             id=f"repair_{kind.lower()}",
         )(controller.on_owned_event)  # type: ignore[arg-type]

@@ -50,7 +50,8 @@ class MemoryDiffBaseStorage(kopf.DiffBaseStorage):
         if body.get("kind") != KIND:
             return None
         if not extra_fields:  # (no handler of ours watches a field of the status)
-            body = kopf.Body({key: value for key, value in body.items() if key != "status"})
+            without_status: Any = {key: value for key, value in body.items() if key != "status"}
+            body = kopf.Body(without_status)
         return super().build(body=body, extra_fields=extra_fields)
 
     def fetch(self, *, body: Any) -> Any:
