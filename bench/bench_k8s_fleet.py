@@ -68,7 +68,7 @@ def output(lines):
     return append
 for line in sys.stdin:
     call = output(json.loads(line)) if line.startswith("[") else stats
-    print(json.dumps(cluster.thread.call(call)), flush=True)
+    print(json.dumps(cluster.thread.call(call, timeout=600)), flush=True)  # (a busy loop)
 cluster.thread.stop()
 """
 
