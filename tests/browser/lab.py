@@ -94,7 +94,9 @@ class Lab:
             self.url + path.lstrip("/"), data=data, method=method, headers=headers
         )
         try:
-            with _DIRECT.open(req, timeout=10) as resp:
+            # Generous: a fresh server's first submit imports and opens what it needs, and a
+            # CI machine at load 15 took more than 10 s for it.
+            with _DIRECT.open(req, timeout=60) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()

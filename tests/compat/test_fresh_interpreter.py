@@ -129,7 +129,10 @@ def test_a_failing_exit_status_is_torchruns(torchrun_probe, pool_mode, service, 
     assert record.state == "failed" and "exit status 3" in record.error
     ours = observed(workdir, "fail")
     failed = record.failed_rank
-    assert ours[failed]["shutdown"] == torchrun_seen[failed]["shutdown"]
+    # The same as torchrun's rank that failed first (it exited on its own; torchrun stops
+    # the others, which may lose their unclosed file: which rank that is varies with load).
+    theirs = [torchrun_seen[rank]["shutdown"] for rank in range(WORKERS)]
+    assert ours[failed]["shutdown"] in theirs
     assert ours[failed]["shutdown"] == {"atexit": "ran", "thread": "joined", "unclosed": "kept"}
 
 
