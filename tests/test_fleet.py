@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import psutil
@@ -15,10 +16,18 @@ from helpers import wait_for
 
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.record import JobRecord
-from jupyterlab_mlcluster.jobs.running.fleet import FleetLock, ensure_fleet, lock_path
+from jupyterlab_mlcluster.jobs.running.fleet import (
+    ADOPTING_AT_ONCE,
+    FleetLock,
+    FleetMember,
+    SupervisorFleet,
+    ensure_fleet,
+    lock_path,
+)
 from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
 KEY = "kubernetes-0123456789abcdef"
+LAUNCH = json.dumps({"fleet": KEY}).encode()
 
 
 def fleets(store: JobStore) -> list[psutil.Process]:
@@ -118,3 +127,40 @@ def _record(job_id: str) -> JobRecord:
         owner="alice",
         origin={"kind": "python"},
     )
+
+
+def test_a_fleet_brings_its_jobs_up_a_few_at_a_time_the_running_ones_first(store):
+    """A new fleet starts ADOPTING_AT_ONCE of the jobs it takes at a time (a job is up when
+    its loop first waits), the jobs whose ranks run first: a thousand adopted at once shared
+    the GIL a thousand ways, and the running ones were followed again last."""
+    total, running = ADOPTING_AT_ONCE + 8, 3
+    for n in range(total):
+        store.insert_job(_record(f"job-{n:03d}"), b"payload", {"launch.json": LAUNCH})
+    for n in range(total - running, total):  # the newest run
+        store.transition(f"job-{n:03d}", JobState.RUNNING, started=time.time())
+    started: list[str] = []
+    members: dict[str, FleetMember] = {}
+    done = threading.Event()
+
+    class Probe(SupervisorFleet):
+        """Each job's supervision only says it started and waits to be let go."""
+
+        def _supervise(self, job_id: str, member: FleetMember) -> None:
+            members[job_id] = member
+            started.append(job_id)
+            done.wait(60)
+
+    fleet = Probe(store, "kubernetes", KEY)
+    fleet.adopting_turn_limit = 600.0  # (none is slow here: turns end only by coming up)
+    threading.Thread(target=fleet._start_in_turn, daemon=True).start()
+    try:
+        assert fleet.adopt() == total
+        wait_for(lambda: len(started) == ADOPTING_AT_ONCE, message="the first turns")
+        assert set(started[:running]) == {f"job-{n:03d}" for n in range(total - running, total)}
+        for n in range(5):  # one comes up (its loop waits): the next starts
+            members[started[n]].wait_length(False)
+            wait_for(lambda n=n: len(started) == ADOPTING_AT_ONCE + n + 1, message="a turn")
+        assert len(started) == ADOPTING_AT_ONCE + 5 < total
+        assert all(store.get_job(j).supervisor["fleet"] == KEY for j in fleet.members)
+    finally:
+        done.set()

@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import resource
 import signal
 import sqlite3
@@ -69,6 +70,11 @@ EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock 
 # The store connections a fleet keeps for its jobs' threads to borrow (database.py's lending):
 # a thread holds one only while its job has something to do.
 SPARE_CONNECTIONS = 8
+# How many jobs a fleet brings up at once (from its thread's start to its loop's first wait);
+# the others wait their turn, the running ones first. A thousand adopted at once shared the
+# GIL a thousand ways, and a running job was followed again only when all of them were.
+ADOPTING_AT_ONCE = 32
+ADOPTING_TURN_LIMIT = 5.0  # a job slower than this to come up lets the next one start anyway
 
 
 def fleets_dir(store_root: Path) -> Path:
@@ -147,10 +153,18 @@ class FleetMember:
     idle_wait = MEMBER_IDLE_WAIT
     quiet_wait = MEMBER_QUIET_WAIT
 
-    def __init__(self, identity: dict[str, Any], claimed: bool = False):
-        """`claimed`: the fleet claimed the job for it already (else its supervisor does)."""
+    def __init__(
+        self,
+        identity: dict[str, Any],
+        claimed: bool = False,
+        up: Callable[[FleetMember], None] | None = None,
+    ):
+        """`claimed`: the fleet claimed the job for it already (else its supervisor does).
+        `up(member)`: called once, when the job's loop first waits (or its supervision
+        ends)."""
         self.identity = identity
         self.claimed = claimed
+        self._up = up
         self.wake: Callable[[], None] | None = None
         self._look = threading.Event()
         self._look.set()  # look once at the start
@@ -165,8 +179,16 @@ class FleetMember:
     def wait_length(self, active: bool) -> float:
         """How long the job's loop may wait for news now (`active`: its ranks run, or it polls
         something); its thread lends its store connections to the others meanwhile."""
+        self.came_up()
         Database.lend_this_threads()
         return self.idle_wait if active else self.quiet_wait
+
+    def came_up(self) -> None:
+        """The job is up (its loop waits for news) or its supervision ended: its turn at
+        coming up goes to the next job (SupervisorFleet's adopting turns)."""
+        up, self._up = self._up, None
+        if up is not None:
+            up(self)
 
     def due(self, since_last: float) -> bool:
         """Whether the job's cancel check should read the store now."""
@@ -189,6 +211,12 @@ class SupervisorFleet:
         self.identity = {**identity(), "fleet": key}
         self.claim_text = json.dumps(self.identity)
         self.members: dict[str, tuple[FleetMember, threading.Thread]] = {}
+        # Jobs taken, whose threads wait for a turn at coming up (ADOPTING_AT_ONCE), and
+        # those coming up now, since when.
+        self._to_start: queue.Queue[tuple[threading.Thread, FleetMember]] = queue.Queue()
+        self._coming_up: dict[FleetMember, float] = {}
+        self._turns = threading.Condition()
+        self.adopting_turn_limit = ADOPTING_TURN_LIMIT
         self.stopping = threading.Event()
         self._idle_since = time.monotonic()
         self._last_beat = 0.0
@@ -205,7 +233,10 @@ class SupervisorFleet:
         """Start supervising the backend's unfinished jobs (`among` those ids) of this key
         whose supervisor is not alive; how many were taken."""
         orphans: dict[str, str | None] = {}  # id -> its claim as read
-        for row in self.store.fleet.unfinished(self.backend, among):
+        rows = self.store.fleet.unfinished(self.backend, among)
+        # The jobs whose ranks run come up first: they have output to follow.
+        rows.sort(key=lambda row: row["state"] not in ("running", "starting"))
+        for row in rows:
             job_id = row["id"]
             if job_id in self.members or not self._mine(job_id):
                 continue
@@ -228,12 +259,37 @@ class SupervisorFleet:
         return len(orphans) if claimed is None else len(claimed)
 
     def _start(self, job_id: str, claimed: bool) -> None:
-        member = FleetMember(self.identity, claimed)
+        """The job's thread, started in its turn (`_start_in_turn`)."""
+        member = FleetMember(self.identity, claimed, self._came_up)
         thread = threading.Thread(
             target=self._supervise, args=(job_id, member), name=f"job-{job_id}", daemon=True
         )
         self.members[job_id] = (member, thread)
-        thread.start()
+        self._to_start.put((thread, member))
+
+    def _start_in_turn(self) -> None:
+        """Start the taken jobs' threads in order, ADOPTING_AT_ONCE coming up at a time (one
+        slower than ADOPTING_TURN_LIMIT, waiting for an API that went away say, no longer
+        counts)."""
+        while True:
+            thread, member = self._to_start.get()
+            with self._turns:
+                while True:
+                    now = time.monotonic()
+                    for slow, since in list(self._coming_up.items()):
+                        if now - since >= self.adopting_turn_limit:
+                            del self._coming_up[slow]
+                    if len(self._coming_up) < ADOPTING_AT_ONCE:
+                        break
+                    oldest = min(self._coming_up.values())
+                    self._turns.wait(oldest + self.adopting_turn_limit - now)
+                self._coming_up[member] = now
+            thread.start()
+
+    def _came_up(self, member: FleetMember) -> None:
+        with self._turns:
+            if self._coming_up.pop(member, None) is not None:
+                self._turns.notify()
 
     def _supervise(self, job_id: str, member: FleetMember) -> None:
         from .lifelines import StoreGone
@@ -245,6 +301,8 @@ class SupervisorFleet:
             log.warning("the supervision of %s stops: %s", job_id, exc)
         except Exception:
             log.exception("the supervision of %s failed", job_id)
+        finally:
+            member.came_up()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -256,6 +314,7 @@ class SupervisorFleet:
         _more_descriptors()
         store_watch = StoreWatch(self.store, None)
         watcher = StoreWatcher(self.store)
+        threading.Thread(target=self._start_in_turn, name="fleet-starter", daemon=True).start()
         try:
             self.adopt()
             while not self.stopping.is_set():
@@ -293,7 +352,7 @@ class SupervisorFleet:
     def _tend(self) -> None:
         """Forget ended members; one heartbeat for all the others."""
         for job_id, (_, thread) in list(self.members.items()):
-            if not thread.is_alive():
+            if thread.ident is not None and not thread.is_alive():  # (started, and ended)
                 del self.members[job_id]
         if self.members:
             self._idle_since = time.monotonic()
@@ -320,7 +379,8 @@ class SupervisorFleet:
 
     def _join_members(self, timeout: float | None) -> None:
         for _, thread in list(self.members.values()):
-            thread.join(timeout)
+            if thread.ident is not None:  # (one still waiting for its turn never starts)
+                thread.join(timeout)
 
     def stop(self, *_: Any) -> None:
         """SIGTERM: the fleet goes; its jobs live on (the next fleet adopts them)."""

@@ -19,9 +19,10 @@ class FleetRows:
         self.feed = feed
 
     def unfinished(self, backend: str, among: Collection[str] | None = None) -> list[sqlite3.Row]:
-        """(id, supervisor, heartbeat) of the backend's unfinished jobs (`among` those ids)."""
+        """(id, state, supervisor, heartbeat) of the backend's unfinished jobs (`among` those
+        ids)."""
         sql = (
-            "SELECT id, supervisor, heartbeat FROM jobs WHERE backend = ?"
+            "SELECT id, state, supervisor, heartbeat FROM jobs WHERE backend = ?"
             # Literal, as the partial index jobs_unfinished says it (schema.py): read from it.
             " AND state NOT IN ('succeeded', 'failed', 'cancelled')"
         )
