@@ -70,7 +70,8 @@ EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock 
 # The store connections a fleet keeps for its jobs' threads to borrow (database.py's lending):
 # a thread holds one only while its job has something to do.
 SPARE_CONNECTIONS = 8
-# How many jobs a fleet brings up at once (from its thread's start to its loop's first wait);
+# How many jobs a fleet brings up at once (from its thread's start to its backend following it,
+# JobContext.following, or its loop's first wait);
 # the others wait their turn, the running ones first. A thousand adopted at once shared the
 # GIL a thousand ways, and a running job was followed again only when all of them were.
 ADOPTING_AT_ONCE = 32
