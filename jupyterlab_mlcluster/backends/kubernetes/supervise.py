@@ -194,7 +194,6 @@ class _Attempt:
                 self.ctx.store, self.ctx.job.id, self.spec.workers
             )
         self.watches.start()
-        self.ctx.following()
         try:
             outcome = self._follow()
             self._drain(outcome)

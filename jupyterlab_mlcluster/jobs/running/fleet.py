@@ -70,10 +70,10 @@ EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock 
 # The store connections a fleet keeps for its jobs' threads to borrow (database.py's lending):
 # a thread holds one only while its job has something to do.
 SPARE_CONNECTIONS = 8
-# How many jobs a fleet brings up at once (from its thread's start to its backend following it,
-# JobContext.following, or its loop's first wait);
-# the others wait their turn, the running ones first. A thousand adopted at once shared the
-# GIL a thousand ways, and a running job was followed again only when all of them were.
+# How many of the jobs a fleet takes on its first look (a dead fleet's, say) come up at once
+# (from its thread's start to its loop's first long wait, when its news has calmed down); the
+# others wait their turn, the running ones first. A thousand adopted at once shared the GIL a
+# thousand ways, and a running job was followed again only when all of them were.
 ADOPTING_AT_ONCE = 32
 ADOPTING_TURN_LIMIT = 5.0  # a job slower than this to come up lets the next one start anyway
 
@@ -256,17 +256,22 @@ class SupervisorFleet:
             claimed = None
         for job_id in orphans:
             if claimed is None or job_id in claimed:
-                self._start(job_id, claimed is not None)
+                # A fleet's first look (or a resync) may take a thousand at once: in turns.
+                # A job submitted, or handed back, comes up at once.
+                self._start(job_id, claimed is not None, in_turn=among is None)
         return len(orphans) if claimed is None else len(claimed)
 
-    def _start(self, job_id: str, claimed: bool) -> None:
-        """The job's thread, started in its turn (`_start_in_turn`)."""
-        member = FleetMember(self.identity, claimed, self._came_up)
+    def _start(self, job_id: str, claimed: bool, in_turn: bool) -> None:
+        """The job's thread, started now or in its turn (`_start_in_turn`)."""
+        member = FleetMember(self.identity, claimed, self._came_up if in_turn else None)
         thread = threading.Thread(
             target=self._supervise, args=(job_id, member), name=f"job-{job_id}", daemon=True
         )
         self.members[job_id] = (member, thread)
-        self._to_start.put((thread, member))
+        if in_turn:
+            self._to_start.put((thread, member))
+        else:
+            thread.start()
 
     def _start_in_turn(self) -> None:
         """Start the taken jobs' threads in order, ADOPTING_AT_ONCE coming up at a time (one

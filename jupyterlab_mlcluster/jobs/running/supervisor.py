@@ -151,12 +151,6 @@ class JobContext:
             return CANCEL_POLL_INTERVAL
         return self.member.wait_length(active)
 
-    def following(self) -> None:
-        """The backend follows the job now (its objects made or adopted, its watches on): a
-        fleet lets the next job it takes come up (fleet.py's adopting turns)."""
-        if self.member is not None:
-            self.member.came_up()
-
     def on_wake(self, wake: Callable[[], None]) -> None:
         """`wake()` when the job has news its loop must look at (a fleet's cancel); the
         loop running now (a restart's attempt replaces the one before)."""
