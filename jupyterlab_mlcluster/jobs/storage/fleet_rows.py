@@ -38,38 +38,32 @@ class FleetRows:
         """Claim for `identity` each unfinished job of `held` (id -> its supervisor column as
         read) whose claim is still that, in one transaction: the ids claimed. A new fleet
         adopting a thousand jobs writes once, not a thousand claims queued for the lock."""
-        claimed: set[str] = set()
+        return self._swap_claims(held, identity)
+
+    def forget_holders(self, held: dict[str, str | None]) -> set[str]:
+        """Clear each unfinished job's claim of `held` that is still as read, in one
+        transaction: the ids cleared. One not cleared was claimed since (a new fleet
+        adopting its jobs while a reaper goes through the rows it read)."""
+        return self._swap_claims(held, None)
+
+    def _swap_claims(self, held: dict[str, str | None], claim: str | None) -> set[str]:
+        """Compare and set: each job's supervisor column from what was read to `claim` (a
+        claim beats at once). Each change is in the feed: a live fleet adopts a job whose
+        claim was forgotten, and a reader sees who holds it now."""
+        swapped: set[str] = set()
         now = time.time()
         with self.database.transaction() as db:
             for job_id, holder in held.items():
                 cur = db.execute(
-                    "UPDATE jobs SET supervisor = ?, heartbeat = ?, updated = ?"
-                    " WHERE id = ? AND supervisor IS ?"
+                    "UPDATE jobs SET supervisor = ?, heartbeat = COALESCE(?, heartbeat),"
+                    " updated = ? WHERE id = ? AND supervisor IS ?"
                     " AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-                    (identity, now, now, job_id, holder),
+                    (claim, now if claim is not None else None, now, job_id, holder),
                 )
                 if cur.rowcount == 1:
                     self.feed.record(db, job_id, Change.JOB)
-                    claimed.add(job_id)
-        return claimed
-
-    def forget_holders(self, held: dict[str, str | None]) -> set[str]:
-        """Clear each job's claim of `held` (id -> its supervisor column as read) that is
-        still that, in one transaction: the ids cleared. One not cleared was claimed since
-        (a new fleet adopting its jobs while a reaper goes through the rows it read)."""
-        cleared: set[str] = set()
-        now = time.time()
-        with self.database.transaction() as db:
-            for job_id, holder in held.items():
-                cur = db.execute(
-                    "UPDATE jobs SET supervisor = NULL, updated = ?"
-                    " WHERE id = ? AND supervisor IS ?",
-                    (now, job_id, holder),
-                )
-                if cur.rowcount == 1:  # (a live fleet adopts the job on this change)
-                    self.feed.record(db, job_id, Change.JOB)
-                    cleared.add(job_id)
-        return cleared
+                    swapped.add(job_id)
+        return swapped
 
     def beat(self, identity: str) -> None:
         """Every unfinished job held by `identity` (its supervisor column, which names one
