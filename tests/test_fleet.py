@@ -17,13 +17,13 @@ from helpers import wait_for
 from jupyterlab_mlcluster.jobs.model import JobSpec, JobState
 from jupyterlab_mlcluster.jobs.record import JobRecord
 from jupyterlab_mlcluster.jobs.running.fleet import (
-    ADOPTING_AT_ONCE,
     FleetLock,
     FleetMember,
     SupervisorFleet,
     ensure_fleet,
     lock_path,
 )
+from jupyterlab_mlcluster.jobs.running.turns import ADOPTING_AT_ONCE
 from jupyterlab_mlcluster.jobs.storage.store import JobStore
 
 KEY = "kubernetes-0123456789abcdef"
@@ -151,8 +151,8 @@ def test_a_fleet_brings_its_jobs_up_a_few_at_a_time_the_running_ones_first(store
             done.wait(60)
 
     fleet = Probe(store, "kubernetes", KEY)
-    fleet.adopting_turn_limit = 600.0  # (none is slow here: turns end only by coming up)
-    threading.Thread(target=fleet._start_in_turn, daemon=True).start()
+    fleet.turns.turn_limit = 600.0  # (none is slow here: turns end only by coming up)
+    fleet.turns.run_starter()
     try:
         assert fleet.adopt() == total
         wait_for(lambda: len(started) == ADOPTING_AT_ONCE, message="the first turns")

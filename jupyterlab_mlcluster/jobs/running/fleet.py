@@ -35,7 +35,6 @@ import functools
 import json
 import logging
 import os
-import queue
 import resource
 import signal
 import sqlite3
@@ -51,6 +50,7 @@ from ..storage.store import JobStore
 from ..storage.watch import StoreWatcher
 from .lifelines import StoreWatch
 from .processes import holder_alive, process_is, start_detached
+from .turns import StartInTurns
 
 log = logging.getLogger("jupyterlab_mlcluster.fleet")
 
@@ -70,12 +70,6 @@ EXITING_HOLDER_WAIT = 10.0  # a starter waits this long for a dead fleet's lock 
 # The store connections a fleet keeps for its jobs' threads to borrow (database.py's lending):
 # a thread holds one only while its job has something to do.
 SPARE_CONNECTIONS = 8
-# How many of the jobs a fleet takes on its first look (a dead fleet's, say) come up at once
-# (from its thread's start to its loop's first long wait, when its news has calmed down); the
-# others wait their turn, the running ones first. A thousand adopted at once shared the GIL a
-# thousand ways, and a running job was followed again only when all of them were.
-ADOPTING_AT_ONCE = 32
-ADOPTING_TURN_LIMIT = 5.0  # a job slower than this to come up lets the next one start anyway
 
 
 def fleets_dir(store_root: Path) -> Path:
@@ -212,12 +206,7 @@ class SupervisorFleet:
         self.identity = {**identity(), "fleet": key}
         self.claim_text = json.dumps(self.identity)
         self.members: dict[str, tuple[FleetMember, threading.Thread]] = {}
-        # Jobs taken, whose threads wait for a turn at coming up (ADOPTING_AT_ONCE), and
-        # those coming up now, since when.
-        self._to_start: queue.Queue[tuple[threading.Thread, FleetMember]] = queue.Queue()
-        self._coming_up: dict[FleetMember, float] = {}
-        self._turns = threading.Condition()
-        self.adopting_turn_limit = ADOPTING_TURN_LIMIT
+        self.turns = StartInTurns()  # the jobs of its first look come up in turns (turns.py)
         self.stopping = threading.Event()
         self._idle_since = time.monotonic()
         self._last_beat = 0.0
@@ -262,40 +251,16 @@ class SupervisorFleet:
         return len(orphans) if claimed is None else len(claimed)
 
     def _start(self, job_id: str, claimed: bool, in_turn: bool) -> None:
-        """The job's thread, started now or in its turn (`_start_in_turn`)."""
-        member = FleetMember(self.identity, claimed, self._came_up if in_turn else None)
+        """The job's thread, started now or in its turn (`turns`)."""
+        member = FleetMember(self.identity, claimed, self.turns.up if in_turn else None)
         thread = threading.Thread(
             target=self._supervise, args=(job_id, member), name=f"job-{job_id}", daemon=True
         )
         self.members[job_id] = (member, thread)
         if in_turn:
-            self._to_start.put((thread, member))
+            self.turns.put(thread, member)
         else:
             thread.start()
-
-    def _start_in_turn(self) -> None:
-        """Start the taken jobs' threads in order, ADOPTING_AT_ONCE coming up at a time (one
-        slower than ADOPTING_TURN_LIMIT, waiting for an API that went away say, no longer
-        counts)."""
-        while True:
-            thread, member = self._to_start.get()
-            with self._turns:
-                while True:
-                    now = time.monotonic()
-                    for slow, since in list(self._coming_up.items()):
-                        if now - since >= self.adopting_turn_limit:
-                            del self._coming_up[slow]
-                    if len(self._coming_up) < ADOPTING_AT_ONCE:
-                        break
-                    oldest = min(self._coming_up.values())
-                    self._turns.wait(oldest + self.adopting_turn_limit - now)
-                self._coming_up[member] = now
-            thread.start()
-
-    def _came_up(self, member: FleetMember) -> None:
-        with self._turns:
-            if self._coming_up.pop(member, None) is not None:
-                self._turns.notify()
 
     def _supervise(self, job_id: str, member: FleetMember) -> None:
         from .lifelines import StoreGone
@@ -320,7 +285,7 @@ class SupervisorFleet:
         _more_descriptors()
         store_watch = StoreWatch(self.store, None)
         watcher = StoreWatcher(self.store)
-        threading.Thread(target=self._start_in_turn, name="fleet-starter", daemon=True).start()
+        self.turns.run_starter()
         try:
             self.adopt()
             while not self.stopping.is_set():
