@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from helpers import run_cli, session_cell
 
+from jupyterlab_mlcluster.jobs.lifecycle import RankUpdates, clean_progress
 from jupyterlab_mlcluster.jobs.model import JobSpec
 from jupyterlab_mlcluster.jobs.storage.series import (
     NAMES_FILE,
@@ -82,6 +83,39 @@ def test_every_step_logged_is_kept_and_bad_values_are_said(service, store_dir):
     csv = run_cli("metrics", job_id, "--csv").stdout.splitlines()
     assert csv[0] == "name,rank,step,value,time" and len(csv) == 1 + 600 + 600 + 2
     assert csv[1].startswith("loss,0,0,1.0,")
+
+
+def test_a_batch_read_again_is_kept_once(tmp_path):
+    """A supervisor may read a rank's output again: a pod log re-opened from its start (the
+    stream ended before the watch saw the pod end), or a new supervisor adopting the job.
+    Each batch is numbered by its process; one kept before is not kept again, by this
+    supervisor or the next, and a restarted rank's (another process) starts anew."""
+
+    def report(origin: str, n: int, step: int) -> dict:
+        points = [[step, 1000.0 * (step + 1), {"loss": 1.0 / (step + 1)}]]
+        return clean_progress({"series": points, "batch": [origin, n]})
+
+    def steps() -> list:
+        return read_series(tmp_path, ["loss"])["series"][0]["steps"]  # rank 0's
+
+    writer = SeriesWriter(tmp_path, print)
+    updates = RankUpdates(None, series=lambda: writer)  # type: ignore[arg-type]
+    stream = [report("aa", n, n) for n in range(3)]
+    for progress in stream + stream:  # the whole log read twice
+        updates.update(0, progress=dict(progress))
+    assert steps() == [0, 1, 2]
+    assert updates.pending == {}  # a series report moves no progress bar
+    writer.close()
+
+    adopting = SeriesWriter(tmp_path, print)
+    updates = RankUpdates(None, series=lambda: adopting)  # type: ignore[arg-type]
+    for progress in stream + [report("aa", 3, 3), report("bb", 0, 4)]:
+        updates.update(0, progress=dict(progress))
+    updates.update(1, progress=report("aa", 0, 9))  # another rank's numbers are its own
+    updates.update(0, progress=clean_progress({"series": [[5, 6000.0, {"loss": 0.5}]]}))
+    adopting.close()
+    assert steps() == [0, 1, 2, 3, 4, 5]
+    assert [s["steps"] for s in read_series(tmp_path, None)["series"]] == [[0, 1, 2, 3, 4, 5], [9]]
 
 
 def test_the_store_keeps_only_finite_numbers_under_good_names(tmp_path):

@@ -246,18 +246,32 @@ class RankUpdates:
         self.series = series or (lambda: ctx.series)
         self.pending: dict[int, dict[str, Any]] = {}
         self.last_flush = 0.0
+        # Each rank's last numbered series batch kept (across a session's cells).
+        self.batches: dict[int, tuple[str, int]] = {}
 
     def update(self, rank: int, **fields: Any) -> None:
         progress = fields.get("progress")
         if isinstance(progress, dict) and "series" in progress:
             # `mlc.log` rides on the progress report: its points are the job's series
             # (kept at once, in order), and a report with no step of its own moves no bar.
-            self.series().add(rank, progress.pop("series"))
+            points, batch = progress.pop("series"), _batch_number(progress.pop("batch", None))
+            if batch is None or self._first_time(rank, batch):
+                self.series().add(rank, points, batch=batch)
             if progress.get("step") is None:
                 del fields["progress"]
                 if not fields:
                     return
         self.pending.setdefault(rank, {}).update(fields)
+
+    def _first_time(self, rank: int, batch: tuple[str, int]) -> bool:
+        """Whether `rank`'s numbered batch is new. The rank's output read again (a pod log
+        re-opened, a job adopted) brings its batches again; a batch of a new process
+        (another origin: a restarted rank) is new."""
+        last = self.batches.get(rank) or self.series().last_batch(rank)
+        if last is not None and last[0] == batch[0] and batch[1] <= last[1]:
+            return False
+        self.batches[rank] = batch
+        return True
 
     def get(self, rank: int, key: str) -> Any:
         return self.pending.get(rank, {}).get(key)
@@ -269,6 +283,15 @@ class RankUpdates:
             self.ctx.set_ranks(self.pending)
             self.pending = {}
             self.last_flush = now
+
+
+def _batch_number(batch: Any) -> tuple[str, int] | None:
+    """A series record's number, (origin, n) (runtime/scalars.py); None if it has none."""
+    try:
+        origin, number = batch
+        return str(origin)[:32], int(number)
+    except (TypeError, ValueError):
+        return None
 
 
 PROGRESS_DESC_MAX = 200  # characters of a progress report's description kept
@@ -290,6 +313,7 @@ def clean_progress(value: dict[str, Any]) -> dict[str, Any]:
     }
     if "series" in value:  # `mlc.log`'s points: RankUpdates hands them to the series store
         clean["series"] = value["series"]
+        clean["batch"] = value.get("batch")
     return clean
 
 

@@ -6,8 +6,10 @@ FLUSH_INTERVAL, or when MAX_BATCH points or FLUSH_BYTES of encoded text wait, fr
 caller or from a small daemon thread (a rank that stops logging still has its last points
 sent), and at the end of the rank's code.
 The record rides on the progress report (`{"type": "progress", "series": [[step, epoch ms,
-{name: value}], ...]}`, no `step`), which every backend's supervisor already reads;
-jobs/storage/series.py keeps it.
+{name: value}], ...], "batch": [origin, n]}`, no `step`), which every backend's supervisor
+already reads; jobs/storage/series.py keeps it. `batch` numbers this process's records
+(`origin` is drawn when it first logs): a supervisor that reads a rank's output again (a pod
+log re-opened, a job adopted) keeps each batch once (lifecycle.RankUpdates).
 
 Values must be finite real numbers (an int, a float, a NumPy or 0-d torch scalar); others
 are dropped, and the first drop of each name says so on stderr. A job logs at most
@@ -74,6 +76,8 @@ class _Log:
         self.capped = False
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
+        self.origin = os.urandom(4).hex()  # this process's batches (a forked child: its own)
+        self.sent = 0  # records sent, under `sending`
 
     def say(self, key: str, text: str) -> None:
         if key not in self.said:
@@ -220,7 +224,9 @@ def flush() -> None:
             points, state.points = state.points, []
             state.bytes = 0
         if points:
-            reporting.send({"type": "progress", "series": points})
+            batch = [state.origin, state.sent]
+            state.sent += 1
+            reporting.send({"type": "progress", "series": points, "batch": batch})
 
 
 def _start_thread(state: _Log) -> None:

@@ -350,9 +350,12 @@ def test_timeout_stops_the_job(k8s, player, kube, kube_namespace):
 
 GATED_CELL = """
 import os, time
+from jupyterlab_mlcluster import log
+log(loss=1.0)
 print("before", flush=True)
 while not os.path.exists("go"):
     time.sleep(0.05)
+log(loss=0.5)
 print("after", flush=True)
 "adopted"
 """  # waits for a file "go" in its working directory
@@ -368,6 +371,7 @@ def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube,
     player.schedule(pod)
     run = player.run_rank(pod)
     wait_for(lambda: log_text(service, record.id) == ["0:before"], message="the first line stored")
+    wait_for(lambda: loss_steps(service, record.id) == [0], message="the first point stored")
     first = record_of(service, record.id).supervisor
     os.kill(first["pid"], signal.SIGKILL)
     wait_for(lambda: process_gone(first["pid"]), message="the supervisor gone")
@@ -395,7 +399,13 @@ def test_a_new_supervisor_adopts_the_job_and_resumes_its_logs(k8s, player, kube,
     )
     assert creates == 1
     assert log_text(service, record.id) == ["0:before", "0:after"]
+    assert loss_steps(service, record.id) == [0, 1]  # the first point read again, kept once
     assert objects_of(kube, kube_namespace, record.id) == {}
+
+
+def loss_steps(service: JobService, job_id: str) -> list:
+    found = read_series(service.store.job_dir(job_id), ["loss"])["series"]
+    return found[0]["steps"] if found else []
 
 
 # -- Kueue --------------------------------------------------------------------------------------------

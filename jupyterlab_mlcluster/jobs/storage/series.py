@@ -1,8 +1,9 @@
 """A job's logged series (`mlc.log`, the Trainer callback, the Lightning logger, TensorBoard
 scalars): kept whole in the job's directory, appended to by its supervisor only.
 
-`series.jsonl` holds one line per batch a rank sent: `{"r": rank, "p": [[step, time,
-{name: value}], ...]}`; `series-names.json` the sorted names so far (written when one is
+`series.jsonl` holds one line per batch a rank sent: `{"r": rank, "b": [origin, n], "p":
+[[step, time, {name: value}], ...]}` (`b`: the batch's number, runtime/scalars.py; absent
+for TensorBoard's); `series-names.json` the sorted names so far (written when one is
 new, so a reader learns them without reading every point). A cursor is a byte offset into
 `series.jsonl`, always just after a newline. What a rank sends is user code's: the writer
 keeps only finite numbers under valid names, at most MAX_SERIES names a job, and says once
@@ -51,9 +52,27 @@ class SeriesWriter:
         self._max = max_series
         self.names: set[str] = set(read_names(job_dir))  # an adopted job's earlier names
         self._file: Any = None
+        self._last_batches: dict[int, tuple[str, int]] | None = None  # read when first asked
 
-    def add(self, rank: int, points: Any, *, source: str = "mlc.log") -> int:
-        """Append `rank`'s batch; returns how many points were kept."""
+    def last_batch(self, rank: int) -> tuple[str, int] | None:
+        """The number of `rank`'s last batch stored here (by this writer or an earlier
+        supervisor's: read from the file once), so that one read again is known."""
+        if self._last_batches is None:
+            self._last_batches = _stored_batches(self._path)
+        return self._last_batches.get(rank)
+
+    def add(
+        self,
+        rank: int,
+        points: Any,
+        *,
+        source: str = "mlc.log",
+        batch: tuple[str, int] | None = None,
+    ) -> int:
+        """Append `rank`'s batch (numbered `batch`, if it is); returns how many points were
+        kept."""
+        if batch is not None:
+            self._note(rank, batch)
         kept: list[list[Any]] = []
         new_names = False
         for point in points[:MAX_POINTS] if isinstance(points, list) else []:
@@ -95,8 +114,7 @@ class SeriesWriter:
                 _write_names(self._names_path, self.names)
             if self._file is None:
                 self._file = open(self._path, "ab", buffering=0)  # held open until close()
-            line = json.dumps({"r": rank, "p": kept}, separators=(",", ":"), allow_nan=False)
-            data = line.encode() + b"\n"
+            data = _line(rank, batch, kept)
             if self._max_bytes and self._written + len(data) > self._max_bytes:
                 self._once(
                     "bytes",
@@ -109,6 +127,11 @@ class SeriesWriter:
             self._written += len(data)
         return len(kept)
 
+    def _note(self, rank: int, batch: tuple[str, int]) -> None:
+        self.last_batch(rank)  # the file read first: what it held before this batch
+        assert self._last_batches is not None
+        self._last_batches[rank] = batch
+
     def _once(self, key: str, text: str) -> None:
         if key not in self._said:
             self._said.add(key)
@@ -120,6 +143,13 @@ class SeriesWriter:
             self._file = None
 
 
+def _line(rank: int, batch: tuple[str, int] | None, kept: list[list[Any]]) -> bytes:
+    entry: dict[str, Any] = {"r": rank, "p": kept}
+    if batch is not None:
+        entry = {"r": rank, "b": list(batch), "p": kept}  # "p" last: _stored_batches
+    return json.dumps(entry, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
 def _compact(number: float) -> float | int:
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
 
@@ -128,6 +158,25 @@ def _write_names(path: Path, names: Iterable[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(sorted(names)))
     os.replace(tmp, path)
+
+
+def _stored_batches(path: Path) -> dict[int, tuple[str, int]]:
+    """Each rank's last numbered batch in the series file, read from each line's head
+    (its points are not parsed)."""
+    last: dict[int, tuple[str, int]] = {}
+    try:
+        with open(path, "rb") as file:
+            for raw in file:
+                head = raw[: raw.find(b',"p":')] + b"}"
+                try:
+                    entry = json.loads(head)
+                    origin, number = entry["b"]
+                    last[int(entry["r"])] = (str(origin), int(number))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        pass
+    return last
 
 
 def read_names(job_dir: Path) -> list[str]:
