@@ -5,8 +5,8 @@ or deleted; a pod or StatefulSet status change; a periodic resync) runs the same
 steps: compute the desired objects, create what is missing, patch what drifted, recompute the
 status. Names are deterministic and every child carries its ownerReference from the create
 call on, so a controller killed at any moment leaves nothing it cannot finish or that the
-garbage collector will not clean up. kopf indexes mirror the owned objects in memory, so a
-reconcile that finds everything in shape makes no API call at all.
+garbage collector will not clean up. A kopf index mirrors the Notebooks and owned.py the
+objects they own, so a reconcile that finds everything in shape makes no API call at all.
 
 Resync and culling run as the controller's own loops over those indexes rather than as kopf
 timers: kopf puts a finalizer on every object that has a timer, and a Notebook must stay
@@ -41,30 +41,15 @@ from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
 from .kube import KubeClient, connection_info
 from .metrics import OWNED_EVENTS, RECONCILE_ERRORS, RECONCILES, MetricsServer
 from .namespaces import foreign_owner_error
+from .owned import API_VERSIONS, OWNED_KINDS, OwnedObjects, notebook_of
 from .owners import NamespaceOwners
-from .slim import slim_notebook, slim_owned, slim_pod
+from .slim import slim_notebook
 from .status import compute_status, status_changed
 
 log = logging.getLogger("notebook_controller")
 NotebookKey = tuple[str, str]  # namespace, name
-# Owned kinds watched for drift: kopf resource spec -> kind.
-CHILD_RESOURCES: dict[tuple[str, str] | tuple[str, str, str], str] = {
-    ("apps", "v1", "statefulsets"): "StatefulSet",
-    ("", "v1", "services"): "Service",
-    ("", "v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
-    ("networking.istio.io", "virtualservices"): "VirtualService",
-    ("security.istio.io", "authorizationpolicies"): "AuthorizationPolicy",
-}
-_INDEX_OF_KIND = {
-    "StatefulSet": "owned_statefulsets",
-    "Service": "owned_services",
-    "PersistentVolumeClaim": "owned_claims",
-    "VirtualService": "owned_virtualservices",
-    "AuthorizationPolicy": "owned_authorizationpolicies",
-}
 _PERMANENT_STATUSES = frozenset({400, 403, 422})
 KOPF_PREFIX = f"kopf.{GROUP}"
-INDEX_NAMES = ("notebooks", *_INDEX_OF_KIND.values(), "owned_pods")
 
 
 def _now() -> datetime.datetime:
@@ -85,20 +70,13 @@ def _one(index: Any, key: Any, owner_uid: str | None = None) -> dict[str, Any] |
     return (live or values or [None])[-1]
 
 
+def _logger_of(notebook: Mapping[str, Any]) -> Any:
+    meta = notebook["metadata"]
+    return logging.LoggerAdapter(log, {"notebook": f"{meta['namespace']}/{meta['name']}"})
+
+
 def _owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or [])
-
-
-def _notebook_owner(obj: Mapping[str, Any]) -> str | None:
-    """The name of the Notebook that controls ``obj`` (its controller ownerReference)."""
-    for ref in obj["metadata"].get("ownerReferences") or []:
-        if (
-            ref.get("kind") == KIND
-            and ref.get("controller")
-            and ref.get("apiVersion", "").startswith(f"{GROUP}/")
-        ):
-            return str(ref.get("name"))
-    return None
 
 
 class NotOurs(Exception):
@@ -128,6 +106,9 @@ class NotebookController:
         self.owners: NamespaceOwners | None = None
         self._kopf_state: list[MemoryProgressStorage | MemoryDiffBaseStorage] = []
         self.metrics = MetricsServer()
+        # What the Notebooks own, mirrored by watches of our own (owned.py), not kopf's.
+        self.owned = OwnedObjects(self._owned_changed, config.namespaces)
+        self._handling: set[asyncio.Task[None]] = set()  # owned events being handled
 
     # -- lifecycle -----------------------------------------------------------------------
     async def startup(self, logger: logging.Logger, **kwargs: Any) -> None:
@@ -140,8 +121,9 @@ class NotebookController:
             self.istio.networking,
             self.istio.security,
         )
-        # kopf gives startup handlers its live (still empty) indexes; the loops read them later.
-        self.indexes = {name: kwargs[name] for name in INDEX_NAMES if name in kwargs}
+        # kopf gives startup handlers its live (still empty) index; the loops read it later.
+        self.indexes = {"notebooks": kwargs.get("notebooks"), **self.owned.indexes}
+        await self.owned.start(self.config.kubeconfig, self._owned_kinds())
         settings = kwargs.get("settings")
         if settings is not None:  # kopf's state of each Notebook, forgotten once it is gone
             self._kopf_state = [
@@ -173,6 +155,7 @@ class NotebookController:
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await asyncio.to_thread(self.owned.stop)
         if self.http is not None:
             await self.http.close()
         if self.kube is not None:
@@ -189,7 +172,17 @@ class NotebookController:
                     await self.kube.served_versions("security.istio.io")
                 ),
             )
+            self.owned.watch(self._owned_kinds())  # (if it is started: startup does that)
         return self.istio
+
+    def _owned_kinds(self) -> dict[str, str]:
+        """What Notebooks own, kind -> apiVersion: the Istio kinds once they are served."""
+        kinds = dict(API_VERSIONS)
+        if self.config.use_istio and self.istio.networking:
+            kinds["VirtualService"] = f"networking.istio.io/{self.istio.networking}"
+        if self.config.use_istio and self.istio.security:
+            kinds["AuthorizationPolicy"] = f"security.istio.io/{self.istio.security}"
+        return kinds
 
     async def refusal(self, notebook: Mapping[str, Any]) -> str | None:
         """Why this Notebook gets no children at all: its owner is not one identity, or is not
@@ -216,34 +209,14 @@ class NotebookController:
         async with self._lock(key), self._slots:
             yield
 
-    # -- indexes (kopf keeps them current from its watches) --------------------------------
+    # -- the Notebooks' index (kopf keeps it current from its watch) ------------------------
     # Index values are read, never changed; each keeps only what the handlers read (slim.py).
-    # Coroutines: kopf runs a plain function in a thread, a hop per event.
+    # A coroutine: kopf runs a plain function in a thread, a hop per event.
     @staticmethod
     async def index_notebook(
         namespace: str, name: str, body: Mapping[str, Any], **_: Any
     ) -> dict[NotebookKey, Any]:
         return {(namespace, name): slim_notebook(body)}
-
-    async def index_owned(
-        self, namespace: str, body: Mapping[str, Any], **_: Any
-    ) -> dict[NotebookKey, Any]:
-        """Children by the Notebook their ownerReference names (uids are checked on use)."""
-        owner = _notebook_owner(body)
-        if not owner:
-            return {}
-        index = self.indexes.get(_INDEX_OF_KIND.get(str(body.get("kind")), ""))
-        uid = body["metadata"].get("uid")
-        kept = index.get((namespace, owner), ()) if index is not None else ()
-        previous = next((v for v in kept if v["metadata"].get("uid") == uid), None)
-        return {(namespace, owner): slim_owned(body, previous)}
-
-    @staticmethod
-    async def index_pod(
-        namespace: str, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
-    ) -> dict[NotebookKey, Any]:
-        """Pods by label (their owner is the StatefulSet, whose uid is checked on use)."""
-        return {(namespace, labels[objects.LABEL_NOTEBOOK]): slim_pod(body)}
 
     # -- reconciling ---------------------------------------------------------------------
     async def on_notebook(
@@ -259,7 +232,7 @@ class NotebookController:
             # A full pass trusts the object's own status, not our memory of writing it.
             self._written.pop(key, None)
             with RECONCILES.time():
-                error = await self._reconcile(notebook, kwargs, logger)
+                error = await self._reconcile(notebook, self.indexes, logger)
         if error:
             RECONCILE_ERRORS.inc()
             raise kopf.TemporaryError(error, delay=self.config.retry_delay)
@@ -286,6 +259,7 @@ class NotebookController:
         meta = notebook["metadata"]
         key = (meta["namespace"], meta["name"])
         istio = await self.discover_istio()
+        await self.owned.listed()  # (before, it would create what exists)
         errors = []
         refused = await self.refusal(notebook)
         if refused:
@@ -303,7 +277,7 @@ class NotebookController:
         for desired in objects.desired_children(notebook, self.config, istio):
             if only_kind is not None and desired["kind"] != only_kind:
                 continue
-            actual = _one(indexes.get(_INDEX_OF_KIND[desired["kind"]]), key, meta["uid"])
+            actual = _one(indexes.get(OWNED_KINDS[desired["kind"]][0]), key, meta["uid"])
             try:
                 await self._ensure(desired, actual, logger)
             except NotOurs as exc:
@@ -364,7 +338,7 @@ class NotebookController:
         assert self.kube is not None
         meta = notebook["metadata"]
         key = (meta["namespace"], meta["name"])
-        sts = _one(indexes.get(_INDEX_OF_KIND["StatefulSet"]), key, meta["uid"])
+        sts = _one(indexes.get(OWNED_KINDS["StatefulSet"][0]), key, meta["uid"])
         pod = _one(indexes.get("owned_pods"), key, sts["metadata"]["uid"]) if sts else None
         status = compute_status(notebook, sts, pod, self._errors.get(key))
         if not status_changed(notebook, status):
@@ -395,24 +369,31 @@ class NotebookController:
             return None
         return notebook
 
-    def owned_event_matters(self, type: str | None, body: Mapping[str, Any], **_: Any) -> bool:
-        """kopf's filter of on_owned_event: the initial listing (resume handles that) and the
-        echoes of our own writes go no further (kopf's setting up of a handler's call was
-        most of the cost of such an event). An echo that comes before its write's reply is
-        told apart in the handler."""
-        return type is not None and not self.own_writes.is_echo(type, body)
+    def _owned_changed(self, kind: str, type: str, body: dict[str, Any]) -> None:
+        """A watch event of an owned object (owned.py, in the event loop, the index already
+        has it): a pod's refreshes its Notebook's status; any other object's is put back in
+        shape, unless it is the echo of our own write (most of a burst's events: nothing to
+        do). An echo that comes before its write's reply is told apart in on_owned_event."""
+        if kind == "Pod":
+            work = self.on_pod_event(body)
+        elif not self.own_writes.is_echo(type, body):
+            work = self.on_owned_event(type, body)
+        else:
+            return
+        task = asyncio.create_task(work)
+        self._handling.add(task)
+        task.add_done_callback(self._handled)
 
-    async def on_owned_event(
-        self,
-        type: str | None,
-        body: Mapping[str, Any],
-        namespace: str,
-        logger: logging.Logger,
-        **kwargs: Any,
-    ) -> None:
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Handling an owned object's event failed", exc_info=task.exception())
+
+    async def on_owned_event(self, type: str, body: Mapping[str, Any]) -> None:
         """An owned object changed or went away: put it back, and refresh the status."""
-        notebook = self._notebook(kwargs, namespace, _notebook_owner(body) or "")
-        if notebook is None or type is None:  # type None: initial listing; resume handles that
+        namespace = body["metadata"].get("namespace") or ""
+        notebook = self._notebook(self.indexes, namespace, notebook_of(body) or "")
+        if notebook is None:
             return
         if not _owned_by(body, notebook["metadata"]["uid"]):
             return  # an earlier notebook's, or one only labelled like ours
@@ -423,14 +404,18 @@ class NotebookController:
             for c in objects.desired_children(notebook, self.config, self.istio)
         ):
             return  # e.g. a PVC that is no longer wanted
-        # In the notebook's turn: the event of a create can come before its reply, and the
-        # reconcile that made the object holds the turn until the reply is in.
-        async with self._turn((namespace, notebook["metadata"]["name"])):
+        logger = _logger_of(notebook)
+        # Under the notebook's lock: the event of a create can come before its reply (most
+        # do, from a watch thread), and the reconcile that made the object holds the lock
+        # until the reply is in. Only then a reconcile slot: an echo waiting behind every
+        # Notebook queued for one held its object meanwhile (at 3,000 Notebooks, 50 MiB).
+        async with self._lock((namespace, notebook["metadata"]["name"])):
             if self.own_writes.is_echo(type, body):
                 return
             OWNED_EVENTS.labels(outcome="reconciled").inc()
             try:
-                await self._reconcile(notebook, kwargs, logger, only_kind=kind)
+                async with self._slots:
+                    await self._reconcile(notebook, self.indexes, logger, only_kind=kind)
             except (KubeError, kopf.TemporaryError) as exc:
                 logger.warning(
                     "Could not repair %s %s yet (the resync will): %s",
@@ -439,22 +424,16 @@ class NotebookController:
                     exc,
                 )
 
-    async def on_pod_event(
-        self,
-        type: str | None,
-        namespace: str,
-        labels: Mapping[str, str],
-        logger: logging.Logger,
-        **kwargs: Any,
-    ) -> None:
-        notebook = self._notebook(kwargs, namespace, labels.get(objects.LABEL_NOTEBOOK, ""))
+    async def on_pod_event(self, body: Mapping[str, Any]) -> None:
+        namespace = body["metadata"].get("namespace") or ""
+        notebook = self._notebook(self.indexes, namespace, notebook_of(body) or "")
         if notebook is None:
             return
         async with self._turn((namespace, notebook["metadata"]["name"])):
             try:
-                await self._write_status(notebook, kwargs)
+                await self._write_status(notebook, self.indexes)
             except KubeError as exc:
-                logger.warning(
+                _logger_of(notebook).warning(
                     "Could not update the status of %s: %s", notebook["metadata"]["name"], exc
                 )
 
@@ -521,10 +500,10 @@ class NotebookController:
             storage.forget_except(uids)
         for notebook in notebooks:
             meta = notebook["metadata"]
-            logger = logging.LoggerAdapter(log, {"notebook": f"{meta['namespace']}/{meta['name']}"})
+            logger = _logger_of(notebook)
             self._written.pop((meta["namespace"], meta["name"]), None)
             try:
-                await self.reconcile(notebook, self.indexes, logger)  # type: ignore[arg-type]
+                await self.reconcile(notebook, self.indexes, logger)
             except (KubeError, kopf.TemporaryError, aiohttp.ClientError) as exc:
                 log.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 
@@ -545,9 +524,6 @@ def build_settings(config: ControllerConfig) -> kopf.OperatorSettings:
     settings.watching.client_timeout = 660
     settings.peering.standalone = True
     settings.persistence.finalizer = f"{GROUP}/notebook-controller"  # none is expected to be added
-    selector = objects.LABEL_NOTEBOOK  # "label exists": only notebooks' objects are streamed
-    for resource in [*CHILD_RESOURCES, ("", "v1", "pods")]:
-        settings.watching.label_selectors[resource] = selector
     return settings
 
 
@@ -564,27 +540,6 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(controller.login)
     kopf.index(*notebooks, registry=registry, id="notebooks")(
         controller.index_notebook  # type: ignore[arg-type]
-    )
-    for resource, kind in CHILD_RESOURCES.items():
-        if not config.use_istio and resource[0].endswith("istio.io"):
-            continue
-        present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
-        kopf.index(*resource, labels=present, registry=registry, id=_INDEX_OF_KIND[kind])(
-            controller.index_owned  # type: ignore[arg-type]
-        )
-        kopf.on.event(
-            *resource,
-            labels=present,
-            when=controller.owned_event_matters,
-            registry=registry,
-            id=f"repair_{kind.lower()}",
-        )(controller.on_owned_event)  # type: ignore[arg-type]
-    present = {objects.LABEL_NOTEBOOK: kopf.PRESENT}
-    kopf.index("", "v1", "pods", labels=present, registry=registry, id="owned_pods")(
-        controller.index_pod  # type: ignore[arg-type]
-    )
-    kopf.on.event("", "v1", "pods", labels=present, registry=registry, id="pod_status")(
-        controller.on_pod_event  # type: ignore[arg-type]
     )
     if config.mirror_events:
         kopf.on.event("", "v1", "events", registry=registry, id="mirror_events")(
