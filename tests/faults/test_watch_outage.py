@@ -87,6 +87,13 @@ def test_the_notebook_watch_idles_through_an_outage_and_catches_up(
     try:
         kube.wait_for(lambda: "before" in seen, message="the first list")
         kube.wait_for(lambda: len(watch._threads) == 2, message="both followers")
+        # ... and both listed: the events follower's first list imports the kubernetes
+        # client's typed API (its pydantic models: some 1.5 s of CPU, once per process),
+        # which is not what an outage costs.
+        kube.wait_for(
+            lambda: watch.notebooks.lists >= 1 and watch.events.lists >= 1,
+            message="both followers' first lists",
+        )
         threads = {t.native_id for t in watch._threads if t.native_id is not None}
         figures = []
         for fault in ("refuse", "hang"):
