@@ -219,9 +219,7 @@ class NotebookController:
         return {(namespace, name): slim_notebook(body)}
 
     # -- reconciling ---------------------------------------------------------------------
-    async def on_notebook(
-        self, body: Mapping[str, Any], logger: logging.Logger, **kwargs: Any
-    ) -> None:
+    async def on_notebook(self, body: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
         """create/update/resume/resync: bring every owned object and the status in line."""
         meta = body["metadata"]
         if meta.get("deletionTimestamp"):
@@ -232,7 +230,7 @@ class NotebookController:
             # A full pass trusts the object's own status, not our memory of writing it.
             self._written.pop(key, None)
             with RECONCILES.time():
-                error = await self._reconcile(notebook, self.indexes, logger)
+                error = await self._reconcile(notebook, logger)
         if error:
             RECONCILE_ERRORS.inc()
             raise kopf.TemporaryError(error, delay=self.config.retry_delay)
@@ -240,18 +238,16 @@ class NotebookController:
     async def reconcile(
         self,
         notebook: dict[str, Any],
-        indexes: Mapping[str, Any],
         logger: logging.Logger,
         only_kind: str | None = None,
     ) -> str | None:
         meta = notebook["metadata"]
         async with self._turn((meta["namespace"], meta["name"])):
-            return await self._reconcile(notebook, indexes, logger, only_kind)
+            return await self._reconcile(notebook, logger, only_kind)
 
     async def _reconcile(
         self,
         notebook: dict[str, Any],
-        indexes: Mapping[str, Any],
         logger: logging.Logger,
         only_kind: str | None = None,
     ) -> str | None:
@@ -266,7 +262,7 @@ class NotebookController:
             # Permanent until the notebook or its namespace changes (the resync looks
             # again): no retry loop, nothing created, the status says why.
             self._errors[key] = refused
-            await self._write_status(notebook, indexes)
+            await self._write_status(notebook)
             logger.warning("Not reconciled: %s", refused)
             return None
         if self.config.use_istio and (istio.networking is None or istio.security is None):
@@ -277,7 +273,7 @@ class NotebookController:
         for desired in objects.desired_children(notebook, self.config, istio):
             if only_kind is not None and desired["kind"] != only_kind:
                 continue
-            actual = _one(indexes.get(OWNED_KINDS[desired["kind"]][0]), key, meta["uid"])
+            actual = _one(self.indexes.get(OWNED_KINDS[desired["kind"]][0]), key, meta["uid"])
             try:
                 await self._ensure(desired, actual, logger)
             except NotOurs as exc:
@@ -290,7 +286,7 @@ class NotebookController:
             self._errors[key] = errors[0]
         elif only_kind is None:
             self._errors.pop(key, None)
-        await self._write_status(notebook, indexes)
+        await self._write_status(notebook)
         return errors[0] if errors else None
 
     async def _ensure(
@@ -334,12 +330,12 @@ class NotebookController:
             )
             logger.info("Repaired %s %s: %s", desired["kind"], meta["name"], sorted(patch))
 
-    async def _write_status(self, notebook: dict[str, Any], indexes: Mapping[str, Any]) -> None:
+    async def _write_status(self, notebook: dict[str, Any]) -> None:
         assert self.kube is not None
         meta = notebook["metadata"]
         key = (meta["namespace"], meta["name"])
-        sts = _one(indexes.get(OWNED_KINDS["StatefulSet"][0]), key, meta["uid"])
-        pod = _one(indexes.get("owned_pods"), key, sts["metadata"]["uid"]) if sts else None
+        sts = _one(self.indexes.get(OWNED_KINDS["StatefulSet"][0]), key, meta["uid"])
+        pod = _one(self.indexes.get("owned_pods"), key, sts["metadata"]["uid"]) if sts else None
         status = compute_status(notebook, sts, pod, self._errors.get(key))
         if not status_changed(notebook, status):
             return
@@ -361,10 +357,8 @@ class NotebookController:
                 raise
         self._written[key] = json.dumps(status, separators=(",", ":"))
 
-    def _notebook(
-        self, indexes: Mapping[str, Any], namespace: str, name: str
-    ) -> dict[str, Any] | None:
-        notebook = _one(indexes.get("notebooks"), (namespace, name))
+    def _notebook(self, namespace: str, name: str) -> dict[str, Any] | None:
+        notebook = _one(self.indexes.get("notebooks"), (namespace, name))
         if notebook is None or notebook["metadata"].get("deletionTimestamp"):
             return None
         return notebook
@@ -375,7 +369,9 @@ class NotebookController:
         shape, unless it is the echo of our own write (most of a burst's events: nothing to
         do). An echo that comes before its write's reply is told apart in on_owned_event."""
         if kind == "Pod":
-            work = self.on_pod_event(body)
+            work = self.on_pod_event(
+                body["metadata"].get("namespace") or "", notebook_of(body) or ""
+            )
         elif not self.own_writes.is_echo(type, body):
             work = self.on_owned_event(type, body)
         else:
@@ -392,7 +388,7 @@ class NotebookController:
     async def on_owned_event(self, type: str, body: Mapping[str, Any]) -> None:
         """An owned object changed or went away: put it back, and refresh the status."""
         namespace = body["metadata"].get("namespace") or ""
-        notebook = self._notebook(self.indexes, namespace, notebook_of(body) or "")
+        notebook = self._notebook(namespace, notebook_of(body) or "")
         if notebook is None:
             return
         if not _owned_by(body, notebook["metadata"]["uid"]):
@@ -415,7 +411,7 @@ class NotebookController:
             OWNED_EVENTS.labels(outcome="reconciled").inc()
             try:
                 async with self._slots:
-                    await self._reconcile(notebook, self.indexes, logger, only_kind=kind)
+                    await self._reconcile(notebook, logger, only_kind=kind)
             except (KubeError, kopf.TemporaryError) as exc:
                 logger.warning(
                     "Could not repair %s %s yet (the resync will): %s",
@@ -424,14 +420,15 @@ class NotebookController:
                     exc,
                 )
 
-    async def on_pod_event(self, body: Mapping[str, Any]) -> None:
-        namespace = body["metadata"].get("namespace") or ""
-        notebook = self._notebook(self.indexes, namespace, notebook_of(body) or "")
+    async def on_pod_event(self, namespace: str, name: str) -> None:
+        """A pod of the Notebook `name` changed: its status, in its turn (the task waiting
+        for a slot holds the names, not the pod)."""
+        notebook = self._notebook(namespace, name)
         if notebook is None:
             return
-        async with self._turn((namespace, notebook["metadata"]["name"])):
+        async with self._turn((namespace, name)):
             try:
-                await self._write_status(notebook, self.indexes)
+                await self._write_status(notebook)
             except KubeError as exc:
                 _logger_of(notebook).warning(
                     "Could not update the status of %s: %s", notebook["metadata"]["name"], exc
@@ -444,11 +441,11 @@ class NotebookController:
         body: Mapping[str, Any],
         namespace: str,
         logger: logging.Logger,
-        **kwargs: Any,
+        **_: Any,
     ) -> None:
         assert self.kube is not None
         name = notebook_of_event(body)
-        notebook = self._notebook(kwargs, namespace, name) if name else None
+        notebook = self._notebook(namespace, name) if name else None
         if notebook is None or type == "DELETED":
             return
         if (body.get("lastTimestamp") or body["metadata"].get("creationTimestamp", "")) < notebook[
@@ -503,7 +500,7 @@ class NotebookController:
             logger = _logger_of(notebook)
             self._written.pop((meta["namespace"], meta["name"]), None)
             try:
-                await self.reconcile(notebook, self.indexes, logger)
+                await self.reconcile(notebook, logger)
             except (KubeError, kopf.TemporaryError, aiohttp.ClientError) as exc:
                 log.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from jupyterlab_mlcluster import kubeconn
 
+from .crd import GROUP, KIND
 from .objects import LABEL_NOTEBOOK
 from .slim import slim_owned, slim_pod
 
@@ -61,9 +62,9 @@ def notebook_of(obj: Mapping[str, Any]) -> str | None:
         return (meta.get("labels") or {}).get(LABEL_NOTEBOOK) or None
     for ref in meta.get("ownerReferences") or ():
         if (
-            ref.get("kind") == "Notebook"
+            ref.get("kind") == KIND
             and ref.get("controller")
-            and str(ref.get("apiVersion", "")).startswith("mlcluster.io/")
+            and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
         ):
             return str(ref.get("name"))
     return None
@@ -177,9 +178,6 @@ class OwnedObjects:
                 if (kind, namespace) in self._watches:
                     continue
                 self._start_one(kind, api_version, plural, namespace)
-
-    def watched(self, kind: str) -> bool:
-        return any(k == kind for k, _ in self._watches)
 
     def _start_one(self, kind: str, api_version: str, plural: str, namespace: str) -> None:
         assert self._conn is not None and self._loop is not None
