@@ -113,9 +113,16 @@ def test_a_batch_read_again_is_kept_once(tmp_path):
         updates.update(0, progress=dict(progress))
     updates.update(1, progress=report("aa", 0, 9))  # another rank's numbers are its own
     updates.update(0, progress=clean_progress({"series": [[5, 6000.0, {"loss": 0.5}]]}))
+    for bad in (["bb", float("inf")], ["bb", float("nan")], "bb", ["bb"], None):  # no number
+        updates.update(0, progress=clean_progress({"series": [[6, 7.0, {"l": 1}]], "batch": bad}))
     adopting.close()
     assert steps() == [0, 1, 2, 3, 4, 5]
-    assert [s["steps"] for s in read_series(tmp_path, None)["series"]] == [[0, 1, 2, 3, 4, 5], [9]]
+    # A batch whose number is no number is kept as an unnumbered one: each of the five.
+    assert [s["steps"] for s in read_series(tmp_path, None)["series"]] == [
+        [6] * 5,
+        [0, 1, 2, 3, 4, 5],
+        [9],
+    ]
 
 
 def test_the_store_keeps_only_finite_numbers_under_good_names(tmp_path):

@@ -286,11 +286,12 @@ class RankUpdates:
 
 
 def _batch_number(batch: Any) -> tuple[str, int] | None:
-    """A series record's number, (origin, n) (runtime/scalars.py); None if it has none."""
+    """A series record's number, (origin, n) (runtime/scalars.py); None if it has none or
+    one that is no number (a rank's record is user code's: an infinity, say)."""
     try:
         origin, number = batch
         return str(origin)[:32], int(number)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
