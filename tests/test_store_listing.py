@@ -126,6 +126,82 @@ def test_the_listings_json_is_each_records_own_and_follows_every_change(store):
     assert store.list_json(**filters) == as_records(**filters)
 
 
+def test_an_unchanged_page_is_sent_as_rendered_and_every_writer_changes_it(store, tmp_path):
+    """GET /jobs's JSON is remembered by each job's version: a page read again reads no rank
+    and no whole job row. Every write shows on the next read, whoever makes it: this store,
+    another process's store on the same files, SQL that knows nothing of versions (an older
+    version of this code), a purge and a new job under the same id."""
+    filters = {"limit": 40}
+
+    def as_records():
+        jobs, total = store.list_jobs(**filters)
+        return [json.dumps(j.to_json(), allow_nan=False) for j in jobs], total
+
+    def statements(call):
+        ran: list[str] = []
+        store.database.connection.set_trace_callback(ran.append)
+        try:
+            call()
+        finally:
+            store.database.connection.set_trace_callback(None)
+        return ran
+
+    store.list_json(**filters)
+    again = statements(lambda: store.list_json(**filters))
+    assert not [s for s in again if "FROM ranks" in s or "SELECT *" in s], again
+    other = JobStore(store.root)  # another process's view of the same store
+    try:
+        other.record_metrics("jlist000299", {0: {"cpu_percent": 12.5}})
+        assert store.list_json(**filters) == as_records()
+        assert '"cpu_percent": 12.5' in store.list_json(**filters)[0][0]
+        other.update_job("jlist000298", reason="changed elsewhere")
+        assert store.list_json(**filters) == as_records()
+        assert "changed elsewhere" in store.list_json(**filters)[0][1]
+    finally:
+        other.close()
+    with store.database.transaction() as db:  # SQL that does not know of versions
+        db.execute("UPDATE ranks SET exit_code = 42 WHERE job_id = 'jlist000297'")
+        db.execute("UPDATE jobs SET error = 'raw' WHERE id = 'jlist000296'")
+    texts = store.list_json(**filters)[0]
+    assert '"exit_code": 42' in texts[2] and '"error": "raw"' in texts[3]
+    assert store.list_json(**filters) == as_records()
+    # A purged job submitted again under its id, at its time: a job of its own.
+    old = store.get_job("jlist000295")
+    store.delete_job("jlist000295")
+    old.name, old.state, old.ranks = "reborn", JobState.QUEUED, []
+    store.insert_job(old)
+    store.transition("jlist000295", JobState.SUCCEEDED, started=old.created, finished=old.created)
+    assert json.loads(store.list_json(**filters)[0][4])["name"] == "reborn"
+    assert store.list_json(**filters) == as_records()
+
+
+def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path):
+    """A store an older version wrote, opened only read-only (a full disk: its schema cannot
+    be brought up to date), has no `version`: its pages are rendered every time, right."""
+    from jupyterlab_mlcluster.jobs.storage.admission import AdmissionQueue
+    from jupyterlab_mlcluster.jobs.storage.database import Database
+    from jupyterlab_mlcluster.jobs.storage.feed import ChangeFeed
+    from jupyterlab_mlcluster.jobs.storage.pages import JobPages
+
+    store = JobStore(tmp_path / "old")
+    for i in range(3):
+        store.insert_job(JobRecord(id=f"jold{i:06d}", name="n", spec=JobSpec(), created=1e3 + i))
+        store.transition(f"jold{i:06d}", JobState.SUCCEEDED, started=i, finished=i)
+    expected = store.list_json()
+    with store.database.transaction() as db:
+        for trigger in ("insert", "job", "rank_insert", "rank_update"):
+            db.execute(f"DROP TRIGGER jobs_version_{trigger}")
+        db.execute("ALTER TABLE jobs DROP COLUMN version")
+    store.close()
+    database = Database(tmp_path / "old" / "jobs.db")
+    pages = JobPages(database, AdmissionQueue(database, ChangeFeed(database)))
+    assert pages.json() == expected
+    with database.transaction() as db:
+        db.execute("UPDATE jobs SET name = 'renamed' WHERE id = 'jold000002'")
+    assert json.loads(pages.json()[0][0])["name"] == "renamed"
+    database.close()
+
+
 def test_a_queued_jobs_position_is_counted_from_the_queues_index(store):
     """Every read of a queued job says its place in line: counted from the queue's index,
     not by reading every queued id (a new fleet reading a thousand queued jobs at once), and

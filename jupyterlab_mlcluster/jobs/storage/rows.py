@@ -133,13 +133,3 @@ def _spec(text: str) -> JobSpec:
 @functools.lru_cache(maxsize=256)
 def _spec_fields(text: str) -> dict[str, Any]:
     return json.loads(text)
-
-
-# GET /jobs renders the same ended jobs on every request: their JSON is remembered by the
-# rows it comes from (a pure function of them; sqlite3.Row hashes and compares by its
-# columns and values), so a changed row is rendered anew. A queued job's queue position is
-# not in its rows: never rendered here (JobStore.list_json). A few KB a job (text and rows).
-@functools.lru_cache(maxsize=4096)
-def job_json(row: sqlite3.Row, rank_rows: tuple[sqlite3.Row, ...]) -> str:
-    """A job's JobRecord.to_json() as JSON text, from its rows."""
-    return json.dumps(job_from_row(row, list(rank_rows)).to_json(), allow_nan=False)

@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     straggler TEXT,
     attempts TEXT,
     tracking TEXT,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
 );
 -- A listing's order (newest first, then id), with or without a state or owner filter, and
 -- a backend's queue in admission order: read from these in order, never a sort of every
@@ -111,6 +112,32 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+# A job's `version` is set anew by every write of its row or its ranks' rows, whoever writes
+# (another process, an older version of this code): what GET /jobs's rendered JSON is
+# remembered by (pages.JobPages), without reading or hashing the rows. Versions come from one
+# counter of the store, so a job purged and stored again under its id never has a version
+# it had before; the counter starts at random, so a store made again in place of another
+# does not repeat the versions of the one it replaces. Run after _migrate, which adds the
+# column to an older store. Recursive triggers are off (SQLite's default): a trigger's own
+# UPDATE does not fire it again, and changes `version`, which the jobs trigger's WHEN skips.
+VERSION_TRIGGERS = """
+CREATE TABLE IF NOT EXISTS job_versions (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER);
+INSERT OR IGNORE INTO job_versions VALUES (1, random() & 0x3fffffffffffffff);
+CREATE TRIGGER IF NOT EXISTS jobs_version_insert AFTER INSERT ON jobs BEGIN
+    UPDATE job_versions SET n = n + 1;
+    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.id; END;
+CREATE TRIGGER IF NOT EXISTS jobs_version_job AFTER UPDATE ON jobs
+WHEN NEW.version = OLD.version BEGIN
+    UPDATE job_versions SET n = n + 1;
+    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.id; END;
+CREATE TRIGGER IF NOT EXISTS jobs_version_rank_insert AFTER INSERT ON ranks BEGIN
+    UPDATE job_versions SET n = n + 1;
+    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.job_id; END;
+CREATE TRIGGER IF NOT EXISTS jobs_version_rank_update AFTER UPDATE ON ranks BEGIN
+    UPDATE job_versions SET n = n + 1;
+    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.job_id; END;
+"""
+
 JOURNAL_MODES = ("auto", "wal", "delete")
 
 _said_journal: set[str] = set()  # stores whose journal mode this process has logged
@@ -153,6 +180,7 @@ def ensure_schema(database: Database, root: Path, journal_mode: str) -> None:
             db.execute(f"PRAGMA synchronous = {sync}")
             db.executescript(SCHEMA)
             _migrate(database)
+            db.executescript(VERSION_TRIGGERS)
             return
         except sqlite3.OperationalError as exc:  # another process creating it right now
             if "locked" not in str(exc):
@@ -207,3 +235,5 @@ def _migrate(database: Database) -> None:
             tx.execute("ALTER TABLE jobs ADD COLUMN attempts TEXT")
         if "tracking" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN tracking TEXT")
+        if "version" not in jobs:
+            tx.execute("ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
