@@ -316,6 +316,8 @@ def test_attack_another_unix_user_reads_no_local_mlflow_run(intruder, monkeypatc
         shutil.rmtree(base, ignore_errors=True)
 
 
+# Slow: two jobs' supervisors record into MLflow (about 5 s), past the fast tier's limit.
+@pytest.mark.slow
 def test_a_shared_servers_job_logs_only_into_its_owners_experiments(store_dir, tmp_path):
     """T4b: the supervisor records with the server's MLflow credentials, and the experiment
     came from the job's env: on a shared server (its origin says so) the experiment is under
