@@ -5,10 +5,12 @@ object set (StatefulSet, Service, VirtualService, AuthorizationPolicy) and a sta
 (2) the controller's CPU use once everything is in shape (idle), with psutil.
 
     python bench/bench_controller.py [--notebooks 1000] [--namespaces 10] [--idle-seconds 10]
+                                     [--old REV]
 
 The emulator runs in this process (one thread), with the 8 creating clients; the controller
 is a separate process started as ``python -m notebook_controller``. They share this
-machine's cores.
+machine's cores. `--old REV`: the same burst again, on a fresh emulator, with the controller
+of git revision REV of this repository (unpacked beside); both in one table.
 """
 
 from __future__ import annotations
@@ -122,7 +124,39 @@ def main() -> int:
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--old", metavar="REV", help="also measure this git revision's controller")
     args = parser.parse_args()
+    trees = {"this checkout": ROOT}
+    with tempfile.TemporaryDirectory(prefix="mlcluster-bench-controller-") as tmp:
+        if args.old:
+            old = Path(tmp) / "old-tree"
+            export(args.old, old)
+            trees[f"old ({args.old})"] = old
+        results = {label: burst(args, tree) for label, tree in trees.items()}
+    names = [name for name, _ in next(iter(results.values()))]
+    table = [("measure", *results)] + [
+        (name, *(dict(rows)[name] for rows in results.values())) for name in names
+    ]
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for n, row in enumerate(table):
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+def export(rev: str, into: Path) -> None:
+    """Revision `rev` of this repository's files, unpacked into `into`."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+
+
+def burst(args: argparse.Namespace, tree: Path) -> list[tuple[str, str]]:
+    """One burst of `args.notebooks` against a fresh emulator, the controller run from
+    `tree`: (measure, value) rows."""
 
     cluster = start_cluster(Path(tempfile.mkdtemp()) / "kubeconfig.yaml")
     kube, thread = cluster.kube, cluster.thread
@@ -133,7 +167,7 @@ def main() -> int:
     for namespace in namespaces:
         kube.create_namespace(namespace)
 
-    log = open(os.environ.get("BENCH_LOG", Path(tempfile.mkdtemp()) / "controller.log"), "w")
+    log = open(os.environ.get("BENCH_LOG", Path(tempfile.mkdtemp()) / "controller.log"), "a")
     controller = subprocess.Popen(
         [
             sys.executable,
@@ -144,8 +178,8 @@ def main() -> int:
             "--no-culling",
             f"--log-level={os.environ.get('BENCH_LOG_LEVEL', 'WARNING')}",
         ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
         stdout=log,
         stderr=log,
     )
@@ -241,12 +275,7 @@ def main() -> int:
         ("controller RSS after the burst", f"{rss:.0f} MiB (peak {progress.peak_rss:.0f} MiB)"),
         ("machine", f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"),
     ]
-    width = max(len(name) for name, _ in rows)
-    print(f"{'measure':<{width}}  value")
-    print(f"{'-' * width}  {'-' * 40}")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
