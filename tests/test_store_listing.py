@@ -164,6 +164,9 @@ def test_an_unchanged_page_is_sent_as_rendered_and_every_writer_changes_it(store
         db.execute("UPDATE jobs SET error = 'raw' WHERE id = 'jlist000296'")
     texts = store.list_json(**filters)[0]
     assert '"exit_code": 42' in texts[2] and '"error": "raw"' in texts[3]
+    with store.database.transaction() as db:
+        db.execute("DELETE FROM ranks WHERE job_id = 'jlist000299' AND rank = 1")
+    assert [r["rank"] for r in json.loads(store.list_json(**filters)[0][0])["ranks"]] == [0, 2]
     assert store.list_json(**filters) == as_records()
     # A purged job submitted again under its id, at its time: a job of its own.
     old = store.get_job("jlist000295")
@@ -189,7 +192,7 @@ def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path):
         store.transition(f"jold{i:06d}", JobState.SUCCEEDED, started=i, finished=i)
     expected = store.list_json()
     with store.database.transaction() as db:
-        for trigger in ("insert", "job", "rank_insert", "rank_update"):
+        for trigger in ("insert", "job", "rank_insert", "rank_update", "rank_delete"):
             db.execute(f"DROP TRIGGER jobs_version_{trigger}")
         db.execute("ALTER TABLE jobs DROP COLUMN version")
     store.close()

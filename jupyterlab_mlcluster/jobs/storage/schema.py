@@ -136,6 +136,9 @@ CREATE TRIGGER IF NOT EXISTS jobs_version_rank_insert AFTER INSERT ON ranks BEGI
 CREATE TRIGGER IF NOT EXISTS jobs_version_rank_update AFTER UPDATE ON ranks BEGIN
     UPDATE job_versions SET n = n + 1;
     UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.job_id; END;
+CREATE TRIGGER IF NOT EXISTS jobs_version_rank_delete AFTER DELETE ON ranks BEGIN
+    UPDATE job_versions SET n = n + 1;
+    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = OLD.job_id; END;
 """
 
 JOURNAL_MODES = ("auto", "wal", "delete")
