@@ -33,7 +33,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from notebook_controller import objects  # after the sys.path line
+from bench.bench_list import export  # after the sys.path line
+from notebook_controller import objects
 from notebook_controller.crd import notebook_crd
 from tests.helpers import stop_process
 from tests.kube.fixtures import start_cluster
@@ -143,15 +144,6 @@ def main() -> int:
         if n == 0:
             print("  ".join("-" * w for w in widths))
     return 0
-
-
-def export(rev: str, into: Path) -> None:
-    """Revision `rev` of this repository's files, unpacked into `into`."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
 
 
 def burst(args: argparse.Namespace, tree: Path) -> list[tuple[str, str]]:
