@@ -37,6 +37,7 @@ from .crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from .culler import Culler
 from .echoes import OwnWrites
 from .events import mirrored_event, notebook_of_event
+from .keyed_locks import KeyedLocks
 from .kopf_state import MemoryDiffBaseStorage, MemoryProgressStorage
 from .kube import KubeClient, connection_info
 from .metrics import OWNED_EVENTS, RECONCILE_ERRORS, RECONCILES, MetricsServer
@@ -93,7 +94,7 @@ class NotebookController:
         self.istio = objects.IstioVersions(None, None)
         self.indexes: dict[str, Any] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self._locks: dict[NotebookKey, asyncio.Lock] = {}
+        self._locks = KeyedLocks()  # a Notebook's reconciles and repairs one at a time
         # Reconciles in progress at once (see _turn).
         self._slots = asyncio.Semaphore(max(1, config.max_concurrent_reconciles))
         # The last status written per notebook: the index lags our own writes by a watch event.
@@ -196,9 +197,6 @@ class NotebookController:
         owned_by, why = await self.owners.owner_of(namespace)
         return foreign_owner_error(owner, namespace, owned_by, why)
 
-    def _lock(self, key: NotebookKey) -> asyncio.Lock:
-        return self._locks.setdefault(key, asyncio.Lock())
-
     @contextlib.asynccontextmanager
     async def _turn(self, key: NotebookKey) -> AsyncIterator[None]:
         """The notebook's lock, then a reconcile slot. kopf starts a handler for every
@@ -206,7 +204,7 @@ class NotebookController:
         copies while queued for the API (memory and GC work grew with N), all finishing near
         the end. The lock comes first (a child's event waiting for its Notebook's reconcile
         holds no slot); a slot's holder never waits for another lock, so it always gets on."""
-        async with self._lock(key), self._slots:
+        async with self._locks.hold(key), self._slots:
             yield
 
     # -- the Notebooks' index (kopf keeps it current from its watch) ------------------------
@@ -405,7 +403,7 @@ class NotebookController:
         # do, from a watch thread), and the reconcile that made the object holds the lock
         # until the reply is in. Only then a reconcile slot: an echo waiting behind every
         # Notebook queued for one held its object meanwhile (at 3,000 Notebooks, 50 MiB).
-        async with self._lock((namespace, notebook["metadata"]["name"])):
+        async with self._locks.hold((namespace, notebook["metadata"]["name"])):
             if self.own_writes.is_echo(type, body):
                 return
             OWNED_EVENTS.labels(outcome="reconciled").inc()
@@ -488,7 +486,7 @@ class NotebookController:
         """Level-based safety net: reconcile every notebook (drift a watch may have missed)."""
         notebooks = self._live_notebooks()
         present = {(nb["metadata"]["namespace"], nb["metadata"]["name"]) for nb in notebooks}
-        for memory in (self._locks, self._written, self._errors):  # forget deleted notebooks
+        for memory in (self._written, self._errors):  # forget deleted notebooks
             for key in [key for key in memory if key not in present]:
                 del memory[key]
         self.own_writes.forget_except(present)

@@ -4,8 +4,9 @@ At 10,000 Notebooks the indexes hold some 50,000 objects; kept whole (parsed JSO
 per mapping, a str per key and value) they would be most of the controller's memory. Each value
 keeps the metadata the handlers read (names, uid, labels, annotations, ownerReferences,
 deletion), the status, and of an owned object's spec only the fields repair_patch compares,
-packed as one JSON text each and parsed again only when a reconcile compares them
-(objects._REPAIRABLE). A pod keeps no spec at all (status.py reads its status only).
+packed as one JSON text each (compressed when long) and parsed again only when a reconcile
+compares them (objects._REPAIRABLE). A pod keeps no spec at all (status.py reads its status
+only). The strings a Notebook's objects repeat (names, labels, the owner) are kept once.
 
 Pure: from a watch event's body to the value kept.
 """
@@ -13,10 +14,15 @@ Pure: from a watch event's body to the value kept.
 from __future__ import annotations
 
 import json
+import sys
+import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .objects import _REPAIRABLE
+
+# A field's JSON text longer than this is kept compressed (shorter ones gain little or grow).
+COMPRESSED_FROM = 256
 
 # Metadata the handlers read (handlers.py, objects.py, status.py, events.py): the rest
 # (managedFields, finalizers, ...) is never looked at.
@@ -47,20 +53,25 @@ _OWNER_REFERENCE = ("apiVersion", "kind", "name", "uid", "controller")
 
 
 class PackedSpec(Mapping[str, Any]):
-    """Some fields of a spec, each kept as its JSON text; reading one parses it afresh (so
-    what a caller gets is its own, as a copy would be)."""
+    """Some fields of a spec, each kept as its JSON text, compressed when long (a
+    StatefulSet's pod template: about 2 KB of text, a quarter of that compressed; at 10,000
+    Notebooks, 16 MiB less); reading one parses it afresh (so what a caller gets is its
+    own, as a copy would be)."""
 
     __slots__ = ("_texts",)
 
     def __init__(self, spec: Mapping[str, Any], fields: tuple[str, ...]) -> None:
-        self._texts = {
-            field: json.dumps(spec[field], separators=(",", ":"))
-            for field in fields
-            if field in spec
-        }
+        self._texts: dict[str, str | bytes] = {}
+        for field in fields:
+            if field in spec:
+                text = json.dumps(spec[field], separators=(",", ":"))
+                self._texts[field] = (
+                    zlib.compress(text.encode(), 1) if len(text) > COMPRESSED_FROM else text
+                )
 
     def __getitem__(self, field: str) -> Any:
-        return json.loads(self._texts[field])
+        text = self._texts[field]
+        return json.loads(zlib.decompress(text) if isinstance(text, bytes) else text)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._texts)
@@ -72,11 +83,31 @@ class PackedSpec(Mapping[str, Any]):
         return f"PackedSpec({dict(self)!r})"
 
 
+# Strings that a Notebook's objects repeat (its name and namespace, the labels, the owner
+# reference): kept once (sys.intern; freed with their last holder), not once per object
+# decoded. A uid or resourceVersion of its own is not.
+_SHARED_METADATA = ("name", "namespace")
+_SHARED_OWNER_REFERENCE = ("apiVersion", "kind", "name", "uid")
+
+
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
 def _metadata(meta: Mapping[str, Any], keys: tuple[str, ...] = _METADATA) -> dict[str, Any]:
     kept = {key: meta[key] for key in keys if key in meta}
+    for key in _SHARED_METADATA:
+        if key in kept:
+            kept[key] = _shared(kept[key])
+    if isinstance(kept.get("labels"), Mapping):
+        kept["labels"] = {_shared(k): _shared(v) for k, v in kept["labels"].items()}
     if "ownerReferences" in kept:
         kept["ownerReferences"] = [
-            {key: ref[key] for key in _OWNER_REFERENCE if key in ref}
+            {
+                key: _shared(ref[key]) if key in _SHARED_OWNER_REFERENCE else ref[key]
+                for key in _OWNER_REFERENCE
+                if key in ref
+            }
             for ref in kept["ownerReferences"] or ()
         ]
     return kept
@@ -98,8 +129,8 @@ def slim_owned(
         was.get(key) == metadata.get(key) for key in ("uid", "generation")
     )
     slim: dict[str, Any] = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": kind,
+        "apiVersion": _shared(body.get("apiVersion")),
+        "kind": _shared(kind),
         "metadata": metadata,
         "spec": previous["spec"] if same and previous is not None else None,
     }
@@ -113,8 +144,8 @@ def slim_owned(
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """A notebook's pod as the status reads it: metadata and status, no spec."""
     slim: dict[str, Any] = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
+        "apiVersion": _shared(body.get("apiVersion")),
+        "kind": _shared(body.get("kind")),
         "metadata": _metadata(body.get("metadata") or {}),
     }
     if body.get("status") is not None:

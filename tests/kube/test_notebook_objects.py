@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 import jsonschema
@@ -504,6 +505,21 @@ def test_what_the_indexes_keep_repairs_and_owns_as_the_whole_object() -> None:
         notebook_status.compute_status(notebook(), edited, running)
     )
     assert "spec" not in slim.slim_pod(running)
+    # What a Notebook's objects repeat (names, labels, the owner) is kept once, not once per
+    # object decoded from a watch event; a long spec field is kept compressed.
+    first, second = (slim.slim_owned(json.loads(json.dumps(w))) for w in desired[:2])
+    meta_a, meta_b = first["metadata"], second["metadata"]
+    pairs = [(meta_a, meta_b, ("name", "namespace"))]
+    pairs.append((meta_a["labels"], meta_b["labels"], tuple(meta_a["labels"])))
+    owner_a, owner_b = meta_a["ownerReferences"][0], meta_b["ownerReferences"][0]
+    pairs.append((owner_a, owner_b, ("apiVersion", "kind", "name", "uid")))
+    for kept_a, kept_b, keys in pairs:
+        same = [key for key in keys if kept_a[key] == kept_b[key]]  # (names may differ)
+        assert same and all(kept_a[key] is kept_b[key] for key in same), keys
+    template = json.dumps(sts["spec"]["template"], separators=(",", ":"))
+    assert (
+        len(slim.PackedSpec(sts["spec"], ("template",))._texts["template"]) < len(template) * 3 / 4
+    )
 
 
 def test_an_unchanged_spec_is_packed_once() -> None:
