@@ -104,6 +104,14 @@ class Server:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(120)
+        # An older revision's helper may leave its server running (one was found orphaned
+        # after a run): nothing the bench started outlives it.
+        if self.process.is_running():
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except psutil.TimeoutExpired:
+                self.process.kill()
 
 
 def main() -> None:
