@@ -84,8 +84,10 @@ class PackedSpec(Mapping[str, Any]):
 
 
 # Strings that a Notebook's objects repeat (its name and namespace, the labels, the owner
-# reference): kept once (sys.intern; freed with their last holder), not once per object
-# decoded. A uid or resourceVersion of its own is not.
+# reference): kept once (sys.intern), not once per object decoded. A uid or resourceVersion
+# of its own is not. On CPython 3.11 (the controller image's) an interned string is freed
+# with its last holder; builds that keep interned strings for good (3.12.0-3.12.5, free
+# threading) keep a deleted Notebook's few names: some hundred bytes each.
 _SHARED_METADATA = ("name", "namespace")
 _SHARED_OWNER_REFERENCE = ("apiVersion", "kind", "name", "uid")
 

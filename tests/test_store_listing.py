@@ -167,6 +167,26 @@ def test_an_unchanged_page_is_sent_as_rendered_and_every_writer_changes_it(store
     with store.database.transaction() as db:
         db.execute("DELETE FROM ranks WHERE job_id = 'jlist000299' AND rank = 1")
     assert [r["rank"] for r in json.loads(store.list_json(**filters)[0][0])["ranks"]] == [0, 2]
+    # A write that sets the version itself, back to one already rendered, and a rank moved
+    # from one job to another: both jobs show it.
+    version = store.database.connection.execute(
+        "SELECT version FROM jobs WHERE id = 'jlist000294'"
+    ).fetchone()[0]
+    with store.database.transaction() as db:
+        db.execute("UPDATE jobs SET error = 'first' WHERE id = 'jlist000294'")
+    assert '"error": "first"' in store.list_json(**filters)[0][5]
+    with store.database.transaction() as db:
+        db.execute(
+            "UPDATE jobs SET error = 'back', version = ? WHERE id = 'jlist000294'", (version,)
+        )
+        db.execute(
+            "UPDATE ranks SET job_id = 'jlist000297' WHERE job_id = 'jlist000299' AND rank = 2"
+        )
+    texts = store.list_json(**filters)[0]
+    assert '"error": "back"' in texts[5]
+    assert [r["rank"] for r in json.loads(texts[0])["ranks"]] == [0]
+    assert [r["rank"] for r in json.loads(texts[2])["ranks"]] == [0, 2]
+    assert store.list_json(**filters) == as_records()
     assert store.list_json(**filters) == as_records()
     # A purged job submitted again under its id, at its time: a job of its own.
     old = store.get_job("jlist000295")
@@ -178,13 +198,16 @@ def test_an_unchanged_page_is_sent_as_rendered_and_every_writer_changes_it(store
     assert store.list_json(**filters) == as_records()
 
 
-def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path):
+@pytest.mark.parametrize("missing", ["everything", "one trigger"])
+def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path, missing):
     """A store an older version wrote, opened only read-only (a full disk: its schema cannot
-    be brought up to date), has no `version`: its pages are rendered every time, right."""
+    be brought up to date), has no `version`; nor may one have only part of it (the column
+    without every trigger): its pages are rendered every time, right."""
     from jupyterlab_mlcluster.jobs.storage.admission import AdmissionQueue
     from jupyterlab_mlcluster.jobs.storage.database import Database
     from jupyterlab_mlcluster.jobs.storage.feed import ChangeFeed
     from jupyterlab_mlcluster.jobs.storage.pages import JobPages
+    from jupyterlab_mlcluster.jobs.storage.schema import VERSION_TRIGGERS
 
     store = JobStore(tmp_path / "old")
     for i in range(3):
@@ -192,13 +215,17 @@ def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path):
         store.transition(f"jold{i:06d}", JobState.SUCCEEDED, started=i, finished=i)
     expected = store.list_json()
     with store.database.transaction() as db:
-        for trigger in ("insert", "job", "rank_insert", "rank_update", "rank_delete"):
-            db.execute(f"DROP TRIGGER jobs_version_{trigger}")
-        db.execute("ALTER TABLE jobs DROP COLUMN version")
+        if missing == "everything":
+            for trigger in VERSION_TRIGGERS:
+                db.execute(f"DROP TRIGGER {trigger}")
+            db.execute("ALTER TABLE jobs DROP COLUMN version")
+        else:
+            db.execute("DROP TRIGGER jobs_version_job")
     store.close()
     database = Database(tmp_path / "old" / "jobs.db")
     pages = JobPages(database, AdmissionQueue(database, ChangeFeed(database)))
     assert pages.json() == expected
+    assert pages.json() == expected  # (read twice: a cache would serve the second)
     with database.transaction() as db:
         db.execute("UPDATE jobs SET name = 'renamed' WHERE id = 'jold000002'")
     assert json.loads(pages.json()[0][0])["name"] == "renamed"

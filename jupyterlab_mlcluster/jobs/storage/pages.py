@@ -16,6 +16,7 @@ from ..record import JobRecord
 from .admission import AdmissionQueue
 from .database import Database
 from .rows import job_from_row
+from .schema import VERSION_COUNTER, VERSION_TRIGGERS
 
 # Rendered jobs remembered (a few KB each): forty pages of the sidebar's default size.
 RENDERED_KEPT = 4096
@@ -147,17 +148,30 @@ class JobPages:
         if missing:
             # No transaction needed: each job row is read before its ranks, so a text is
             # never older than the version it is kept under (a later one gets a new key).
-            fresh, _ = self.rows(ids=missing)
-            texts.update(self._render(fresh, remember=True))
+            # The filters again: a job that stopped matching between the reads is left out.
+            fresh, _ = self.rows(**{**filters, "ids": missing})
+            # The full-disk fallback's connection (immutable: no locks, no WAL) may mix
+            # what it reads: its texts are not kept for other readers.
+            texts.update(self._render(fresh, remember=not self.database.read_only))
         # (A job purged between the two reads is left out.)
         return [texts[key["id"]] for key in keys if key["id"] in texts], total
 
     def _versioned(self) -> bool:
-        """Has the store a `version` column? Not one written by an older version and read
-        here only through the full-disk fallback (schema.ensure_schema could not add it)."""
+        """Does every write of the store set versions (its column, counter and triggers:
+        schema.VERSION_TRIGGERS, all made in one transaction)? Not a store an older version
+        wrote, read here only through the full-disk fallback (its schema could not be
+        brought up to date)."""
         if self._has_versions is None:
-            columns = self.database.connection.execute("PRAGMA table_info(jobs)")
-            self._has_versions = any(c["name"] == "version" for c in columns)
+            db = self.database.connection
+            columns = {c["name"] for c in db.execute("PRAGMA table_info(jobs)")}
+            made = {
+                r["name"]
+                for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'trigger')"
+                )
+            }
+            wanted = {VERSION_COUNTER, *VERSION_TRIGGERS}
+            self._has_versions = "version" in columns and wanted <= made
         return self._has_versions
 
     def _render(

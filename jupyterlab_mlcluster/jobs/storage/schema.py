@@ -117,29 +117,33 @@ CREATE TABLE IF NOT EXISTS events (
 # remembered by (pages.JobPages), without reading or hashing the rows. Versions come from one
 # counter of the store, so a job purged and stored again under its id never has a version
 # it had before; the counter starts at random, so a store made again in place of another
-# does not repeat the versions of the one it replaces. Run after _migrate, which adds the
-# column to an older store. Recursive triggers are off (SQLite's default): a trigger's own
-# UPDATE does not fire it again, and changes `version`, which the jobs trigger's WHEN skips.
-VERSION_TRIGGERS = """
-CREATE TABLE IF NOT EXISTS job_versions (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER);
-INSERT OR IGNORE INTO job_versions VALUES (1, random() & 0x3fffffffffffffff);
-CREATE TRIGGER IF NOT EXISTS jobs_version_insert AFTER INSERT ON jobs BEGIN
-    UPDATE job_versions SET n = n + 1;
-    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.id; END;
-CREATE TRIGGER IF NOT EXISTS jobs_version_job AFTER UPDATE ON jobs
-WHEN NEW.version = OLD.version BEGIN
-    UPDATE job_versions SET n = n + 1;
-    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.id; END;
-CREATE TRIGGER IF NOT EXISTS jobs_version_rank_insert AFTER INSERT ON ranks BEGIN
-    UPDATE job_versions SET n = n + 1;
-    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.job_id; END;
-CREATE TRIGGER IF NOT EXISTS jobs_version_rank_update AFTER UPDATE ON ranks BEGIN
-    UPDATE job_versions SET n = n + 1;
-    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = NEW.job_id; END;
-CREATE TRIGGER IF NOT EXISTS jobs_version_rank_delete AFTER DELETE ON ranks BEGIN
-    UPDATE job_versions SET n = n + 1;
-    UPDATE jobs SET version = (SELECT n FROM job_versions) WHERE id = OLD.job_id; END;
-"""
+# does not repeat the versions of the one it replaces. Made in _migrate's transaction with
+# the column: a store has all of it or none (pages.JobPages caches only with all of it).
+# The jobs trigger leaves alone only its own write and the ranks triggers' (their version is
+# the counter's; recursive triggers are off, SQLite's default, and its WHEN holds either
+# way); a write that sets `version` itself to anything else is given a new one too.
+_NEW_VERSION = (
+    "UPDATE job_versions SET n = n + 1; UPDATE jobs SET version = (SELECT n FROM job_versions)"
+)
+VERSION_COUNTER = "job_versions"
+VERSION_TRIGGERS = {
+    "jobs_version_insert": f"AFTER INSERT ON jobs BEGIN {_NEW_VERSION} WHERE id = NEW.id; END",
+    "jobs_version_job": (
+        "AFTER UPDATE ON jobs WHEN NEW.version IS OLD.version"
+        " OR NEW.version IS NOT (SELECT n FROM job_versions)"
+        f" BEGIN {_NEW_VERSION} WHERE id = NEW.id; END"
+    ),
+    "jobs_version_rank_insert": (
+        f"AFTER INSERT ON ranks BEGIN {_NEW_VERSION} WHERE id = NEW.job_id; END"
+    ),
+    "jobs_version_rank_update": (
+        f"AFTER UPDATE ON ranks BEGIN {_NEW_VERSION} WHERE id IN (NEW.job_id, OLD.job_id); END"
+    ),
+    "jobs_version_rank_delete": (
+        f"AFTER DELETE ON ranks BEGIN {_NEW_VERSION} WHERE id = OLD.job_id; END"
+    ),
+}
+
 
 JOURNAL_MODES = ("auto", "wal", "delete")
 
@@ -183,7 +187,6 @@ def ensure_schema(database: Database, root: Path, journal_mode: str) -> None:
             db.execute(f"PRAGMA synchronous = {sync}")
             db.executescript(SCHEMA)
             _migrate(database)
-            db.executescript(VERSION_TRIGGERS)
             return
         except sqlite3.OperationalError as exc:  # another process creating it right now
             if "locked" not in str(exc):
@@ -240,3 +243,12 @@ def _migrate(database: Database) -> None:
             tx.execute("ALTER TABLE jobs ADD COLUMN tracking TEXT")
         if "version" not in jobs:
             tx.execute("ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+        tx.execute(
+            f"CREATE TABLE IF NOT EXISTS {VERSION_COUNTER}"
+            " (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL)"
+        )
+        tx.execute(
+            f"INSERT OR IGNORE INTO {VERSION_COUNTER} VALUES (1, random() & 0x3fffffffffffffff)"
+        )
+        for name, body in VERSION_TRIGGERS.items():
+            tx.execute(f"CREATE TRIGGER IF NOT EXISTS {name} {body}")
