@@ -232,6 +232,27 @@ def test_a_store_without_versions_is_listed_rendering_every_job(tmp_path, missin
     database.close()
 
 
+def test_a_version_trigger_an_earlier_version_made_is_made_again_on_open(tmp_path):
+    """A store opened by this version gets its version triggers as this version defines
+    them, whatever an earlier one left (here one that would not set a version at all)."""
+    store = JobStore(tmp_path / "s")
+    store.insert_job(JobRecord(id="jtrig000001", name="n", spec=JobSpec(), created=1e3))
+    store.transition("jtrig000001", JobState.SUCCEEDED, started=1e3, finished=1e3)
+    with store.database.transaction() as db:
+        db.execute("DROP TRIGGER jobs_version_job")
+        db.execute(
+            "CREATE TRIGGER jobs_version_job AFTER UPDATE ON jobs WHEN 0 BEGIN SELECT 1; END"
+        )
+    store.close()
+    store = JobStore(tmp_path / "s")
+    try:
+        assert json.loads(store.list_json()[0][0])["error"] is None
+        store.update_job("jtrig000001", error="set later")
+        assert json.loads(store.list_json()[0][0])["error"] == "set later"
+    finally:
+        store.close()
+
+
 def test_a_queued_jobs_position_is_counted_from_the_queues_index(store):
     """Every read of a queued job says its place in line: counted from the queue's index,
     not by reading every queued id (a new fleet reading a thousand queued jobs at once), and

@@ -250,5 +250,10 @@ def _migrate(database: Database) -> None:
         tx.execute(
             f"INSERT OR IGNORE INTO {VERSION_COUNTER} VALUES (1, random() & 0x3fffffffffffffff)"
         )
+        # A trigger as an earlier version defined it is made again as this one does.
+        made = dict(tx.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
         for name, body in VERSION_TRIGGERS.items():
-            tx.execute(f"CREATE TRIGGER IF NOT EXISTS {name} {body}")
+            wanted = f"CREATE TRIGGER {name} {body}"
+            if made.get(name) != wanted:
+                tx.execute(f"DROP TRIGGER IF EXISTS {name}")
+                tx.execute(wanted)
