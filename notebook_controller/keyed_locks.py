@@ -24,7 +24,10 @@ class KeyedLocks:
 
     @contextlib.asynccontextmanager
     async def hold(self, key: Hashable) -> AsyncIterator[None]:
-        lock, users = self._held.setdefault(key, (asyncio.Lock(), [0]))
+        held = self._held.get(key)
+        if held is None:  # (not setdefault: that makes a lock on every call)
+            held = self._held[key] = (asyncio.Lock(), [0])
+        lock, users = held
         users[0] += 1
         try:
             async with lock:

@@ -140,9 +140,9 @@ class JobPages:
         texts: dict[str, str] = {}
         with self._rendered_lock:
             for key in keys:
-                text = self._rendered.get(tuple(key))
+                text = self._rendered.get((key["id"], key["version"]))
                 if text is not None:
-                    self._rendered.move_to_end(tuple(key))
+                    self._rendered.move_to_end((key["id"], key["version"]))
                     texts[key["id"]] = text
         missing = [key["id"] for key in keys if key["id"] not in texts]
         if missing:
@@ -183,13 +183,13 @@ class JobPages:
         for row, ranks in page:
             if row["state"] == JobState.QUEUED:
                 texts[row["id"]] = json.dumps(next(positioned).to_json(), allow_nan=False)
-                continue
-            text = json.dumps(job_from_row(row, ranks).to_json(), allow_nan=False)
-            texts[row["id"]] = text
-            if not remember:
-                continue
+            else:
+                texts[row["id"]] = json.dumps(job_from_row(row, ranks).to_json(), allow_nan=False)
+        if remember:
             with self._rendered_lock:
-                self._rendered[(row["id"], row["version"])] = text
+                for row, _ in page:
+                    if row["state"] != JobState.QUEUED:
+                        self._rendered[(row["id"], row["version"])] = texts[row["id"]]
                 while len(self._rendered) > RENDERED_KEPT:
                     self._rendered.popitem(last=False)
         return texts
