@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ephemeral_port_reserve
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,3 +178,10 @@ def session_cell(service, session: str, source: str, origin: dict | None = None)
         origin=origin or {"kind": "python"},
     )
     return record
+
+
+def free_port() -> int:
+    """A port for a server a test starts, handed to no one else on the machine until that
+    server binds it (see jupyterlab_mlcluster.backends.local.launcher.free_port: a port only
+    found free was taken by another test's connection in CI)."""
+    return ephemeral_port_reserve.reserve("127.0.0.1")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import run_cli, wait_for
+from helpers import free_port, run_cli, wait_for
 
 pytest.importorskip("mlflow")
 
@@ -33,12 +32,6 @@ SCRIPT = textwrap.dedent(
     print("trained with", lr)
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

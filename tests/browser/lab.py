@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tests.helpers import free_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -56,12 +57,6 @@ DARK_THEME = "JupyterLab Dark"
 
 # Never through an HTTP proxy from the environment: the server is on localhost.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,14 +20,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from tests.helpers import free_port
+
 from .emulator import EmulatorThread, RealisticKubernetes, kubeconfig
 from .helpers import Kube
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:
@@ -37,7 +32,7 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="kube-emulator-"))
-SESSION_PORT = _free_port()
+SESSION_PORT = free_port()
 SESSION_KUBECONFIG = write_kubeconfig(
     _SESSION_DIR / "kubeconfig.yaml", f"http://127.0.0.1:{SESSION_PORT}"
 )

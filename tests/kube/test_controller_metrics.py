@@ -9,14 +9,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import free_port
 from tests.kube.controller_support import create_notebook, wait_owned, wait_phase
 from tests.kube.helpers import Kube
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, dict[tuple, float]] | None:

@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import yaml
 from export_jobs import store_cell_job
+from helpers import free_port
 
 from jupyterlab_mlcluster.export import ExportError, export_files
 from tests.k8s_schemas import validate_manifest
 
 IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_pods(kube, player, namespace, job, configmap, tmp_path) -> list[str]:

@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 from jupyterlab_mlcluster import kubeconn
 from jupyterlab_mlcluster.backends.kubernetes.log_loop import LOG_LOOP, follow_log
 from tests.kube.emulator import kubeconfig
-from tests.kube.fixtures import KubeCluster, _free_port, write_kubeconfig
+from tests.kube.fixtures import KubeCluster, free_port, write_kubeconfig
 from tests.kube.helpers import Kube
 
 STREAMS = 200
@@ -176,7 +176,7 @@ def test_failures_are_the_blocking_clients_errors(running_pods, conn, tmp_path):
     assert str(error) == str(blocking.value)
 
     # An API server that is not there: the connection's "cannot be reached" error.
-    nowhere = f"http://127.0.0.1:{_free_port()}"
+    nowhere = f"http://127.0.0.1:{free_port()}"
     gone = kubeconn.connect(kubeconfig=str(write_kubeconfig(tmp_path / "gone.yaml", nowhere)))
     try:
         follow_log(gone, namespace, "waiting", "main", sink)

@@ -7,7 +7,6 @@ import contextlib
 import datetime
 import json
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ import aiohttp
 import pytest
 import requests
 import yaml
-from helpers import scenario_seed, stop_process
+from helpers import free_port, scenario_seed, stop_process
 
 from notebook_controller import objects
 from notebook_controller.cli import print_manifests, run_controller
@@ -377,16 +376,10 @@ def test_without_istio_the_notebook_says_why(fresh_kube: Callable[..., KubeClust
 # --- culling ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def jupyter_server(base_url: str, root: Path) -> Iterator[str]:
     """A real, idle jupyter_server standing in for the notebook pod; yields its URL."""
-    port = _free_port()
+    port = free_port()
     config = root / "jupyter_server_config.json"
     # Only the server and terminals: JupyterLab's extension is irrelevant to activity and slow.
     config.write_text(

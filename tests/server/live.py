@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import stop_process
+from tests.helpers import free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "mlcluster-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.helpers import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "srun", "squeue", "scancel")
 NODE_CPUS = 2
 
@@ -31,12 +33,6 @@ def missing() -> str | None:
     if absent:
         return f"not installed: {', '.join(absent)} (apt-get install slurm-wlm munge)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _which(name: str) -> str:
@@ -78,7 +74,7 @@ class SlurmCluster:
             ],
         )
         self._wait(lambda: socket_path.exists(), timeout, "munged's socket")
-        self.conf.write_text(self.config(socket_path, _free_port(), _free_port()))
+        self.conf.write_text(self.config(socket_path, free_port(), free_port()))
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)])
         self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
         self._wait(self.idle, timeout, f"sinfo to show node {self.node} idle")

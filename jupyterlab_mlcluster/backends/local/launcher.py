@@ -13,12 +13,13 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+import ephemeral_port_reserve
 
 from ...jobs.model import JobSpec
 from ...jobs.running.proctree import our_group
@@ -27,9 +28,14 @@ _LOOPBACK = "127.0.0.1"
 
 
 def free_port(host: str = _LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port for a rank to listen on, kept from everyone else until it does.
+
+    A port merely found free is anyone's again once it is closed: the kernel hands it out to
+    the next connection or `bind(0)` on the machine, and rank 0's TCPStore then fails with
+    EADDRINUSE (seen in CI). A reserved port is left in TIME_WAIT after a connection of its
+    own, so for about a minute the kernel hands it to no one, while a listener that sets
+    SO_REUSEADDR (TCPStore, gRPC's servers) can still bind it."""
+    return ephemeral_port_reserve.reserve(host)
 
 
 def job_ports(spec: JobSpec) -> dict[str, Any]:
