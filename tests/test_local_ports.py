@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,21 +19,24 @@ import textwrap
 
 import pytest
 
-# Runs inside the namespace: choose the job's ports as the supervisor does, then exhaust the
-# ephemeral range the way other programs would (a listener on port 0, connections to it),
-# then be rank 0 and its peers: TCPStore servers on the chosen ports, as init_process_group
-# makes them (both of TCPStore's server implementations).
+from jupyterlab_mlcluster.backends.slurm.script import batch_script
+from jupyterlab_mlcluster.export.build import JobMaterial, sbatch_text
+from jupyterlab_mlcluster.jobs.model import JobSpec
+from jupyterlab_mlcluster.jobs.record import JobRecord
+
+# Runs inside the namespace: choose the job's ports as the code under test does (a shell
+# command printing them), then exhaust the ephemeral range the way other programs would (a
+# listener on port 0, connections to it), then be rank 0 and its peers: TCPStore servers on
+# the chosen ports, as init_process_group makes them (both of TCPStore's implementations).
 PROBE = textwrap.dedent(
     """
-    import errno, json, socket, subprocess
+    import datetime, errno, json, socket, subprocess, sys
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
         f.write("40000 40003")
-    from jupyterlab_mlcluster.backends.local import launcher
-    from jupyterlab_mlcluster.jobs.model import JobSpec
-    spec = JobSpec(workers=2, framework="jax")
-    ports = launcher.job_ports(spec)
-    chosen = [ports["master"], ports["jax"]]
+    chosen = [int(p) for p in subprocess.run(
+        ["sh", "-c", sys.argv[1]], check=True, capture_output=True, text=True
+    ).stdout.split()]
     handed_out, held = [], []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -50,12 +55,11 @@ PROBE = textwrap.dedent(
         handed_out.append(client.getsockname()[1])
     for s in held:
         s.close()
-    import datetime
     from torch.distributed import TCPStore
     bound = []
-    for port, libuv in zip(chosen, (True, False)):
+    for i, port in enumerate(chosen):
         store = TCPStore("localhost", port, 1, True, datetime.timedelta(seconds=10),
-                         multi_tenant=True, use_libuv=libuv)
+                         multi_tenant=True, use_libuv=i % 2 == 0)
         store.set("k", "v")
         bound.append(store.port)
     print(json.dumps({"chosen": chosen, "handed_out": handed_out, "bound": bound}))
@@ -63,11 +67,41 @@ PROBE = textwrap.dedent(
 )
 
 
-def _in_own_network() -> dict:
+def _local_job() -> str:
+    """The local backend's supervisor: a JAX job's master and coordinator ports."""
+    code = (
+        "from jupyterlab_mlcluster.backends.local.launcher import job_ports;"
+        "from jupyterlab_mlcluster.jobs.model import JobSpec;"
+        "p = job_ports(JobSpec(workers=2, framework='jax')); print(p['master'], p['jax'])"
+    )
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+
+def _port_lines(script: str) -> str:
+    """The lines of a batch script that choose its ports, each printing the port chosen."""
+    chosen = [line for line in script.splitlines() if re.match(r"[A-Z_]+PORT=\$\(", line)]
+    assert chosen, script
+    return "; ".join(f"{line}; echo ${line.split('=', 1)[0]}" for line in chosen)
+
+
+def _slurm_batch_script() -> str:
+    """The Slurm backend's batch script, on the node where rank 0 runs."""
+    spec = JobSpec(workers=2, framework="jax")
+    return _port_lines(batch_script(python=sys.executable, attempt_dir="/tmp", spec=spec))
+
+
+def _exported_sbatch() -> str:
+    """`mlcluster export --target sbatch`: a script that needs nothing of ours on the node."""
+    record = JobRecord(id="jportsexport", name="ports", spec=JobSpec(workers=2))
+    material = JobMaterial(record, "", None, [], [], sys.executable, {}, "a test")
+    return _port_lines(sbatch_text(material, "ports")).replace('"$PYTHON"', sys.executable)
+
+
+def _in_own_network(command: str) -> dict:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs util-linux's unshare and iproute2's ip to make a network namespace")
     proc = subprocess.run(
-        ["unshare", "-n", sys.executable, "-c", PROBE],
+        ["unshare", "-n", sys.executable, "-c", PROBE, command],
         capture_output=True,
         text=True,
         timeout=120,
@@ -79,12 +113,18 @@ def _in_own_network() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_jobs_ports_are_handed_to_no_one_else_and_its_ranks_still_bind_them():
-    seen = _in_own_network()
-    # Four ports in the range: the two the job holds, and two for everyone else. A port only
-    # found free was handed out again (the listener got the master port, every time).
-    assert len(set(seen["chosen"])) == 2
-    assert set(seen["handed_out"]).isdisjoint(seen["chosen"]), seen
-    assert len(seen["handed_out"]) == 2, seen
-    # ... and rank 0 (libuv's server) and a peer (the older one) still listen on them.
-    assert seen["bound"] == seen["chosen"], seen
+@pytest.mark.parametrize(
+    "choose",
+    [_local_job, _slurm_batch_script, _exported_sbatch],
+    ids=["local-supervisor", "slurm-batch-script", "exported-sbatch"],
+)
+def test_a_jobs_ports_are_handed_to_no_one_else_and_its_ranks_still_bind_them(choose):
+    seen = _in_own_network(choose())
+    chosen = seen["chosen"]
+    # Four ports in the range: the job's, and the rest for everyone else. A port only found
+    # free was handed out again (the listener got the master port, every time).
+    assert len(set(chosen)) == len(chosen), seen
+    assert set(seen["handed_out"]).isdisjoint(chosen), seen
+    assert len(seen["handed_out"]) == 4 - len(chosen), seen
+    # ... and rank 0 and its peers still listen on them.
+    assert seen["bound"] == chosen, seen

@@ -190,7 +190,15 @@ def sbatch_text(material: JobMaterial, name: str) -> str:
         raise ExportError(f"cannot export job {record.id} for Slurm: {exc}") from None
     options = [a for a in arguments if not a.startswith(_SBATCH_OWN)]
     q = shlex.quote
-    port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    # The exported job needs nothing of mlcluster's on the cluster, so the port is reserved
+    # here by hand, as ephemeral-port-reserve does for our own batch script: left in TIME_WAIT
+    # after a connection of its own, the kernel hands it to no other program before rank 0's
+    # TCPStore (which sets SO_REUSEADDR) binds it.
+    port = (
+        "import socket as S; s = S.socket(); s.setsockopt(S.SOL_SOCKET, S.SO_REUSEADDR, 1);"
+        " s.bind(('', 0)); s.listen(1); c = S.create_connection(('127.0.0.1', s.getsockname()[1]));"
+        " a = s.accept()[0]; a.close(); c.close(); print(s.getsockname()[1])"
+    )
     # Each task is one rank: torch's variables from Slurm's (as backends/slurm/rank.py sets
     # them for mlcluster's own runtime).
     rank = (

@@ -205,7 +205,9 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
     and --gpus-per-task binds each task to its own GPUs (gpu-bind per_task)."""
     files = attempt_files(attempt_dir)
     q = shlex.quote
-    port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    # Reserved, not merely found free: the node's kernel hands it to no other program's
+    # connection before rank 0 listens on it (backends/local/launcher.py's free_port).
+    port = "import ephemeral_port_reserve as p; print(p.reserve('0.0.0.0'))"
     srun = [
         "srun",
         "--kill-on-bad-exit=1",
