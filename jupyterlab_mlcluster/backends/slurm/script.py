@@ -27,7 +27,7 @@ SLURM_TO_RANK = (
     ("GROUP_RANK", "SLURM_NODEID"),
     ("GROUP_WORLD_SIZE", "SLURM_STEP_NUM_NODES"),
     ("MASTER_ADDR", "first host of SLURM_JOB_NODELIST"),
-    ("MASTER_PORT", "a free port of that host, chosen by the batch script"),
+    ("MASTER_PORT", "a port of that host reserved by the batch script"),
     ("TORCHELASTIC_RUN_ID", "the mlcluster job id (SLURM_JOB_ID is in the log)"),
 )
 
