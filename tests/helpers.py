@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ephemeral_port_reserve
 import psutil
+
+from jupyterlab_mlcluster.runtime.ports import reserve_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -181,7 +182,6 @@ def session_cell(service, session: str, source: str, origin: dict | None = None)
 
 
 def free_port() -> int:
-    """A port for a server a test starts, handed to no one else on the machine until that
-    server binds it (see jupyterlab_mlcluster.backends.local.launcher.free_port: a port only
-    found free was taken by another test's connection in CI)."""
-    return ephemeral_port_reserve.reserve("127.0.0.1")
+    """A port for a server a test starts, held until that server binds it, as a job's are
+    (runtime/ports.py: a port only found free was taken by another test's program in CI)."""
+    return reserve_port()

@@ -1,5 +1,6 @@
-"""What `mlcluster export` writes, built from what the store kept of a job: pure (no file,
-no process, no clock), so each target's files can be judged as they are.
+"""What `mlcluster export` writes, built from what the store kept of a job: pure (no process,
+no clock; the one file read is a module of this package's own), so each target's files can be
+judged as they are.
 
 Every target writes the cell as a script (`<name>.py`; its pushed variables in
 `variables.pkl` beside it, loaded at its top), `requirements.txt` (pinned from the
@@ -7,7 +8,8 @@ environment the job was submitted from: its packages.json) and the target's laun
 
 - `script`: `run.sh`, torchrun on this machine with the job's worker count and variables;
 - `sbatch`: `<name>.sbatch`, the job's sbatch options as the Slurm backend builds them
-  (backends/slurm/script.py `sbatch_arguments`), one srun task per rank;
+  (backends/slurm/script.py `sbatch_arguments`), one srun task per rank, and `mlcluster_port.py`
+  (runtime/ports.py as it is: it imports nothing of ours), which chooses MASTER_PORT;
 - `pytorchjob` / `trainjob`: `<name>.yaml`, a ConfigMap holding the script (and its
   variables) and the job object the Kubernetes backend builds for that engine
   (backends/kubernetes/objects.py `pod_template`, `pytorch_job`, trainjob.py `train_job`),
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import inspect
 import json
 import shlex
 from typing import Any
@@ -33,6 +36,7 @@ from ..backends.slurm.script import cpus_per_task, sbatch_arguments
 from ..jobs.grouping import slug
 from ..jobs.model import JobSpec, SpecError
 from ..jobs.record import JobRecord
+from ..runtime import ports
 
 TARGETS = ("script", "sbatch", "trainjob", "pytorchjob")
 VARIABLES_FILE = "variables.pkl"
@@ -44,6 +48,7 @@ CODE_VOLUME = "code"
 CONFIGMAP_LIMIT = 1 << 20
 # What of the Slurm backend's sbatch options belongs to its own bookkeeping (its attempt
 # directory, its comment, machine-readable output), not to the job.
+PORTS_FILE = "mlcluster_port.py"  # shipped with an sbatch export, run on rank 0's node
 _SBATCH_OWN = ("--parsable", "--comment=", "--output=", "--chdir=", "--export=")
 # The container variables that only mlcluster's runtime reads.
 _RUNTIME_ENV_PREFIXES = ("MLCLUSTER_", "TORCHELASTIC_")
@@ -103,6 +108,7 @@ def build(material: JobMaterial, target: str, *, image: str | None = None) -> di
         files["run.sh"] = run_sh(material, name).encode()
     elif target == "sbatch":
         files[f"{name}.sbatch"] = sbatch_text(material, name).encode()
+        files[PORTS_FILE] = inspect.getsource(ports).encode()
     else:
         documents = kubernetes_objects(material, name, target, files, image=image)
         files[f"{name}.yaml"] = yaml.safe_dump_all(documents, sort_keys=False).encode()
@@ -190,15 +196,6 @@ def sbatch_text(material: JobMaterial, name: str) -> str:
         raise ExportError(f"cannot export job {record.id} for Slurm: {exc}") from None
     options = [a for a in arguments if not a.startswith(_SBATCH_OWN)]
     q = shlex.quote
-    # The exported job needs nothing of mlcluster's on the cluster, so the port is reserved
-    # here by hand, as ephemeral-port-reserve does for our own batch script: left in TIME_WAIT
-    # after a connection of its own, the kernel hands it to no other program before rank 0's
-    # TCPStore (which sets SO_REUSEADDR) binds it.
-    port = (
-        "import socket as S; s = S.socket(); s.setsockopt(S.SOL_SOCKET, S.SO_REUSEADDR, 1);"
-        " s.bind(('', 0)); s.listen(1); c = S.create_connection(('127.0.0.1', s.getsockname()[1]));"
-        " a = s.accept()[0]; a.close(); c.close(); print(s.getsockname()[1])"
-    )
     # Each task is one rank: torch's variables from Slurm's (as backends/slurm/rank.py sets
     # them for mlcluster's own runtime).
     rank = (
@@ -222,7 +219,8 @@ def sbatch_text(material: JobMaterial, name: str) -> str:
             f"PYTHON=${{PYTHON:-{q(material.python)}}}",
             "export PYTHON",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'MASTER_PORT=$("$PYTHON" -c {q(port)}) || exit 1',
+            # A port held for rank 0 on its node (PORTS_FILE: why not merely a free one).
+            f'MASTER_PORT=$("$PYTHON" {PORTS_FILE}) || exit 1',
             "export MASTER_ADDR MASTER_PORT",
             " ".join(srun) + " sh -c " + q(rank),
             "",

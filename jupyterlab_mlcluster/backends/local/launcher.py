@@ -19,32 +19,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ephemeral_port_reserve
-
 from ...jobs.model import JobSpec
 from ...jobs.running.proctree import our_group
+from ...runtime.ports import reserve_port
 
 _LOOPBACK = "127.0.0.1"
 
 
-def free_port(host: str = _LOOPBACK) -> int:
-    """A port for a rank to listen on, kept from everyone else until it does.
-
-    A port merely found free is anyone's again once it is closed: the kernel hands it out to
-    the next connection or `bind(0)` on the machine, and rank 0's TCPStore then fails with
-    EADDRINUSE (seen in CI). A reserved port is left in TIME_WAIT after a connection of its
-    own, so for about a minute the kernel hands it to no one, while a listener that sets
-    SO_REUSEADDR (TCPStore, gRPC's servers) can still bind it."""
-    return ephemeral_port_reserve.reserve(host)
-
-
 def job_ports(spec: JobSpec) -> dict[str, Any]:
-    """Fresh ports for one attempt of a job (a restart gets new ones)."""
-    ports: dict[str, Any] = {"master": free_port()}
+    """Fresh ports for one attempt of a job (a restart gets new ones), held for its ranks
+    (runtime/ports.py: why not merely free ones)."""
+    ports: dict[str, Any] = {"master": reserve_port()}
     if spec.framework == "tensorflow":
-        ports["tf"] = [free_port() for _ in range(spec.workers)]
+        ports["tf"] = [reserve_port() for _ in range(spec.workers)]
     if spec.framework == "jax":
-        ports["jax"] = free_port()
+        ports["jax"] = reserve_port()
     return ports
 
 

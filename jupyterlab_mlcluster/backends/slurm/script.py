@@ -27,7 +27,7 @@ SLURM_TO_RANK = (
     ("GROUP_RANK", "SLURM_NODEID"),
     ("GROUP_WORLD_SIZE", "SLURM_STEP_NUM_NODES"),
     ("MASTER_ADDR", "first host of SLURM_JOB_NODELIST"),
-    ("MASTER_PORT", "a port of that host reserved by the batch script"),
+    ("MASTER_PORT", "a port of that host held by the batch script"),
     ("TORCHELASTIC_RUN_ID", "the mlcluster job id (SLURM_JOB_ID is in the log)"),
 )
 
@@ -205,9 +205,8 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
     and --gpus-per-task binds each task to its own GPUs (gpu-bind per_task)."""
     files = attempt_files(attempt_dir)
     q = shlex.quote
-    # Reserved, not merely found free: the node's kernel hands it to no other program's
-    # connection before rank 0 listens on it (backends/local/launcher.py's free_port).
-    port = "import ephemeral_port_reserve as p; print(p.reserve('0.0.0.0'))"
+    # Held for rank 0 on its node, not merely found free (runtime/ports.py says why).
+    port = [python, "-m", "jupyterlab_mlcluster.runtime.ports"]
     srun = [
         "srun",
         "--kill-on-bad-exit=1",
@@ -224,11 +223,11 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
         [
             "#!/bin/sh",
             "# Written by jupyterlab-mlcluster: one attempt of one job (see rank-*.out/err).",
-            f"MASTER_PORT=$({q(python)} -c {q(port)}) || exit 1",
+            f"MASTER_PORT=$({' '.join(q(a) for a in port)}) || exit 1",
             "export MASTER_PORT",
             *(
                 [
-                    f"MLCLUSTER_SLURM_JAX_PORT=$({q(python)} -c {q(port)}) || exit 1",
+                    f"MLCLUSTER_SLURM_JAX_PORT=$({' '.join(q(a) for a in port)}) || exit 1",
                     "export MLCLUSTER_SLURM_JAX_PORT",
                 ]
                 if spec.framework == "jax"
