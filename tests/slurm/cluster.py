@@ -9,15 +9,25 @@ with CPUs=2, so a 2-rank job fills it and the next one must wait.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.helpers import free_port
+
+# The node's epilog: an allocation stays COMPLETING while a test holds endings (bounded: a
+# test that never lets go delays an ending by 30 s, no more).
+EPILOG = """#!/bin/sh
+i=0
+while [ -e {hold} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+exit 0
+"""
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "srun", "squeue", "scancel")
 NODE_CPUS = 2
@@ -74,6 +84,9 @@ class SlurmCluster:
             ],
         )
         self._wait(lambda: socket_path.exists(), timeout, "munged's socket")
+        epilog = r / "epilog.sh"
+        epilog.write_text(EPILOG.format(hold=self.hold_file))
+        epilog.chmod(0o755)
         self.conf.write_text(self.config(socket_path, free_port(), free_port()))
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)])
         self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
@@ -110,6 +123,7 @@ class SlurmCluster:
                 # Slurm's own SIGTERM -> SIGKILL wait (ours is kill_grace_period).
                 "KillWait=2",
                 "MinJobAge=30",
+                f"Epilog={r / 'epilog.sh'}",
                 "InactiveLimit=0",
                 "JobAcctGatherType=jobacct_gather/none",
                 "AccountingStorageType=accounting_storage/none",
@@ -124,6 +138,20 @@ class SlurmCluster:
                 "",
             ]
         )
+
+    @property
+    def hold_file(self) -> Path:
+        return self.root / "hold-endings"
+
+    @contextlib.contextmanager
+    def ending_held(self) -> Iterator[None]:
+        """Every allocation that ends meanwhile stays COMPLETING (its epilog waits) until the
+        block is left: what a slow step teardown or epilog does, made certain for a test."""
+        self.hold_file.touch()
+        try:
+            yield
+        finally:
+            self.hold_file.unlink(missing_ok=True)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")  # the daemon's life
