@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import zlib
@@ -45,6 +44,7 @@ from jupyterlab_mlcluster.backends.kubernetes.payload import (
     split_payload,
 )
 from jupyterlab_mlcluster.jobs.model import JobSpec, SpecError
+from jupyterlab_mlcluster.runtime.ports import reserve_port
 from tests.k8s_schemas import K8S_VERSION, validate_builtin, validate_custom, validate_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1105,9 +1105,7 @@ def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
     container = built.job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"
     ][0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = reserve_port()  # held until torchrun's agent binds it (runtime/ports.py)
     env = {e["name"]: e["value"] for e in container["env"]}
     # What the operator sets for this pod if the job had one node (it is node 0 of 1 here).
     env.update(
@@ -1117,10 +1115,13 @@ def test_packed_pod_command_gives_each_process_its_rank(tmp_path):
         PET_MASTER_ADDR="127.0.0.1",
         PET_MASTER_PORT=str(port),
     )
+    # One write per line: torchrun's --tee copies whatever a rank's file holds when it looks,
+    # so a line written in pieces (print's arguments, unbuffered) can reach the log split,
+    # each piece behind its own prefix ("[0]:0[0]: 0 2 2 1", seen in CI).
     (tmp_path / "standin.py").write_text(
-        "import os\n"
-        "print(*(os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE',"
-        " 'LOCAL_WORLD_SIZE', 'MLCLUSTER_GPUS_PER_RANK')))\n"
+        "import os, sys\n"
+        "sys.stdout.write(' '.join(str(os.environ.get(k)) for k in ('RANK', 'LOCAL_RANK',"
+        " 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MLCLUSTER_GPUS_PER_RANK')) + '\\n')\n"
     )
     command = [_expand(arg, env) for arg in container["command"]]
     assert command[:3] == ["python", "-m", "torch.distributed.run"]
