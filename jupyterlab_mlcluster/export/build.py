@@ -46,9 +46,9 @@ CODE_DIR = "/opt/mlcluster-export"
 CODE_VOLUME = "code"
 # A ConfigMap holds at most 1 MiB (the API server refuses more).
 CONFIGMAP_LIMIT = 1 << 20
+PORTS_FILE = "mlcluster_port.py"  # shipped with an sbatch export, run on rank 0's node
 # What of the Slurm backend's sbatch options belongs to its own bookkeeping (its attempt
 # directory, its comment, machine-readable output), not to the job.
-PORTS_FILE = "mlcluster_port.py"  # shipped with an sbatch export, run on rank 0's node
 _SBATCH_OWN = ("--parsable", "--comment=", "--output=", "--chdir=", "--export=")
 # The container variables that only mlcluster's runtime reads.
 _RUNTIME_ENV_PREFIXES = ("MLCLUSTER_", "TORCHELASTIC_")

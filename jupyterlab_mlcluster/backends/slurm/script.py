@@ -206,7 +206,7 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
     files = attempt_files(attempt_dir)
     q = shlex.quote
     # Held for rank 0 on its node, not merely found free (runtime/ports.py says why).
-    port = [python, "-m", "jupyterlab_mlcluster.runtime.ports"]
+    choose_port = " ".join(q(a) for a in (python, "-m", "jupyterlab_mlcluster.runtime.ports"))
     srun = [
         "srun",
         "--kill-on-bad-exit=1",
@@ -223,11 +223,11 @@ def batch_script(*, python: str, attempt_dir: str, spec: JobSpec) -> str:
         [
             "#!/bin/sh",
             "# Written by jupyterlab-mlcluster: one attempt of one job (see rank-*.out/err).",
-            f"MASTER_PORT=$({' '.join(q(a) for a in port)}) || exit 1",
+            f"MASTER_PORT=$({choose_port}) || exit 1",
             "export MASTER_PORT",
             *(
                 [
-                    f"MLCLUSTER_SLURM_JAX_PORT=$({' '.join(q(a) for a in port)}) || exit 1",
+                    f"MLCLUSTER_SLURM_JAX_PORT=$({choose_port}) || exit 1",
                     "export MLCLUSTER_SLURM_JAX_PORT",
                 ]
                 if spec.framework == "jax"
